@@ -1,0 +1,44 @@
+# `make demo` (the main job) and `make test`; both create .venv and install on first use.
+# TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build.
+PYTHON ?= python3
+TORCH ?= torch==2.13.0
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
+NBTEST := .nbtest
+
+.PHONY: demo test test-unit test-notebooks notebooks bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[notebooks,dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python -m minidape demo
+
+test: test-unit test-notebooks
+
+test-unit: $(STAMP)
+	$(BIN)/python -m pytest -q tests
+
+# The .py files are the notebooks' source: convert them and run every cell in fast mode.
+test-notebooks: $(STAMP)
+	@if [ -n "$(NOTEBOOKS)" ]; then \
+	  rm -rf $(NBTEST) && mkdir -p $(NBTEST) && \
+	  for f in $(NOTEBOOKS); do $(BIN)/jupytext --quiet --to ipynb -o $(NBTEST)/$$(basename $${f%.py}).ipynb $$f || exit 1; done && \
+	  cd notebooks && MINIDAPE_FAST=1 ../$(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env ../$(NBTEST); \
+	fi
+
+# Execute every notebook in full mode and write the committed .ipynb beside its source.
+notebooks: $(STAMP)
+	for f in $(NOTEBOOKS); do $(BIN)/jupytext --to ipynb --execute --set-kernel python3 $$f || exit 1; done
+
+bench: $(STAMP)
+	$(BIN)/python -m minidape bench
+
+clean:
+	rm -rf $(VENV) $(NBTEST) runs

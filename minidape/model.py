@@ -1,0 +1,790 @@
+r"""The minidape GPT: one file, every positional encoding, every attention refiner.
+
+Read top to bottom:
+  1. ``GPTConfig`` and the two registries (positional encodings, refiners).
+  2. Positional encodings, in three kinds:
+     - absolute: added to the token embeddings (``learned``, ``sinusoidal``);
+     - rotary: rotate queries and keys (``rope``, ``yarn``);
+     - additive biases ``B`` of shape ``(n_head, Tq, Tk)`` added to the scores
+       (``t5``, ``alibi``, ``kerple_log``, ``kerple_power``, ``fire`` and user biases).
+  3. Refiners, which rewrite the pre-softmax scores ``S = QK^T/\sqrt{d}`` of every layer using ``B``
+     (DAPE/CAPE MLPs across heads, DAPE-V2 ``1 x k`` convolutions).
+  4. Attention, the transformer block and ``GPT``.
+
+``block_size`` is the *training* length; every encoding except ``learned`` runs at any length.
+Attention with a refiner (or a bias too large to hold at once) is computed in blocks of query rows: a
+refiner acts on each query row independently and softmax is per row, so blocking changes nothing but
+memory, and the causal upper triangle beyond each block is never computed.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Callable, NamedTuple
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.utils.checkpoint import checkpoint
+
+
+# ----------------------------------------------------------------------------------------------------
+# Configuration and registries
+
+
+@dataclass
+class GPTConfig:
+    vocab_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_embd: int = 128
+    block_size: int = 128         # training length; not a limit at inference (except pe="learned")
+    pe: str = "rope"              # one of PE_NAMES
+    refiner: str = "none"         # one of REFINER_NAMES
+    refiner_width: int = 32       # hidden width of the DAPE MLP / conv refiner (D_DAPE)
+    refiner_kernel: int = 3       # key-axis kernel size of the "conv" refiner (odd)
+    causal: bool = True           # False: bidirectional encoder (Chomsky-hierarchy tasks)
+    dropout: float = 0.0
+    random_positions: int = 0     # L > 0: train on sorted random positions drawn from [0, L)
+    rope_base: float = 10000.0
+    attn_chunk: int = 0           # query rows per attention block; 0 picks a size from a memory budget
+
+    def __post_init__(self):
+        self.validate()
+
+    def validate(self) -> None:
+        """Raise ValueError naming the bad value and the valid choices."""
+        if self.pe not in PE_REGISTRY:
+            raise ValueError(f"unknown pe {self.pe!r}; valid choices: {', '.join(PE_NAMES)}")
+        if self.refiner not in REFINER_REGISTRY:
+            raise ValueError(f"unknown refiner {self.refiner!r}; valid choices: {', '.join(REFINER_NAMES)}")
+        for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "refiner_width"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+        if self.n_embd % self.n_head:
+            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
+                             f"choose n_embd as a multiple of n_head")
+        head_size = self.n_embd // self.n_head
+        if issubclass(PE_REGISTRY[self.pe], RotaryEmbedding) and head_size % 2:
+            raise ValueError(f"pe={self.pe!r} rotates pairs of channels and needs an even head size; "
+                             f"got n_embd/n_head = {self.n_embd}/{self.n_head} = {head_size}")
+        if self.pe == "sinusoidal" and self.n_embd % 2:
+            raise ValueError(f"pe='sinusoidal' needs an even n_embd (sin/cos pairs); got {self.n_embd}")
+        if not isinstance(self.refiner_kernel, int) or self.refiner_kernel < 1 or self.refiner_kernel % 2 == 0:
+            raise ValueError(f"refiner_kernel must be an odd integer >= 1 (1, 3, 5, ...); "
+                             f"got {self.refiner_kernel!r}")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ValueError(f"dropout must be in [0, 1); got {self.dropout!r}")
+        if self.random_positions:
+            if not isinstance(self.random_positions, int) or self.random_positions < self.block_size:
+                raise ValueError(f"random_positions must be 0 (off) or an integer L >= block_size="
+                                 f"{self.block_size}; got {self.random_positions!r}")
+            if self.pe == "none":
+                raise ValueError("random_positions needs a pe that reads positions; pe='none' reads none")
+        if not isinstance(self.attn_chunk, int) or self.attn_chunk < 0:
+            raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
+
+
+PE_REGISTRY: dict[str, type[nn.Module]] = {}
+REFINER_REGISTRY: dict[str, type[nn.Module] | None] = {"none": None}
+
+
+class RegisteredNames(Sequence):
+    """A live, read-only list of a registry's names (it grows when users register more)."""
+
+    def __init__(self, registry: dict):
+        self._registry = registry
+
+    def __getitem__(self, i):
+        return list(self._registry)[i]
+
+    def __len__(self):
+        return len(self._registry)
+
+    def __repr__(self):
+        return repr(list(self._registry))
+
+
+PE_NAMES = RegisteredNames(PE_REGISTRY)
+REFINER_NAMES = RegisteredNames(REFINER_REGISTRY)
+
+
+def _register(registry: dict, kind: str, name: str, check: Callable[[type], None]):
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"a {kind} name must be a non-empty string; got {name!r}")
+    if name in registry:
+        raise ValueError(f"{kind} {name!r} is already registered; registered {kind}s: "
+                         f"{', '.join(registry)}. Pick another name.")
+
+    def decorator(cls):
+        check(cls)
+        registry[name] = cls
+        return cls
+    return decorator
+
+
+def register_pe(name: str):
+    """Class decorator: make ``GPTConfig(pe=name)`` build ``cls(cfg)``.
+
+    ``cls`` subclasses ``AdditiveBias`` (a bias ``(n_head, Tq, Tk)`` from positions), or, for other kinds of
+    encoding, ``AbsolutePositions`` or ``RotaryEmbedding``.
+    """
+    def check(cls):
+        if not (isinstance(cls, type) and issubclass(cls, (AdditiveBias, AbsolutePositions, RotaryEmbedding))):
+            raise TypeError(f"register_pe({name!r}) expects a subclass of md.AdditiveBias "
+                            f"(or AbsolutePositions / RotaryEmbedding); got {cls!r}")
+    return _register(PE_REGISTRY, "pe", name, check)
+
+
+def register_refiner(name: str):
+    """Class decorator: make ``GPTConfig(refiner=name)`` build ``cls(cfg)`` in every layer.
+
+    ``cls.forward(scores, bias, mask) -> scores``: ``scores`` ``(B, h, Tq, Tk)`` already scaled by
+    ``1/sqrt(d_head)``, ``bias`` ``(h, Tq, Tk)`` or ``None``, ``mask`` ``(Tq, Tk)`` bool, True where attention
+    is allowed. The result must include the bias (if any): it goes straight to the mask and softmax.
+    Each output row may depend only on its own query row (attention is computed in query blocks).
+    """
+    def check(cls):
+        if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
+            raise TypeError(f"register_refiner({name!r}) expects an nn.Module subclass; got {cls!r}")
+    return _register(REFINER_REGISTRY, "refiner", name, check)
+
+
+def _normal_linear(n_in: int, n_out: int, std: float = 0.02, bias: bool = True) -> nn.Linear:
+    """A Linear with GPT-2's N(0, std) weights and zero bias (refiners keep PyTorch's default init)."""
+    layer = nn.Linear(n_in, n_out, bias=bias)
+    nn.init.normal_(layer.weight, std=std)
+    if bias:
+        nn.init.zeros_(layer.bias)
+    return layer
+
+
+# ----------------------------------------------------------------------------------------------------
+# Positional encodings: the three kinds
+
+
+class AbsolutePositions(nn.Module):
+    """Base class of absolute encodings: ``forward(pos (T,)) -> (T, n_embd)``, added to token embeddings."""
+
+
+class AdditiveBias(nn.Module):
+    """Base class of relative biases: ``forward(q_pos (Tq,), k_pos (Tk,)) -> (n_head, Tq, Tk)``, added to the
+    scores already scaled by ``1/sqrt(d_head)``. The model builds one instance, ``cls(cfg)``, shared by all
+    layers, and asks it for blocks of query rows. ``__init__`` takes no arguments."""
+
+    def __init__(self):
+        super().__init__()
+
+
+def relative_distance(q_pos, k_pos, causal: bool = True):
+    """(Tq, Tk) float distances: ``i - j`` clamped at 0 for a decoder (future keys are masked anyway),
+    ``|i - j|`` for an encoder."""
+    diff = (q_pos[:, None] - k_pos[None, :]).float()
+    return diff.clamp(min=0) if causal else diff.abs()
+
+
+class RotaryEmbedding(nn.Module):
+    r"""RoPE (Su et al.): channel pair $(x_i, x_{i+d/2})$ of a query/key at position $m$ is rotated by the
+    angle $m\,\theta_i$, $\theta_i = \text{base}^{-2i/d}$. Then $\langle R_m q, R_n k\rangle$ depends on
+    $m - n$ only. ``forward(pos, T) -> (cos, sin)``, each ``(T, d_head/2)``."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        head_size = cfg.n_embd // cfg.n_head
+        theta = cfg.rope_base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
+        self.register_buffer("theta", theta, persistent=False)
+        self.block_size = cfg.block_size
+
+    def frequencies_and_scale(self, T: int) -> tuple[torch.Tensor, float]:
+        return self.theta, 1.0
+
+    def forward(self, pos, T: int):
+        theta, scale = self.frequencies_and_scale(T)
+        angle = pos.float()[:, None] * theta                           # (T, d/2)
+        return angle.cos() * scale, angle.sin() * scale
+
+
+def apply_rotary(x, cos, sin):
+    """Rotate channel pairs (x[..., i], x[..., i + d/2]) of x (B, nh, T, hs) by the given angles."""
+    x1, x2 = x.chunk(2, dim=-1)
+    cos, sin = cos.to(x.dtype), sin.to(x.dtype)
+    return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Positional encodings: none and absolute
+
+
+class NoPositions(nn.Module):
+    """NoPE: no positional signal at all; the causal mask alone lets a decoder infer order
+    (Kazemnejad et al., 2023)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+
+
+PE_REGISTRY["none"] = NoPositions  # the one encoding of no kind, so not through register_pe's check
+
+
+@register_pe("learned")
+class LearnedPositions(AbsolutePositions):
+    r"""GPT-2's learned table: $x_i = e_{t_i} + P_i$. It has rows for positions ``< block_size`` (or
+    ``< random_positions``) only, so it cannot extrapolate: longer inputs raise an error."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.table = nn.Embedding(max(cfg.block_size, cfg.random_positions), cfg.n_embd)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    def forward(self, pos):
+        if pos.max() >= self.table.num_embeddings:
+            raise ValueError(f"pe='learned' has a table of {self.table.num_embeddings} positions but got a "
+                             f"sequence of length {len(pos)} (largest position {int(pos.max())}); a learned "
+                             f"table cannot extrapolate: evaluate at T <= {self.table.num_embeddings} "
+                             f"or use another pe")
+        return self.table(pos)
+
+
+@register_pe("sinusoidal")
+class SinusoidalPositions(AbsolutePositions):
+    r"""Vaswani et al.: $P_{p,2i} = \sin(p\,\omega_i)$, $P_{p,2i+1} = \cos(p\,\omega_i)$,
+    $\omega_i = 10000^{-2i/d}$; fixed, defined at every position."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        omega = 10000.0 ** (-torch.arange(0, cfg.n_embd, 2, dtype=torch.float32) / cfg.n_embd)
+        self.register_buffer("omega", omega, persistent=False)
+
+    def forward(self, pos):
+        angle = pos.float()[:, None] * self.omega                      # (T, d/2)
+        return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(1)  # (T, d) interleaved sin, cos
+
+
+# ----------------------------------------------------------------------------------------------------
+# Positional encodings: rotary
+
+
+register_pe("rope")(RotaryEmbedding)
+
+
+@register_pe("yarn")
+class YaRNEmbedding(RotaryEmbedding):
+    r"""YaRN (Peng et al., 2023): RoPE trained as usual; at $T > L$ (``block_size``) with $s = T/L$, pair $i$
+    gets $\theta'_i = \theta_i\,(1-\gamma_i) + \frac{\theta_i}{s}\gamma_i$ with the ramp
+    $\gamma_i = \mathrm{clamp}\big(\frac{i - \ell}{h - \ell}, 0, 1\big)$ between the correction dimensions
+    $\ell = \lfloor d(\beta{=}32) \rfloor$, $h = \lceil d(\alpha{=}1) \rceil$,
+    $d(r) = \frac{D \ln(L / 2\pi r)}{2 \ln \text{base}}$: fast pairs keep their frequency, slow ones are
+    interpolated. cos and sin are multiplied by $0.1 \ln s + 1$ (the logits by its square)."""
+
+    def __init__(self, cfg: GPTConfig, beta: float = 32.0, alpha: float = 1.0):
+        super().__init__(cfg)
+        head_size = cfg.n_embd // cfg.n_head
+
+        def correction_dim(r):
+            return head_size * math.log(cfg.block_size / (2 * math.pi * r)) / (2 * math.log(cfg.rope_base))
+
+        last = head_size // 2 - 1
+        low = min(max(math.floor(correction_dim(beta)), 0), last)
+        high = min(max(math.ceil(correction_dim(alpha)), 0), last)
+        span = max(high - low, 1e-3)                                   # avoid 0/0 when low == high
+        ramp = ((torch.arange(head_size // 2, dtype=torch.float32) - low) / span).clamp(0, 1)
+        self.register_buffer("ramp", ramp, persistent=False)
+
+    def frequencies_and_scale(self, T: int):
+        s = T / self.block_size
+        if s <= 1:
+            return self.theta, 1.0
+        return self.theta / s * self.ramp + self.theta * (1 - self.ramp), 0.1 * math.log(s) + 1.0
+
+
+# ----------------------------------------------------------------------------------------------------
+# Positional encodings: additive biases (n_head, Tq, Tk)
+
+
+@register_pe("alibi")
+class ALiBiBias(AdditiveBias):
+    r"""ALiBi (Press et al.): $b_h(i, j) = -m_h\,(i - j)$ with fixed geometric slopes $m_h$."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.causal = cfg.causal
+        self.register_buffer("slopes", alibi_slopes(cfg.n_head), persistent=False)
+
+    def forward(self, q_pos, k_pos):
+        return -self.slopes[:, None, None] * relative_distance(q_pos, k_pos, self.causal)
+
+
+def alibi_slopes(n_head: int) -> torch.Tensor:
+    r"""For $n$ a power of two: $m_h = 2^{-8h/n}$, $h = 1..n$. Otherwise, with $k = 2^{\lfloor\log_2 n\rfloor}$:
+    the $k$ slopes for $k$ heads, then every other slope for $2k$ heads, the first $n - k$ of them."""
+    def geometric(n):
+        start = 2.0 ** (-8.0 / n)
+        return [start ** h for h in range(1, n + 1)]
+
+    k = 2 ** math.floor(math.log2(n_head))
+    slopes = geometric(k) + geometric(2 * k)[0::2][: n_head - k]
+    return torch.tensor(slopes, dtype=torch.float32)
+
+
+@register_pe("t5")
+class T5Bias(AdditiveBias):
+    r"""T5's bucketed bias (Raffel et al.): a learned $b_h(\text{bucket}(i - j))$ over 32 buckets. Decoder:
+    $n = \max(i - j, 0)$, buckets $0..15$ exact, then
+    $16 + \lfloor \ln(n/16) / \ln(128/16) \cdot 16 \rfloor$ capped at 31. Encoder: half the buckets per
+    direction (8 exact + 8 logarithmic each). Every distance past 128 shares the last bucket."""
+
+    num_buckets, max_distance = 32, 128
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.causal = cfg.causal
+        self.table = nn.Embedding(self.num_buckets, cfg.n_head)
+        nn.init.normal_(self.table.weight, std=0.02)
+
+    @staticmethod
+    def bucket(distance, num_buckets: int, max_distance: int):
+        """Bucket of non-negative distances: ``num_buckets/2`` exact, the rest logarithmic up to
+        ``max_distance``."""
+        exact = num_buckets // 2
+        log_ratio = torch.log(distance.float().clamp(min=1) / exact) / math.log(max_distance / exact)
+        large = (exact + (log_ratio * (num_buckets - exact)).long()).clamp(max=num_buckets - 1)
+        return torch.where(distance < exact, distance, large)
+
+    def buckets(self, q_pos, k_pos):
+        diff = q_pos[:, None] - k_pos[None, :]                         # i - j
+        if self.causal:
+            return self.bucket(diff.clamp(min=0), self.num_buckets, self.max_distance)
+        half = self.num_buckets // 2                                   # keys ahead use buckets half..
+        return self.bucket(diff.abs(), half, self.max_distance) + half * (diff < 0)
+
+    def forward(self, q_pos, k_pos):
+        return self.table(self.buckets(q_pos, k_pos)).permute(2, 0, 1)  # (h, Tq, Tk)
+
+
+class _ClampedParameters(AdditiveBias):
+    """Kerple keeps its per-head parameters in range by projection (clamping the stored values on every
+    forward), as the authors' code does; gradients flow as usual."""
+
+    bounds: dict[str, tuple[float, float]] = {}
+
+    def project_(self):
+        # ``.data``: the projection is not part of the graph, and values that are already in range do not
+        # change, so graphs built earlier in the same forward (other layers, other query blocks) stay valid.
+        for name, (low, high) in self.bounds.items():
+            getattr(self, name).data.clamp_(low, high)
+
+
+@register_pe("kerple_log")
+class KerpleLogBias(_ClampedParameters):
+    r"""KERPLE-log (Chi et al., 2022): $b_h(i, j) = -r_1^{(h)} \ln\!\big(1 + r_2^{(h)}\,(i - j)\big)$,
+    from the CPD kernel $-r_1 \ln(1 + r_2|m - n|)$; $r_1, r_2 \ge 10^{-2}$ per head."""
+
+    bounds = {"r1": (1e-2, math.inf), "r2": (1e-2, math.inf)}
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.causal = cfg.causal
+        self.r1 = nn.Parameter(torch.rand(cfg.n_head) * 2)          # U[0, 2)
+        self.r2 = nn.Parameter(torch.rand(cfg.n_head))              # U[0, 1)
+
+    def forward(self, q_pos, k_pos):
+        self.project_()
+        distance = relative_distance(q_pos, k_pos, self.causal)
+        return -self.r1[:, None, None] * torch.log1p(self.r2[:, None, None] * distance)
+
+
+@register_pe("kerple_power")
+class KerplePowerBias(_ClampedParameters):
+    r"""KERPLE-power (Chi et al., 2022): $b_h(i, j) = -a^{(h)}\,(i - j)^{p^{(h)}}$, from the CPD kernel
+    $-a|m - n|^p$ with $0 < p \le 2$; $a \ge 10^{-2}$, $10^{-2} \le p \le 2$ per head."""
+
+    bounds = {"a": (1e-2, math.inf), "p": (1e-2, 2.0)}
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.causal = cfg.causal
+        self.a = nn.Parameter(torch.rand(cfg.n_head))               # U[0, 1)
+        self.p = nn.Parameter(torch.rand(cfg.n_head) * 2)           # U[0, 2)
+
+    def forward(self, q_pos, k_pos):
+        self.project_()
+        distance = relative_distance(q_pos, k_pos, self.causal)
+        # d^p at d = 0 is 0, but its gradient in p (d^p ln d) is NaN there: take the power on d >= 1 only.
+        power = distance.clamp(min=1).pow(self.p[:, None, None])
+        return -self.a[:, None, None] * torch.where(distance > 0, power, 0.0)
+
+
+@register_pe("fire")
+class FIREBias(AdditiveBias):
+    r"""FIRE (Li et al., 2023): $b(i, j) = f_\theta\!\big(\psi(i - j) / \psi(\max(L, i))\big)$ with
+    $\psi(x) = \ln(c|x| + 1)$, $c$ learnable (from 0.1), threshold $L = |\lambda L_0|$ with $\lambda$
+    learnable (from 1), $f_\theta$: ``Linear(1, 32) -> ReLU -> Linear(32, h)``. $L_0$ is the training length
+    ``block_size`` (the paper's listing uses its own training length, 512): beyond it the normaliser grows
+    with $i$, so relative distances stay in $[0, 1]$ at any length."""
+
+    def __init__(self, cfg: GPTConfig, hidden: int = 32, eps: float = 1e-6):
+        super().__init__()
+        self.causal = cfg.causal
+        self.mlp = nn.Sequential(nn.Linear(1, hidden), nn.ReLU(), nn.Linear(hidden, cfg.n_head))
+        self.c = nn.Parameter(torch.tensor(0.1))
+        self.threshold_scale = nn.Parameter(torch.tensor(1.0))
+        self.register_buffer("base_threshold", torch.tensor(float(cfg.block_size)), persistent=False)
+        self.eps = eps
+
+    def psi(self, x):
+        return torch.log(torch.abs(self.c * x) + 1)
+
+    def normalizer(self, q_pos):
+        """$\\psi(\\max(L, i))$ for each query position i: constant below the threshold, growing beyond it."""
+        threshold = torch.abs(self.threshold_scale * self.base_threshold)
+        return self.psi(torch.maximum(q_pos.float(), threshold))
+
+    def forward(self, q_pos, k_pos):
+        distance = relative_distance(q_pos, k_pos, self.causal)
+        normalized = self.psi(distance) / (self.normalizer(q_pos)[:, None] + self.eps)
+        return self.mlp(normalized[..., None]).permute(2, 0, 1)          # (h, Tq, Tk)
+
+
+def pe_has_bias(pe: str) -> bool:
+    """True when ``pe`` produces an additive bias matrix B (refiners then see ``[S, B]``)."""
+    return issubclass(PE_REGISTRY[pe], AdditiveBias)
+
+
+# ----------------------------------------------------------------------------------------------------
+# Refiners: rewrite the scaled scores S (B, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
+
+
+def _mix_heads(weight, x):
+    """Apply a (C_out, C_in) matrix across the channel axis of x (..., C_in, Tq, Tk), channels first:
+    one batched matmul over the flattened (Tq * Tk) cells, no permute copies."""
+    *lead, c_in, tq, tk = x.shape
+    return (weight @ x.reshape(*lead, c_in, tq * tk)).view(*lead, weight.shape[0], tq, tk)
+
+
+class _HeadMLP(nn.Module):
+    r"""The element-wise MLP of DAPE across heads: ``Linear(C_in, W) -> LeakyReLU(0.01) -> Linear(W, h)``,
+    applied at every (query, key) cell. Its input is ``[S, B]`` stacked on the head axis; the first layer is
+    split as $W_1 [S; B] = W_S S + W_B B$ so that the bias half, the same for every sequence of the batch, is
+    computed once and broadcast."""
+
+    def __init__(self, n_head: int, width: int, with_bias_input: bool):
+        super().__init__()
+        self.n_head = n_head
+        n_in = 2 * n_head if with_bias_input else n_head
+        self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(0.01), nn.Linear(width, n_head))
+
+    def forward(self, x, bias=None):
+        first, last = self.mlp[0], self.mlp[2]
+        hidden = _mix_heads(first.weight[:, : self.n_head], x)          # (B, W, Tq, Tk)
+        shared = first.bias[:, None, None]
+        if bias is not None:
+            shared = shared + _mix_heads(first.weight[:, self.n_head:], bias)  # (W, Tq, Tk)
+        hidden = F.leaky_relu(hidden + shared, 0.01)
+        return _mix_heads(last.weight, hidden) + last.bias[:, None, None]  # (B, h, Tq, Tk)
+
+
+@register_refiner("dape")
+class DAPERefiner(nn.Module):
+    r"""DAPE, Concat_Residual (Zheng et al., 2024, eq. 3): $A = S + B + f([S, B])$, $f$ a two-layer LeakyReLU
+    MLP over the $2h$ channels $[S$ per head, $B$ per head$]$ $\to h$, hidden width ``refiner_width``.
+    Without a bias (RoPE, NoPE): $A = S + f(S)$ over $h$ channels. Registered as ``cape`` too: CAPE
+    (NeurIPS 2024) is the same module — the authors' repository renamed ``CAPE.py`` to ``DAPE.py``."""
+
+    bias_in_output = True
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=pe_has_bias(cfg.pe))
+
+    def forward(self, scores, bias, mask):
+        refined = scores + self.f(scores, bias)
+        return refined + bias if (bias is not None and self.bias_in_output) else refined
+
+
+register_refiner("cape")(DAPERefiner)
+
+
+@register_refiner("dape_concat")
+class DAPEConcatRefiner(DAPERefiner):
+    r"""DAPE, Concat (eq. 2): $A = S + f([S, B])$: the bias reaches the scores only through $f$."""
+
+    bias_in_output = False
+
+
+@register_refiner("dape_add")
+class DAPEAddRefiner(nn.Module):
+    r"""DAPE, Add_Residual (Figure 5): $A = S + B + f(S + B)$, $f$ over $h$ channels."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=False)
+
+    def forward(self, scores, bias, mask):
+        x = scores if bias is None else scores + bias
+        return x + self.f(x)
+
+
+@register_refiner("conv")
+class ConvRefiner(nn.Module):
+    r"""DAPE-V2 (Zheng et al., 2024b, eq. 5): $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$, two
+    $1 \times k$ convolutions along the key axis across the $2h$ head channels (width ``refiner_width``,
+    LeakyReLU between, padding $k/2$). ``tril`` zeroes the masked (future) scores first: a query row then
+    holds only keys it may see, so the key-axis kernel cannot read the future. Without a bias: $h$ channels.
+    """
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        n_in = 2 * cfg.n_head if pe_has_bias(cfg.pe) else cfg.n_head
+        k = cfg.refiner_kernel
+        self.n_head = cfg.n_head
+        self.conv1 = nn.Conv2d(n_in, cfg.refiner_width, (1, k), padding=(0, k // 2))
+        self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, k), padding=(0, k // 2))
+
+    def forward(self, scores, bias, mask):
+        w, pad = self.conv1.weight, self.conv1.padding
+        hidden = F.conv2d(scores.masked_fill(~mask, 0), w[:, : self.n_head], self.conv1.bias, padding=pad)
+        if bias is not None:  # the bias half is shared by the batch: convolve it once, broadcast
+            hidden = hidden + F.conv2d(bias.masked_fill(~mask, 0)[None], w[:, self.n_head:], padding=pad)
+        refined = scores + self.conv2(F.leaky_relu(hidden, 0.01))
+        return refined if bias is None else refined + bias
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention, block, GPT
+
+
+class PositionalInputs(NamedTuple):
+    """What every layer needs from the positions, computed once per forward."""
+    rotary: tuple[torch.Tensor, torch.Tensor] | None                   # (cos, sin), each (T, hs/2)
+    bias: Callable[[int, int, int], torch.Tensor] | None               # (q0, q1, k1) -> (h, q1-q0, k1)
+
+
+# Scores of one attention block are kept under this many elements (a few MB: cache-sized work, and
+# T = 16k evaluation stays bounded); a full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
+BLOCK_ELEMENTS = 2 ** 20
+FULL_BIAS_ELEMENTS = 2 ** 24
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.n_head, self.head_size = cfg.n_head, cfg.n_embd // cfg.n_head
+        self.causal, self.dropout, self.attn_chunk = cfg.causal, cfg.dropout, cfg.attn_chunk
+        self.c_attn = _normal_linear(cfg.n_embd, 3 * cfg.n_embd)
+        self.c_proj = _normal_linear(cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        self.resid_dropout = nn.Dropout(cfg.dropout)
+        refiner_cls = REFINER_REGISTRY[cfg.refiner]
+        self.refiner = refiner_cls(cfg) if refiner_cls is not None else None
+        self.refiner_width = cfg.refiner_width
+
+    def qkv(self, x, positional: PositionalInputs):
+        B, T, C = x.shape
+        q, k, v = self.c_attn(x).split(C, dim=2)
+        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        if positional.rotary is not None:
+            q, k = apply_rotary(q, *positional.rotary), apply_rotary(k, *positional.rotary)
+        return q, k, v
+
+    def forward(self, x, positional: PositionalInputs):
+        B, T, C = x.shape
+        q, k, v = self.qkv(x, positional)
+        if self.refiner is None and positional.bias is None:
+            # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            y = torch.cat([self._attend_rows(q, k, v, positional, q0, q1)
+                           for q0, q1 in self.query_blocks(B, T)], dim=2)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)                # (B, T, C)
+        return self.resid_dropout(self.c_proj(y))
+
+    def query_blocks(self, B: int, T: int):
+        """Query row ranges. Without a refiner one block, unless the (B, h, T, T) scores would be large."""
+        channels = self.n_head if self.refiner is None else max(self.n_head, self.refiner_width)
+        rows = self.attn_chunk or max(16, BLOCK_ELEMENTS // (B * channels * T))
+        if self.refiner is None and not self.attn_chunk and B * self.n_head * T * T <= FULL_BIAS_ELEMENTS:
+            rows = T
+        return [(q0, min(q0 + rows, T)) for q0 in range(0, T, rows)]
+
+    def _attend_rows(self, q, k, v, positional, q0, q1):
+        k1 = q1 if self.causal else k.shape[2]                         # keys beyond the block's last row
+        device = q.device                                              # are masked: never compute them
+        mask = (torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
+                if self.causal else torch.ones(q1 - q0, k1, dtype=torch.bool, device=device))
+        bias = positional.bias(q0, q1, k1) if positional.bias is not None else None
+        args = (q[:, :, q0:q1], k[:, :, :k1], v[:, :, :k1], bias, mask)
+        if self.refiner is not None and self.training and torch.is_grad_enabled():
+            # Keep only q, k, v for backward and recompute the (B, W, rows, T) refiner activations:
+            # training memory O(B h T^2) instead of O(B W T^2).
+            return checkpoint(self._attend, *args, use_reentrant=False)
+        return self._attend(*args)
+
+    def _attend(self, q, k, v, bias, mask):
+        """Attention of a block of query rows: q (B, nh, rows, hs), k/v (B, nh, keys, hs), bias (nh, rows,
+        keys) or None, mask (rows, keys) -> (B, nh, rows, hs)."""
+        dropout = self.dropout if self.training else 0.0
+        if self.refiner is None:                                       # S + B, fused kernel with a float mask
+            attn_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
+        scores = self.refiner(self.scores(q, k), bias, mask)           # (B, nh, rows, keys)
+        return self._softmax_values(scores, v, mask, dropout)
+
+    def scores(self, q, k):
+        return (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_size))
+
+    @staticmethod
+    def _softmax_values(scores, v, mask, dropout: float):
+        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
+        probs = F.dropout(F.softmax(scores, dim=-1), p=dropout)
+        return probs.to(v.dtype) @ v
+
+    @torch.no_grad()
+    def inspect(self, x, positional: PositionalInputs) -> dict[str, torch.Tensor]:
+        """The plain, full-size pieces of this layer's attention for teaching and plots: ``scores``
+        S = QK^T/sqrt(d), ``bias`` B (or None), ``refined`` (what reaches the mask), ``probs``."""
+        q, k, v = self.qkv(x, positional)
+        T = q.shape[2]
+        mask = (torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if self.causal
+                else torch.ones(T, T, dtype=torch.bool, device=x.device))
+        scores = self.scores(q, k)
+        bias = positional.bias(0, T, T) if positional.bias is not None else None
+        if self.refiner is not None:
+            refined = self.refiner(scores, bias, mask)
+        else:
+            refined = scores if bias is None else scores + bias
+        probs = F.softmax(refined.masked_fill(~mask, torch.finfo(refined.dtype).min), dim=-1)
+        return {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.c_fc = _normal_linear(cfg.n_embd, 4 * cfg.n_embd)
+        self.c_proj = _normal_linear(4 * cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
+        self.dropout = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.dropout(self.c_proj(F.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg)
+        self.ln_2, self.mlp = nn.LayerNorm(cfg.n_embd), MLP(cfg)
+
+    def forward(self, x, positional: PositionalInputs):
+        x = x + self.attn(self.ln_1(x), positional)
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    """A compact GPT (decoder, or encoder with ``causal=False``) whose attention takes any ``pe`` and any
+    ``refiner``. ``logits, loss = model(idx, targets=None)``; targets equal to -1 are ignored."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        cfg.validate()
+        self.cfg = cfg
+        self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
+        nn.init.normal_(self.wte.weight, std=0.02)
+        self.pe = PE_REGISTRY[cfg.pe](cfg)                             # shared by all layers
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.ln_f = nn.LayerNorm(cfg.n_embd)
+        self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
+        self.lm_head.weight = self.wte.weight                          # weight tying
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+    def positions(self, T: int, device) -> torch.Tensor:
+        """0..T-1, or in training with ``random_positions=L`` a sorted random subset of [0, L) (Ruoss et al.,
+        2023; one draw per batch). Evaluation always uses plain positions."""
+        L = self.cfg.random_positions
+        if L and self.training:
+            if T > L:
+                raise ValueError(f"sequence length {T} exceeds random_positions={L}")
+            return torch.randperm(L, device=device)[:T].sort().values
+        return torch.arange(T, device=device)
+
+    def positional_inputs(self, pos) -> PositionalInputs:
+        T = len(pos)
+        rotary = self.pe(pos, T) if isinstance(self.pe, RotaryEmbedding) else None
+        if not isinstance(self.pe, AdditiveBias):
+            return PositionalInputs(rotary, None)
+        full = self.pe(pos, pos) if self.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS else None
+        if full is not None:
+            self._check_bias(full, T, T)
+
+        def bias(q0: int, q1: int, k1: int):
+            if full is not None:
+                return full[:, q0:q1, :k1]
+            return self._check_bias(self.pe(pos[q0:q1], pos[:k1]), q1 - q0, k1)
+        return PositionalInputs(rotary, bias)
+
+    def _check_bias(self, b, tq: int, tk: int):
+        expected = (self.cfg.n_head, tq, tk)
+        if tuple(b.shape) != expected:
+            raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(b.shape)}; expected "
+                             f"(n_head, Tq, Tk) = {expected}")
+        return b
+
+    def _check_idx(self, idx):
+        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
+                                                                    torch.int8, torch.uint8):
+            got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
+            raise TypeError(f"idx must be an integer tensor of token ids (torch.long); got {got}")
+        if idx.dim() != 2:
+            raise ValueError(f"idx must have shape (B, T); got shape {tuple(idx.shape)}")
+        if idx.numel() and (idx.min() < 0 or idx.max() >= self.cfg.vocab_size):
+            raise ValueError(f"token ids must be in [0, vocab_size={self.cfg.vocab_size}); got values in "
+                             f"[{int(idx.min())}, {int(idx.max())}]")
+
+    def hidden_states(self, idx, upto_layer: int | None = None):
+        """Embed idx and run the first ``upto_layer`` blocks (all by default): (x, positional inputs)."""
+        self._check_idx(idx)
+        idx = idx.long()
+        pos = self.positions(idx.shape[1], idx.device)
+        x = self.wte(idx)                                              # (B, T, C)
+        if isinstance(self.pe, AbsolutePositions):
+            x = x + self.pe(pos)
+        x = self.drop(x)
+        positional = self.positional_inputs(pos)
+        for block in self.blocks[:upto_layer]:
+            x = block(x, positional)
+        return x, positional
+
+    def forward(self, idx, targets=None):
+        x, _ = self.hidden_states(idx)
+        logits = self.lm_head(self.ln_f(x))                            # (B, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long(), ignore_index=-1)
+        return logits, loss
+
+    @torch.no_grad()
+    def attention_maps(self, idx, layer: int) -> dict[str, torch.Tensor]:
+        """Scores, bias, refined scores and probabilities of one layer (see ``SelfAttention.inspect``)."""
+        if not 0 <= layer < self.cfg.n_layer:
+            raise ValueError(f"layer must be in [0, {self.cfg.n_layer}); got {layer}")
+        x, positional = self.hidden_states(idx, upto_layer=layer)
+        block = self.blocks[layer]
+        return block.attn.inspect(block.ln_1(x), positional)
+
+    @torch.no_grad()
+    def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None):
+        """Sample continuations of idx (B, T) autoregressively (decoders only)."""
+        if not self.cfg.causal:
+            raise ValueError("generate needs a decoder; this model has causal=False")
+        for _ in range(max_new_tokens):
+            logits = self(idx)[0][:, -1] / temperature
+            if top_k is not None:
+                kth = torch.topk(logits, min(top_k, logits.shape[-1])).values[:, [-1]]
+                logits = logits.masked_fill(logits < kth, float("-inf"))
+            idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), 1)), dim=1)
+        return idx
