@@ -144,7 +144,8 @@ def register_refiner(name: str):
     ``cls.forward(scores, bias, mask) -> scores``: ``scores`` ``(B, h, Tq, Tk)`` already scaled by
     ``1/sqrt(d_head)``, ``bias`` ``(h, Tq, Tk)`` or ``None``, ``mask`` ``(Tq, Tk)`` bool, True where attention
     is allowed. The result must include the bias (if any): it goes straight to the mask and softmax.
-    Each output row may depend only on its own query row (attention is computed in query blocks).
+    Each output row may depend only on its own query row (attention is computed in query blocks); a
+    refiner that also reads masked keys just past the diagonal declares how many as ``key_margin``.
     """
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
@@ -444,7 +445,7 @@ class FIREBias(AdditiveBias):
     def forward(self, q_pos, k_pos):
         distance = relative_distance(q_pos, k_pos, self.causal)
         normalized = self.psi(distance) / (self.normalizer(q_pos)[:, None] + self.eps)
-        return self.mlp(normalized[..., None]).permute(2, 0, 1)          # (h, Tq, Tk)
+        return self.mlp(normalized[..., None].to(self.c.dtype)).permute(2, 0, 1)  # (h, Tq, Tk)
 
 
 def pe_has_bias(pe: str) -> bool:
@@ -541,6 +542,7 @@ class ConvRefiner(nn.Module):
         self.n_head = cfg.n_head
         self.conv1 = nn.Conv2d(n_in, cfg.refiner_width, (1, k), padding=(0, k // 2))
         self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, k), padding=(0, k // 2))
+        self.key_margin = k // 2   # conv2 reads hidden cells up to k//2 keys past the diagonal
 
     def forward(self, scores, bias, mask):
         w, pad = self.conv1.weight, self.conv1.padding
@@ -609,8 +611,11 @@ class SelfAttention(nn.Module):
         return [(q0, min(q0 + rows, T)) for q0 in range(0, T, rows)]
 
     def _attend_rows(self, q, k, v, positional, q0, q1):
-        k1 = q1 if self.causal else k.shape[2]                         # keys beyond the block's last row
-        device = q.device                                              # are masked: never compute them
+        # Keys beyond the block's last row are masked: skip them, except the refiner's key_margin (a
+        # 1 x k conv reads k//2 masked keys past the diagonal: zeros after tril, but its hidden layer is not).
+        T = k.shape[2]
+        k1 = min(T, q1 + getattr(self.refiner, "key_margin", 0)) if self.causal else T
+        device = q.device
         mask = (torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
                 if self.causal else torch.ones(q1 - q0, k1, dtype=torch.bool, device=device))
         bias = positional.bias(q0, q1, k1) if positional.bias is not None else None
@@ -717,22 +722,22 @@ class GPT(nn.Module):
         rotary = self.pe(pos, T) if isinstance(self.pe, RotaryEmbedding) else None
         if not isinstance(self.pe, AdditiveBias):
             return PositionalInputs(rotary, None)
-        full = self.pe(pos, pos) if self.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS else None
-        if full is not None:
-            self._check_bias(full, T, T)
+        dtype = self.wte.weight.dtype
+
+        def compute(q_pos, k_pos):
+            b = self.pe(q_pos, k_pos)
+            expected = (self.cfg.n_head, len(q_pos), len(k_pos))
+            if tuple(b.shape) != expected:
+                raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(b.shape)}; expected "
+                                 f"(n_head, Tq, Tk) = {expected}")
+            return b.to(dtype)
+
+        # Small enough: compute the bias once for all layers and slice it; else per query block.
+        full = compute(pos, pos) if self.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS else None
 
         def bias(q0: int, q1: int, k1: int):
-            if full is not None:
-                return full[:, q0:q1, :k1]
-            return self._check_bias(self.pe(pos[q0:q1], pos[:k1]), q1 - q0, k1)
+            return full[:, q0:q1, :k1] if full is not None else compute(pos[q0:q1], pos[:k1])
         return PositionalInputs(rotary, bias)
-
-    def _check_bias(self, b, tq: int, tk: int):
-        expected = (self.cfg.n_head, tq, tk)
-        if tuple(b.shape) != expected:
-            raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(b.shape)}; expected "
-                             f"(n_head, Tq, Tk) = {expected}")
-        return b
 
     def _check_idx(self, idx):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
@@ -752,7 +757,7 @@ class GPT(nn.Module):
         pos = self.positions(idx.shape[1], idx.device)
         x = self.wte(idx)                                              # (B, T, C)
         if isinstance(self.pe, AbsolutePositions):
-            x = x + self.pe(pos)
+            x = x + self.pe(pos).to(x.dtype)
         x = self.drop(x)
         positional = self.positional_inputs(pos)
         for block in self.blocks[:upto_layer]:
