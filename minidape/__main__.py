@@ -1,0 +1,286 @@
+"""Command line: `python -m minidape {demo,train,eval} ...` (`--help` on each for its flags).
+
+    python -m minidape demo                                  # 7 PEs/refiners, trained and compared
+    python -m minidape train --pe alibi --steps 2000 --out runs/alibi
+    python -m minidape train --steps 4000 --out runs/alibi --resume
+    python -m minidape eval runs/alibi/checkpoint.pt runs/rope/checkpoint.pt --lengths 128 512 2048
+
+Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
+itself, so a field added to the model is a flag without touching this file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+import typing
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+
+from .data import load_corpus
+from .evaluate import PROTOCOLS, perplexity_by_length
+from .model import PE_NAMES, REFINER_NAMES, GPTConfig
+from .plots import markdown_table, plot_extrapolation
+from .train import (CHECKPOINT_NAME, DEVICE_CHOICES, atomic_path, config_from_dict, load_checkpoint, read_checkpoint,
+                    resolve_device, train)
+
+FIELD_CHOICES = {"pe": PE_NAMES, "refiner": REFINER_NAMES}
+
+# The demo's models: (name, GPTConfig overrides). Kerple-log is the bias both refiners build on.
+DEMO_MODELS = (
+    ("NoPE", {"pe": "none"}),
+    ("RoPE", {"pe": "rope"}),
+    ("ALiBi", {"pe": "alibi"}),
+    ("Kerple-log", {"pe": "kerple_log"}),
+    ("FIRE", {"pe": "fire"}),
+    ("DAPE-Kerple", {"pe": "kerple_log", "refiner": "dape"}),
+    ("conv-Kerple", {"pe": "kerple_log", "refiner": "conv"}),
+)
+DEMO_TRAIN_LENGTH = 128
+
+
+@dataclasses.dataclass(frozen=True)
+class DemoBudget:
+    """Model size, training and evaluation budget of the demo on one kind of machine."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    steps: int
+    batch_size: int
+    lr: float
+    eval_lengths: tuple[int, ...]
+    eval_windows: int
+
+
+# CPU: about a minute of training per model on 2 cores, so the 7 models and their evaluation fit in 10 min.
+CPU_BUDGET = DemoBudget(n_layer=2, n_embd=64, n_head=4, steps=500, batch_size=16, lr=3e-3,
+                        eval_lengths=(128, 256, 512, 1024, 2048), eval_windows=8)
+CUDA_BUDGET = DemoBudget(n_layer=4, n_embd=256, n_head=8, steps=4000, batch_size=64, lr=1e-3,
+                         eval_lengths=(128, 256, 512, 1024, 2048, 4096, 8192), eval_windows=16)
+# MINIDAPE_FAST=1 (tests, CI): the same code paths with a token budget.
+FAST_BUDGET = dataclasses.replace(CPU_BUDGET, steps=4, batch_size=4, eval_windows=1)
+
+
+def fast_mode() -> bool:
+    """True when the environment asks for a quick run (`MINIDAPE_FAST=1`)."""
+    return os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+
+
+# ----------------------------------------------------------------------------- argument parsing
+
+
+def _add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default."""
+    hints = typing.get_type_hints(GPTConfig)
+    group = parser.add_argument_group("model (GPTConfig fields)")
+    for field in dataclasses.fields(GPTConfig):
+        kind = hints[field.name]
+        flags = [f"--{field.name.replace('_', '-')}"] + ([f"--{field.name}"] if "_" in field.name else [])
+        options = {"dest": field.name, "default": argparse.SUPPRESS, "help": f"default {field.default!r}"}
+        if kind is bool:
+            options["action"] = argparse.BooleanOptionalAction
+        else:
+            options["type"] = kind
+            if field.name in FIELD_CHOICES:
+                options["choices"] = list(FIELD_CHOICES[field.name])
+        group.add_argument(*flags, **options)
+
+
+def _add_device_flag(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help=f"{', '.join(DEVICE_CHOICES)} or cuda:N (default auto: "
+                                                        "CUDA, then MPS, then CPU)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval}")
+
+    demo = commands.add_parser("demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
+                               description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and "
+                                           "conv-Kerple at length 128, evaluate each up to 16x that length "
+                                           "(last-256-tokens protocol), write results.md, results.json and "
+                                           "extrapolation.png. Budget: CPU ~10 min; larger on CUDA; tiny "
+                                           "with MINIDAPE_FAST=1.")
+    demo.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")
+    demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
+    demo.add_argument("--steps", type=int, help="training steps per model (default: the machine's budget)")
+    demo.add_argument("--seed", type=int, default=0)
+    _add_device_flag(demo)
+
+    train_cmd = commands.add_parser("train", help="train one model", description="Train one GPT; every "
+                                    "GPTConfig field is a flag. Writes OUT/checkpoint.pt and OUT/history.json.")
+    _add_config_flags(train_cmd)
+    run = train_cmd.add_argument_group("training")
+    run.add_argument("--corpus", help="corpus name or .txt/.gz path (default austen; on --resume the "
+                                      "checkpoint's corpus)")
+    run.add_argument("--steps", type=int, default=1000, help="total optimizer steps (default 1000)")
+    run.add_argument("--batch-size", type=int, default=32, help="sequences per step (per process under DDP)")
+    run.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    run.add_argument("--min-lr", type=float, help="final learning rate of the cosine (default lr/10)")
+    run.add_argument("--warmup", type=int, help="linear warmup steps (default 5%% of steps)")
+    run.add_argument("--weight-decay", type=float, default=0.1)
+    run.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip, 0 disables (default 1)")
+    run.add_argument("--eval-every", type=int, help="steps between validation losses (default steps/10)")
+    run.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: at the end only)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--compile", action="store_true", help="torch.compile the model")
+    run.add_argument("--out", required=True, help="run directory for checkpoint.pt and history.json")
+    run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    _add_device_flag(run)
+
+    evaluate = commands.add_parser("eval", help="perplexity by length of checkpoints: table + plot",
+                                   description="Evaluate checkpoints at several lengths; print a markdown table "
+                                               "and write results.md, results.json and extrapolation.png.")
+    evaluate.add_argument("checkpoints", nargs="+", help="checkpoint files (or run directories)")
+    evaluate.add_argument("--lengths", type=int, nargs="+",
+                          help="evaluation lengths (default: training length x 1, 2, 4, 8, 16)")
+    evaluate.add_argument("--protocol", choices=PROTOCOLS, default="last_k")
+    evaluate.add_argument("--last-k", type=int, default=256, help="tokens scored per window with last_k")
+    evaluate.add_argument("--n-windows", type=int, default=16, help="windows per length with last_k")
+    evaluate.add_argument("--n-tokens", type=int, help="tokens scored with nonoverlap (default: all)")
+    evaluate.add_argument("--corpus", help="corpus whose val split is scored (default: the checkpoint's)")
+    evaluate.add_argument("--out", help="directory for the results (default: the first checkpoint's)")
+    evaluate.add_argument("--seed", type=int, default=0)
+    _add_device_flag(evaluate)
+    return parser
+
+
+# ----------------------------------------------------------------------------- outputs
+
+
+def model_label(cfg: GPTConfig) -> str:
+    return cfg.pe if cfg.refiner == "none" else f"{cfg.pe}+{cfg.refiner}"
+
+
+def write_results(out: Path, results: dict[str, dict[int, float]], train_length: int, title: str,
+                  details: dict) -> str:
+    """Write `results.md`, `results.json` and `extrapolation.png` into `out` (atomically); return the table."""
+    table = markdown_table(results, train_length=train_length)
+    settings = "\n".join(f"- {key}: {value}" for key, value in details.items() if not isinstance(value, dict))
+    markdown = f"# {title}\n\nPerplexity by evaluation length (lower is better).\n\n{table}\n{settings}\n"
+    with atomic_path(out / "results.md") as tmp:
+        tmp.write_text(markdown)
+    payload = {"results": {name: {str(k): v for k, v in curve.items()} for name, curve in results.items()},
+               "train_length": train_length, **details}
+    with atomic_path(out / "results.json") as tmp:
+        tmp.write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
+    fig = plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
+    plt.close(fig)
+    return table
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def run_train(args: argparse.Namespace) -> None:
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    overrides = {name: value for name, value in vars(args).items() if name in fields}
+    out = Path(args.out)
+    corpus = args.corpus
+    if args.resume:
+        checkpoint = read_checkpoint(out / CHECKPOINT_NAME)
+        cfg = dataclasses.replace(config_from_dict(checkpoint["config"]), **overrides)
+        corpus = corpus or checkpoint.get("corpus")
+        if corpus is None:
+            raise SystemExit("error: the checkpoint does not name its corpus; pass --corpus")
+    else:
+        cfg = GPTConfig(**overrides)
+    model, history = train(cfg, corpus or "austen", steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                           min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
+                           grad_clip=args.grad_clip, eval_every=args.eval_every,
+                           checkpoint_every=args.checkpoint_every, device=args.device, seed=args.seed,
+                           compile=args.compile, out=out, resume=args.resume)
+    if int(os.environ.get("RANK", "0")) == 0:
+        with atomic_path(out / "history.json") as tmp:
+            tmp.write_text(json.dumps(history, indent=1) + "\n")
+        last = history[-1]
+        val = f", val loss {last['val_loss']:.4f}" if "val_loss" in last else ""
+        print(f"{model_label(cfg)}: step {last['step']}, loss {last['loss']:.4f}{val} -> {out / CHECKPOINT_NAME}")
+
+
+def run_eval(args: argparse.Namespace) -> None:
+    device = resolve_device(args.device)
+    results, train_lengths, corpora = {}, set(), set()
+    for path in args.checkpoints:
+        model, checkpoint = load_checkpoint(path, device)
+        corpus = args.corpus or checkpoint.get("corpus")
+        if corpus is None:
+            raise SystemExit(f"error: {path} does not name its corpus; pass --corpus")
+        block_size = model.cfg.block_size
+        lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
+        label = model_label(model.cfg)
+        if label in results:  # two checkpoints of the same kind: tell them apart by their run directory
+            label = f"{label} ({Path(path).resolve().parent.name})"
+        results[label] = perplexity_by_length(model, load_corpus(corpus, "val"), lengths, last_k=args.last_k,
+                                              protocol=args.protocol, n_windows=args.n_windows,
+                                              n_tokens=args.n_tokens, seed=args.seed)
+        train_lengths.add(block_size)
+        corpora.add(corpus)
+    out = Path(args.out) if args.out else Path(args.checkpoints[0]).resolve().parent
+    train_length = train_lengths.pop() if len(train_lengths) == 1 else None
+    details = {"protocol": args.protocol, "corpus": ", ".join(sorted(corpora)), "seed": args.seed}
+    details["last_k" if args.protocol == "last_k" else "n_tokens"] = (
+        args.last_k if args.protocol == "last_k" else args.n_tokens or "all")
+    table = write_results(out, results, train_length, "Length extrapolation", details)
+    print(table)
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'}")
+
+
+def demo_budget(device: torch.device) -> DemoBudget:
+    if fast_mode():
+        return FAST_BUDGET
+    return CUDA_BUDGET if device.type == "cuda" else CPU_BUDGET
+
+
+def run_demo(args: argparse.Namespace) -> None:
+    device = resolve_device(args.device)
+    budget = demo_budget(device)
+    steps = args.steps or budget.steps
+    out = Path(args.out)
+    val_tokens = load_corpus(args.corpus, "val")
+    print(f"minidape demo on {device}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
+          f"wide, {steps} steps of {budget.batch_size} x {DEMO_TRAIN_LENGTH} tokens each, evaluated at "
+          f"{', '.join(map(str, budget.eval_lengths))} (last 256 tokens of {budget.eval_windows} windows)")
+    results, seconds, started = {}, {}, time.perf_counter()
+    for name, overrides in DEMO_MODELS:
+        clock = time.perf_counter()
+        cfg = GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head,
+                        block_size=DEMO_TRAIN_LENGTH, **overrides)
+        model, _ = train(cfg, args.corpus, steps=steps, batch_size=budget.batch_size,
+                         lr=budget.lr, device=device, seed=args.seed, out=out / name, eval_every=steps)
+        results[name] = perplexity_by_length(model, val_tokens, budget.eval_lengths, last_k=256,
+                                             protocol="last_k", n_windows=budget.eval_windows, seed=args.seed)
+        seconds[name] = round(time.perf_counter() - clock, 1)
+        print(f"{name}: {seconds[name]:.0f} s, perplexity " +
+              ", ".join(f"{length}: {ppl:.2f}" for length, ppl in results[name].items()), flush=True)
+    details = {"corpus": args.corpus, "device": str(device), "steps": steps, "batch_size": budget.batch_size,
+               "model": f"{budget.n_layer} layers, n_embd {budget.n_embd}, {budget.n_head} heads",
+               "protocol": "last_k (last 256 tokens)", "windows per length": budget.eval_windows,
+               "seed": args.seed, "fast mode": fast_mode(),
+               "wall time (s)": round(time.perf_counter() - started, 1), "seconds per model": seconds}
+    table = write_results(out, results, DEMO_TRAIN_LENGTH, f"minidape demo: trained at {DEMO_TRAIN_LENGTH} tokens",
+                          details)
+    print()
+    print(table)
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'} "
+          f"in {details['wall time (s)']:.0f} s")
+
+
+COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval}
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    COMMANDS[args.command](args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

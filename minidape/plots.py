@@ -1,0 +1,133 @@
+"""Extrapolation curves, per-position loss curves, bias heatmaps and a markdown table of results.
+
+`results` everywhere is `{model name: {evaluation length: perplexity}}`, as built from
+`evaluate.perplexity_by_length`. Plot functions draw on `ax` when given (a new figure otherwise), return the
+figure, and write it atomically to `path` when given.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.figure import Figure
+
+from .train import atomic_path
+
+
+def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 150) -> Path:
+    """Save `fig` atomically; the format follows the file suffix (`.png`, `.pdf`, `.svg`, ...)."""
+    path = Path(path)
+    fmt = path.suffix.lstrip(".").lower()
+    if not fmt:
+        raise ValueError(f"cannot tell the image format of {path}: give it a suffix such as .png or .pdf")
+    with atomic_path(path) as tmp:
+        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+    return path
+
+
+def _axes(ax, figsize):
+    if ax is None:
+        fig, ax = plt.subplots(figsize=figsize)
+        return fig, ax
+    return ax.figure, ax
+
+
+def plot_extrapolation(results: dict[str, dict[int, float]], train_length: int | None = None, ax=None,
+                       title: str | None = None, path: str | os.PathLike | None = None) -> Figure:
+    """Perplexity against evaluation length, one line per model, log axes, a dashed line at the training
+    length. NaN points (lengths a model cannot run) are left out of its line."""
+    fig, ax = _axes(ax, (7, 4.5))
+    for name, curve in results.items():
+        points = sorted((length, ppl) for length, ppl in curve.items() if not math.isnan(ppl))
+        if points:
+            ax.plot(*zip(*points), marker="o", markersize=4, label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    if train_length is not None:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title or "Length extrapolation")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_loss_by_position(losses: dict[str, torch.Tensor], train_length: int | None = None, ax=None,
+                          title: str | None = None, path: str | os.PathLike | None = None) -> Figure:
+    """Loss at each position (from `evaluate.loss_by_position`), one line per model, with the training
+    length marked: where a model stops extrapolating its curve turns up."""
+    fig, ax = _axes(ax, (7, 4.5))
+    for name, curve in losses.items():
+        ax.plot(torch.arange(1, len(curve) + 1), torch.as_tensor(curve).cpu(), linewidth=1, label=name)
+    ax.set_xscale("log", base=2)
+    if train_length is not None:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
+    ax.set_xlabel("position (tokens of context)")
+    ax.set_ylabel("next-token loss (nats)")
+    ax.set_title(title or "Loss by position")
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def plot_bias(bias: torch.Tensor, heads=None, title: str | None = None,
+              path: str | os.PathLike | None = None) -> Figure:
+    """Heatmaps of an attention bias `(n_head, Tq, Tk)` (or one `(Tq, Tk)` matrix), one panel per head.
+
+    Cells above the diagonal are usually masked by causal attention; they are drawn as they are given.
+    """
+    bias = torch.as_tensor(bias).detach().float().cpu()
+    if bias.dim() == 2:
+        bias = bias[None]
+    if bias.dim() != 3:
+        raise ValueError(f"bias must have shape (n_head, Tq, Tk) or (Tq, Tk), got {tuple(bias.shape)}")
+    heads = list(range(bias.shape[0])) if heads is None else list(heads)
+    bad = [h for h in heads if not 0 <= h < bias.shape[0]]
+    if bad or not heads:
+        raise ValueError(f"heads must be a non-empty selection of 0..{bias.shape[0] - 1}, got {heads}")
+    fig, axes = plt.subplots(1, len(heads), figsize=(3 * len(heads), 3.2), squeeze=False)
+    for ax, head in zip(axes[0], heads):
+        image = ax.imshow(bias[head], cmap="viridis", aspect="auto")
+        ax.set_title(f"head {head}")
+        ax.set_xlabel("key position j")
+        fig.colorbar(image, ax=ax, fraction=0.046)
+    axes[0][0].set_ylabel("query position i")
+    if title:
+        fig.suptitle(title)
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
+def markdown_table(results: dict[str, dict[int, float]], train_length: int | None = None,
+                   digits: int = 2) -> str:
+    """A markdown table: one row per model, one column per evaluation length (ascending), perplexities
+    rounded to `digits`; the best model at each length in bold, NaN shown as `n/a`, and the training
+    length's column marked `(train)`."""
+    lengths = sorted({length for curve in results.values() for length in curve})
+    header = ["model"] + [f"{length} (train)" if length == train_length else str(length) for length in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" + "---:|" * len(lengths)]
+    best = {}
+    for length in lengths:
+        values = [curve[length] for curve in results.values() if not math.isnan(curve.get(length, math.nan))]
+        best[length] = min(values, default=None)
+    for name, curve in results.items():
+        cells = [name]
+        for length in lengths:
+            value = curve.get(length, math.nan)
+            if math.isnan(value):
+                cells.append("n/a")
+            else:
+                text = f"{value:.{digits}f}"
+                cells.append(f"**{text}**" if value == best[length] else text)
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
