@@ -1,4 +1,5 @@
 """minidape: positional encodings, DAPE/CAPE refiners and length extrapolation in a small GPT."""
+from . import kernels
 from .model import (
     GPT,
     PE_NAMES,
@@ -13,5 +14,5 @@ from .model import (
 
 __all__ = [
     "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "AbsolutePositions", "RotaryEmbedding",
-    "register_pe", "register_refiner",
+    "register_pe", "register_refiner", "kernels",
 ]
