@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 import time
@@ -160,6 +161,12 @@ def model_label(cfg: GPTConfig) -> str:
     return cfg.pe if cfg.refiner == "none" else f"{cfg.pe}+{cfg.refiner}"
 
 
+def run_directory(checkpoint_path: str | os.PathLike) -> Path:
+    """The run directory of a checkpoint given as a file (its folder) or as the directory itself."""
+    path = Path(checkpoint_path).resolve()
+    return path if path.is_dir() else path.parent
+
+
 def write_results(out: Path, results: dict[str, dict[int, float]], train_length: int, title: str,
                   details: dict) -> str:
     """Write `results.md`, `results.json` and `extrapolation.png` into `out` (atomically); return the table."""
@@ -168,10 +175,11 @@ def write_results(out: Path, results: dict[str, dict[int, float]], train_length:
     markdown = f"# {title}\n\nPerplexity by evaluation length (lower is better).\n\n{table}\n{settings}\n"
     with atomic_path(out / "results.md") as tmp:
         tmp.write_text(markdown)
-    payload = {"results": {name: {str(k): v for k, v in curve.items()} for name, curve in results.items()},
+    payload = {"results": {name: {str(k): None if math.isnan(v) else v for k, v in curve.items()}  # strict JSON
+                           for name, curve in results.items()},
                "train_length": train_length, **details}
     with atomic_path(out / "results.json") as tmp:
-        tmp.write_text(json.dumps(payload, indent=2, allow_nan=True) + "\n")
+        tmp.write_text(json.dumps(payload, indent=2) + "\n")
     fig = plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
     plt.close(fig)
     return table
@@ -218,13 +226,13 @@ def run_eval(args: argparse.Namespace) -> None:
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
         label = model_label(model.cfg)
         if label in results:  # two checkpoints of the same kind: tell them apart by their run directory
-            label = f"{label} ({Path(path).resolve().parent.name})"
+            label = f"{label} ({run_directory(path).name})"
         results[label] = perplexity_by_length(model, load_corpus(corpus, "val"), lengths, last_k=args.last_k,
                                               protocol=args.protocol, n_windows=args.n_windows,
                                               n_tokens=args.n_tokens, seed=args.seed)
         train_lengths.add(block_size)
         corpora.add(corpus)
-    out = Path(args.out) if args.out else Path(args.checkpoints[0]).resolve().parent
+    out = Path(args.out) if args.out else run_directory(args.checkpoints[0])
     train_length = train_lengths.pop() if len(train_lengths) == 1 else None
     details = {"protocol": args.protocol, "corpus": ", ".join(sorted(corpora)), "seed": args.seed}
     details["last_k" if args.protocol == "last_k" else "n_tokens"] = (
@@ -278,8 +286,12 @@ COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval}
 
 
 def main(argv: list[str] | None = None) -> None:
-    args = build_parser().parse_args(argv)
-    COMMANDS[args.command](args)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        COMMANDS[args.command](args)
+    except (ValueError, FileNotFoundError) as err:  # bad input: one line naming it, not a traceback
+        parser.exit(2, f"error: {err}\n")
 
 
 if __name__ == "__main__":
