@@ -31,7 +31,7 @@ VAL_FRACTION = 0.1
 
 def _read_bytes(path: Path) -> bytes:
     if not path.is_file():
-        raise FileNotFoundError(f"corpus file {str(path)!r} does not exist; bundled corpora: {', '.join(CORPORA)}")
+        raise FileNotFoundError(f"corpus file {str(path)!r} does not exist")
     try:
         return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
     except (OSError, EOFError) as err:
@@ -39,18 +39,29 @@ def _read_bytes(path: Path) -> bytes:
 
 
 @functools.lru_cache(maxsize=8)
-def _corpus_tokens(name_or_path: str) -> torch.Tensor:
+def _read_corpus(name_or_path: str, file_state: tuple[int, int] | None) -> torch.Tensor:
+    """All bytes of a corpus; `file_state` (mtime, size) makes the cache re-read a file that changed."""
     if name_or_path in CORPORA:
         text = b"".join(_read_bytes(DATA_DIR / file) for file in CORPORA[name_or_path])
     else:
-        path = Path(name_or_path).expanduser()
-        if path.suffix not in (".txt", ".gz") and not path.is_file():
-            raise ValueError(f"unknown corpus {name_or_path!r}: valid corpora are {', '.join(CORPORA)}, "
-                             f"or a path to a .txt or .gz file")
-        text = _read_bytes(path)
+        text = _read_bytes(Path(name_or_path).expanduser())
     if len(text) < 2:
         raise ValueError(f"corpus {name_or_path!r} has {len(text)} bytes; at least 2 are needed for a split")
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
+
+
+def _corpus_tokens(name_or_path: str) -> torch.Tensor:
+    if name_or_path in CORPORA:
+        return _read_corpus(name_or_path, None)
+    path = Path(name_or_path).expanduser()
+    if not path.is_file():
+        if path.suffix not in (".txt", ".gz"):
+            raise ValueError(f"unknown corpus {name_or_path!r}: valid corpora are {', '.join(CORPORA)}, "
+                             f"or a path to a .txt or .gz file")
+        raise FileNotFoundError(f"corpus file {name_or_path!r} does not exist; valid corpora are "
+                                f"{', '.join(CORPORA)}, or a path to an existing .txt or .gz file")
+    stat = path.stat()
+    return _read_corpus(name_or_path, (stat.st_mtime_ns, stat.st_size))
 
 
 def load_corpus(name_or_path: str | os.PathLike = "austen", split: str = "train") -> torch.Tensor:
@@ -58,6 +69,9 @@ def load_corpus(name_or_path: str | os.PathLike = "austen", split: str = "train"
 
     The split is deterministic: `train` is the first 90% of the bytes, `val` the last 10%.
     """
+    if not isinstance(name_or_path, (str, os.PathLike)):
+        raise TypeError(f"name_or_path must be a corpus name ({', '.join(CORPORA)}) or a file path, "
+                        f"got {type(name_or_path).__name__}")
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}: valid splits are {', '.join(SPLITS)}")
     tokens = _corpus_tokens(os.fspath(name_or_path))
@@ -74,8 +88,8 @@ def get_batch(tokens: torch.Tensor, batch_size: int, block_size: int, generator:
               device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """`batch_size` random windows: inputs `x` and next-token targets `y`, both LongTensor `(B, block_size)`."""
     _check_width(tokens, block_size + 1)
-    starts = torch.randint(len(tokens) - block_size, (batch_size,), generator=generator)
-    windows = torch.stack([tokens[s:s + block_size + 1] for s in starts.tolist()]).long()
+    starts = torch.randint(len(tokens) - block_size, (batch_size, 1), generator=generator)
+    windows = tokens[starts + torch.arange(block_size + 1)].long()
     return windows[:, :-1].to(device), windows[:, 1:].to(device)
 
 
@@ -83,5 +97,5 @@ def fixed_windows(tokens: torch.Tensor, width: int, count: int, seed: int = 0) -
     """`count` windows of `width` tokens at starts drawn from `seed` alone: the same windows for every model."""
     _check_width(tokens, width)
     generator = torch.Generator().manual_seed(seed)
-    starts = torch.randint(len(tokens) - width + 1, (count,), generator=generator)
-    return torch.stack([tokens[s:s + width] for s in starts.tolist()])
+    starts = torch.randint(len(tokens) - width + 1, (count, 1), generator=generator)
+    return tokens[starts + torch.arange(width)]

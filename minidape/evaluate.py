@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import numbers
 import warnings
 
 import torch
@@ -42,9 +43,17 @@ def _check_tokens(tokens) -> torch.Tensor:
 
 
 def _check_length(length, what: str = "length") -> int:
-    if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+    if isinstance(length, bool) or not isinstance(length, numbers.Integral) or length < 1:
         raise ValueError(f"{what} must be a positive integer, got {length!r}")
-    return length
+    return int(length)
+
+
+def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:
+    """Tokens outside the model's vocabulary are a data error, not a length the model cannot run."""
+    vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
+    if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
+        raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}); got values in "
+                         f"[{int(tokens.min())}, {int(tokens.max())}]")
 
 
 @torch.inference_mode()
@@ -92,7 +101,12 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid choices: {', '.join(PROTOCOLS)}")
     tokens = _check_tokens(tokens)
+    _check_vocabulary(model, tokens)
+    if isinstance(lengths, numbers.Integral):
+        lengths = [lengths]
     lengths = [_check_length(length) for length in lengths]
+    if not lengths:
+        raise ValueError("lengths is empty: give at least one evaluation length")
     _check_length(last_k, "last_k")
     _check_length(n_windows, "n_windows")
     _check_length(max_batch_tokens, "max_batch_tokens")
@@ -128,8 +142,10 @@ def loss_by_position(model: nn.Module, tokens: torch.Tensor, length: int, n_wind
     token `i + 1` from tokens `0..i`, over `n_windows` seeded windows of `length + 1` tokens.
     `exp` of it is the position-wise perplexity."""
     tokens = _check_tokens(tokens)
-    _check_length(length)
+    _check_vocabulary(model, tokens)
+    length = _check_length(length)
     _check_length(n_windows, "n_windows")
+    _check_length(max_batch_tokens, "max_batch_tokens")
     windows = fixed_windows(tokens, length + 1, n_windows, seed)
     with _evaluation_mode(model):
         return _token_losses(model, windows, length, max_batch_tokens).mean(dim=0)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import math
+import numbers
 import os
 import random
 import tempfile
@@ -286,6 +287,13 @@ def validation_loss(model: nn.Module, windows: torch.Tensor, batch_size: int, de
     return total / len(windows)
 
 
+def _check_number(name: str, value, minimum: float, integer: bool = True) -> None:
+    """Raise a ValueError naming `name` unless `value` is None (use the default) or a number >= `minimum`."""
+    kind = numbers.Integral if integer else numbers.Real
+    if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < minimum):
+        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} >= {minimum}, got {value!r}")
+
+
 def train(model_or_cfg: GPTConfig | nn.Module | None, data="austen", *, steps: int = 1000, batch_size: int = 32,
           lr: float = 1e-3, min_lr: float | None = None, warmup: int | None = None, weight_decay: float = 0.1,
           grad_clip: float = 1.0, val_data=None, eval_every: int | None = None, eval_windows: int = 32,
@@ -308,8 +316,14 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data="austen", *, steps: i
       step come from the checkpoint, and the same arguments continue the run exactly.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
-    if steps < 1 or batch_size < 1:
-        raise ValueError(f"steps and batch_size must be positive, got steps={steps}, batch_size={batch_size}")
+    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
+                                 ("eval_every", eval_every, 1), ("eval_windows", eval_windows, 1),
+                                 ("log_every", log_every, 1), ("checkpoint_every", checkpoint_every, 0)):
+        _check_number(name, value, minimum)
+    for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
+        _check_number(name, value, 0.0, integer=False)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+        raise ValueError(f"lr must be a number > 0, got {lr!r}")
     context, device = setup_distributed(device)
     checkpoint = None
     if resume:
@@ -362,7 +376,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data="austen", *, steps: i
                desc=f"{cfg.pe}+{cfg.refiner}", dynamic_ncols=True)
     generator = torch.Generator()
     tokens_per_step = batch_size * cfg.block_size * context.world_size
-    clock, timed_steps, postfix = time.perf_counter(), 0, {}
+    clock, eval_seconds, timed_steps, postfix = time.perf_counter(), 0.0, 0, {}
     for step in range(start, steps + 1):
         if checkpoint_every and start < step < steps and step % checkpoint_every == 0:
             save(step)
@@ -393,10 +407,13 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data="austen", *, steps: i
                 loss /= context.world_size
             entry = {"step": step, "loss": loss.item(), "lr": lr_at(step, steps, lr, min_lr, warmup)}
             if val_windows is not None and (step % eval_every == 0 or step == steps):
+                eval_start = time.perf_counter()
                 entry["val_loss"] = validation_loss(model, val_windows, batch_size, device)
+                eval_seconds += time.perf_counter() - eval_start
                 postfix["val"] = f"{entry['val_loss']:.3f}"
             history.append(entry)
-            rate = timed_steps * tokens_per_step / max(time.perf_counter() - clock, 1e-9)
+            # tokens/s of training alone: the validation passes are not counted
+            rate = timed_steps * tokens_per_step / max(time.perf_counter() - clock - eval_seconds, 1e-9)
             postfix.update(loss=f"{entry['loss']:.3f}", tok_s=f"{rate:,.0f}")
             bar.set_postfix(postfix, refresh=False)
     bar.close()
