@@ -65,7 +65,8 @@ def plot_loss_by_position(losses: dict[str, torch.Tensor], train_length: int | N
     length marked: where a model stops extrapolating its curve turns up."""
     fig, ax = _axes(ax, (7, 4.5))
     for name, curve in losses.items():
-        ax.plot(torch.arange(1, len(curve) + 1), torch.as_tensor(curve).cpu(), linewidth=1, label=name)
+        curve = torch.as_tensor(curve).detach().float().cpu().numpy()
+        ax.plot(range(1, len(curve) + 1), curve, linewidth=1, label=name)
     ax.set_xscale("log", base=2)
     if train_length is not None:
         ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
@@ -96,7 +97,7 @@ def plot_bias(bias: torch.Tensor, heads=None, title: str | None = None,
         raise ValueError(f"heads must be a non-empty selection of 0..{bias.shape[0] - 1}, got {heads}")
     fig, axes = plt.subplots(1, len(heads), figsize=(3 * len(heads), 3.2), squeeze=False)
     for ax, head in zip(axes[0], heads):
-        image = ax.imshow(bias[head], cmap="viridis", aspect="auto")
+        image = ax.imshow(bias[head].numpy(), cmap="viridis", aspect="auto")
         ax.set_title(f"head {head}")
         ax.set_xlabel("key position j")
         fig.colorbar(image, ax=ax, fraction=0.046)

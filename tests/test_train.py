@@ -1,0 +1,276 @@
+"""Training: schedule, learning, history, checkpoints, exact resume, devices, errors, DDP under torchrun."""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import minidape as md
+from minidape.data import get_batch
+from minidape.train import (CHECKPOINT_NAME, atomic_path, load_checkpoint, lr_at, read_checkpoint, resolve_device,
+                            seed_everything, step_seed)
+
+train_module = sys.modules["minidape.train"]  # md.train is the function; this is the module
+REPO = Path(__file__).resolve().parent.parent
+TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models train fastest on one thread, above all on a shared, busy CPU."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def corpus():
+    """A slice of the books corpus: enough text for tiny runs, small enough to stay fast."""
+    return md.load_corpus("austen", "train")[:200_000], md.load_corpus("austen", "val")[:20_000]
+
+
+def state_equal(a: dict, b: dict) -> bool:
+    return a.keys() == b.keys() and all(torch.equal(a[key], b[key]) for key in a)
+
+
+def test_cosine_schedule_with_warmup():
+    # warmup 10 of 110 steps, peak 1.0, floor 0.1: linear ramp, then half a cosine from 1.0 down to 0.1
+    assert lr_at(0, 110, 1.0, 0.1, 10) == pytest.approx(0.1)
+    assert lr_at(4, 110, 1.0, 0.1, 10) == pytest.approx(0.5)
+    assert lr_at(9, 110, 1.0, 0.1, 10) == pytest.approx(1.0)
+    assert lr_at(10, 110, 1.0, 0.1, 10) == pytest.approx(1.0)
+    assert lr_at(60, 110, 1.0, 0.1, 10) == pytest.approx(0.55)  # halfway through the cosine
+    assert lr_at(35, 110, 1.0, 0.1, 10) == pytest.approx(0.1 + 0.45 * (1 + 2 ** -0.5))  # a quarter: cos(pi/4)
+    assert lr_at(110, 110, 1.0, 0.1, 10) == pytest.approx(0.1)
+    rates = [lr_at(step, 110, 1.0, 0.1, 10) for step in range(10, 111)]
+    assert all(later <= earlier for earlier, later in zip(rates, rates[1:]))
+
+
+def test_loss_goes_down_and_history_is_complete(corpus):
+    train_tokens, val_tokens = corpus
+    model, history = md.train(md.GPTConfig(**TINY, pe="alibi"), train_tokens, val_data=val_tokens, steps=60,
+                              batch_size=16, lr=3e-3, eval_every=20, log_every=5, device="cpu", progress=False)
+    assert [entry["step"] for entry in history] == list(range(0, 61, 5))
+    assert [entry["step"] for entry in history if "val_loss" in entry] == [0, 20, 40, 60]
+    first, last = history[0], history[-1]
+    assert first["loss"] == pytest.approx(torch.log(torch.tensor(256.0)).item(), abs=0.3)  # an untrained guess
+    assert last["loss"] < first["loss"] - 1.0
+    assert last["val_loss"] < first["val_loss"] - 1.0
+    assert not model.training  # returned ready for evaluation
+
+
+def test_same_seed_same_run_other_seed_other_run(corpus):
+    train_tokens, _ = corpus
+    cfg = md.GPTConfig(**TINY, pe="rope", dropout=0.1)
+    runs = [md.train(cfg, train_tokens, steps=3, batch_size=4, seed=seed, device="cpu", progress=False)[0]
+            for seed in (5, 5, 6)]
+    assert state_equal(runs[0].state_dict(), runs[1].state_dict())
+    assert not state_equal(runs[0].state_dict(), runs[2].state_dict())
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
+    """Stop a run right after its step-4 checkpoint, resume it, and compare with a run never stopped.
+
+    Dropout is on, so the random state of every step must be reproduced, not only the weights and Adam's moments.
+    """
+    train_tokens, val_tokens = corpus
+    cfg = md.GPTConfig(**TINY, pe="kerple_log", refiner="dape", refiner_width=8, dropout=0.1)
+    settings = dict(data=train_tokens, val_data=val_tokens, steps=8, batch_size=4, lr=3e-3, eval_every=2,
+                    checkpoint_every=4, seed=11, device="cpu", progress=False)
+    whole, whole_history = md.train(cfg, out=tmp_path / "whole", **settings)
+
+    save = train_module.save_checkpoint
+
+    def save_then_stop(path, model, optimizer, step, *args, **kwargs):
+        save(path, model, optimizer, step, *args, **kwargs)
+        if step == 4:
+            raise Interrupted
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    with pytest.raises(Interrupted):
+        md.train(cfg, out=tmp_path / "cut", **settings)
+    monkeypatch.undo()
+    assert read_checkpoint(tmp_path / "cut")["step"] == 4
+
+    resumed, resumed_history = md.train(None, out=tmp_path / "cut", resume=True, **{**settings, "seed": 0})
+    assert state_equal(whole.state_dict(), resumed.state_dict())  # bitwise
+    assert resumed_history == whole_history
+    final = read_checkpoint(tmp_path / "cut")
+    assert final["step"] == 8 and state_equal(final["model"], whole.state_dict())
+
+
+def test_resume_refuses_a_different_model(corpus, tmp_path):
+    train_tokens, _ = corpus
+    md.train(md.GPTConfig(**TINY), train_tokens, steps=2, batch_size=2, out=tmp_path, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="differs from the checkpoint's in: n_embd"):
+        md.train(md.GPTConfig(**{**TINY, "n_embd": 64}), train_tokens, steps=4, batch_size=2, out=tmp_path,
+                 resume=True, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="resume=True needs out="):
+        md.train(None, train_tokens, steps=4, resume=True, progress=False)
+
+
+def test_checkpoint_is_plain_state_written_atomically(corpus, tmp_path):
+    train_tokens, _ = corpus
+    model, history = md.train(md.GPTConfig(**TINY, pe="fire"), "austen", steps=3, batch_size=2, weight_decay=0.05,
+                              out=tmp_path, device="cpu", progress=False, eval_windows=2)
+    assert sorted(os.listdir(tmp_path)) == [CHECKPOINT_NAME]  # no temporary file left behind
+    checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)  # plain tensors, numbers, strings
+    assert checkpoint["step"] == 3 and checkpoint["corpus"] == "austen" and checkpoint["history"] == history
+    assert checkpoint["config"] == {**md.GPTConfig(**TINY, pe="fire").__dict__}
+    groups = checkpoint["optimizer"]["param_groups"]
+    assert {group["betas"] for group in groups} == {(0.9, 0.95)}
+    assert sorted(group["weight_decay"] for group in groups) == [0.0, 0.05]  # no decay on biases and norms
+    loaded, _ = load_checkpoint(tmp_path, "cpu")
+    assert state_equal(loaded.state_dict(), model.state_dict()) and not loaded.training
+
+
+def test_corrupt_truncated_and_foreign_checkpoints_are_clear_errors(corpus, tmp_path):
+    train_tokens, _ = corpus
+    md.train(md.GPTConfig(**TINY), train_tokens, steps=1, batch_size=2, out=tmp_path / "run", device="cpu",
+             progress=False)
+    good = (tmp_path / "run" / CHECKPOINT_NAME).read_bytes()
+    cases = {"truncated.pt": good[: len(good) // 2], "corrupt.pt": bytes(reversed(good))}
+    for name, content in cases.items():
+        (tmp_path / name).write_bytes(content)
+        with pytest.raises(ValueError, match=f"cannot read checkpoint .*{name}: the file is truncated or corrupt"):
+            load_checkpoint(tmp_path / name)
+    torch.save({"weights": torch.zeros(2)}, tmp_path / "foreign.pt")
+    with pytest.raises(ValueError, match="not a minidape checkpoint: missing model, config"):
+        load_checkpoint(tmp_path / "foreign.pt")
+    with pytest.raises(FileNotFoundError, match="no checkpoint at"):
+        load_checkpoint(tmp_path / "absent.pt")
+
+
+def test_atomic_path_keeps_the_old_file_when_writing_fails(tmp_path):
+    target = tmp_path / "results.md"
+    target.write_text("old")
+    with pytest.raises(RuntimeError):
+        with atomic_path(target) as tmp:
+            tmp.write_text("half of the new")
+            raise RuntimeError("the writer crashed")
+    assert target.read_text() == "old" and os.listdir(tmp_path) == ["results.md"]
+    with atomic_path(target) as tmp:
+        tmp.write_text("new")
+    assert target.read_text() == "new" and os.listdir(tmp_path) == ["results.md"]
+
+
+def test_device_choice(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: False)
+    assert resolve_device("auto") == torch.device("cpu")
+    with pytest.raises(ValueError, match="'cuda'.*CUDA is not available"):
+        resolve_device("cuda")
+    with pytest.raises(ValueError, match="'mps'.*MPS is not available"):
+        resolve_device("mps")
+    with pytest.raises(ValueError, match="unknown device 'gpu'.*auto, cpu, cuda, mps"):
+        resolve_device("gpu")
+    monkeypatch.setattr(torch.backends.mps, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("mps")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == torch.device("cuda")  # CUDA first
+
+
+@pytest.mark.parametrize("argument, value, message", [
+    ("steps", 0, "steps must be an integer >= 1, got 0"),
+    ("batch_size", 2.5, "batch_size must be an integer >= 1, got 2.5"),
+    ("lr", -1e-3, "lr must be a number > 0"),
+    ("warmup", -1, "warmup must be an integer >= 0"),
+    ("eval_every", 0, "eval_every must be an integer >= 1"),
+    ("grad_clip", -1.0, "grad_clip must be a number >= 0"),
+    ("device", "tpu", "unknown device 'tpu'"),
+])
+def test_bad_arguments_are_named(corpus, argument, value, message):
+    with pytest.raises(ValueError, match=message):
+        md.train(md.GPTConfig(**TINY), corpus[0], **{"steps": 2, argument: value}, progress=False)
+
+
+def test_bad_data_is_named():
+    with pytest.raises(ValueError, match="data has 17 tokens; training needs more than block_size \\+ 1 = 17"):
+        md.train(md.GPTConfig(**TINY), torch.zeros(17, dtype=torch.long), steps=1, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="token 300, outside vocab_size 256"):
+        md.train(md.GPTConfig(**TINY), torch.full((100,), 300), steps=1, device="cpu", progress=False)
+    with pytest.raises(TypeError, match="1-D integer token tensor"):
+        md.train(md.GPTConfig(**TINY), torch.rand(100), steps=1, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="unknown corpus"):
+        md.train(md.GPTConfig(**TINY), "no_such_corpus", steps=1, device="cpu", progress=False)
+
+
+# ----------------------------------------------------------------------------- DDP
+
+DDP_SETTINGS = dict(steps=3, batch_size=4, lr=1e-2, warmup=1, seed=7)
+DDP_SCRIPT = textwrap.dedent("""
+    import json, os, sys
+    import torch
+    import minidape as md
+
+    out, settings = sys.argv[1], json.loads(sys.argv[2])
+    tokens = md.load_corpus("austen")[:50_000]
+    model, history = md.train(md.GPTConfig(**settings.pop("config")), tokens, device="cpu", out=out,
+                              progress=False, **settings)
+    torch.save({"model": model.state_dict(), "history": history}, os.path.join(out, f"rank{os.environ['RANK']}.pt"))
+""")
+
+
+def reference_weights(cfg: md.GPTConfig, tokens: torch.Tensor, ranks) -> dict:
+    """One process doing what DDP should do: each step, the batches of all `ranks` together in one mean loss.
+
+    Written out plainly from the recipe (AdamW 0.9/0.95, decay on matrices only, warmup + cosine, clip at 1).
+    """
+    steps, batch_size, lr, warmup, seed = (DDP_SETTINGS[key] for key in ("steps", "batch_size", "lr", "warmup", "seed"))
+    seed_everything(seed)
+    model = md.GPT(cfg)
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
+                                  betas=(0.9, 0.95))
+    for step in range(steps):
+        batches = [get_batch(tokens, batch_size, cfg.block_size, torch.Generator().manual_seed(step_seed(seed, rank, step)))
+                   for rank in ranks]
+        x, y = (torch.cat(parts) for parts in zip(*batches))
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, lr, lr / 10, warmup)
+        model(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad()
+    return model.state_dict()
+
+
+def test_ddp_two_cpu_processes_under_torchrun(tmp_path):
+    # No refiner here: the last bias of a refiner shifts whole score rows, which softmax ignores, so its exact
+    # gradient is 0 and Adam turns the rounding noise of two summation orders into full-size steps.
+    cfg = md.GPTConfig(**TINY, pe="kerple_log")
+    script = tmp_path / "ddp_train.py"
+    script.write_text(DDP_SCRIPT)
+    settings = json.dumps({**DDP_SETTINGS, "config": cfg.__dict__})
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+    started = time.perf_counter()
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                           str(script), str(tmp_path), settings], env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    print(f"torchrun, 2 processes: {time.perf_counter() - started:.1f} s")
+
+    rank0, rank1 = (torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1))
+    assert state_equal(rank0["model"], rank1["model"])  # both ranks end with identical weights
+    assert rank0["history"] == rank1["history"]  # the logged loss is averaged over ranks
+    saved = read_checkpoint(tmp_path)  # rank 0 wrote the checkpoint, and only it
+    assert state_equal(saved["model"], rank0["model"]) and sorted(os.listdir(tmp_path)) == [
+        CHECKPOINT_NAME, "ddp_train.py", "rank0.pt", "rank1.pt"]
+
+    tokens = md.load_corpus("austen")[:50_000]
+    both = reference_weights(cfg, tokens, ranks=(0, 1))
+    rank0_alone = reference_weights(cfg, tokens, ranks=(0,))
+    gap = max((rank0["model"][key] - both[key]).abs().max().item() for key in both)
+    gap_alone = max((rank0["model"][key] - rank0_alone[key]).abs().max().item() for key in both)
+    assert gap < 1e-5  # DDP averaged the gradients of both ranks' batches
+    assert gap_alone > 100 * max(gap, 1e-7)  # ...and rank 1's batches really counted
