@@ -1,9 +1,10 @@
-"""Command line: `python -m minidape {demo,train,eval} ...` (`--help` on each for its flags).
+"""Command line: `python -m minidape {demo,train,eval,che} ...` (`--help` on each for its flags).
 
     python -m minidape demo                                  # 7 PEs/refiners, trained and compared
     python -m minidape train --pe alibi --steps 2000 --out runs/alibi
     python -m minidape train --steps 4000 --out runs/alibi --resume
     python -m minidape eval runs/alibi/checkpoint.pt runs/rope/checkpoint.pt --lengths 128 512 2048
+    python -m minidape che --task reverse_string --pe kerple_log --refiner dape --steps 2000
 
 Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
 itself, so a field added to the model is a flag without touching this file.
@@ -28,6 +29,7 @@ from .data import load_corpus
 from .evaluate import PROTOCOLS, perplexity_by_length
 from .model import PE_NAMES, REFINER_NAMES, GPTConfig
 from .plots import markdown_table, plot_extrapolation
+from .tasks import TASK_NAMES, accuracy_table, get_task, plot_accuracy, train_task
 from .train import (CHECKPOINT_NAME, DEVICE_CHOICES, atomic_path, config_from_dict, load_checkpoint, read_checkpoint,
                     resolve_device, train)
 
@@ -102,7 +104,7 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che}")
 
     demo = commands.add_parser("demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
                                description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and "
@@ -151,6 +153,28 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--out", help="directory for the results (default: the first checkpoint's)")
     evaluate.add_argument("--seed", type=int, default=0)
     _add_device_flag(evaluate)
+
+    che = commands.add_parser("che", help="train and test an encoder on a Chomsky-hierarchy task",
+                              description="Train an encoder on one CHE task with input lengths drawn from "
+                                          "U(1, max-train-length), test it at longer lengths, print a table and "
+                                          "write results.md, results.json and accuracy.png. The task sets "
+                                          "vocab_size, causal=False and block_size; the other GPTConfig fields "
+                                          "are flags.")
+    che.add_argument("--task", required=True, help=f"one of: {', '.join(TASK_NAMES)}")
+    _add_config_flags(che)
+    run = che.add_argument_group("training and test")
+    run.add_argument("--steps", type=int, default=1000, help="Adam steps, one input length each (default 1000)")
+    run.add_argument("--batch-size", type=int, default=32)
+    run.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    run.add_argument("--max-train-length", type=int, default=40, help="longest training input (default 40)")
+    run.add_argument("--max-test-length", type=int, default=500, help="longest test input (default 500)")
+    run.add_argument("--length-step", type=int, default=10,
+                     help="test the lengths step, 2*step, ... up to --max-test-length (default 10; 1 tests "
+                          "every length, as the papers do)")
+    run.add_argument("--eval-samples", type=int, default=64, help="test sequences per length (default 64)")
+    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--out", help="output directory (default runs/che/TASK-MODEL)")
+    _add_device_flag(run)
     return parser
 
 
@@ -282,7 +306,55 @@ def run_demo(args: argparse.Namespace) -> None:
           f"in {details['wall time (s)']:.0f} s")
 
 
-COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval}
+def run_che(args: argparse.Namespace) -> None:
+    try:
+        task = get_task(args.task)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")
+    fixed = [name for name in ("vocab_size", "causal", "block_size") if name in vars(args)]
+    if fixed:
+        raise SystemExit(f"error: the task sets {', '.join(fixed)}; drop "
+                         f"{', '.join('--' + name.replace('_', '-') for name in fixed)}")
+    for flag in ("steps", "batch_size", "max_train_length", "max_test_length", "length_step", "eval_samples"):
+        if getattr(args, flag) < 1:
+            raise SystemExit(f"error: --{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
+    fields = {f.name for f in dataclasses.fields(GPTConfig)}
+    cfg = GPTConfig(**{name: value for name, value in vars(args).items() if name in fields})
+    lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
+    if not lengths:
+        raise SystemExit(f"error: --length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
+    try:
+        _, history, results = train_task(task, cfg, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                         max_train_length=args.max_train_length, test_lengths=lengths,
+                                         eval_samples=args.eval_samples, device=args.device, seed=args.seed)
+    except ValueError as error:
+        raise SystemExit(f"error: {error}")
+    label = results["model"]
+    out = Path(args.out or Path("runs") / "che" / f"{task.name}-{label}")
+    table = accuracy_table({label: results}, train_length=args.max_train_length)
+    settings = {key: results[key] for key in ("level", "steps", "batch_size", "lr", "max_train_length",
+                                              "eval_samples", "seed", "device", "parameters", "train_seconds",
+                                              "eval_seconds")}
+    settings["model"] = f"{cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, {label}"
+    settings["chance accuracy"] = f"{100 * task.chance_accuracy:.0f}%"
+    markdown = (f"# {task.name}: accuracy (%) by input length\n\n{table}\n"
+                + "\n".join(f"- {key}: {value}" for key, value in settings.items()) + "\n")
+    with atomic_path(out / "results.md") as tmp:
+        tmp.write_text(markdown)
+    payload = {**results, "accuracy": {str(n): acc for n, acc in results["accuracy"].items()}, "history": history}
+    with atomic_path(out / "results.json") as tmp:
+        tmp.write_text(json.dumps(payload, indent=1, allow_nan=True) + "\n")
+    fig = plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
+                        chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}",
+                        path=out / "accuracy.png")
+    plt.close(fig)
+    print(table)
+    print(f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
+          f"(chance {100 * task.chance_accuracy:.0f}%)")
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
+
+
+COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_che}
 
 
 def main(argv: list[str] | None = None) -> None:

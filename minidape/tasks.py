@@ -30,12 +30,27 @@ input positions so the model's own cross-entropy trains on the answer positions 
 """
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import math
+import numbers
+import os
+import time
+from collections.abc import Iterable
 
+import matplotlib.pyplot as plt
 import torch
+from matplotlib.figure import Figure
+from torch import nn
+from tqdm.auto import tqdm
+
+from .model import GPT, GPTConfig
+from .plots import save_figure
+from .train import autocast_for, lr_at, resolve_device, seed_everything, step_seed
 
 __all__ = [
     "TASK_NAMES", "LEVELS", "Task", "get_task", "accuracy", "output_mask", "encoder_inputs", "encoder_targets",
+    "task_config", "train_task", "evaluate_task", "accuracy_table", "plot_accuracy",
 ]
 
 MODULUS = 5  # modulus of the arithmetic tasks and length of the cycle, as in the benchmark
@@ -125,6 +140,12 @@ class Task:
     def placeholder_token(self) -> int:
         """Input id of the answer placeholders appended by :func:`encoder_inputs`."""
         return self.input_vocab
+
+    @property
+    def chance_accuracy(self) -> float:
+        """Accuracy of uniform guessing among the answer symbols (the end token is not one of them): the
+        "random accuracy" of the DAPE paper's Table 2 (50% for binary answers, 20% for mod-5 ones)."""
+        return 1.0 / (self.output_vocab - (self.end_token is not None))
 
     @property
     def model_vocab_size(self) -> int:
@@ -615,3 +636,279 @@ def encoder_targets(targets: torch.Tensor, n: int) -> torch.Tensor:
     ignored = torch.full((targets.shape[0], _check_positive_int(n, "n")), -1, dtype=targets.dtype,
                          device=targets.device)
     return torch.cat([ignored, targets], dim=1)
+
+
+# ------------------------------------------------------------------------- training and evaluation (encoder)
+
+
+def _resolve_task(task) -> Task:
+    if isinstance(task, Task):
+        return task
+    if isinstance(task, str):
+        return get_task(task)
+    raise TypeError(f"task must be a task name (one of {', '.join(TASK_NAMES)}) or a Task, got {type(task).__name__}")
+
+
+def _valid_lengths(task: Task, lengths, what: str) -> list[int]:
+    """The distinct lengths the task generates for the requested ones (see ``Task.valid_length``), sorted;
+    requests below ``task.min_length`` are dropped."""
+    lengths = list(lengths)
+    bad = [n for n in lengths if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1]
+    if bad or not lengths:
+        raise ValueError(f"{what} must be a non-empty collection of positive integers, got {bad or lengths}")
+    valid = sorted({task.valid_length(int(n)) for n in lengths if n >= task.min_length})
+    if not valid:
+        raise ValueError(f"{what} holds no length {task.name} can generate: it needs {task.length_rule}")
+    return valid
+
+
+def sequence_length(task: Task, n: int) -> int:
+    """Tokens the encoder reads for an input of length ``n``: the input and its answer placeholders."""
+    return n + task.output_length(n)
+
+
+def task_config(task, cfg: GPTConfig | None = None, max_train_length: int = 40) -> GPTConfig:
+    """``cfg`` (default: ``GPTConfig()``) made fit for ``task``: ``causal=False``, ``vocab_size =
+    task.model_vocab_size``, ``block_size`` = the longest training sequence (input + placeholders)."""
+    task = _resolve_task(task)
+    cfg = GPTConfig() if cfg is None else cfg
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
+    block_size = sequence_length(task, task.valid_length(max_train_length))
+    return dataclasses.replace(cfg, causal=False, vocab_size=task.model_vocab_size, block_size=block_size)
+
+
+def _check_model(model: nn.Module, task: Task) -> None:
+    cfg = getattr(model, "cfg", None)
+    if not isinstance(cfg, GPTConfig):
+        raise TypeError(f"the model must carry a GPTConfig as .cfg (an md.GPT), got {type(model).__name__}")
+    if cfg.causal or cfg.vocab_size < task.model_vocab_size:
+        raise ValueError(f"a model for {task.name} needs causal=False and vocab_size >= {task.model_vocab_size}; "
+                         f"got causal={cfg.causal}, vocab_size={cfg.vocab_size} (build it from "
+                         f"md.tasks.task_config({task.name!r}, cfg))")
+
+
+def _check_positions_cover(cfg: GPTConfig, task: Task, lengths: list[int]) -> None:
+    """Fail before training when a test sequence cannot be encoded: beyond a learned table, or beyond the
+    range of random positions (which evaluation draws too)."""
+    longest = sequence_length(task, max(lengths))
+    if cfg.random_positions and longest > cfg.random_positions:
+        raise ValueError(f"random_positions={cfg.random_positions} is shorter than the longest test sequence "
+                         f"({longest} tokens = input + answer placeholders); raise it or test shorter lengths")
+    table = max(cfg.block_size, cfg.random_positions)
+    if cfg.pe == "learned" and longest > table:
+        raise ValueError(f"pe='learned' has {table} positions but the longest test sequence has {longest} tokens; "
+                         f"use random_positions >= {longest} (Ruoss et al.) or shorter test lengths")
+
+
+@contextlib.contextmanager
+def _test_positions(model: nn.Module):
+    """Eval mode; with ``random_positions`` the positions are still drawn at random, as Ruoss et al. (2023)
+    do at test time. ``GPT.positions`` draws them while the top-level module is in training mode, so only
+    that one flag is set: every submodule stays in eval mode (no dropout)."""
+    was_training = model.training
+    model.eval()
+    model.training = bool(model.cfg.random_positions)
+    try:
+        yield
+    finally:
+        model.train(was_training)
+
+
+@torch.no_grad()
+def evaluate_task(model: nn.Module, task, lengths: Iterable[int], samples: int = 64, seed: int = 0,
+                  batch_tokens: int = 16384) -> dict[int, float]:
+    """Accuracy of an encoder ``model`` on ``samples`` fresh sequences of each length: ``{n: accuracy}``.
+
+    Each length's sequences come from a generator seeded by ``(seed, n)``, so every model meets the same test
+    set whatever the order of lengths. Forward passes hold at most ``batch_tokens`` tokens (length 500
+    runs on a CPU). Accuracy per length is the benchmark's: correct scored answer tokens over scored ones.
+    """
+    task = _resolve_task(task)
+    _check_model(model, task)
+    lengths = _valid_lengths(task, lengths, "lengths")
+    _check_positive_int(samples, "samples")
+    _check_positive_int(batch_tokens, "batch_tokens")
+    _check_positions_cover(model.cfg, task, lengths)
+    device = next(model.parameters()).device
+    results = {}
+    with _test_positions(model):
+        for n in lengths:
+            length_seed = step_seed(seed, 0, n)
+            seed_everything(length_seed)  # random test positions, if any, come from the global RNG
+            inputs, targets = task.sample(samples, n, torch.Generator().manual_seed(length_seed))
+            batch_size = max(1, batch_tokens // sequence_length(task, n))
+            correct = scored = 0
+            for x, y in zip(inputs.split(batch_size), targets.split(batch_size)):
+                with autocast_for(device):
+                    logits, _ = model(encoder_inputs(x, task).to(device))
+                y = y.to(device)
+                mask = output_mask(y, task)
+                answers = logits[:, -y.shape[1]:, :task.output_vocab].argmax(dim=-1)
+                correct += int(((answers == y) & mask).sum())
+                scored += int(mask.sum())
+            results[n] = correct / scored
+    return results
+
+
+def model_label(cfg: GPTConfig) -> str:
+    """``pe`` or ``pe+refiner``; ``+rp`` marks random positions."""
+    label = cfg.pe if cfg.refiner == "none" else f"{cfg.pe}+{cfg.refiner}"
+    return label + ("+rp" if cfg.random_positions else "")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else math.nan
+
+
+def train_task(task, model_or_cfg: GPTConfig | nn.Module | None = None, *, steps: int = 1000, batch_size: int = 32,
+               lr: float = 1e-3, warmup: int | None = None, min_lr: float | None = None, grad_clip: float = 1.0,
+               max_train_length: int = 40, test_lengths: Iterable[int] = range(1, 501), eval_samples: int = 64,
+               eval_batch_tokens: int = 16384, device: str | torch.device = "auto", seed: int = 0,
+               log_every: int | None = None, progress: bool = True) -> tuple[nn.Module, list[dict], dict]:
+    r"""Train an encoder on ``task`` as Ruoss et al. (2023) and the DAPE paper (Appendix D), then test it.
+
+    - Model: a ``GPTConfig`` (made fit by :func:`task_config`: encoder, the task's vocabulary), a model
+      built that way, or ``None`` for ``task_config(task)``. ``random_positions=L`` in the config gives
+      randomized positional encodings, drawn at training and at test time.
+    - Training: each step draws one input length :math:`n \sim U\{1..\text{max\_train\_length}\}` (mapped by
+      ``task.valid_length``; from ``task.min_length``) for the whole batch; the encoder reads the input and
+      ``output_length(n)`` placeholders and is trained with cross-entropy on the answer positions. Adam
+      (betas 0.9, 0.999, no weight decay), linear warmup (default 5% of steps) then cosine decay to
+      ``min_lr`` (default ``lr / 10``), gradient norm clipped to ``grad_clip``.
+    - Test: :func:`evaluate_task` at every valid length of ``test_lengths`` with ``eval_samples`` sequences.
+
+    Seeds: ``seed`` fixes the initialisation, the training lengths and batches, and the test sets.
+    Returns ``(model, history, results)``: the model in eval mode; ``history`` one dict per logged step
+    (``step``, ``length``, ``loss``, ``accuracy`` of that step's batch); ``results`` a dict with
+    ``accuracy`` ``{n: acc}``, ``mean_beyond_train`` (mean over test lengths > ``max_train_length``, the
+    papers' score), ``mean_within_train``, ``chance`` and the budget (steps, batch size, parameters, seconds).
+    """
+    task = _resolve_task(task)
+    for name, value in (("steps", steps), ("batch_size", batch_size), ("max_train_length", max_train_length)):
+        _check_positive_int(value, name)
+    if not lr > 0:
+        raise ValueError(f"lr must be positive, got {lr!r}")
+    if max_train_length < task.min_length:
+        raise ValueError(f"max_train_length={max_train_length} is below the shortest {task.name} input "
+                         f"({task.min_length}: it needs {task.length_rule})")
+    lengths = _valid_lengths(task, test_lengths, "test_lengths")
+    device = resolve_device(device)
+    seed_everything(seed)  # the initialisation and the random positions of training
+    if model_or_cfg is None or isinstance(model_or_cfg, GPTConfig):
+        model = GPT(task_config(task, model_or_cfg, max_train_length))
+    else:
+        model = model_or_cfg
+    _check_model(model, task)
+    _check_positions_cover(model.cfg, task, lengths)
+    model.to(device).train()
+
+    warmup = max(1, steps // 20) if warmup is None else warmup
+    min_lr = lr / 10 if min_lr is None else min_lr
+    log_every = max(1, steps // 100) if log_every is None else log_every
+    optimizer = torch.optim.Adam(model.parameters(), lr=lr)
+    generator = torch.Generator().manual_seed(seed)
+    history = []
+    bar = tqdm(range(steps), disable=not progress, unit="step", dynamic_ncols=True,
+               desc=f"{task.name} {model_label(model.cfg)}")
+    started = time.perf_counter()
+    for step in bar:
+        n = task.valid_length(int(torch.randint(task.min_length, max_train_length + 1, (1,), generator=generator)))
+        inputs, targets = task.sample(batch_size, n, generator)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, steps, lr, min_lr, warmup)
+        with autocast_for(device):
+            logits, loss = model(encoder_inputs(inputs, task).to(device), encoder_targets(targets, n).to(device))
+        loss.backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if step % log_every == 0 or step == steps - 1:
+            batch_accuracy = accuracy(logits[:, n:].detach().float(), targets.to(device), task).item()
+            history.append({"step": step, "length": n, "loss": loss.item(), "accuracy": batch_accuracy})
+            bar.set_postfix(loss=f"{loss.item():.3f}", acc=f"{batch_accuracy:.2f}", refresh=False)
+    train_seconds = time.perf_counter() - started
+
+    started = time.perf_counter()
+    curve = evaluate_task(model, task, lengths, samples=eval_samples, seed=seed, batch_tokens=eval_batch_tokens)
+    results = {
+        "task": task.name, "level": task.level, "model": model_label(model.cfg), "accuracy": curve,
+        "mean_beyond_train": _mean([acc for n, acc in curve.items() if n > max_train_length]),
+        "mean_within_train": _mean([acc for n, acc in curve.items() if n <= max_train_length]),
+        "chance": task.chance_accuracy, "max_train_length": max_train_length, "steps": steps,
+        "batch_size": batch_size, "lr": lr, "eval_samples": eval_samples, "seed": seed, "device": str(device),
+        "parameters": sum(p.numel() for p in model.parameters()), "config": dataclasses.asdict(model.cfg),
+        "train_seconds": round(train_seconds, 1), "eval_seconds": round(time.perf_counter() - started, 1),
+    }
+    return model.eval(), history, results
+
+
+# --------------------------------------------------------------------------------------- tables and plots
+
+
+def _length_bins(lengths: list[int], train_length: int) -> list[tuple[int, int]]:
+    """``(1, train_length)``, then hundreds: ``(train_length + 1, 100)``, ``(101, 200)``, ..., the last one
+    ending at the longest length; bins holding no length are left out."""
+    bins = [(1, train_length)] if lengths[0] <= train_length else []
+    low = train_length + 1
+    while low <= lengths[-1]:
+        high = min(lengths[-1], (low - 1) // 100 * 100 + 100)
+        bins.append((low, high))
+        low = high + 1
+    return [(low, high) for low, high in bins if any(low <= n <= high for n in lengths)]
+
+
+def accuracy_table(results: dict[str, dict], train_length: int = 40) -> str:
+    r"""Markdown table of accuracies (%), one row per entry of ``results`` (``{label: train_task results or
+    {n: accuracy}}``): the mean over training lengths, over each hundred of test lengths, and the mean over
+    every length beyond training (the papers' score, in bold for the best row)."""
+    if not results:
+        raise ValueError("results is empty: pass {label: results} with at least one model")
+    curves = {label: entry["accuracy"] if "accuracy" in entry else entry for label, entry in results.items()}
+    lengths = sorted({int(n) for curve in curves.values() for n in curve})
+    bins = _length_bins(lengths, train_length)
+    header = ["model"] + [f"{low}–{high}" + (" (train)" if high <= train_length else "") for low, high in bins]
+    header.append(f"mean {train_length + 1}–{lengths[-1]}")
+    means = {}
+    rows = []
+    for label, curve in curves.items():
+        curve = {int(n): acc for n, acc in curve.items()}
+        cells = [_mean([acc for n, acc in curve.items() if low <= n <= high]) for low, high in bins]
+        means[label] = _mean([acc for n, acc in curve.items() if n > train_length])
+        rows.append((label, cells + [means[label]]))
+    best = max((value for value in means.values() if not math.isnan(value)), default=None)
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * (len(header) - 1)]
+    for label, cells in rows:
+        text = ["n/a" if math.isnan(value) else f"{100 * value:.1f}" for value in cells]
+        if best is not None and means[label] == best and len(rows) > 1:
+            text[-1] = f"**{text[-1]}**"
+        lines.append("| " + " | ".join([label] + text) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_accuracy(curves: dict[str, dict[int, float]], train_length: int | None = 40, chance: float | None = None,
+                  ax=None, title: str | None = None, path: str | os.PathLike | None = None) -> Figure:
+    """Accuracy against input length, one line per model (``{label: {n: accuracy}}``), a dashed line at the
+    longest training length and a dotted one at chance level; written atomically to ``path`` if given."""
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+    else:
+        fig = ax.figure
+    for label, curve in curves.items():
+        points = sorted((int(n), 100 * acc) for n, acc in curve.items())
+        ax.plot(*zip(*points), marker="o" if len(points) <= 30 else None, markersize=3, linewidth=1.2,
+                label=label)
+    if train_length is not None:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"longest training input ({train_length})")
+    if chance is not None:
+        ax.axhline(100 * chance, color="black", linestyle=":", linewidth=1, label=f"chance ({100 * chance:.0f}%)")
+    ax.set_xlabel("input length n")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 102)
+    ax.set_title(title or "Accuracy by input length")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    if path is not None:
+        save_figure(fig, path)
+    return fig
