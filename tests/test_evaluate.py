@@ -2,7 +2,6 @@
 import math
 import os
 
-import matplotlib
 import matplotlib.pyplot as plt
 import pytest
 import torch
@@ -10,8 +9,6 @@ import torch.nn.functional as F
 
 import minidape as md
 from minidape.data import fixed_windows
-
-matplotlib.use("Agg")
 
 
 @pytest.fixture(autouse=True, scope="module")
