@@ -1,0 +1,373 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 01 · Positional encodings: what each one adds, and where
+#
+# Self-attention on its own is blind to order: permute the keys and values together and every query gets the
+# same answer. A *positional encoding* (PE) puts order back in. minidape has one of each family the DAPE,
+# CAPE, DAPE-V2 and Kerple papers compare against, and they act in three different places of a layer:
+#
+# | where | formula | encodings |
+# |---|---|---|
+# | token embeddings | $x_i = e_{t_i} + P_i$ | `learned` (GPT-2), `sinusoidal` (Vaswani et al.) |
+# | queries and keys | $q_m \mapsto R_m q_m,\ k_n \mapsto R_n k_n$ | `rope` (Su et al.), `yarn` (Peng et al.) |
+# | attention scores | $A = \mathrm{softmax}\big(q_m^\top k_n/\sqrt{d} + b_h(m, n)\big)$ | `t5`, `alibi`, `kerple_log`, `kerple_power`, `fire` |
+# | nowhere | the causal mask alone | `none` (NoPE, Kazemnejad et al.) |
+#
+# This notebook opens each one up on untrained models (no training here; notebook 03 trains them), and asks
+# the question of the whole series: **what happens beyond the training length** `block_size`?
+
+# %%
+import os
+
+import matplotlib.pyplot as plt
+import torch
+
+import minidape as md
+from minidape.model import AbsolutePositions, AdditiveBias, RotaryEmbedding, apply_rotary
+from minidape.plots import plot_bias
+
+FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+TRAIN_LENGTH = 64                               # block_size: the training length of every model below
+LONG = 4 * TRAIN_LENGTH if FAST else 16 * TRAIN_LENGTH   # a length far beyond training
+
+
+def tiny_config(pe, **overrides):
+    """A small model: 2 layers, 4 heads of size 32. Positional encodings do not care about depth."""
+    settings = dict(n_layer=2, n_head=4, n_embd=128, block_size=TRAIN_LENGTH, pe=pe)
+    return md.GPTConfig(**{**settings, **overrides})
+
+
+torch.manual_seed(0)
+print("registered positional encodings:", list(md.PE_NAMES))
+
+# %% [markdown]
+# ## 1. The map: kind, module, parameters
+#
+# Every name in `md.PE_NAMES` is a class in `minidape/model.py`. The model builds **one** instance,
+# `model.pe`, shared by all layers; its base class says where it acts. The table counts the encoding's own
+# parameters (a learned table has `block_size × n_embd` of them; ALiBi, RoPE and sinusoidal have none).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def kind_of(pe_module):
+    if isinstance(pe_module, AbsolutePositions):
+        return "absolute: added to token embeddings"
+    if isinstance(pe_module, RotaryEmbedding):
+        return "rotary: rotates q and k"
+    if isinstance(pe_module, AdditiveBias):
+        return "bias: added to the scores"
+    return "none"
+
+
+print(f"{'pe':<13} {'class':<22} {'parameters':>10}  kind")
+for name in md.PE_NAMES:
+    pe_module = md.GPT(tiny_config(name)).pe
+    n_params = sum(p.numel() for p in pe_module.parameters())
+    print(f"{name:<13} {type(pe_module).__name__:<22} {n_params:>10}  {kind_of(pe_module)}")
+
+# %% [markdown]
+# ## 2. Absolute encodings: a vector per position, added to the token embedding
+#
+# `sinusoidal` (Vaswani et al., 2017, §3.5) writes position $p$ as $P_{p,2i} = \sin(p\,\omega_i)$,
+# $P_{p,2i+1} = \cos(p\,\omega_i)$ with $\omega_i = 10000^{-2i/d}$: a clock with hands of many speeds. It is
+# defined at every position, and its dot products depend only on the offset,
+# $P_m^\top P_n = \sum_i \cos\big((m-n)\,\omega_i\big)$, but the model sees $e_{t} + P$ and the attention
+# logits mix tokens and positions: nothing forces it to use the relative part.
+#
+# The left panel shows $P$; the right panel $P_m^\top P_n$, constant along every diagonal.
+
+# %%
+sinusoidal = md.GPT(tiny_config("sinusoidal")).pe
+P = sinusoidal(torch.arange(2 * TRAIN_LENGTH))
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
+image = left.imshow(P.T, aspect="auto", cmap="RdBu_r")
+left.set(title="sinusoidal $P$: one column per position", xlabel="position p", ylabel="channel")
+fig.colorbar(image, ax=left)
+image = right.imshow(P @ P.T, cmap="viridis")
+right.set(title=r"$P_m^\top P_n$ depends on $m - n$ only", xlabel="position n", ylabel="position m")
+fig.colorbar(image, ax=right)
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# `learned` is GPT-2's table $P \in \mathbb{R}^{\text{block\_size} \times d}$. Row $p$ is trained only if some
+# training sequence reaches position $p$, and there is no row at all past the table: a learned table **cannot
+# extrapolate**. minidape refuses rather than silently clamping or wrapping positions:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+learned_model = md.GPT(tiny_config("learned")).eval()
+tokens = torch.randint(0, 256, (1, 2 * TRAIN_LENGTH))
+print("at the training length:", tuple(learned_model(tokens[:, :TRAIN_LENGTH])[0].shape))
+try:
+    learned_model(tokens)
+except ValueError as error:
+    print("at twice the training length: ValueError:", error)
+
+# %% [markdown]
+# ## 3. Rotary encodings: rotate queries and keys
+#
+# RoPE (Su et al., 2021, §3.4) splits each head's channels into $d/2$ pairs and rotates pair $i$ of a query or
+# key at position $m$ by the angle $m\theta_i$, $\theta_i = 10000^{-2i/d}$. Rotations compose, so
+#
+# $$\langle R_m q, R_n k\rangle = \langle q, R_{n-m} k\rangle :$$
+#
+# the score depends on the positions **only through $m - n$**. Nothing is added to the embeddings and there is
+# no bias matrix ($B = 0$ for the refiners of notebooks 04–05). Check it numerically: shift both positions by
+# the same amount and the score does not move (up to float32 rounding).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rope = md.GPT(tiny_config("rope")).pe
+head_size = 128 // 4
+generator = torch.Generator().manual_seed(1)
+q, k = torch.randn(2, head_size, generator=generator)
+
+
+def rotary_score(q, k, m, n):
+    """<R_m q, R_n k> with minidape's own rotation."""
+    cos, sin = rope(torch.tensor([m, n]), T=max(m, n) + 1)
+    rotated_q = apply_rotary(q[None, None, None], cos[:1], sin[:1])
+    rotated_k = apply_rotary(k[None, None, None], cos[1:], sin[1:])
+    return (rotated_q * rotated_k).sum().item()
+
+
+for m, n in [(5, 2), (40, 10)]:
+    shifted = [rotary_score(q, k, m + s, n + s) for s in (0, 10, 100, 1000)]
+    spread = max(shifted) - min(shifted)
+    print(f"m - n = {m - n:>2}: score {shifted[0]:6.2f}; at shifts 0, 10, 100, 1000 it varies by less than "
+          f"1e-3: {spread < 1e-3}")
+print("different offsets give different scores:", abs(rotary_score(q, k, 5, 2) - rotary_score(q, k, 40, 10)) > 1e-2)
+
+# %% [markdown]
+# RoPE also has a built-in **long-term decay** (Su et al., §3.4.3): for $q = k = \mathbf{1}$ the score is
+# $\sum_i 2\cos\big((m-n)\theta_i\big)$, which oscillates and shrinks as the distance grows, because the slow
+# pairs are few. The dashed line marks the training length: the rotation angles of slow pairs beyond it were
+# never seen in training — that is what breaks RoPE's extrapolation, and what YaRN repairs.
+
+# %%
+ones = torch.ones(head_size)
+distances = torch.arange(0, LONG)
+decay = [rotary_score(ones, ones, int(d), 0) for d in distances]
+plt.figure(figsize=(8, 3.5))
+plt.plot(distances, decay, linewidth=1, label=r"$\langle R_m \mathbf{1}, R_n \mathbf{1}\rangle$")
+plt.axvline(TRAIN_LENGTH, color="gray", linestyle="--", label=f"training length {TRAIN_LENGTH}")
+plt.xscale("symlog", linthresh=8)
+plt.xlim(0, LONG)
+plt.xlabel("relative distance m - n (linear to 8, then logarithmic)")
+plt.ylabel("score")
+plt.title(f"RoPE's long-term decay (head size {head_size})")
+plt.legend()
+plt.show()
+
+# %% [markdown]
+# ### YaRN: RoPE that changes its frequencies beyond the training length
+#
+# `yarn` (Peng et al., 2023, §3.2–3.4) is RoPE during training. At inference with $T > L$ (= `block_size`) and
+# $s = T/L$ it interpolates the slow pairs, $\theta_i \mapsto \theta_i/s$, leaves the fast pairs alone and
+# blends in between with a ramp $\gamma_i$; it also scales the logits by $(0.1\ln s + 1)^2$ (a temperature).
+# So the same weights give **exactly** RoPE's logits up to the training length, and different ones beyond.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+rope_model = md.GPT(tiny_config("rope")).eval()
+yarn_model = md.GPT(tiny_config("yarn")).eval()
+yarn_model.load_state_dict(rope_model.state_dict())   # the rotary modules have no parameters: same weights
+tokens = torch.randint(0, 256, (1, 4 * TRAIN_LENGTH), generator=generator)
+with torch.no_grad():
+    for T in (TRAIN_LENGTH // 2, TRAIN_LENGTH, 2 * TRAIN_LENGTH, 4 * TRAIN_LENGTH):
+        same = torch.equal(rope_model(tokens[:, :T])[0], yarn_model(tokens[:, :T])[0])
+        _, temperature = yarn_model.pe.frequencies_and_scale(T)
+        print(f"T = {T:>3}: YaRN logits == RoPE logits: {str(same):<5}  cos/sin scale 0.1 ln s + 1 = {temperature:.4f}")
+
+# %%
+yarn = yarn_model.pe
+pairs = torch.arange(head_size // 2)
+plt.figure(figsize=(8, 3.5))
+for T in (TRAIN_LENGTH, 2 * TRAIN_LENGTH, 4 * TRAIN_LENGTH, LONG):
+    theta, _ = yarn.frequencies_and_scale(T)
+    plt.plot(pairs, theta / yarn.theta, marker="o", markersize=3, label=f"T = {T} (s = {T / TRAIN_LENGTH:g})")
+plt.yscale("log", base=2)
+plt.xlabel("rotary pair i (fast → slow)")
+plt.ylabel(r"$\theta'_i / \theta_i$")
+plt.title("YaRN: slow pairs are interpolated by 1/s, fast pairs keep their frequency")
+plt.legend()
+plt.show()
+
+# %% [markdown]
+# ## 4. Additive biases: a matrix $B$ per head, added to the scores
+#
+# The rest of the family adds $b_h(m, n)$ to the scaled scores of head $h$, the same in every layer (Press et
+# al. call this "attention with linear biases"; Kerple derives the general form, notebook 02):
+#
+# | pe | $b_h(m, n)$, $m \ge n$ | parameters per model |
+# |---|---|---|
+# | `alibi` | $-s_h\,(m-n)$, fixed slopes $s_h = 2^{-8h/H}$ | 0 |
+# | `kerple_log` | $-r_1^{(h)}\ln\big(1 + r_2^{(h)}(m-n)\big)$ | $2H$ |
+# | `kerple_power` | $-a^{(h)}(m-n)^{p^{(h)}}$, $0 < p \le 2$ | $2H$ |
+# | `t5` | learned value of the log-spaced bucket of $m-n$ (32 buckets, max distance 128) | $32H$ |
+# | `fire` | MLP of $\psi(m-n)/\psi(\max(m, L))$, $\psi(x) = \ln(c\,x + 1)$ (Li et al., 2023) | a small MLP + 2 |
+#
+# The bias module maps two position vectors to `(n_head, Tq, Tk)`; `plot_bias` draws one panel per head.
+# These are the **initial** biases (Kerple's $r_1, r_2, a, p$ start random, T5's table near zero, FIRE's MLP
+# random); training reshapes them (notebook 03). Above the diagonal is the future, hidden by the causal mask.
+
+# %%
+models = {name: md.GPT(tiny_config(name)) for name in md.PE_NAMES}
+bias_models = {name: model for name, model in models.items() if isinstance(model.pe, AdditiveBias)}
+positions = torch.arange(32)
+for name, model in bias_models.items():
+    with torch.no_grad():
+        bias = model.pe(positions, positions)
+    plot_bias(bias, title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
+    plt.show()
+
+# %% [markdown]
+# Where does $B$ go? `model.attention_maps(idx, layer)` returns a layer's pieces: the scaled scores
+# $S = QK^\top/\sqrt{d}$, the bias, the `refined` scores that reach the mask and softmax, and the attention
+# probabilities. Without a refiner, `refined` is exactly $S + B$:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+model = bias_models["kerple_log"].eval()
+maps = model.attention_maps(tokens[:, :32], layer=1)
+print({name: tuple(value.shape) for name, value in maps.items()})
+print("refined == scores + bias:", torch.allclose(maps["refined"], maps["scores"] + maps["bias"]))
+
+# %% [markdown]
+# ## 5. Beyond the training length
+#
+# A bias is a *function of positions*, so it can be evaluated at any length. What it does there is the whole
+# story of extrapolation. Below: the last query row $i = T - 1$ of each bias at $T$ = `LONG`, as a function of
+# the distance $i - j$, for head 0 (the distance axis is logarithmic; the dashed line is the training length).
+#
+# * ALiBi and Kerple-power keep **decreasing without bound**: far tokens are pushed out of the softmax, a
+#   built-in local window.
+# * Kerple-log decays only **logarithmically**: far tokens stay reachable.
+# * T5 is **flat beyond distance 128**: every long distance shares the last bucket.
+# * FIRE **rescales** distances by $\psi(\max(i, L))$: beyond the threshold the whole row is squeezed into the
+#   range seen in training, so its curve at $i = T-1$ differs from the one at $i = L - 1$ (thin line).
+
+# %%
+fig, axes = plt.subplots(1, len(bias_models), figsize=(4 * len(bias_models), 3.5))
+long_positions = torch.arange(LONG)
+for ax, (name, model) in zip(axes, bias_models.items()):
+    with torch.no_grad():
+        row = model.pe(long_positions[-1:], long_positions)[0, 0]        # head 0, query LONG - 1
+        train_row = model.pe(long_positions[TRAIN_LENGTH - 1:TRAIN_LENGTH], long_positions[:TRAIN_LENGTH])[0, 0]
+    ax.plot(torch.arange(LONG).flip(0), row, label=f"query {LONG - 1}")
+    ax.plot(torch.arange(TRAIN_LENGTH).flip(0), train_row, linewidth=0.8, label=f"query {TRAIN_LENGTH - 1}")
+    ax.axvline(TRAIN_LENGTH, color="gray", linestyle="--", linewidth=1, label="training length")
+    ax.set_xscale("symlog", linthresh=1)
+    ax.set(title=name, xlabel="distance i - j", xlim=(0, LONG))
+axes[0].set_ylabel("bias, head 0")
+axes[0].legend(fontsize="small")
+plt.suptitle("Initial biases far beyond the training length")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# And the whole model: every encoding except `learned` runs at `LONG` (here 16× the training length in full
+# mode). Running is not the same as extrapolating *well* — that is measured in notebook 03 — but it is the
+# precondition. The last column is the entropy of layer 0's attention for the last query, in nats (mean over
+# heads): a uniform distribution over all $T$ keys has $\ln T$. At initialisation the content scores
+# $q^\top k$ are nearly zero, so encodings without a bias (and T5 and FIRE, whose initial biases are nearly
+# flat) attend almost uniformly to a thousand keys; ALiBi's and Kerple's decaying biases already concentrate
+# attention on recent keys — the mechanism by which biases keep long inputs looking like short ones.
+
+# %%
+tokens = torch.randint(0, 256, (1, LONG), generator=generator)
+print(f"T = {LONG} = {LONG // TRAIN_LENGTH} x block_size;  ln T = {torch.log(torch.tensor(float(LONG))):.2f}")
+for name in md.PE_NAMES:
+    model = md.GPT(tiny_config(name)).eval()
+    try:
+        logits, _ = model(tokens)
+        probs = model.attention_maps(tokens, layer=0)["probs"][0, :, -1]     # (heads, keys)
+        entropy = -(probs * probs.clamp_min(1e-30).log()).sum(-1).mean().item()
+        print(f"{name:<13} runs, logits {tuple(logits.shape)}, attention entropy of the last query {entropy:5.2f}")
+    except ValueError as error:
+        print(f"{name:<13} ValueError: {str(error)[:90]}...")
+
+# %% [markdown]
+# ## 6. Randomized positions (Ruoss et al., 2023)
+#
+# `random_positions=L` attacks the problem from the training side: each training batch gets a **sorted random
+# subset** of $\{0, \dots, L-1\}$ as its positions instead of $0, \dots, T-1$. The model then meets large
+# positions and distances during training although its sequences are short. Evaluation uses plain positions.
+# It works with any encoding that reads positions (a learned table gets $L$ rows).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+torch.manual_seed(0)
+model = md.GPT(tiny_config("learned", block_size=8, random_positions=64))
+model.train()
+print("training positions, batch 1:", model.positions(8, "cpu").tolist())
+print("training positions, batch 2:", model.positions(8, "cpu").tolist())
+model.eval()
+print("evaluation positions:       ", model.positions(8, "cpu").tolist())
+print("learned table rows:", model.pe.table.num_embeddings)
+try:
+    md.GPTConfig(block_size=64, random_positions=32)
+except ValueError as error:
+    print("ValueError:", error)
+
+# %% [markdown]
+# ## 7. Register your own encoding
+#
+# `md.register_pe(name)` adds a class to the registry; `GPTConfig(pe=name)` then builds it, and it works with
+# every refiner. A bias subclasses `md.AdditiveBias` and maps query and key positions to `(n_head, Tq, Tk)`.
+# Here: ALiBi with **learnable** slopes, kept positive by a softplus. (Notebook 06 is the full assignment.)
+
+# %%
+if "learned_slopes" not in md.PE_NAMES:   # registering a name twice is an error: guard re-runs of this cell
+
+    @md.register_pe("learned_slopes")
+    class LearnedSlopes(md.AdditiveBias):
+        r"""$b_h(i, j) = -\mathrm{softplus}(w_h)\,(i - j)$: ALiBi's shape, slopes learned per head."""
+
+        def __init__(self, cfg):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.linspace(-3.0, 0.0, cfg.n_head))
+
+        def forward(self, q_pos, k_pos):
+            distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()
+            return -torch.nn.functional.softplus(self.w)[:, None, None] * distance
+
+# %%
+# NBVAL_CHECK_OUTPUT
+model = md.GPT(tiny_config("learned_slopes", refiner="dape"))
+logits, loss = model(tokens[:, :TRAIN_LENGTH], targets=tokens[:, 1:TRAIN_LENGTH + 1])
+loss.backward()
+print("registered:", "learned_slopes" in md.PE_NAMES, "| logits", tuple(logits.shape),
+      "| slope gradients flow:", bool(model.pe.w.grad.abs().sum() > 0))
+try:
+    md.register_pe("alibi")(type(model.pe))
+except ValueError as error:
+    print("ValueError:", error)
+with torch.no_grad():
+    plot_bias(model.pe(positions, positions), title="learned_slopes: initial bias").tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## Summary
+#
+# * Absolute encodings add a vector to the input; `learned` stops at its table, `sinusoidal` runs anywhere but
+#   its positions beyond training were never seen.
+# * RoPE makes scores depend on $m - n$ exactly; at long range its slow rotations leave the trained range, and
+#   YaRN's interpolation kicks in only when $T > L$.
+# * Biases are functions of the distance: ALiBi and Kerple-power decay without bound (local attention),
+#   Kerple-log slowly, T5 saturates at 128, FIRE rescales by the query position.
+# * Next: notebook 02 derives the bias family from conditionally positive definite kernels (Kerple).

@@ -1,0 +1,401 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 02 · Kerple: relative positions as conditionally positive definite kernels
+#
+# Kerple (Chi et al., 2022, "KERPLE: Kernelized Relative Positional Embedding for Length Extrapolation")
+# asks which biases $b(m, n)$ added to the attention logits are *principled*, and answers: **shift-invariant
+# conditionally positive definite (CPD) kernels**. This notebook rebuilds the argument step by step and
+# checks every claim numerically with `md.kernels`:
+#
+# 1. PD and CPD kernels (§3.1, Definitions 1–2), tested on Gram matrices;
+# 2. Corollary 1: the power family $-a|m-n|^p$ and the log family $-b\ln(1 + a|m-n|^p)$, $0 < p \le 2$;
+# 3. Lemma 1, the CPD shift lemma: $c + k$ is PD for a large enough $c$, found by geometric search;
+# 4. why softmax absorbs $c$, so Kerple never computes it (eq. 2);
+# 5. ALiBi as the triangle kernel and the T5 log-bucket connection (§4);
+# 6. pictures of the kernels and of how far each lets attention reach (Figures 2–4 in spirit).
+#
+# Everything here is float64 linear algebra on small matrices: no training.
+
+# %%
+import math
+import os
+
+import matplotlib.pyplot as plt
+import torch
+
+import minidape as md
+from minidape.model import T5Bias, alibi_slopes
+
+kernels = md.kernels
+FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+N_SETS = 8 if FAST else 32          # random point sets per is_cpd check
+N_EXPONENTS = 30 if FAST else 120   # resolution of the p-scan below
+torch.manual_seed(0)
+
+
+def is_psd(matrix, rtol=1e-9):
+    """Positive semi-definite up to rounding: smallest eigenvalue >= -rtol * max|K|."""
+    return kernels.smallest_eigenvalue(matrix) >= -rtol * matrix.abs().max().item()
+
+
+def relative(value, matrix):
+    """An eigenvalue relative to the matrix scale max|K|, with rounding noise (< 1e-9) shown as 0."""
+    scaled = value / matrix.abs().max().item()
+    return 0.0 if abs(scaled) < 1e-9 else scaled
+
+# %% [markdown]
+# ## 1. Relative positions as kernels
+#
+# A relative positional bias is a function of two positions that depends only on their offset,
+# $k(m, n) = f(m - n)$: a **shift-invariant kernel**. Kerple's attention (eq. 1) is
+#
+# $$a_{m,n} = \frac{\exp\big((q_m^\top k_n + k(m, n))/\sqrt{d}\big)}{\sum_{i \le m} \exp\big((q_m^\top k_i + k(m, i))/\sqrt{d}\big)} .$$
+#
+# (In minidape the bias is added to logits already divided by $\sqrt d$; the $\sqrt d$ is absorbed into the
+# learned parameters.) `md.kernels` works with any Python function `k(m, n)` of two broadcastable float64
+# tensors; `gram(k, points)` evaluates the Gram matrix $K_{ij} = k(x_i, x_j)$ in one call.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+triangle = lambda m, n: -(m - n).abs()
+print(kernels.gram(triangle, [0, 1, 2, 5]) + 0.0)   # + 0.0 prints IEEE's -0. on the diagonal as 0.
+
+# %% [markdown]
+# ## 2. PD and CPD kernels
+#
+# **Definition 1 (PD).** $k$ is positive definite if $\sum_{i,j} c_i c_j\, k(x_i, x_j) \ge 0$ for every $N$,
+# every points $x_1..x_N$ and every $c \in \mathbb{R}^N$: every Gram matrix is positive semi-definite, i.e. its
+# smallest eigenvalue is $\ge 0$. Inner products are the model case: if $k(x, y) = \langle\phi(x),\phi(y)\rangle$
+# then $c^\top K c = \|\sum_i c_i\phi(x_i)\|^2 \ge 0$. Self-attention's $q^\top k$ is such an inner product.
+#
+# **Definition 2 (CPD).** $k$ is conditionally positive definite if the same holds for the $c$ with
+# $\sum_i c_i = 0$ only. Writing $Q$ for an orthonormal basis of that zero-sum subspace ($N \times (N-1)$),
+# $k$ is CPD on the points iff $\lambda_{\min}(Q^\top K Q) \ge 0$ — that is `cpd_min_eig`. `is_cpd` checks it
+# on the integer grid and on seeded random sets of real positions: `False` is a proof (a counterexample),
+# `True` is evidence.
+#
+# Every PD kernel is CPD. The converse fails: the triangle kernel $-|m-n|$ has a zero diagonal, so its Gram
+# matrix has trace 0 and must have a negative eigenvalue — not PD — yet it is CPD. Fact 1 of the paper says
+# why such kernels matter: a CPD kernel with $k \le 0$, $k(x,x) = 0$ is minus a squared distance,
+# $-k(x, y) = \|\phi(x) - \phi(y)\|^2$ in some Hilbert space. CPD kernels **generalise distances**.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+examples = {
+    "exp(-(m-n)^2/8)  Gaussian": lambda m, n: torch.exp(-(m - n) ** 2 / 8),
+    "-|m-n|           triangle": triangle,
+    "-|m-n|^0.5": kernels.power_kernel(p=0.5),
+    "-|m-n|^2": kernels.power_kernel(p=2),
+    "-log(1+|m-n|)    Kerple-log": kernels.log_kernel(),
+    "-log(1+|m-n|^2)": kernels.log_kernel(p=2),
+    "+|m-n|": lambda m, n: (m - n).abs(),
+    "-|m-n|^3": kernels.power_kernel(p=3),
+}
+points = torch.arange(24)
+print(f"{'kernel k(m, n)':<30}{'λmin(K)':>10}{'λmin(QᵀKQ)':>13}   PD?    CPD?   (eigenvalues / max|K|, 24 points)")
+for name, kernel in examples.items():
+    K = kernels.gram(kernel, points)
+    pd = relative(kernels.smallest_eigenvalue(K), K)
+    cpd = relative(kernels.cpd_min_eig(kernel, points), K)
+    print(f"{name:<30}{pd:>10.4f}{cpd:>13.4f}   {str(pd >= 0):<6} {kernels.is_cpd(kernel, n_sets=N_SETS)}")
+
+# %% [markdown]
+# Read the table row by row: the Gaussian is PD (hence CPD); the triangle, root, square and both log kernels
+# are CPD but **not** PD; $+|m-n|$ and $-|m-n|^3$ are not even CPD. Note $-|m-n|^2$: its restricted
+# eigenvalue is exactly 0 — $\sum_{ij} c_i c_j (x_i - x_j)^2 = -2(\sum_i c_i x_i)^2$ for zero-sum $c$, so
+# $c^\top K c = 2(\sum_i c_i x_i)^2$ vanishes on a whole subspace. It is CPD, but only just: we meet it again
+# in the shift lemma.
+
+# %% [markdown]
+# ## 3. Corollary 1: two families of CPD kernels
+#
+# Three facts build the families (§3.2): sums and positive multiples of CPD kernels are CPD (Fact 2); if
+# $k \le 0$ is CPD then so are $-(-k)^\alpha$ for $0 < \alpha \le 1$ and $-\ln(1 - k)$ (Fact 3); and
+# $-\|x - x'\|^2$ is CPD (Fact 4). Starting from $-|m-n|^2$ and applying Fact 3 with $\alpha = p/2$:
+#
+# **Corollary 1.** (a) $k(m,n) = -a\,|m - n|^p$ and (b) $k(m, n) = -b\ln\big(1 + a\,|m-n|^p\big)$ are CPD for
+# $0 < p \le 2$ and $a, b > 0$.
+#
+# Kerple-power is (a) per head; Kerple-log is (b) with $p = 1$. First a grid of parameters, then a scan over
+# $p$ that shows the boundary at $p = 2$ is sharp.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+exponents = (0.25, 0.5, 1.0, 1.5, 2.0, 2.5, 3.0)
+print("is_cpd over random point sets;  p =" + "".join(f"{p:>6}" for p in exponents))
+for a in (0.1, 1.0, 10.0):
+    row = [kernels.is_cpd(kernels.power_kernel(a=a, p=p), n_sets=N_SETS) for p in exponents]
+    print(f"power  -a|m-n|^p,          a = {a:<4}" + "".join(f"{str(v):>6}" for v in row))
+for a, b in ((0.1, 1.0), (1.0, 2.0), (10.0, 0.5)):
+    row = [kernels.is_cpd(kernels.log_kernel(a=a, b=b, p=p), n_sets=N_SETS) for p in exponents]
+    print(f"log -b log(1+a|m-n|^p), a = {a:<4} b = {b:<3}" + "".join(f"{str(v):>6}" for v in row))
+
+# %%
+scan = torch.linspace(0.1, 3.0, N_EXPONENTS).tolist()
+grid = torch.arange(32)
+fig, ax = plt.subplots(figsize=(8, 4))
+for label, family in (("power $-|m-n|^p$", lambda p: kernels.power_kernel(p=p)),
+                      ("log $-\\ln(1+|m-n|^p)$", lambda p: kernels.log_kernel(p=p))):
+    values = [relative(kernels.cpd_min_eig(family(p), grid), kernels.gram(family(p), grid)) for p in scan]
+    ax.plot(scan, values, marker=".", label=label)
+ax.axvline(2.0, color="gray", linestyle="--", label="p = 2 (Corollary 1's limit)")
+ax.axhline(0.0, color="black", linewidth=0.8)
+ax.set_yscale("symlog", linthresh=1e-4)
+ax.set(xlabel="exponent p", ylabel=r"$\lambda_{\min}(Q^\top K Q)\,/\,\max|K|$",
+       title="Smallest eigenvalue on zero-sum vectors, grid 0..31")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The power family is CPD up to $p = 2$ and fails at once beyond it. The log family stays positive on the
+# *integer grid* a little past 2 — the grid is not every point set. Random real positions find its
+# counterexamples (the `is_cpd` table above: `False` at $p = 2.5$), which is why `is_cpd` tries both.
+
+# %% [markdown]
+# ## 4. Lemma 1: the CPD shift lemma and the geometric search for $c$
+#
+# **Lemma 1.** If $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD.
+#
+# On $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
+# ($\mathbf{1}^\top v = 0$), so nothing changes there; along $\mathbf{1}$ it adds $cN^2$ to the quadratic
+# form, which eventually beats everything else — provided $K$ is *strictly* positive on the zero-sum
+# vectors. Since $c\,\mathbf{1}\mathbf{1}^\top$ is PSD, $\lambda_{\min}(c + K)$ only grows with $c$, so the paper
+# suggests a geometric search $c = 1, 2, 4, 8, \dots$ (footnote to §3.2). `kernels.pd_shift` does exactly
+# that; the plot shows $\lambda_{\min}(c + K)$ along the search for the triangle kernel on 32 points.
+
+# %%
+K = kernels.gram(triangle, 32)
+c_found = kernels.pd_shift(triangle, 32)
+shifts = [2.0 ** e for e in range(-2, 10)]
+fig, ax = plt.subplots(figsize=(8, 3.8))
+ax.plot(shifts, [kernels.smallest_eigenvalue(K + c) for c in shifts], marker="o", label=r"$\lambda_{\min}(c + K)$")
+ax.axhline(0.0, color="black", linewidth=0.8)
+ax.axvline(c_found, color="tab:red", linestyle="--", label=f"pd_shift: c = {c_found:g}")
+ax.set_xscale("log", base=2)
+ax.set_yscale("symlog", linthresh=1e-2)
+ax.set(xlabel="shift c", ylabel="smallest eigenvalue",
+       title="Triangle kernel −|m−n| on 32 points: c + K becomes PSD")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# How large must $c$ be? It depends on the point set, and it grows with the span of the positions:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+shift_examples = {"triangle -|m-n| (ALiBi)": triangle,
+                  "power -|m-n|^0.5": kernels.power_kernel(p=0.5),
+                  "power -|m-n|^1.5": kernels.power_kernel(p=1.5),
+                  "log -log(1+|m-n|) (Kerple-log)": kernels.log_kernel()}
+sizes = (8, 32, 128, 512)
+print(f"{'c found for N = 0..N-1 points':<32}" + "".join(f"{n:>8}" for n in sizes))
+for name, kernel in shift_examples.items():
+    print(f"{name:<32}" + "".join(f"{kernels.pd_shift(kernel, n):>8g}" for n in sizes))
+
+# %% [markdown]
+# For the triangle kernel $c$ doubles when $N$ doubles; for the log kernel it barely moves. No *finite* $c$ works
+# for all lengths at once: $c - |m-n|$ is unbounded below, while a PD function satisfies $|f(t)| \le f(0)$.
+# The lemma is a statement about finite sets — exactly the situation of attention over a finite sequence, with
+# a $c$ that depends on the length. This would be a problem if anyone needed $c$. Nobody does (next section).
+#
+# The borderline kernel $-|m-n|^2$ shows why the lemma needs strict positivity. Its Gram matrix is
+# $2xx^\top - x^2\mathbf{1}^\top - \mathbf{1}(x^2)^\top$ (with $x^2$ elementwise), of rank 3 with one negative
+# eigenvalue. On 3 or more points there are zero-sum vectors $v$ with $\sum_i v_i x_i = 0$, where the quadratic
+# form is 0 but $Kv \ne 0$; tilting such a $v$ slightly towards $\mathbf{1}$ makes the form negative for every
+# finite $c$. The negative eigenvalue fades like $1/c$ and is never $\ge 0$:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+square = kernels.gram(kernels.power_kernel(p=2), 8)
+for c in (1, 2 ** 4, 2 ** 8, 2 ** 12, 2 ** 16):
+    print(f"c = {c:>6}:  λmin(c + K) = {kernels.smallest_eigenvalue(square + c):9.4f}")
+
+# %% [markdown]
+# (`pd_shift` on this kernel therefore returns the first $c$ at which the negative eigenvalue drops below its
+# rounding tolerance — a numerical, not an exact, answer; its docstring says so.)
+#
+# ## 5. Softmax absorbs $c$
+#
+# Softmax is invariant to adding the same constant to every logit of a row:
+# $\frac{e^{x_i + c}}{\sum_j e^{x_j + c}} = \frac{e^{c} e^{x_i}}{e^{c}\sum_j e^{x_j}} = \frac{e^{x_i}}{\sum_j e^{x_j}}$.
+# So attention with the CPD bias $k$ equals attention with the PD kernel $c + k$ (Kerple's eq. 2), whatever
+# $c$ is — and the logit becomes a **composite PD kernel** on (query, position) pairs (eq. 4):
+#
+# $$k^{\text{comp}}([q_m, m], [k_n, n]) = q_m^\top k_n + \underbrace{c + k(m, n)}_{\text{PD}} ,$$
+#
+# a sum of two PD kernels, hence PD: self-attention keeps its inner-product meaning with positions included.
+# Both halves, checked on a real minidape model with `pe="kerple_log"`: its bias equals the Gram matrix of
+# `log_kernel(a=r2, b=r1)` on the visible (causal) triangle; adding any $c$ to its logits leaves the attention
+# unchanged; and the composite Gram matrix is PSD with $c$ and not without.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+T = 64
+model = md.GPT(md.GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=T, pe="kerple_log")).eval()
+bias_module = model.pe
+with torch.no_grad():
+    B = bias_module(torch.arange(T), torch.arange(T)).double()                  # (heads, T, T)
+visible = torch.ones(T, T, dtype=torch.bool).tril()
+for h in range(4):
+    r1, r2 = bias_module.r1[h].item(), bias_module.r2[h].item()
+    K = kernels.gram(kernels.log_kernel(a=r2, b=r1), T)
+    print(f"head {h}: bias == -r1 log(1 + r2 |m-n|) on the causal triangle:",
+          torch.allclose(B[h][visible], K[visible], atol=1e-5))
+
+tokens = torch.randint(0, 256, (1, T))
+maps = model.attention_maps(tokens, layer=0)                                   # scores, bias, refined, probs
+logits = maps["refined"].double().masked_fill(~visible, float("-inf"))          # S + B, causal mask
+print("the model's attention is softmax(S + B):", torch.allclose(maps["probs"].double(), logits.softmax(-1),
+                                                                 atol=1e-6))
+for c in (1.0, 64.0, 1e4):
+    print(f"softmax(S + B + {c:g}) == softmax(S + B):",
+          torch.allclose((logits + c).softmax(-1), logits.softmax(-1), rtol=0, atol=1e-12))
+
+# %%
+# NBVAL_CHECK_OUTPUT
+generator = torch.Generator().manual_seed(0)
+queries = torch.randn(T, 16, generator=generator, dtype=torch.float64)          # one q per position
+position_kernel = kernels.log_kernel(a=bias_module.r2[0].item(), b=bias_module.r1[0].item())
+c = kernels.pd_shift(position_kernel, T)
+K_positions = kernels.gram(position_kernel, T)
+print(f"head 0: c = {c:g}")
+print("composite Gram  qᵀq + k      is PSD:", is_psd(queries @ queries.T + K_positions))
+print("composite Gram  qᵀq + c + k  is PSD:", is_psd(queries @ queries.T + K_positions + c))
+
+# %% [markdown]
+# ## 6. ALiBi is the triangle kernel
+#
+# ALiBi (Press et al., 2022) adds $-s_h\,(m - n)$ to head $h$'s logits with fixed slopes $s_h = 2^{-8h/H}$.
+# On the visible triangle that is $s_h \cdot (-|m - n|)$: Corollary 1(a) with $p = 1$, $a = s_h$, and by the
+# shift lemma the PD kernel behind it is the **triangle kernel** $c - s_h|m-n|$ (Kerple §4, "Connection to
+# prior work"). Kerple-power generalises ALiBi by learning $a$ and $p$ per head; Kerple-log replaces the line by
+# a logarithm.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+alibi = md.GPT(md.GPTConfig(n_layer=1, n_head=8, n_embd=64, block_size=T, pe="alibi")).pe
+with torch.no_grad():
+    alibi_bias = alibi(torch.arange(T), torch.arange(T)).double()
+print("slopes s_h = 2^(-8h/8):", [f"{s:g}" for s in alibi_slopes(8).tolist()])
+same = all(torch.allclose(alibi_bias[h][visible], kernels.gram(kernels.power_kernel(a=s, p=1), T)[visible])
+           for h, s in enumerate(alibi_slopes(8).tolist()))
+print("ALiBi bias == power_kernel(a=s_h, p=1) on the causal triangle, every head:", same)
+print("c making c - s_h|m-n| PSD on 64 points:", [kernels.pd_shift(kernels.power_kernel(a=s), T)
+                                                  for s in alibi_slopes(8).tolist()])
+
+# %% [markdown]
+# ## 7. The T5 connection: logarithmic buckets
+#
+# T5's bias (Raffel et al., 2020) is a learned table over 32 buckets of the distance $n = m - n' \ge 0$:
+# distances below 16 have their own bucket, larger ones share
+# $16 + \big\lfloor \frac{\ln(n/16)}{\ln(128/16)} \cdot 16 \big\rfloor \approx 16 + 7.7\ln\frac{n}{16}$, capped at
+# 31. Kerple §4 points out that this *log-binning* is why T5 extrapolates at all: beyond 16 its bias is a
+# learned function of $\approx \ln n$, like Kerple-log's $-r_1\ln(1 + r_2 n)$ — which does it with 2 parameters
+# per head instead of 32, but is forced to be monotonic. One difference matters for extrapolation: every
+# distance $\ge 128$ falls into bucket 31, so T5's bias is **flat** beyond 128, while Kerple-log keeps decaying.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for n in (0, 15, 16, 30, 64, 127, 128, 1000, 10 ** 6):
+    print(f"distance {n:>7} -> bucket {T5Bias.bucket(torch.tensor([n]), 32, 128).item():>2}")
+
+# %%
+distances = torch.arange(0, 2048 if not FAST else 512)
+buckets = T5Bias.bucket(distances, 32, 128)
+kerple_log_curve = -1.0 * torch.log1p(0.5 * distances.double())              # r1 = 1, r2 = 0.5
+# The best T5 table for this curve, fitted on the distances below 128 (they reach all 32 buckets): the
+# least-squares value of each bucket is the mean of the curve over its distances.
+seen = distances < 128
+table = torch.stack([kerple_log_curve[seen & (buckets == b)].mean() for b in range(32)])
+
+fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
+left.plot(distances[1:], buckets[1:], label="T5 bucket")
+left.plot(distances[16:], 16 + 16 * torch.log(distances[16:] / 16) / math.log(8), "--",
+          label=r"$16 + 7.7\,\ln(n/16)$")
+left.set_xscale("log")
+left.set(xlabel="distance n", ylabel="bucket", title="T5's buckets are logarithmic, capped at 31")
+left.legend()
+right.plot(distances, kerple_log_curve, label=r"Kerple-log $-\ln(1 + 0.5\,n)$")
+right.plot(distances, table[buckets], label="best T5 table, fitted on n < 128")
+right.axvline(128, color="gray", linestyle="--", label="T5 max distance 128")
+right.set(xlabel="distance n", ylabel="bias", title="Same shape up to 128; T5 is flat beyond")
+right.legend()
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# ## 8. The kernels, and how far they let attention reach
+#
+# Kerple's Figures 2–4 plot the kernels learned by each variant and observe that ALiBi and the power variant
+# "quickly reach a very negative value" while the log variant finds flat kernels that extend attention far
+# back. Here: the same three families at parameters spread over their initial ranges (trained kernels are in
+# notebook 03), and, in the bottom row, what they do to attention. With zero content scores ($q^\top k = 0$),
+# a query at position $L - 1$ attends to key $j$ with weight $\mathrm{softmax}_j\, k(L-1, j)$; the curves show
+# the attention mass within distance $d$, i.e. each kernel's **effective window**.
+
+# %%
+L = 2048 if not FAST else 512
+distances = torch.arange(L, dtype=torch.float64)
+families = {
+    "Kerple-log  $-r_1\\ln(1 + r_2 d)$": [kernels.log_kernel(a=r2, b=r1) for r1, r2 in
+                                         ((0.5, 0.1), (1.0, 0.5), (1.5, 1.0), (2.0, 0.02))],
+    "Kerple-power  $-a\\,d^p$": [kernels.power_kernel(a=a, p=p) for a, p in
+                                 ((0.5, 0.5), (0.1, 1.0), (0.02, 1.5), (0.01, 2.0))],
+    "ALiBi  $-s_h d$, 8 heads": [kernels.power_kernel(a=s, p=1) for s in alibi_slopes(8).tolist()[::2]],
+}
+labels = {
+    "Kerple-log  $-r_1\\ln(1 + r_2 d)$": ["r1=0.5, r2=0.1", "r1=1, r2=0.5", "r1=1.5, r2=1", "r1=2, r2=0.02"],
+    "Kerple-power  $-a\\,d^p$": ["a=0.5, p=0.5", "a=0.1, p=1", "a=0.02, p=1.5", "a=0.01, p=2"],
+    "ALiBi  $-s_h d$, 8 heads": [f"s={s:g}" for s in alibi_slopes(8).tolist()[::2]],
+}
+fig, axes = plt.subplots(2, 3, figsize=(15, 7.5))
+for column, (family, members) in enumerate(families.items()):
+    for kernel, label in zip(members, labels[family]):
+        values = kernel(distances, torch.zeros(1, dtype=torch.float64))    # k(d, 0) = f(d)
+        axes[0, column].plot(distances, values, label=label)
+        weights = torch.softmax(values, dim=0)                             # key at distance d, query at L - 1
+        axes[1, column].plot(distances, weights.cumsum(0), label=label)
+    axes[0, column].set(title=family, xlabel="distance d", ylabel="kernel value k(d)")
+    axes[1, column].set(title="attention mass within distance d", xlabel="distance d",
+                        ylabel="cumulative attention", xscale="symlog", xlim=(0, L))
+    axes[0, column].legend(fontsize="small")
+    axes[1, column].legend(fontsize="small")
+axes[0, 1].set_yscale("symlog")
+plt.suptitle(f"Kernel functions and their effective windows (query at position {L - 1})")
+plt.tight_layout()
+plt.show()
+
+# %% [markdown]
+# What to look for: ALiBi's lines and the power kernels plunge (the power axis is logarithmic), so nearly all
+# attention lands within a window whose size is set by the slope (a few tokens to a few hundred) — whatever
+# the length. The log kernels stay within a few units of 0 over thousands of tokens. Their weights
+# $e^{k(d)} = (1 + r_2 d)^{-r_1}$ are a *power law*: for $r_1 > 1$ its sum converges and a fixed share of the
+# attention stays nearby at any length (green, red); for $r_1 \le 1$ it diverges, and the mass drifts to the far
+# past as the context grows (blue, orange). That is how Kerple-log "can utilize more distant token
+# information" (§5.4) — and why it must learn *how* flat to be, head by head.
+#
+# ## Summary
+#
+# * A relative bias is a shift-invariant kernel; Kerple asks for **CPD** kernels — generalised negative
+#   distances — rather than PD ones (Definitions 1–2, Fact 1).
+# * Corollary 1's families $-a|m-n|^p$ and $-b\ln(1+a|m-n|^p)$ are CPD exactly for $0 < p \le 2$; `is_cpd`
+#   confirms it and finds counterexamples beyond.
+# * A CPD kernel plus a large enough constant is PD on any finite set (Lemma 1); `pd_shift` finds $c$ by
+#   doubling, and $c$ grows with the length for ALiBi's triangle kernel.
+# * Softmax ignores $c$, so Kerple trains the CPD bias directly and attention remains a PD (inner-product)
+#   kernel on (query, position) pairs.
+# * ALiBi is the triangle kernel; T5's buckets are a learned, capped log-distance; Kerple-log is the smooth,
+#   2-parameter, uncapped version. Notebook 03 trains them and compares their extrapolation.
