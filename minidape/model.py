@@ -26,7 +26,6 @@ from typing import Callable, NamedTuple
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
-from torch.utils.checkpoint import checkpoint
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -457,11 +456,50 @@ def pe_has_bias(pe: str) -> bool:
 # Refiners: rewrite the scaled scores S (B, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
 
 
-def _mix_heads(weight, x):
-    """Apply a (C_out, C_in) matrix across the channel axis of x (..., C_in, Tq, Tk), channels first:
-    one batched matmul over the flattened (Tq * Tk) cells, no permute copies."""
-    *lead, c_in, tq, tk = x.shape
-    return (weight @ x.reshape(*lead, c_in, tq * tk)).view(*lead, weight.shape[0], tq, tk)
+class _CellMLP(torch.autograd.Function):
+    r"""$Y = W_2\,\mathrm{LeakyReLU}(W_1 X + H_0)$ at every cell: X (B, C_in, N) channels first -> Y (B, C_out, N).
+
+    The refiners' workhorse. The hidden activation (B, W, N) is W/C times larger than the scores, so backward
+    recomputes it from X instead of keeping it: training memory stays O(B h T^2), and each big tensor is
+    written once per pass. ``shared`` $H_0$ (W, N) or (W, 1) is the part that does not depend on the sequence
+    ($W_B B + b_1$): computed once for the whole batch and broadcast. Batched matmuls over a broadcast weight
+    keep X and the hidden activation in their channels-first layout: no permute copies.
+    """
+
+    @classmethod
+    def run(cls, x, shared, w_in, w_out):
+        """Apply in the scores' dtype (under autocast the scores may be bfloat16, the weights float32)."""
+        return cls.apply(x, *(t.to(x.dtype) for t in (shared, w_in, w_out)))
+
+    @staticmethod
+    def forward(ctx, x, shared, w_in, w_out):
+        ctx.save_for_backward(x, shared, w_in, w_out)
+        return torch.bmm(w_out.expand(len(x), -1, -1), _CellMLP.hidden(x, shared, w_in))
+
+    @staticmethod
+    def hidden(x, shared, w_in):
+        return F.leaky_relu_(torch.baddbmm(shared, w_in.expand(len(x), -1, -1), x), 0.01)   # (B, W, N)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, shared, w_in, w_out = ctx.saved_tensors
+        B = len(x)
+        hidden = _CellMLP.hidden(x, shared, w_in)        # recomputed; LeakyReLU keeps the sign, all backward needs
+        grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
+        grad_hidden = torch.bmm(w_out.t().expand(B, -1, -1), grad_out)
+        grad_hidden = torch.ops.aten.leaky_relu_backward(grad_hidden, hidden, 0.01, False)
+        grad_w_in = torch.bmm(grad_hidden, x.transpose(1, 2)).sum(0)
+        grad_shared = grad_hidden.sum(0)
+        if shared.shape[-1] == 1:
+            grad_shared = grad_shared.sum(-1, keepdim=True)
+        grad_x = torch.bmm(w_in.t().expand(B, -1, -1), grad_hidden)
+        return grad_x, grad_shared, grad_w_in, grad_w_out
+
+
+def _shared_hidden(b_in, w_bias=None, bias=None):
+    """$H_0 = b_1$ (W, 1), plus $W_B B$ (W, N) when the refiner reads the bias (C_B, N)."""
+    shared = b_in[:, None]
+    return shared if bias is None else torch.addmm(shared, w_bias, bias)
 
 
 class _HeadMLP(nn.Module):
@@ -472,18 +510,15 @@ class _HeadMLP(nn.Module):
 
     def __init__(self, n_head: int, width: int, with_bias_input: bool):
         super().__init__()
-        self.n_head = n_head
         n_in = 2 * n_head if with_bias_input else n_head
         self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(0.01), nn.Linear(width, n_head))
 
     def forward(self, x, bias=None):
         first, last = self.mlp[0], self.mlp[2]
-        hidden = _mix_heads(first.weight[:, : self.n_head], x)          # (B, W, Tq, Tk)
-        shared = first.bias[:, None, None]
-        if bias is not None:
-            shared = shared + _mix_heads(first.weight[:, self.n_head:], bias)  # (W, Tq, Tk)
-        hidden = F.leaky_relu(hidden + shared, 0.01)
-        return _mix_heads(last.weight, hidden) + last.bias[:, None, None]  # (B, h, Tq, Tk)
+        B, h, Tq, Tk = x.shape
+        shared = _shared_hidden(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
+        out = _CellMLP.run(x.reshape(B, h, -1), shared, first.weight[:, :h], last.weight)
+        return out.view(B, h, Tq, Tk) + last.bias[:, None, None]
 
 
 @register_refiner("dape")
@@ -527,29 +562,45 @@ class DAPEAddRefiner(nn.Module):
         return x + self.f(x)
 
 
+def _key_windows(x, k: int):
+    """(..., C, Tq, Tk) -> (..., C * k, Tq * Tk): at each key, the k keys around it (zero-padded by k//2),
+    channel-major like a ``(1, k)`` convolution's weight."""
+    windows = F.pad(x, (k // 2, k // 2)).unfold(-1, k, 1)                    # (..., C, Tq, Tk, k)
+    *lead, c, tq, tk, _ = windows.shape
+    return windows.movedim(-1, -3).reshape(*lead, c * k, tq * tk)
+
+
 @register_refiner("conv")
 class ConvRefiner(nn.Module):
     r"""DAPE-V2 (Zheng et al., 2024b, eq. 5): $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$, two
     $1 \times k$ convolutions along the key axis across the $2h$ head channels (width ``refiner_width``,
     LeakyReLU between, padding $k/2$). ``tril`` zeroes the masked (future) scores first: a query row then
     holds only keys it may see, so the key-axis kernel cannot read the future. Without a bias: $h$ channels.
+
+    Computed as the same cell-wise MLP as DAPE: conv1 is a matrix over the $C k$ values of each key's
+    window, and conv2 is a matrix giving $k$ per-tap outputs at each key, which are then shifted into place
+    and summed: $\mathrm{conv2}(H)_j = \sum_t (W_2^{(t)} H)_{j + t - k/2}$. Equal to ``nn.Conv2d``, faster.
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         n_in = 2 * cfg.n_head if pe_has_bias(cfg.pe) else cfg.n_head
-        k = cfg.refiner_kernel
-        self.n_head = cfg.n_head
+        k = self.kernel = cfg.refiner_kernel
         self.conv1 = nn.Conv2d(n_in, cfg.refiner_width, (1, k), padding=(0, k // 2))
         self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, k), padding=(0, k // 2))
         self.key_margin = k // 2   # conv2 reads hidden cells up to k//2 keys past the diagonal
 
     def forward(self, scores, bias, mask):
-        w, pad = self.conv1.weight, self.conv1.padding
-        hidden = F.conv2d(scores.masked_fill(~mask, 0), w[:, : self.n_head], self.conv1.bias, padding=pad)
-        if bias is not None:  # the bias half is shared by the batch: convolve it once, broadcast
-            hidden = hidden + F.conv2d(bias.masked_fill(~mask, 0)[None], w[:, self.n_head:], padding=pad)
-        refined = scores + self.conv2(F.leaky_relu(hidden, 0.01))
+        B, h, Tq, Tk = scores.shape
+        k, pad = self.kernel, self.kernel // 2
+        w1 = self.conv1.weight.flatten(1)                                       # (W, C_in * k)
+        shared = _shared_hidden(self.conv1.bias, w1[:, h * k:],
+                                None if bias is None else _key_windows(bias.masked_fill(~mask, 0), k))
+        w2 = self.conv2.weight[:, :, 0].permute(2, 0, 1).flatten(0, 1)         # (k * h, W), tap-major
+        taps = _CellMLP.run(_key_windows(scores.masked_fill(~mask, 0), k), shared, w1[:, : h * k], w2)
+        taps = F.pad(taps.view(B, k, h, Tq, Tk), (pad, pad))                   # (B, k, h, Tq, Tk + 2 pad)
+        conv = sum(taps[:, t, ..., t: t + Tk] for t in range(k)) + self.conv2.bias[:, None, None]
+        refined = scores + conv
         return refined if bias is None else refined + bias
 
 
@@ -597,34 +648,46 @@ class SelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
                                                dropout_p=self.dropout if self.training else 0.0)
         else:
-            y = torch.cat([self._attend_rows(q, k, v, positional, q0, q1)
-                           for q0, q1 in self.query_blocks(B, T)], dim=2)
+            y = torch.cat(list(self.attend_blocks(q, k, v, positional)), dim=2)
         y = y.transpose(1, 2).contiguous().view(B, T, C)                # (B, T, C)
         return self.resid_dropout(self.c_proj(y))
 
-    def query_blocks(self, B: int, T: int):
-        """Query row ranges. Without a refiner one block, unless the (B, h, T, T) scores would be large."""
+    def block_rows(self, B: int, T: int) -> int:
+        """Query rows per block. Without a refiner one block, unless the (B, h, T, T) scores would be large."""
+        if self.attn_chunk:
+            return self.attn_chunk
+        if self.refiner is None and B * self.n_head * T * T <= FULL_BIAS_ELEMENTS:
+            return T
         channels = self.n_head if self.refiner is None else max(self.n_head, self.refiner_width)
-        rows = self.attn_chunk or max(16, BLOCK_ELEMENTS // (B * channels * T))
-        if self.refiner is None and not self.attn_chunk and B * self.n_head * T * T <= FULL_BIAS_ELEMENTS:
-            rows = T
-        return [(q0, min(q0 + rows, T)) for q0 in range(0, T, rows)]
+        return max(16, BLOCK_ELEMENTS // (B * channels * T))
 
-    def _attend_rows(self, q, k, v, positional, q0, q1):
-        # Keys beyond the block's last row are masked: skip them, except the refiner's key_margin (a
-        # 1 x k conv reads k//2 masked keys past the diagonal: zeros after tril, but its hidden layer is not).
-        T = k.shape[2]
-        k1 = min(T, q1 + getattr(self.refiner, "key_margin", 0)) if self.causal else T
-        device = q.device
-        mask = (torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
-                if self.causal else torch.ones(q1 - q0, k1, dtype=torch.bool, device=device))
-        bias = positional.bias(q0, q1, k1) if positional.bias is not None else None
-        args = (q[:, :, q0:q1], k[:, :, :k1], v[:, :, :k1], bias, mask)
-        if self.refiner is not None and self.training and torch.is_grad_enabled():
-            # Keep only q, k, v for backward and recompute the (B, W, rows, T) refiner activations:
-            # training memory O(B h T^2) instead of O(B W T^2).
-            return checkpoint(self._attend, *args, use_reentrant=False)
-        return self._attend(*args)
+    def attend_blocks(self, q, k, v, positional: PositionalInputs):
+        """Attention in blocks of query rows, each against the keys it can see: (B, nh, rows, hs) per block.
+
+        Keys come in chunks of the same size; a causal block takes the chunks up to its last row (plus the
+        refiner's ``key_margin``: a 1 x k conv reads k//2 masked keys past the diagonal — zeros after tril, but
+        its hidden layer is not). Concatenating whole chunks keeps the backward pass cheap: each chunk receives
+        only its own gradient, instead of a zero-filled full-length one per block.
+        """
+        B, _, T, _ = q.shape
+        rows = self.block_rows(B, T)
+        k, v = k.contiguous(), v.contiguous()
+        margin = getattr(self.refiner, "key_margin", 0)
+        chunk = rows if margin == 0 else max(margin, rows // 4)
+        k_chunks, v_chunks = k.split(chunk, dim=2), v.split(chunk, dim=2)
+        for i, q_block in enumerate(q.split(rows, dim=2)):
+            q0, q1 = i * rows, i * rows + q_block.shape[2]
+            n = -(-(q1 + margin) // chunk)
+            if self.causal and n < len(k_chunks):
+                keys, values = torch.cat(k_chunks[:n], dim=2), torch.cat(v_chunks[:n], dim=2)
+            else:
+                keys, values = k, v
+            k1 = keys.shape[2]
+            key_pos, query_pos = torch.arange(k1, device=q.device), torch.arange(q0, q1, device=q.device)
+            mask = key_pos[None, :] <= query_pos[:, None] if self.causal else torch.ones(
+                q1 - q0, k1, dtype=torch.bool, device=q.device)
+            bias = positional.bias(q0, q1, k1) if positional.bias is not None else None
+            yield self._attend(q_block, keys, values, bias, mask)
 
     def _attend(self, q, k, v, bias, mask):
         """Attention of a block of query rows: q (B, nh, rows, hs), k/v (B, nh, keys, hs), bias (nh, rows,

@@ -149,6 +149,47 @@ def test_conv_without_tril_would_leak_but_ours_does_not():
     torch.testing.assert_close(out_a[..., 3, :4], out_b[..., 3, :4])
 
 
+def plain_refiner(name, refiner, scores, bias):
+    """Each refiner's equation written with plain modules (full size, channels last for the MLPs)."""
+    tiled = None if bias is None else bias.expand(scores.shape[0], -1, -1, -1)
+    if name == "conv":
+        stacked = scores if bias is None else torch.cat([scores, tiled], dim=1)
+        hidden = F.leaky_relu(F.conv2d(stacked.tril(), refiner.conv1.weight, refiner.conv1.bias,
+                                       padding=refiner.conv1.padding), 0.01)
+        out = scores + F.conv2d(hidden, refiner.conv2.weight, refiner.conv2.bias, padding=refiner.conv2.padding)
+        return out if bias is None else out + bias
+    mlp = refiner.f.mlp
+    if name == "dape_add":
+        x = scores if bias is None else scores + bias
+        return x + plain_mlp(mlp, x)
+    stacked = scores if bias is None else torch.cat([scores, tiled], dim=1)
+    out = scores + plain_mlp(mlp, stacked)
+    return out + bias if (bias is not None and name == "dape") else out
+
+
+@pytest.mark.parametrize("name,pe,kw", [("dape", "kerple_log", {}), ("dape", "rope", {}),
+                                        ("dape_concat", "alibi", {}), ("dape_add", "t5", {}),
+                                        ("conv", "kerple_log", {"refiner_kernel": 3}),
+                                        ("conv", "fire", {"refiner_kernel": 5}), ("conv", "rope", {})])
+def test_refiner_gradients_equal_the_plain_formula(name, pe, kw):
+    """Our refiners recompute their hidden layer in backward: every gradient (scores, bias, weights) must
+    still equal autograd through the plain formula."""
+    scores, bias, mask = random_inputs(T=10, seed=4)
+    bias = bias if M.pe_has_bias(pe) else None
+    refiner = refiner_for(name, pe=pe, **kw)
+    upstream = torch.randn(scores.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
+    inputs = [t.requires_grad_() for t in (scores, bias) if t is not None] + list(refiner.parameters())
+
+    def grads(fn):
+        out = fn(refiner, scores.tril() if name == "conv" else scores, bias)
+        return torch.autograd.grad((out * upstream * mask).sum(), inputs)
+
+    fast = grads(lambda r, s, b: r(s, b, mask))
+    plain = grads(lambda r, s, b: plain_refiner(name, r, s, b))
+    for got, expected in zip(fast, plain):
+        torch.testing.assert_close(got, expected)
+
+
 def reference_attention(attn, x, positional, causal=True):
     """One layer of attention written plainly at full size: scores, refiner (or + B), mask, softmax."""
     B, T, C = x.shape
