@@ -37,7 +37,6 @@ import torch
 
 import minidape as md
 from minidape.model import AbsolutePositions, AdditiveBias, RotaryEmbedding, apply_rotary
-from minidape.plots import plot_bias
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
 TRAIN_LENGTH = 64                               # block_size: the training length of every model below
@@ -221,7 +220,8 @@ plt.show()
 # | `t5` | learned value of the log-spaced bucket of $m-n$ (32 buckets, max distance 128) | $32H$ |
 # | `fire` | MLP of $\psi(m-n)/\psi(\max(m, L))$, $\psi(x) = \ln(c\,x + 1)$ (Li et al., 2023) | a small MLP + 2 |
 #
-# The bias module maps two position vectors to `(n_head, Tq, Tk)`; `plot_bias` draws one panel per head.
+# The bias module maps two position vectors to `(n_head, Tq, Tk)`; `md.plots.plot_bias` draws one panel per
+# head.
 # These are the **initial** biases (Kerple's $r_1, r_2, a, p$ start random, T5's table near zero, FIRE's MLP
 # random); training reshapes them (notebook 03). Above the diagonal is the future, hidden by the causal mask.
 
@@ -232,7 +232,7 @@ positions = torch.arange(32)
 for name, model in bias_models.items():
     with torch.no_grad():
         bias = model.pe(positions, positions)
-    plot_bias(bias, title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
+    md.plots.plot_bias(bias, title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
     plt.show()
 
 # %% [markdown]
@@ -358,7 +358,7 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 with torch.no_grad():
-    plot_bias(model.pe(positions, positions), title="learned_slopes: initial bias").tight_layout()
+    md.plots.plot_bias(model.pe(positions, positions), title="learned_slopes: initial bias").tight_layout()
 plt.show()
 
 # %% [markdown]
