@@ -1,0 +1,282 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 03 · Train, then extrapolate: perplexity beyond the training length
+#
+# Notebooks 01 and 02 looked at positional encodings (PEs) on paper. Here we **train** small language models
+# with several of them on the books corpus (Jane Austen's six novels, byte-level) at a training length of
+# $L = 64$ tokens, and then ask each one to read sequences up to $16L$.
+#
+# Three measurements, all from `md.evaluate`:
+#
+# 1. **Extrapolation curves**: perplexity against evaluation length (`perplexity_by_length`).
+# 2. **Two evaluation protocols** side by side, `last_k` (DAPE's) and `nonoverlap` (ALiBi's and Kerple's),
+#    and why the same model gets different numbers from them (DAPE paper, §5).
+# 3. **Position-wise loss** (Kerple's position-wise perplexity, `loss_by_position`): the loss at each
+#    position of a long window, which shows *where* a model stops working.
+#
+# **A word on budget.** The papers train 125M-parameter models for 50k steps on GPUs. Everything below is a
+# ~0.1M-parameter model trained for a few hundred steps on a shared 2-core CPU, so the absolute perplexities
+# are high and differences of a few percent are noise. What these tiny runs do show reliably is the
+# *qualitative* picture: which encodings break beyond the training length and which do not.
+
+# %%
+import math
+import os
+import time
+import warnings
+
+import matplotlib.pyplot as plt
+import torch
+import torch.nn.functional as F
+from IPython.display import Markdown, display
+
+import minidape as md
+
+FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+NOTEBOOK_START = time.perf_counter()
+
+TRAIN_LENGTH = 64                                   # block_size: the training length of every model
+STEPS = 12 if FAST else 400                         # optimizer steps per model
+BATCH = 8 if FAST else 16                           # sequences per step
+LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]   # evaluation lengths, up to 16 x L
+EVAL_WINDOWS = 4 if FAST else 16                    # seeded validation windows per length (last_k)
+VAL_WINDOWS = 8 if FAST else 32                     # windows of the validation loss logged during training
+NONOVERLAP_TOKENS = 1024 if FAST else 16384         # stretch of validation text scored by nonoverlap
+LONGEST = LENGTHS[-1]
+
+
+def config(pe, **overrides):
+    """The model of this notebook: 2 layers, 4 heads of size 16 (~0.1M parameters plus the byte embeddings)."""
+    settings = dict(n_layer=2, n_head=4, n_embd=64, block_size=TRAIN_LENGTH, pe=pe)
+    return md.GPTConfig(**{**settings, **overrides})
+
+
+print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+
+# %% [markdown]
+# ## 1. The data
+#
+# `md.load_corpus` returns the corpus as bytes (vocabulary 256, no tokenizer): the first 90% is the `train`
+# split, the last 10% the `val` split. Every evaluation below reads fixed, seeded windows of `val`, so the
+# curves of different models are measured on exactly the same text.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+train_tokens = md.load_corpus("austen", "train")
+val_tokens = md.load_corpus("austen", "val")
+print(f"train: {len(train_tokens):,} bytes   val: {len(val_tokens):,} bytes")
+print(repr(bytes(val_tokens[1000:1100].tolist()).decode("utf-8", errors="replace")))
+
+# %% [markdown]
+# ## 2. Train one model per positional encoding
+#
+# Six encodings, one of each behaviour we expect beyond the training length:
+#
+# | `pe` | what it is | expected beyond $L$ |
+# |---|---|---|
+# | `learned` | GPT-2's table of $L$ position vectors | cannot run at all: the table has no row 64 |
+# | `none` | NoPE: only the causal mask tells order | degrades |
+# | `rope` | rotary queries/keys (Su et al.) | degrades: unseen rotation angles |
+# | `alibi` | fixed linear bias $-m_h (i-j)$ (Press et al.) | flat |
+# | `kerple_log` | learned log bias $-r_1 \ln(1 + r_2 (i-j))$ (Chi et al.) | flat |
+# | `fire` | learned MLP of a normalised distance (Li et al.) | roughly flat |
+#
+# `md.train` uses AdamW with warmup and cosine decay; every model sees the same batches (same seed). The
+# history it returns holds the training loss of each logged step and a validation loss every few steps.
+
+# %%
+PES = ["learned", "none", "rope", "alibi", "kerple_log", "fire"]
+models, histories, train_seconds = {}, {}, {}
+for pe in PES:
+    start = time.perf_counter()
+    models[pe], histories[pe] = md.train(config(pe), train_tokens, val_data=val_tokens, steps=STEPS,
+                                         batch_size=BATCH, lr=2e-3, eval_every=max(4, STEPS // 8),
+                                         eval_windows=VAL_WINDOWS, seed=0, progress=False)
+    train_seconds[pe] = time.perf_counter() - start
+    print(f"{pe:<11} final validation loss {histories[pe][-1]['val_loss']:.3f} nats   "
+          f"({models[pe].num_params():,} parameters, {train_seconds[pe]:.0f} s)")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4))
+for pe, history in histories.items():
+    logged = [entry for entry in history if "val_loss" in entry]
+    ax.plot([e["step"] for e in logged], [e["val_loss"] for e in logged], marker="o", markersize=3, label=pe)
+ax.set_xlabel("training step")
+ax.set_ylabel("validation loss at length 64 (nats)")
+ax.set_title("Learning curves: at the training length every encoding learns")
+ax.grid(alpha=0.3)
+ax.legend(fontsize="small")
+plt.show()
+
+# %% [markdown]
+# At the training length the encodings are close to each other: inside the lengths it was trained on, any
+# reasonable PE lets the model learn the language. The interesting part is what happens *past* $L$.
+#
+# ## 3. Extrapolation curves (`last_k`, DAPE's protocol)
+#
+# For each evaluation length $T$, `perplexity_by_length(..., protocol="last_k")` feeds `EVAL_WINDOWS`
+# windows of $T$ tokens and scores the **last** $k = \min(256, T)$ predictions only:
+#
+# $$\mathrm{ppl}_{\text{last-}k}(T) = \exp\Big(-\frac{1}{Nk}\sum_{\text{windows}}\ \sum_{t=T-k}^{T-1}
+#   \ln p(x_{t+1} \mid x_{\le t})\Big).$$
+#
+# Every length is judged on the same number of tokens, and every scored token sits at position $\ge T - k$,
+# far beyond $L$ once $T \gg L$. `learned` cannot run beyond its table: the function reports NaN there
+# (with a warning, silenced here) and the plot leaves those points out.
+
+# %%
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")     # "length ... skipped (reported as NaN)" for pe="learned"
+    last_k = {pe: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, protocol="last_k",
+                                                   n_windows=EVAL_WINDOWS)
+              for pe, model in models.items()}
+md.plots.plot_extrapolation(last_k, train_length=TRAIN_LENGTH,
+                            title="Perplexity of the last 256 tokens (DAPE's last_k protocol)")
+plt.show()
+display(Markdown(md.plots.markdown_table(last_k, train_length=TRAIN_LENGTH)))
+
+# %% [markdown]
+# **What to look for.** Left of the dashed line (the training length) all curves sit together. To the right:
+#
+# - `learned` stops: there is no embedding for position 64.
+# - `rope` and `none` climb: RoPE meets rotation angles it never saw; NoPE's implicit position signal (the
+#   causal mask lets a layer count how many tokens it averages over) drifts as the window grows.
+# - `alibi` and `kerple_log` stay flat: their bias only *penalises* distance, so far-away tokens get so
+#   little attention that a long window looks much like a short one to each query.
+# - `fire` normalises distances by $\psi(\max(L, i))$, so its inputs stay in $[0, 1]$ at every length.
+#
+# ## 4. Two protocols, two sets of numbers (DAPE §5)
+#
+# The Kerple and ALiBi papers report `nonoverlap` perplexity: cut the text into consecutive windows of $T$
+# tokens and score **every** prediction in each window. DAPE (§5, "Evaluation Protocol") points out that
+# this gives different, usually lower, numbers than its own `last_k`, and recommends `last_k`. We run both
+# on the same models.
+
+# %%
+nonoverlap = {}
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    for pe, model in models.items():
+        nonoverlap[pe] = md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, protocol="nonoverlap",
+                                                          n_tokens=NONOVERLAP_TOKENS)
+
+fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
+md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, ax=axes[0], title="last_k: score the final 256 tokens")
+md.plots.plot_extrapolation(nonoverlap, TRAIN_LENGTH, ax=axes[1],
+                            title="nonoverlap: score every token of each window")
+fig.suptitle("The same six models under the two evaluation protocols")
+plt.show()
+
+print(f"{'pe':<11}" + "".join(f"{'T=' + str(T):>18}" for T in LENGTHS))
+print(f"{'':<11}" + "".join(f"{'last_k / nonovl':>18}" for _ in LENGTHS))
+for pe in PES:
+    cells = "".join(f"{last_k[pe][T]:>9.2f} /{nonoverlap[pe][T]:>7.2f}" for T in LENGTHS)
+    print(f"{pe:<11}{cells}")
+
+# %% [markdown]
+# Two effects pull the protocols apart, in opposite directions:
+#
+# 1. **Short contexts inside each window.** `nonoverlap` scores the first tokens of every window, which
+#    see almost no context and are hard to predict. Up to $T = k = 256$ the two protocols score the same
+#    positions (whole windows) and differ only in which stretch of text they read; beyond, every token
+#    `last_k` scores has at least $T - 256$ tokens of context, so for a model that *does* extrapolate
+#    `last_k` comes out lower.
+# 2. **Most scored tokens are near the start.** For a model that breaks beyond $L$, `nonoverlap` at
+#    $T = 16L$ still scores the first $L$ positions of each window, where the model works fine, and averages
+#    them with the broken ones; `last_k` scores only positions $T - 256 \ldots T - 1$, all far beyond $L$.
+#    So failures look milder under `nonoverlap`, which is DAPE's point in §5 (and one reason why the ALiBi
+#    and Kerple papers, both "non-overlapping", still report very different numbers for the same baseline).
+#
+# ### One curve, two averages
+#
+# Both protocols are averages of the same quantity: the loss $\ell_t$ of predicting token $t+1$ from tokens
+# $0..t$. Because the model is causal, the first $T$ positions of a long window *are* a window of length
+# $T$, so one position-wise curve measured at the longest length contains every shorter evaluation:
+#
+# $$\mathrm{ppl}_{\text{nonoverlap}}(T) \approx \exp\Big(\frac1T \sum_{t=0}^{T-1} \ell_t\Big), \qquad
+#   \mathrm{ppl}_{\text{last-}k}(T) \approx \exp\Big(\frac1k \sum_{t=T-k}^{T-1} \ell_t\Big).$$
+#
+# (Approximately, because the windows are drawn from different places of the validation text.) Let us check
+# it for RoPE and ALiBi with `md.evaluate.loss_by_position`.
+
+# %%
+position_loss = {pe: md.evaluate.loss_by_position(model, val_tokens, LONGEST, n_windows=EVAL_WINDOWS)
+                 for pe, model in models.items() if pe != "learned"}   # learned cannot run at LONGEST
+
+print(f"{'pe':<7}{'T':>6}  {'last_k':>8} {'from curve':>10}   {'nonoverlap':>10} {'from curve':>10}")
+for pe in ["rope", "alibi"]:
+    curve = position_loss[pe]
+    for T in LENGTHS:
+        k = min(256, T)
+        predicted_last_k = math.exp(curve[T - k:T].mean())
+        predicted_nonoverlap = math.exp(curve[:T].mean())
+        print(f"{pe:<7}{T:>6}  {last_k[pe][T]:>8.2f} {predicted_last_k:>10.2f}   "
+              f"{nonoverlap[pe][T]:>10.2f} {predicted_nonoverlap:>10.2f}")
+
+# %% [markdown]
+# The reconstructed numbers track the measured ones: the protocols do not measure different things, they
+# *weight positions differently*. `last_k` asks "how good is the model at position $\approx T$?";
+# `nonoverlap` asks "how good is it on average over positions $0..T$?". For length extrapolation the first
+# question is the one we care about, which is why the rest of this series (and `make demo`) uses `last_k`.
+#
+# ## 5. Position-wise loss
+#
+# The curve itself is the most informative picture (Kerple's "position-wise perplexity"). Entry $t$ is the
+# mean loss of predicting token $t+1$ from the $t+1$ tokens before it, averaged over `EVAL_WINDOWS`
+# windows of `LONGEST` tokens. Per-position losses are noisy with few windows, so the plot shows a running
+# mean over 16 positions.
+
+# %%
+def running_mean(curve, width=16):
+    """Mean over the last `width` positions (fewer at the start), to smooth a per-position loss curve."""
+    padded = F.pad(curve[None, None], (width - 1, 0), mode="replicate")
+    return F.avg_pool1d(padded, width, stride=1)[0, 0]
+
+
+md.plots.plot_loss_by_position({pe: running_mean(curve) for pe, curve in position_loss.items()},
+                               train_length=TRAIN_LENGTH,
+                               title=f"Loss at each position of {LONGEST}-token windows (running mean of 16)")
+plt.show()
+
+for pe, curve in position_loss.items():
+    inside = curve[TRAIN_LENGTH // 2:TRAIN_LENGTH].mean()
+    beyond = curve[-TRAIN_LENGTH:].mean()
+    print(f"{pe:<11} mean loss at positions {TRAIN_LENGTH // 2}-{TRAIN_LENGTH - 1}: {inside:.3f}   "
+          f"at the last {TRAIN_LENGTH} positions: {beyond:.3f} nats")
+
+# %% [markdown]
+# **Reading the plot.** Loss falls over the first few dozen positions as context accumulates: this is the
+# part of the curve that `nonoverlap` over-weights. Past the training length (dashed line), an encoding that
+# extrapolates keeps its curve flat (the model simply ignores what it cannot use), while one that does not
+# turns upward at a position close to $L$: the same model, the same text, only more positions than it has
+# seen.
+#
+# ## Summary
+#
+# - Inside the training length the encodings are nearly interchangeable; beyond it they separate.
+# - Bias-based encodings (ALiBi, Kerple) extrapolate in perplexity by discounting far tokens; RoPE and NoPE
+#   do not; a learned table cannot even run.
+# - `last_k` and `nonoverlap` are two weightings of one position-wise loss curve; `last_k` isolates the
+#   long-context positions and is the fairer measure of extrapolation (DAPE §5).
+#
+# Notebook 04 adds DAPE's refiner on top of Kerple: can a model keep the flat curve *and* use the far
+# context?
+#
+# **Try it.** Train longer (`STEPS`), add `t5` or `yarn` to `PES`, or set `random_positions=4 * TRAIN_LENGTH`
+# in `config("rope", ...)` (randomized positions, Ruoss et al. 2023) and see whether RoPE's curve flattens.
+
+# %%
+print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
