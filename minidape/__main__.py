@@ -1,4 +1,4 @@
-"""Command line: `python -m minidape {demo,train,eval,che} ...` (`--help` on each for its flags).
+"""Command line: `python -m minidape {demo,train,eval,che,bench} ...` (`--help` on each for its flags).
 
     python -m minidape demo                                  # 7 PEs/refiners, trained and compared
     python -m minidape train --pe alibi --steps 2000 --out runs/alibi
@@ -17,6 +17,7 @@ import dataclasses
 import json
 import math
 import os
+import runpy
 import sys
 import time
 import typing
@@ -104,7 +105,7 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che,bench}")
 
     demo = commands.add_parser("demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
                                description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and "
@@ -175,6 +176,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", help="output directory (default runs/che/TASK-MODEL)")
     _add_device_flag(run)
+    bench = commands.add_parser("bench", help="refiner speed and memory benchmark (benchmarks/bench_refiners.py)",
+                                add_help=False)
+    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see bench --help)")
     return parser
 
 
@@ -354,10 +358,22 @@ def run_che(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
 
 
+def run_bench(bench_args: list[str]) -> None:
+    """Run the benchmark script with its own flags (it is not part of the installed package)."""
+    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"
+    if not script.is_file():
+        raise FileNotFoundError(f"{script} not found: the benchmark lives in the repository's benchmarks/ folder")
+    sys.argv = [str(script), *bench_args]
+    runpy.run_path(str(script), run_name="__main__")
+
+
 COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_che}
 
 
 def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["bench"]:           # every later flag belongs to the benchmark script
+        return run_bench(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,249 @@
+"""Speed and memory of the refiners against their base PE and against the papers' plain form.
+
+    python benchmarks/bench_refiners.py              # the tables of RESULTS.md (CPU: ~10 min on 2 cores)
+    python benchmarks/bench_refiners.py --quick      # fewer repeats and lengths
+    python benchmarks/bench_refiners.py --size 125m --device cuda   # the papers' 125M model on a GPU
+    python -m minidape bench [same flags]
+
+Timing: warm-up steps, then the variants of one table run interleaved (A, B, C, A, B, C, ...) in the same
+process, and each reports its median, so drifting machine load hits every variant alike. A step is
+forward + backward of the language-model loss (no optimizer). Peak memory is measured in a fresh process per
+case: peak RSS from `resource` on CPU, `torch.cuda.max_memory_allocated` on CUDA.
+
+`paper_dape` is the papers' form, registered here as a refiner: concatenate [S, B], permute to channels
+last, the MLP, permute back, over the full (B, h, T, T) scores (one query block, plain autograd).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+import minidape as md
+from minidape.train import resolve_device
+
+SIZES = {  # the issue's default tiny model, and the papers' 125M configuration
+    "tiny": dict(n_layer=4, n_head=4, n_embd=128),
+    "125m": dict(n_layer=12, n_head=12, n_embd=768),
+}
+
+
+@md.register_refiner("paper_dape")
+class PaperDAPE(nn.Module):
+    """DAPE eq. (3) as the papers write it: A = S + B + MLP(permute(cat[S, B]))."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        n_in = 2 * cfg.n_head if md.model.pe_has_bias(cfg.pe) else cfg.n_head
+        self.mlp = nn.Sequential(nn.Linear(n_in, cfg.refiner_width), nn.LeakyReLU(0.01),
+                                 nn.Linear(cfg.refiner_width, cfg.n_head))
+
+    def forward(self, scores, bias, mask):
+        x = scores if bias is None else torch.cat([scores, bias.expand(len(scores), -1, -1, -1)], dim=1)
+        refined = scores + self.mlp(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+        return refined if bias is None else refined + bias
+
+
+class PlainRoPEGPT(nn.Module):
+    """A plain GPT of the same size for the fast-path check: RoPE written inline, causal SDPA, nothing else."""
+
+    def __init__(self, vocab_size, n_layer, n_head, n_embd, base=10000.0):
+        super().__init__()
+        self.n_head = n_head
+        self.wte = nn.Embedding(vocab_size, n_embd)
+        self.layers = nn.ModuleList(nn.ModuleDict(dict(
+            ln_1=nn.LayerNorm(n_embd), qkv=nn.Linear(n_embd, 3 * n_embd), proj=nn.Linear(n_embd, n_embd),
+            ln_2=nn.LayerNorm(n_embd), fc=nn.Linear(n_embd, 4 * n_embd), out=nn.Linear(4 * n_embd, n_embd),
+        )) for _ in range(n_layer))
+        self.ln_f = nn.LayerNorm(n_embd)
+        hs = n_embd // n_head
+        self.register_buffer("inv_freq", base ** (-torch.arange(0, hs, 2).float() / hs), persistent=False)
+
+    def forward(self, idx, targets):
+        B, T = idx.shape
+        x = self.wte(idx)
+        angles = torch.arange(T, device=idx.device)[:, None] * self.inv_freq
+        cos, sin = angles.cos(), angles.sin()
+
+        def rotate(t):
+            t1, t2 = t.chunk(2, dim=-1)
+            return torch.cat([t1 * cos - t2 * sin, t1 * sin + t2 * cos], dim=-1)
+
+        for layer in self.layers:
+            q, k, v = layer.qkv(layer.ln_1(x)).view(B, T, 3, self.n_head, -1).permute(2, 0, 3, 1, 4)
+            y = F.scaled_dot_product_attention(rotate(q), rotate(k), v, is_causal=True)
+            x = x + layer.proj(y.transpose(1, 2).reshape(B, T, -1))
+            x = x + layer.out(F.gelu(layer.fc(layer.ln_2(x))))
+        logits = self.ln_f(x) @ self.wte.weight.t()
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def build(size: str, pe: str, refiner: str, T: int, device, plain: bool = False):
+    dims = SIZES[size]
+    if plain:
+        return PlainRoPEGPT(256, **dims).to(device)
+    # the paper form is one full (T x T) block; ours picks its own blocks
+    cfg = md.GPTConfig(vocab_size=256, block_size=T, pe=pe, refiner=refiner,
+                       attn_chunk=T if refiner == "paper_dape" else 0, **dims)
+    return md.GPT(cfg).to(device)
+
+
+def train_step(model, x, y):
+    model.zero_grad(set_to_none=True)
+    _, loss = model(x, y)
+    loss.backward()
+
+
+def synchronize(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_interleaved(cases: dict, T: int, B: int, size: str, device, repeats: int, warmup: int = 2,
+                     autocast: bool = False) -> dict[str, float]:
+    """Median seconds per training step of each case ({label: (pe, refiner, plain)}), run interleaved."""
+    torch.manual_seed(0)
+    models = {label: build(size, pe, refiner, T, device, plain) for label, (pe, refiner, plain) in cases.items()}
+    x = torch.randint(0, 256, (B, T), device=device)
+    y = torch.randint(0, 256, (B, T), device=device)
+    times = {label: [] for label in models}
+    context = (torch.autocast("cuda", dtype=torch.bfloat16) if autocast and device.type == "cuda"
+               else torch.autocast("cpu", enabled=False))
+    with context:
+        for i in range(warmup + repeats):
+            for label, model in models.items():
+                synchronize(device)
+                start = time.perf_counter()
+                train_step(model, x, y)
+                synchronize(device)
+                if i >= warmup:
+                    times[label].append(time.perf_counter() - start)
+    return {label: statistics.median(t) for label, t in times.items()}
+
+
+def rss_mb(field: str) -> float:
+    """Current (VmRSS) or peak (VmHWM) resident memory of this process from /proc; else ru_maxrss (peak).
+    /proc is preferred: ru_maxrss survives exec, so a child would inherit its parent's peak."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 1024)
+
+
+def peak_memory_child(spec: dict) -> dict:
+    """Run one case in this (fresh) process and report its peak memory in MB."""
+    device = torch.device(spec["device"])
+    torch.manual_seed(0)
+    model = build(spec["size"], spec["pe"], spec["refiner"], spec["block_size"], device)
+    x = torch.randint(0, 256, (spec["batch"], spec["T"]), device=device)
+    before = rss_mb("VmRSS")
+    if device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    start = time.perf_counter()
+    if spec["train"]:
+        train_step(model, x, x)
+    else:
+        model.eval()
+        with torch.no_grad():
+            model(x)
+    synchronize(device)
+    seconds = time.perf_counter() - start
+    peak = rss_mb("VmHWM")
+    result = {"peak_rss_mb": peak, "before_mb": before, "seconds": seconds}
+    if device.type == "cuda":
+        result["cuda_peak_mb"] = torch.cuda.max_memory_allocated() / 2 ** 20
+    return result
+
+
+def peak_memory(**spec) -> dict:
+    out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def ratio_table(title: str, medians: dict[str, float], base: str, tokens: int) -> str:
+    rows = [f"**{title}**", "", "| variant | ms / step | tokens/s | × " + base + " |", "|---|---:|---:|---:|"]
+    for label, seconds in medians.items():
+        rows.append(f"| {label} | {seconds * 1e3:.1f} | {tokens / seconds:,.0f} | {seconds / medians[base]:.2f} |")
+    return "\n".join(rows)
+
+
+def memory_row(label: str, result: dict) -> str:
+    if "error" in result:
+        return f"| {label} | — | — | — | {result['error']} |"
+    cuda = f"{result['cuda_peak_mb']:,.0f}" if "cuda_peak_mb" in result else "—"
+    return (f"| {label} | {result['peak_rss_mb']:,.0f} | {result['peak_rss_mb'] - result['before_mb']:,.0f} | "
+            f"{cuda} | {result['seconds']:.1f} s |")
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--size", choices=list(SIZES), default="tiny", help="model size (default tiny)")
+    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    parser.add_argument("--pe", default="kerple_log", help="the base PE (default kerple_log)")
+    parser.add_argument("--repeats", type=int, default=10, help="timed steps per variant (default 10)")
+    parser.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
+    parser.add_argument("--eval-length", type=int, default=16384, help="length of the eval-memory case")
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child:
+        print(json.dumps(peak_memory_child(json.loads(args.child))))
+        return
+    device = resolve_device(args.device)
+    repeats = 3 if args.quick else args.repeats
+    eval_length = 4096 if args.quick else args.eval_length
+    pe = args.pe
+    print(f"# refiner benchmark: {args.size} model {SIZES[args.size]}, pe={pe}, refiner_width=32, device "
+          f"{device} ({torch.get_num_threads()} threads), torch {torch.__version__}, median of {repeats}\n")
+    sections = []
+    if args.size == "tiny":
+        configs = [(128, 32, {"none": (pe, "none", False), "dape": (pe, "dape", False),
+                              "conv": (pe, "conv", False), "paper_dape": (pe, "paper_dape", False)}),
+                   (512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False),
+                             "conv": (pe, "conv", False), "paper_dape": (pe, "paper_dape", False)})]
+    else:
+        configs = [(512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False),
+                             "paper_dape": (pe, "paper_dape", False)})]
+    for T, B, cases in configs:
+        medians = time_interleaved(cases, T, B, args.size, device, repeats, autocast=args.size != "tiny")
+        sections.append(ratio_table(f"training step (fwd+bwd), T={T}, B={B}", medians, "none", B * T))
+        print(sections[-1] + "\n", flush=True)
+    T, B = (128, 32) if args.size == "tiny" else (512, 8)
+    medians = time_interleaved({"md.GPT rope": ("rope", "none", False), "plain SDPA GPT": ("rope", "none", True)},
+                               T, B, args.size, device, repeats)
+    sections.append(ratio_table(f"RoPE fast path vs a plain SDPA GPT, T={T}, B={B}", medians,
+                                "plain SDPA GPT", B * T))
+    print(sections[-1] + "\n", flush=True)
+
+    header = ["| case | peak RSS MB | RSS growth MB | CUDA peak MB | time |", "|---|---:|---:|---:|---:|"]
+    rows = []
+    for refiner in ("none", "dape", "paper_dape"):
+        result = peak_memory(size=args.size, pe=pe, refiner=refiner, block_size=512, T=512, batch=8, train=True,
+                             device=str(device))
+        rows.append(memory_row(f"train step T=512 B=8, {refiner}", result))
+        print(rows[-1], flush=True)
+    for refiner in ("none", "dape"):
+        result = peak_memory(size=args.size, pe=pe, refiner=refiner, block_size=128, T=eval_length, batch=1,
+                             train=False, device=str(device))
+        rows.append(memory_row(f"eval forward T={eval_length} B=1, {refiner}", result))
+        print(rows[-1], flush=True)
+    sections.append("\n".join(["**peak memory (fresh process per case)**", "", *header, *rows]))
+    print("\n" + "\n\n".join(sections))
+
+
+if __name__ == "__main__":
+    main()
