@@ -1,0 +1,363 @@
+# ---
+# jupyter:
+#   jupytext:
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#       jupytext_version: 1.19.6
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 04 · DAPE (a.k.a. CAPE): refining the attention scores with an MLP
+#
+# Every additive relative PE of notebooks 01–03 computes the pre-softmax logits as (DAPE paper, eq. 1)
+#
+# $$A_{\text{RPE}}(X) = XW_Q(XW_K)^\top + B,$$
+#
+# with a bias matrix $B_{ij} = b(i, j)$ that depends on positions only: once trained, the same $B$ serves
+# every input. DAPE ("Data-Adaptive Positional Encoding for Length Extrapolation", Zheng et al., 2024; the
+# NeurIPS version calls it **CAPE**, "Context-Adaptive Positional Encoding") lets a small MLP $f$ look at the
+# scores *and* the bias of every (query, key) cell and correct them (§3.2):
+#
+# $$A_{\text{DAPE}}(X) = XW_Q(XW_K)^\top + f\big(XW_Q(XW_K)^\top, B\big) \qquad (2)$$
+#
+# $$A_{\text{DAPE}}(X) = XW_Q(XW_K)^\top + B + f\big(XW_Q(XW_K)^\top, B\big) \qquad (3)$$
+#
+# Eq. (3) adds a residual connection for $B$: $f$ only has to learn a *correction* to the fixed bias. In an
+# $h$-head layer $f$ is a two-layer LeakyReLU MLP applied independently at each cell $(i, j)$, reading the
+# $2h$ numbers $[S_{1..h}(i,j), B_{1..h}(i,j)]$ of all heads and writing $h$ (§3.2, "Multi-head DAPE"), with
+# hidden width $D_{\text{DAPE}}$ (32 in the paper).
+#
+# This notebook: the variants in minidape and their equations checked numerically; what $f$ costs; a
+# Kerple vs DAPE-Kerple training run; and DAPE's Figure 1 for a trained model: for one query far beyond the
+# training length, per head, $QK^\top$, $B$ and $f(QK^\top, B)$.
+#
+# Budget: tiny models (2 layers, 64 channels, 4 heads), a few hundred steps on a shared 2-core CPU. The
+# paper's models are 125M parameters trained for 50k steps; read our curves for their shape.
+
+# %%
+import math
+import os
+import time
+
+import matplotlib.pyplot as plt
+import torch
+from IPython.display import Markdown, display
+
+import minidape as md
+from minidape.model import REFINER_REGISTRY
+
+FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+NOTEBOOK_START = time.perf_counter()
+
+TRAIN_LENGTH = 64
+STEPS = 10 if FAST else 400
+BATCH = 8 if FAST else 16
+LR = 3e-3
+LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
+EVAL_WINDOWS = 4 if FAST else 16
+VAL_WINDOWS = 8 if FAST else 32
+FIGURE1_LENGTH = LENGTHS[-1]           # DAPE's Figure 1: query 8192 for training length 512 (16x); ours 16x too
+
+train_tokens = md.load_corpus("austen", "train")
+val_tokens = md.load_corpus("austen", "val")
+
+
+def config(pe="kerple_log", refiner="none", **overrides):
+    """This notebook's model: 2 layers, 4 heads of size 16, training length 64, D_DAPE = 32."""
+    settings = dict(n_layer=2, n_head=4, n_embd=64, block_size=TRAIN_LENGTH, pe=pe, refiner=refiner,
+                    refiner_width=32)
+    return md.GPTConfig(**{**settings, **overrides})
+
+
+print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+
+# %% [markdown]
+# ## 1. The variants in minidape
+#
+# | `refiner=` | formula | paper |
+# |---|---|---|
+# | `dape` | $A = S + B + f([S, B])$, $f: 2h \to W \to h$ | eq. (3), "Concat_Residual", the released code |
+# | `dape_concat` | $A = S + f([S, B])$ | eq. (2), "Concat" |
+# | `dape_add` | $A = S + B + f(S + B)$, $f: h \to W \to h$ | Figure 5, "Add_Residual" |
+# | `cape` | same module as `dape` | the NeurIPS name; the authors' repository renamed `CAPE.py` to `DAPE.py` |
+#
+# Here $S = QK^\top/\sqrt{d_{\text{head}}}$: minidape (like the authors' code) hands the refiner scores that are
+# already scaled. Without a bias (RoPE, NoPE) $B = 0$ and $f$ reads the $h$ score channels only
+# (DAPE-V2's "DAPE-NoPE", "DAPE-RoPE").
+
+# %%
+# NBVAL_CHECK_OUTPUT
+print("refiners:", list(md.REFINER_NAMES))
+print("cape is the dape module:", REFINER_REGISTRY["cape"] is REFINER_REGISTRY["dape"])
+
+window = val_tokens[:32].long()[None]
+logits = {}
+for name in ("dape", "cape"):
+    torch.manual_seed(0)
+    logits[name] = md.GPT(config(refiner=name)).eval()(window)[0]
+print("same seed, same logits:", torch.equal(logits["dape"], logits["cape"]))
+
+# %% [markdown]
+# ### The equations, checked on a model
+#
+# `model.attention_maps(idx, layer)` returns the pieces of one layer's attention as plain full-size tensors:
+# `scores` $S$, `bias` $B$, `refined` $A$ (what reaches the causal mask and softmax) and `probs`. We rebuild $A$
+# from $S$ and $B$ with each refiner's own MLP `f.mlp`, applied over the head axis at every cell, and compare.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+def per_cell(mlp, channels):
+    """Apply an MLP over the channel axis of a (B, C, Tq, Tk) tensor, independently at every cell."""
+    return mlp(channels.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+for name in ("dape", "dape_concat", "dape_add"):
+    torch.manual_seed(0)
+    model = md.GPT(config(refiner=name)).eval()
+    maps = model.attention_maps(window, layer=1)
+    S, B, A = maps["scores"], maps["bias"].expand_as(maps["scores"]), maps["refined"]
+    mlp = model.blocks[1].attn.refiner.f.mlp
+    if name == "dape":
+        expected = S + B + per_cell(mlp, torch.cat([S, B], dim=1))
+    elif name == "dape_concat":
+        expected = S + per_cell(mlp, torch.cat([S, B], dim=1))
+    else:
+        expected = S + B + per_cell(mlp, S + B)
+    print(f"{name:<12} A matches its equation: {torch.allclose(A, expected, atol=1e-5)}   "
+          f"(f has {sum(p.numel() for p in mlp.parameters())} parameters per layer)")
+
+# %% [markdown]
+# $f$ works **per cell, across heads**: the refined score of head 0 at cell $(i, j)$ reads the scores of all
+# heads at $(i, j)$ and nothing else. A gradient shows it: perturbing head 2's score at one cell moves head 0
+# at that cell only.
+
+# %%
+# NBVAL_CHECK_OUTPUT
+torch.manual_seed(0)
+refiner = REFINER_REGISTRY["dape"](config(refiner="dape"))
+T = 8
+scores = torch.randn(1, 4, T, T, requires_grad=True)
+bias = torch.randn(4, T, T)
+mask = torch.ones(T, T, dtype=torch.bool).tril()
+refiner(scores, bias, mask)[0, 0, 5, 3].backward()                   # head 0, cell (5, 3)
+touched = scores.grad[0].abs() > 0
+print("cells (head, i, j) that A[head 0, 5, 3] depends on:", touched.nonzero().tolist())
+
+# %% [markdown]
+# ## 2. What $f$ costs
+#
+# Per layer, for batch $B$, $h$ heads, sequence length $T$, model width $C = h\,d_{\text{head}}$, DAPE width $W$
+# (multiply-accumulates, MACs; 1 MAC = 2 FLOPs):
+#
+# | part | MACs | activations |
+# |---|---|---|
+# | projections $Q, K, V$, output | $4BTC^2$ | $O(BTC)$ |
+# | feed-forward ($4\times$) | $8BTC^2$ | $O(BTC)$ |
+# | $QK^\top$ and $\mathrm{softmax}\cdot V$ | $2BT^2C$ | scores $BhT^2$ |
+# | `dape` / `dape_concat`: $f$ on $2h \to W \to h$ | $BT^2 \cdot 2hW + BT^2 \cdot Wh = 3BT^2hW$ | hidden $BWT^2$ |
+# | `dape_add`: $f$ on $h \to W \to h$ | $2BT^2hW$ | hidden $BWT^2$ |
+# | `conv` (DAPE-V2), kernel $k$ | $3kBT^2hW$ | hidden $BWT^2$ |
+#
+# So the refiner adds $O(BhT^2W)$ to the layer's $O(BTC^2 + BT^2C)$, as in DAPE §3.2 ("Computational costs
+# analysis"): small when $hW \ll C$ and $T$ is moderate, and quadratic in $T$ like attention itself. (minidape
+# computes the bias half of $f$'s first layer once per batch, since $B$ is the same for every sequence:
+# $BT^2hW + T^2hW$ instead of $2BT^2hW$.) The memory term matters more: the hidden activations are $W/h$ times
+# larger than the scores (8× here). minidape therefore computes refined attention in blocks of query rows
+# (each row is refined independently) and recomputes $f$'s hidden layer in the backward pass instead of storing
+# it.
+
+# %%
+def layer_macs(B, T, C, h, W=32, refiner="none", k=3):
+    """Multiply-accumulates of one transformer layer (the table above)."""
+    base = 12 * B * T * C * C + 2 * B * T * T * C
+    extra = {"none": 0, "dape": 3 * B * T * T * h * W, "dape_add": 2 * B * T * T * h * W,
+             "conv": 3 * k * B * T * T * h * W}[refiner]
+    return base, extra
+
+
+print(f"{'model':<28}{'T':>6}{'dape extra':>12}{'conv k=3 extra':>16}")
+for label, C, h in (("this notebook (C=64, h=4)", 64, 4), ("DAPE's 125M (C=768, h=12)", 768, 12)):
+    for T in (64, 512, 8192):
+        base, dape_extra = layer_macs(1, T, C, h, refiner="dape")
+        _, conv_extra = layer_macs(1, T, C, h, refiner="conv")
+        print(f"{label:<28}{T:>6}{dape_extra / base:>11.0%}{conv_extra / base:>15.0%}")
+
+# %% [markdown]
+# For the paper's 125M model at its training length 512 the refiner adds about 8% to a layer's arithmetic,
+# and about half at the evaluation length 8192 (the $T^2$ terms take over). For our tiny model, where
+# $hW = 128$ exceeds $C = 64$, it adds 43% already at $T = 64$: tiny models are the worst case for DAPE's
+# relative cost. And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise
+# passes over $(B, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick
+# measurement of one forward pass (timings on this shared machine are noisy):
+
+# %%
+def forward_ms(refiner, T, batch=4 if FAST else 8, repeats=3):
+    torch.manual_seed(0)
+    model = md.GPT(config(refiner=refiner)).eval()
+    x = torch.randint(256, (batch, T))
+    with torch.no_grad():
+        model(x)                                                    # warm-up
+        start = time.perf_counter()
+        for _ in range(repeats):
+            model(x)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+timing_lengths = [64, 128] if FAST else [64, 256, 1024]
+print(f"{'refiner':<12}" + "".join(f"{'T=' + str(T):>16}" for T in timing_lengths))
+baseline = {T: forward_ms("none", T) for T in timing_lengths}
+for refiner in ("none", "dape_add", "dape", "conv"):
+    times = baseline if refiner == "none" else {T: forward_ms(refiner, T) for T in timing_lengths}
+    print(f"{refiner:<12}" + "".join(f"{times[T]:>8.1f} ms {times[T] / baseline[T]:>4.1f}x" for T in timing_lengths))
+
+# %% [markdown]
+# ## 3. Training: Kerple vs DAPE-Kerple (and the other two variants)
+#
+# Same data, same seed, same budget. DAPE §4.1 reports that DAPE-Kerple improves on Kerple both inside the
+# training length and far beyond it (e.g. Arxiv, training length 128: perplexity 5.00 vs 31.93 at 8192), and
+# §4.3 (Figure 5) that the concat variants beat `dape_add`.
+
+# %%
+runs = {"kerple_log": config(), "dape-kerple": config(refiner="dape"),
+        "dape_concat-kerple": config(refiner="dape_concat"), "dape_add-kerple": config(refiner="dape_add")}
+models, histories, seconds = {}, {}, {}
+for name, cfg in runs.items():
+    start = time.perf_counter()
+    models[name], histories[name] = md.train(cfg, train_tokens, val_data=val_tokens, steps=STEPS, batch_size=BATCH,
+                                             lr=LR, eval_every=max(4, STEPS // 8), eval_windows=VAL_WINDOWS,
+                                             seed=0, progress=False)
+    seconds[name] = time.perf_counter() - start
+    print(f"{name:<19} validation loss {histories[name][-1]['val_loss']:.3f}   "
+          f"{1000 * seconds[name] / STEPS:.0f} ms/step")
+
+# %%
+last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
+          for name, model in models.items()}
+md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, title="Kerple and DAPE-Kerple variants (last_k protocol)")
+plt.show()
+display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
+
+# %% [markdown]
+# **What to look for.** (1) Inside the training length: does the refiner lower the perplexity (DAPE's
+# "intra-length" gain)? (2) Beyond it: does the DAPE curve stay as flat as Kerple's, or better? With a few
+# hundred steps the differences are modest and partly noise; the paper's large gaps come from 50k steps of a
+# 125M model. The refiners also cost more per step (the ms/step column above).
+#
+# ## 4. DAPE's Figure 1 for our model
+#
+# DAPE's Figure 1 plots, for the query at position 8192 of a model trained at length 512, every head's
+# $XW_Q(XW_K)^\top$, the Kerple bias $B$, and the DAPE term $f(XW_Q(XW_K)^\top, B)$ over all keys. We do the same
+# at 16× our training length: the last query of a `FIGURE1_LENGTH`-token validation window, for the trained
+# DAPE-Kerple model (eq. 3, so $f = A - S - B$).
+
+# %%
+dape_model = models["dape-kerple"]
+long_window = val_tokens[:FIGURE1_LENGTH].long()[None]
+
+
+def figure1(model, idx, layer):
+    """Rows: S = QK^T/sqrt(d), B, f(S, B) = A - S - B; columns: heads; x: key position, for the last query."""
+    maps = model.attention_maps(idx, layer)
+    S, B = maps["scores"][0, :, -1], maps["bias"][:, -1]
+    f = maps["refined"][0, :, -1] - S - B
+    rows = [("$QK^T/\\sqrt{d}$", S), ("Kerple bias $B$", B), ("DAPE term $f(QK^T, B)$", f)]
+    n_head = S.shape[0]
+    fig, axes = plt.subplots(3, n_head, figsize=(3.2 * n_head, 7), sharex=True)
+    keys = torch.arange(S.shape[-1])
+    for r, (label, values) in enumerate(rows):
+        for h in range(n_head):
+            ax = axes[r, h]
+            ax.plot(keys, values[h], linewidth=0.6)
+            ax.axvline(idx.shape[1] - 1 - TRAIN_LENGTH, color="gray", linestyle="--", linewidth=0.8)
+            if r == 0:
+                ax.set_title(f"head {h}")
+            if h == 0:
+                ax.set_ylabel(label)
+            if r == 2:
+                ax.set_xlabel("key position j")
+    fig.suptitle(f"Layer {layer}: query at position {idx.shape[1] - 1} (training length {TRAIN_LENGTH}); "
+                 f"dashed: {TRAIN_LENGTH} keys back")
+    plt.tight_layout()
+    plt.show()
+    return f
+
+
+f_last_layer = figure1(dape_model, long_window, layer=1)
+
+# %%
+f_first_layer = figure1(dape_model, long_window, layer=0)
+
+# %% [markdown]
+# **Reading the figure.** The middle row is Kerple's bias: the same monotone decay for every input, steep for
+# some heads and nearly flat for others. The top row, the raw scores, is noisy: it carries the content. The
+# bottom row is what DAPE adds. Because $f$ reads both, it can *undo* part of the decay for keys whose scores
+# say "relevant" (raising far keys, the "anti-local" pattern the paper points out) or sharpen locality further;
+# which of these our tiny model learned can be read off the plots. The dashed line marks keys more than one
+# training length away: everything left of it is at distances the model never saw in training.
+#
+# ### Data-adaptive: same positions, different text
+#
+# $B$ depends on positions only; $f$ also on the text. Feed a second window of the same length and compare the
+# last query's DAPE term across the two texts: the bias rows are identical, the DAPE rows are not.
+
+# %%
+other_window = val_tokens[-FIGURE1_LENGTH:].long()[None]
+maps_a = dape_model.attention_maps(long_window, layer=1)
+maps_b = dape_model.attention_maps(other_window, layer=1)
+f_a = (maps_a["refined"] - maps_a["scores"] - maps_a["bias"])[0, :, -1]
+f_b = (maps_b["refined"] - maps_b["scores"] - maps_b["bias"])[0, :, -1]
+print("bias rows identical across texts:", torch.equal(maps_a["bias"][:, -1], maps_b["bias"][:, -1]))
+for h in range(f_a.shape[0]):
+    correlation = torch.corrcoef(torch.stack([f_a[h], f_b[h]]))[0, 1].item()
+    print(f"head {h}: mean |f| text A {f_a[h].abs().mean():.3f}, text B {f_b[h].abs().mean():.3f}; "
+          f"max |f_A - f_B| {(f_a[h] - f_b[h]).abs().max():.3f}; correlation {correlation:.2f}")
+
+fig, ax = plt.subplots(figsize=(9, 3.5))
+ax.plot(f_a[0], linewidth=0.6, label="text A")
+ax.plot(f_b[0], linewidth=0.6, label="text B")
+ax.set_xlabel("key position j")
+ax.set_ylabel("f(QK^T, B), head 0")
+ax.set_title(f"Layer 1, head 0, query {FIGURE1_LENGTH - 1}: the DAPE term changes with the text")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# ### Where does the attention go?
+#
+# One number summarises "uses the far context": the attention probability the last query puts on keys more
+# than one training length away, averaged over heads and layers, at 16× the training length. A perfectly local
+# model puts 0 there; uniform attention would put $1 - 64/1024 \approx 94\%$.
+
+# %%
+def far_attention(model, idx):
+    """Mean (over layers and heads) attention mass of the last query on keys more than TRAIN_LENGTH back."""
+    T = idx.shape[1]
+    masses = [model.attention_maps(idx, layer)["probs"][0, :, -1, : T - TRAIN_LENGTH].sum(-1)
+              for layer in range(model.cfg.n_layer)]
+    return torch.stack(masses).mean().item()
+
+
+for name in ("kerple_log", "dape-kerple"):
+    shares = [far_attention(models[name], w) for w in (long_window, other_window)]
+    print(f"{name:<12} attention mass beyond {TRAIN_LENGTH} keys back: "
+          f"{100 * sum(shares) / len(shares):.1f}% (mean of two windows)")
+
+# %% [markdown]
+# ## Summary
+#
+# - DAPE/CAPE replaces the fixed $QK^\top + B$ by $QK^\top + B + f(QK^\top, B)$: a per-cell MLP across heads that
+#   reads content and position together. `dape_concat` drops the bias residual, `dape_add` feeds $f$ the sum.
+# - It costs $O(BhT^2W)$ extra per layer, and memory $W/h$ times the scores unless computed in blocks.
+# - Its correction to the Kerple bias depends on the text, which is what "data-adaptive" means; Figure 1 shows
+#   it for a query 16× beyond the training length.
+#
+# Notebook 05 takes the next step: if $f$ may read one cell, why not its neighbours? (DAPE-V2.)
+
+# %%
+print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
