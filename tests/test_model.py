@@ -1,5 +1,6 @@
 """The core model: causality, the refiners against their plain formulas, every encoding's maths, errors."""
 import itertools
+import copy
 import math
 
 import pytest
@@ -521,3 +522,35 @@ def test_learned_positions_refuse_lengths_beyond_their_table():
     model(torch.zeros(1, 16, dtype=torch.long))
     with pytest.raises(ValueError, match=r"table of 16 positions.*length 17"):
         model(torch.zeros(1, 17, dtype=torch.long))
+
+
+# ---------------------------------------------------------------------------------------------- devices
+
+DEVICES = ["cpu"] + [d for d, ok in (("cuda", torch.cuda.is_available()),
+                                      ("mps", getattr(torch.backends, "mps", None) is not None
+                                       and torch.backends.mps.is_available())) if ok]
+
+
+@pytest.mark.parametrize("pe,refiner", [("kerple_log", "dape"), ("alibi", "conv"), ("rope", "none"),
+                                        ("fire", "dape_add"), ("t5", "none"), ("yarn", "cape")])
+def test_every_available_device_agrees_with_float64(pe, refiner):
+    """Reference: the model in float64 on CPU. On every device present (CPU always, CUDA/MPS where there) the
+    same weights in float32 give the same logits and gradients, beyond block_size, and bfloat16 autocast
+    stays close."""
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe=pe, refiner=refiner, attn_chunk=9))
+    idx = torch.randint(0, 64, (2, 37))
+    reference = copy.deepcopy(model).double()
+    reference_logits, reference_loss = reference(idx, idx)
+    reference_loss.backward()
+    for device in DEVICES:
+        twin = copy.deepcopy(model).to(device)
+        x = idx.to(device)
+        logits, loss = twin(x, x)
+        loss.backward()
+        torch.testing.assert_close(logits.cpu().double(), reference_logits, atol=2e-4, rtol=1e-3)
+        for p, r in zip(twin.parameters(), reference.parameters()):
+            torch.testing.assert_close(p.grad.cpu().double(), r.grad, atol=2e-4, rtol=1e-2)
+        with torch.autocast(device_type=device, dtype=torch.bfloat16):
+            _, loss_bf16 = twin(x, x)
+        assert abs(loss_bf16.item() - reference_loss.item()) < 0.05
