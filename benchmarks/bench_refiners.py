@@ -198,6 +198,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=10, help="timed steps per variant (default 10)")
     parser.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
     parser.add_argument("--eval-length", type=int, default=16384, help="length of the eval-memory case")
+    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -228,6 +229,8 @@ def main(argv: list[str] | None = None) -> None:
     sections.append(ratio_table(f"RoPE fast path vs a plain SDPA GPT, T={T}, B={B}", medians,
                                 "plain SDPA GPT", B * T))
     print(sections[-1] + "\n", flush=True)
+    if args.no_memory:
+        return
 
     header = ["| case | peak RSS MB | RSS growth MB | CUDA peak MB | time |", "|---|---:|---:|---:|---:|"]
     rows = []
