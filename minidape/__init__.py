@@ -1,6 +1,7 @@
 """minidape: positional encodings, DAPE/CAPE refiners and length extrapolation in a small GPT."""
 from . import kernels
 from . import data, evaluate, plots
+from . import tasks
 from .data import load_corpus
 from .model import (
     GPT,
@@ -18,5 +19,5 @@ from .train import train  # md.train is the function; `from minidape.train impor
 __all__ = [
     "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "AbsolutePositions", "RotaryEmbedding",
     "register_pe", "register_refiner", "kernels",
-    "load_corpus", "train", "data", "evaluate", "plots",
+    "load_corpus", "train", "data", "evaluate", "plots", "tasks",
 ]
