@@ -22,8 +22,10 @@ demo: $(STAMP)
 
 test: test-unit test-notebooks
 
+# Tests run many tiny tensor ops: one thread each is as fast on an idle machine and does not collapse when
+# the cores are shared (OpenMP threads wait on each other at every op).
 test-unit: $(STAMP)
-	$(BIN)/python -m pytest -q tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 # The .py files are the notebooks' source: convert each one, keeping the outputs of its executed .ipynb (the
 # cells marked NBVAL_CHECK_OUTPUT are compared with them), and run every cell in fast mode. nbval runs a
@@ -36,7 +38,7 @@ test-notebooks: $(STAMP)
 	    if [ -f $${f%.py}.ipynb ]; then cp $${f%.py}.ipynb $$out; fi; \
 	    $(BIN)/jupytext --quiet --update --to ipynb -o $$out $$f || exit 1; \
 	  done && \
-	  MINIDAPE_FAST=1 $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env $(NBTEST); \
+	  MINIDAPE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env $(NBTEST); \
 	fi
 
 # Execute every notebook in full mode (in its own folder) and write the committed .ipynb beside its source.
