@@ -48,11 +48,11 @@ FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
 
 TRAIN_LENGTH = 64
-STEPS = 10 if FAST else 400
+STEPS = 8 if FAST else 400
 BATCH = 8 if FAST else 16
 LR = 3e-3
 LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
-EVAL_WINDOWS = 4 if FAST else 16
+EVAL_WINDOWS = 4 if FAST else 32
 VAL_WINDOWS = 8 if FAST else 32
 
 train_tokens = md.load_corpus("austen", "train")
