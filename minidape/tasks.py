@@ -27,6 +27,14 @@ tokens with id ``task.input_vocab`` (:func:`encoder_inputs`) and answers at thos
 vocabulary is ``task.model_vocab_size`` (``input_vocab + 1``, or ``output_vocab`` if larger: the model's
 classifier must cover the answer classes too). :func:`encoder_targets` prepends ignore labels (-1) for the
 input positions so the model's own cross-entropy trains on the answer positions only.
+
+The protocol of the DAPE papers (train on ``n ~ U{1..40}``, test on longer inputs)::
+
+    model, history, results = train_task("reverse_string", GPTConfig(pe="kerple_log", refiner="dape"),
+                                         steps=2000, test_lengths=range(1, 501))
+    results["mean_beyond_train"]            # mean accuracy over the test lengths 41..500
+    print(accuracy_table({"DAPE-Kerple": results}))
+    plot_accuracy({"DAPE-Kerple": results["accuracy"]}, chance=get_task("reverse_string").chance_accuracy)
 """
 from __future__ import annotations
 
