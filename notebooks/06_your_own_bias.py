@@ -330,19 +330,21 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# **Discussion (the worked answer).** Three things to check in your own results:
+# **Discussion (the worked answer).** What this run shows (your numbers will differ a little):
 #
-# 1. *Inside the training length* the three runs should be close: a bias that rewards nearby tokens is enough
-#    to learn byte-level English at length 64.
-# 2. *Beyond it*, compare the Cauchy curve with Kerple's. Being CPD guarantees that the bias is a valid
-#    "kernelised" similarity; it does **not** guarantee extrapolation. Extrapolation also needs the bias to
-#    keep far tokens down as their number grows: with $T$ keys, a bounded bias gives each far key at least
-#    $e^{-a}$ times the weight of a near one, and their total weight grows with $T$, while Kerple's
-#    $-r_1\ln(1 + r_2 d)$ keeps pushing them down (a power law $d^{-r_1}$ in the softmax weights).
-# 3. *DAPE* sees the scores together with the bias and can learn its own distance-dependent correction; compare
-#    the `dape-cauchy` curve with `cauchy` to see how much of the gap it closes.
+# 1. *Inside the training length* the Cauchy bias alone is the weakest of the three: a bounded bonus for
+#    nearby tokens is a blunter tool than Kerple's logarithmic decay, even at length 64.
+# 2. *Beyond it*, the Cauchy curve climbs while Kerple's stays nearly flat. Being CPD guarantees that the bias
+#    is a valid "kernelised" similarity; it does **not** guarantee extrapolation. Extrapolation also needs the
+#    bias to keep far tokens down as their number grows: with $T$ keys, a bias bounded between 0 and $a$ gives
+#    each far key at least $e^{-a}$ times the weight of a near one, so their total weight grows with $T$; Kerple's
+#    $-r_1\ln(1 + r_2 d)$ keeps pushing them down (a power law $d^{-r_1}$ in the softmax weights). The learned
+#    bias plot shows it: Cauchy's rows flatten out at a fixed level, Kerple's keep falling.
+# 3. *DAPE* rescues the Cauchy bias: `dape-cauchy` is the best model here at every length, better than plain
+#    Kerple. The MLP sees the scores and the bias together and learns the decay the bounded kernel lacks (its
+#    input $B$ still tells it how far each key is, up to where the Cauchy rows flatten).
 #
-# Write two or three sentences with the numbers from your table.
+# Write two or three sentences with the numbers from your own table.
 #
 # **Going further.** Try the Gaussian kernel $a\,e^{-d^2/2s^2}$ (also PD); an unbounded variant such as
 # $-a \ln(1 + (d/s)^2)$ (CPD by Kerple's Corollary 1 with $p = 2$); `refiner="conv"` (notebook 05); or the
