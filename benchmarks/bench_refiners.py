@@ -199,11 +199,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
     parser.add_argument("--eval-length", type=int, default=16384, help="length of the eval-memory case")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
         print(json.dumps(peak_memory_child(json.loads(args.child))))
         return
+    if args.threads:
+        torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     repeats = 3 if args.quick else args.repeats
     eval_length = 4096 if args.quick else args.eval_length
