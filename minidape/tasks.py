@@ -908,7 +908,8 @@ def plot_accuracy(curves: dict[str, dict[int, float]], train_length: int | None 
         ax.plot(*zip(*points), marker="o" if len(points) <= 30 else None, markersize=3, linewidth=1.2,
                 label=label)
     if train_length is not None:
-        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"longest training input ({train_length})")
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1,
+                   label=f"longest training input ({train_length})")
     if chance is not None:
         ax.axhline(100 * chance, color="black", linestyle=":", linewidth=1, label=f"chance ({100 * chance:.0f}%)")
     ax.set_xlabel("input length n")
