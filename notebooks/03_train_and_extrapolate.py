@@ -47,6 +47,9 @@ import minidape as md
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
+# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
+# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
+torch.set_num_threads(1)
 
 TRAIN_LENGTH = 64                                   # block_size: the training length of every model
 STEPS = 8 if FAST else 400                          # optimizer steps per model

@@ -54,6 +54,9 @@ from minidape.model import REFINER_REGISTRY
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
+# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
+# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
+torch.set_num_threads(1)
 
 TRAIN_LENGTH = 64
 STEPS = 8 if FAST else 400
