@@ -199,8 +199,9 @@ for pe in PES:
 #
 # 1. **Short contexts inside each window.** `nonoverlap` scores the first tokens of every window, which
 #    see almost no context and are hard to predict. Up to $T = k = 256$ the two protocols score the same
-#    positions (whole windows) and differ only in which stretch of text they read: the table shows nearly
-#    equal numbers there. Beyond, every token `last_k` scores has at least $T - 256$ tokens of context, so a
+#    positions (whole windows) and differ only in which stretch of text they read: the table shows close
+#    numbers there (the differences of a few percent are sampling noise: the "from curve" columns below read
+#    yet other windows and scatter as much). Beyond, every token `last_k` scores has at least $T - 256$ tokens of context, so a
 #    model that can *use* long context comes out better under `last_k`. Our tiny models gain little from
 #    context beyond a few dozen bytes, so this effect is small here.
 # 2. **Most scored tokens are near the start.** For a model that breaks beyond $L$, `nonoverlap` at

@@ -249,10 +249,10 @@ display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
 # %% [markdown]
 # **What to look for.** (1) Inside the training length: does the refiner lower the perplexity (DAPE's
 # "intra-length" gain)? (2) Beyond it: does the DAPE curve stay as flat as Kerple's? In this run all three
-# variants beat Kerple at every length, by about 4–5% for `dape` (Concat_Residual), which is also the best of
+# variants beat Kerple at every length, by about 5% for `dape` (Concat_Residual), which is also the best of
 # the three; the order of `dape_concat` and `dape_add` is within the noise of one seed. The paper's large gaps
 # at 8192 (DAPE §4.1) come from 125M models and 50k steps; at our budget the honest summary is "a consistent,
-# modest gain, at every length, for about twice the training cost per step" (the ms/step column).
+# modest gain, at every length, for about 1.6 times the training time per step" (the ms/step column).
 #
 # ## 4. DAPE's Figure 1 for our model
 #
