@@ -146,6 +146,8 @@ def rss_mb(field: str) -> float:
 def peak_memory_child(spec: dict) -> dict:
     """Run one case in this (fresh) process and report its peak memory in MB."""
     device = torch.device(spec["device"])
+    if spec.get("threads"):
+        torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     model = build(spec["size"], spec["pe"], spec["refiner"], spec["block_size"], device)
     x = torch.randint(0, 256, (spec["batch"], spec["T"]), device=device)
@@ -169,6 +171,7 @@ def peak_memory_child(spec: dict) -> dict:
 
 
 def peak_memory(**spec) -> dict:
+    spec["threads"] = torch.get_num_threads()
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
