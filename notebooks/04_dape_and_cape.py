@@ -253,6 +253,8 @@ display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
 # the three; the order of `dape_concat` and `dape_add` is within the noise of one seed. The paper's large gaps
 # at 8192 (DAPE §4.1) come from 125M models and 50k steps; at our budget the honest summary is "a consistent,
 # modest gain, at every length, for about 1.6 times the training time per step" (the ms/step column).
+# The curves zig-zag together because each length reads its own 32 windows of text and some stretches are
+# simply harder than others: compare models at the same length, not one length with the next.
 #
 # ## 4. DAPE's Figure 1 for our model
 #
