@@ -41,7 +41,6 @@
 # paper's models are 125M parameters trained for 50k steps; read our curves for their shape.
 
 # %%
-import math
 import os
 import time
 
