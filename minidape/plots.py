@@ -36,6 +36,21 @@ def _axes(ax, figsize):
     return ax.figure, ax
 
 
+def _finish_curves(fig, ax, train_length, xlabel: str, ylabel: str, title: str, path) -> Figure:
+    """Log2 length axis, the training length marked, labels, grid, legend; saved when a path is given."""
+    ax.set_xscale("log", base=2)
+    if train_length is not None:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize="small")
+    if path is not None:
+        save_figure(fig, path)
+    return fig
+
+
 def plot_extrapolation(results: dict[str, dict[int, float]], train_length: int | None = None, ax=None,
                        title: str | None = None, path: str | os.PathLike | None = None) -> Figure:
     """Perplexity against evaluation length, one line per model, log axes, a dashed line at the training
@@ -45,18 +60,9 @@ def plot_extrapolation(results: dict[str, dict[int, float]], train_length: int |
         points = sorted((length, ppl) for length, ppl in curve.items() if not math.isnan(ppl))
         if points:
             ax.plot(*zip(*points), marker="o", markersize=4, label=name)
-    ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    if train_length is not None:
-        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
-    ax.set_title(title or "Length extrapolation")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
-    if path is not None:
-        save_figure(fig, path)
-    return fig
+    return _finish_curves(fig, ax, train_length, "evaluation length (tokens)", "perplexity",
+                          title or "Length extrapolation", path)
 
 
 def plot_loss_by_position(losses: dict[str, torch.Tensor], train_length: int | None = None, ax=None,
@@ -67,17 +73,8 @@ def plot_loss_by_position(losses: dict[str, torch.Tensor], train_length: int | N
     for name, curve in losses.items():
         curve = torch.as_tensor(curve).detach().float().cpu().numpy()
         ax.plot(range(1, len(curve) + 1), curve, linewidth=1, label=name)
-    ax.set_xscale("log", base=2)
-    if train_length is not None:
-        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1, label=f"training length {train_length}")
-    ax.set_xlabel("position (tokens of context)")
-    ax.set_ylabel("next-token loss (nats)")
-    ax.set_title(title or "Loss by position")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize="small")
-    if path is not None:
-        save_figure(fig, path)
-    return fig
+    return _finish_curves(fig, ax, train_length, "position (tokens of context)", "next-token loss (nats)",
+                          title or "Loss by position", path)
 
 
 def plot_bias(bias: torch.Tensor, heads=None, title: str | None = None,

@@ -9,7 +9,6 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pytest
-import torch
 
 import minidape as md
 from minidape import __main__ as cli
@@ -20,11 +19,8 @@ TINY_FLAGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size
 
 
 @pytest.fixture(autouse=True)
-def one_thread_and_no_figures_left():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+def no_figures_left():
     yield
-    torch.set_num_threads(threads)
     plt.close("all")
 
 

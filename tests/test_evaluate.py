@@ -11,15 +11,6 @@ import minidape as md
 from minidape.data import fixed_windows
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models run fastest on one thread, above all on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(autouse=True)
 def close_figures():
     yield

@@ -12,15 +12,6 @@ POWER_CASES = [(a, p) for a in (0.1, 1.0, 5.0) for p in (0.5, 1.0, 1.5, 2.0)]
 LOG_CASES = [(a, b, p) for a, b in ((0.1, 1.0), (1.0, 0.5), (3.0, 2.0)) for p in (0.5, 1.0, 2.0)]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Small eigenproblems: threads only add synchronisation (seconds on a busy 2-core CPU)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def helmert_basis(n):
     """A second, hand-built orthonormal basis of the zero-sum vectors: column k-1 is
     (1, ..., 1, -k, 0, ..., 0) / sqrt(k (k + 1)) with k ones."""

@@ -381,15 +381,6 @@ def tiny_config(**overrides):
     return md.GPTConfig(**{"n_layer": 1, "n_embd": 16, "n_head": 2, "pe": "alibi", **overrides})
 
 
-@pytest.fixture
-def one_thread():
-    """Tiny models train faster and reproducibly on one thread, also on a CPU shared with other jobs."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def test_chance_accuracy():
     chances = {name: tasks.get_task(name).chance_accuracy for name in tasks.TASK_NAMES}
     assert chances["parity_check"] == chances["reverse_string"] == 0.5
@@ -407,7 +398,7 @@ def test_task_config(name, block_size):
     assert (cfg.pe, cfg.refiner) == ("kerple_log", "dape")
 
 
-def test_short_training_run_beats_chance(one_thread):
+def test_short_training_run_beats_chance():
     # Inputs of length 1..6 keep it short; parity of up to 6 bits is far from trivial for chance (50%).
     model, history, results = tasks.train_task(
         "parity_check", md.GPTConfig(n_layer=2, n_embd=32, n_head=2, pe="rope"), steps=600, lr=3e-3,
@@ -416,7 +407,7 @@ def test_short_training_run_beats_chance(one_thread):
     assert history[-1]["loss"] < history[0]["loss"] - 0.1
 
 
-def test_train_task_history_and_results(one_thread):
+def test_train_task_history_and_results():
     lengths = [3, 7, 8, 12, 20]
     model, history, results = tasks.train_task("modular_arithmetic", tiny_config(), steps=20, batch_size=4,
                                                max_train_length=9, test_lengths=lengths, eval_samples=8,
@@ -434,7 +425,7 @@ def test_train_task_history_and_results(one_thread):
     assert model.cfg.causal is False and model.cfg.vocab_size == tasks.get_task("modular_arithmetic").model_vocab_size
 
 
-def test_train_task_is_seeded(one_thread):
+def test_train_task_is_seeded():
     def run(seed):
         _, history, results = tasks.train_task("reverse_string", tiny_config(), steps=6, batch_size=4,
                                                test_lengths=[5, 50], eval_samples=4, seed=seed, progress=False)
@@ -443,7 +434,7 @@ def test_train_task_is_seeded(one_thread):
     assert run(3)[0] != run(4)[0]
 
 
-def test_evaluate_task_batches_agree_and_reach_length_500(one_thread):
+def test_evaluate_task_batches_agree_and_reach_length_500():
     task = tasks.get_task("stack_manipulation")
     torch.manual_seed(0)
     model = md.GPT(tasks.task_config(task, tiny_config(pe="kerple_log")))
@@ -452,7 +443,7 @@ def test_evaluate_task_batches_agree_and_reach_length_500(one_thread):
     assert whole == split and set(whole) == {30, 500}
 
 
-def test_evaluate_task_counts_correct_answers(one_thread):
+def test_evaluate_task_counts_correct_answers():
     """A model that always answers class 0 scores the share of 0 answers among the scored positions."""
     task = tasks.get_task("reverse_string")
     torch.manual_seed(0)

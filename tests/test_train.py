@@ -20,15 +20,6 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models train fastest on one thread, above all on a shared, busy CPU."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def corpus():
     """A slice of the books corpus: enough text for tiny runs, small enough to stay fast."""
