@@ -457,8 +457,7 @@ def pe_has_bias(pe: str) -> bool:
 
 
 class _CellMLP(torch.autograd.Function):
-    r"""$Y = R + W_2\,\mathrm{LeakyReLU}(W_1 X + H_0)$ at every cell: X (B, C_in, N) channels first -> Y (B, C_out, N),
-    with an optional residual R (B, C_out, N) added by the same matmul.
+    r"""$Y = W_2\,\mathrm{LeakyReLU}(W_1 X + H_0)$ at every cell: X (B, C_in, N) channels first -> Y (B, C_out, N).
 
     The refiners' workhorse. The hidden activation (B, W, N) is W/C times larger than the scores, so backward
     recomputes it from X instead of keeping it: training memory stays O(B h T^2), and each big tensor is
@@ -468,16 +467,14 @@ class _CellMLP(torch.autograd.Function):
     """
 
     @classmethod
-    def run(cls, x, residual, shared, w_in, w_out):
+    def run(cls, x, shared, w_in, w_out):
         """Apply in the scores' dtype (under autocast the scores may be bfloat16, the weights float32)."""
-        return cls.apply(x, residual, *(t.to(x.dtype) for t in (shared, w_in, w_out)))
+        return cls.apply(x, *(t.to(x.dtype) for t in (shared, w_in, w_out)))
 
     @staticmethod
-    def forward(ctx, x, residual, shared, w_in, w_out):
+    def forward(ctx, x, shared, w_in, w_out):
         ctx.save_for_backward(x, shared, w_in, w_out)
-        ctx.has_residual = residual is not None
-        w_out, hidden = w_out.expand(len(x), -1, -1), _CellMLP.hidden(x, shared, w_in)
-        return torch.bmm(w_out, hidden) if residual is None else torch.baddbmm(residual, w_out, hidden)
+        return torch.bmm(w_out.expand(len(x), -1, -1), _CellMLP.hidden(x, shared, w_in))
 
     @staticmethod
     def hidden(x, shared, w_in):
@@ -496,7 +493,7 @@ class _CellMLP(torch.autograd.Function):
         if shared.shape[-1] == 1:
             grad_shared = grad_shared.sum(-1, keepdim=True)
         grad_x = torch.bmm(w_in.t().expand(B, -1, -1), grad_hidden)
-        return grad_x, grad_out if ctx.has_residual else None, grad_shared, grad_w_in, grad_w_out
+        return grad_x, grad_shared, grad_w_in, grad_w_out
 
 
 def _shared_hidden(b_in, w_bias=None, bias=None):
@@ -509,22 +506,19 @@ class _HeadMLP(nn.Module):
     r"""The element-wise MLP of DAPE across heads: ``Linear(C_in, W) -> LeakyReLU(0.01) -> Linear(W, h)``,
     applied at every (query, key) cell. Its input is ``[S, B]`` stacked on the head axis; the first layer is
     split as $W_1 [S; B] = W_S S + W_B B$ so that the bias half, the same for every sequence of the batch, is
-    computed once and broadcast. ``forward`` returns the residual form $S + O + f([S, B])$ (O: an optional
-    offset such as the bias), all added by the MLP's last matmul."""
+    computed once and broadcast."""
 
     def __init__(self, n_head: int, width: int, with_bias_input: bool):
         super().__init__()
         n_in = 2 * n_head if with_bias_input else n_head
         self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(0.01), nn.Linear(width, n_head))
 
-    def forward(self, x, bias=None, offset=None):
+    def forward(self, x, bias=None):
         first, last = self.mlp[0], self.mlp[2]
         B, h, Tq, Tk = x.shape
         shared = _shared_hidden(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
-        offset = last.bias[:, None, None] if offset is None else offset + last.bias[:, None, None]
-        residual = (x + offset).reshape(B, h, -1)              # one pass over the batch: the offset is (h, Tq, Tk)
-        out = _CellMLP.run(x.reshape(B, h, -1), residual, shared, first.weight[:, :h], last.weight)
-        return out.view(B, h, Tq, Tk)
+        out = _CellMLP.run(x.reshape(B, h, -1), shared, first.weight[:, :h], last.weight)
+        return out.view(B, h, Tq, Tk) + last.bias[:, None, None]
 
 
 @register_refiner("dape")
@@ -541,7 +535,8 @@ class DAPERefiner(nn.Module):
         self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=pe_has_bias(cfg.pe))
 
     def forward(self, scores, bias, mask):
-        return self.f(scores, bias, offset=bias if self.bias_in_output else None)     # S (+ B) + f([S, B])
+        refined = scores + self.f(scores, bias)
+        return refined + bias if (bias is not None and self.bias_in_output) else refined
 
 
 register_refiner("cape")(DAPERefiner)
@@ -563,7 +558,8 @@ class DAPEAddRefiner(nn.Module):
         self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=False)
 
     def forward(self, scores, bias, mask):
-        return self.f(scores if bias is None else scores + bias)                      # x + f(x), x = S + B
+        x = scores if bias is None else scores + bias
+        return x + self.f(x)
 
 
 def _key_windows(x, k: int):
@@ -601,7 +597,7 @@ class ConvRefiner(nn.Module):
         shared = _shared_hidden(self.conv1.bias, w1[:, h * k:],
                                 None if bias is None else _key_windows(bias.masked_fill(~mask, 0), k))
         w2 = self.conv2.weight[:, :, 0].permute(2, 0, 1).flatten(0, 1)         # (k * h, W), tap-major
-        taps = _CellMLP.run(_key_windows(scores.masked_fill(~mask, 0), k), None, shared, w1[:, : h * k], w2)
+        taps = _CellMLP.run(_key_windows(scores.masked_fill(~mask, 0), k), shared, w1[:, : h * k], w2)
         taps = F.pad(taps.view(B, k, h, Tq, Tk), (pad, pad))                   # (B, k, h, Tq, Tk + 2 pad)
         conv = sum(taps[:, t, ..., t: t + Tk] for t in range(k)) + self.conv2.bias[:, None, None]
         refined = scores + conv

@@ -114,6 +114,9 @@ def atomic_path(path: str | os.PathLike):
     os.close(fd)
     try:
         yield Path(tmp)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes the file private; give it the usual mode
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):
