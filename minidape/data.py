@@ -79,6 +79,14 @@ def load_corpus(name_or_path: str | os.PathLike = "austen", split: str = "train"
     return (tokens[:cut] if split == "train" else tokens[cut:]).clone()
 
 
+def check_tokens(tokens, what: str, expected: str) -> torch.Tensor:
+    """`tokens` itself if it is a 1-D integer tensor, else a TypeError: "{what} must be {expected}, got ..."."""
+    if not torch.is_tensor(tokens) or tokens.dim() != 1 or tokens.is_floating_point():
+        raise TypeError(f"{what} must be {expected}, got "
+                        f"{type(tokens).__name__}{tuple(tokens.shape) if torch.is_tensor(tokens) else ''}")
+    return tokens
+
+
 def _check_width(tokens: torch.Tensor, width: int) -> None:
     if len(tokens) < width:
         raise ValueError(f"need windows of {width} tokens but the data has only {len(tokens)}")

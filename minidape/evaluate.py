@@ -24,22 +24,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .data import fixed_windows
+from .data import check_tokens, fixed_windows
 from .train import autocast_for
 
 PROTOCOLS = ("last_k", "nonoverlap")
+TOKENS_EXPECTED = "a 1-D integer tensor (e.g. md.load_corpus(name, 'val'))"
 MAX_BATCH_TOKENS = 16384  # tokens per forward: the batch shrinks as the evaluation length grows
 
 
 def _model_device(model: nn.Module) -> torch.device:
     return next(model.parameters()).device
-
-
-def _check_tokens(tokens) -> torch.Tensor:
-    if not torch.is_tensor(tokens) or tokens.dim() != 1 or tokens.is_floating_point():
-        raise TypeError("tokens must be a 1-D integer tensor (e.g. md.load_corpus(name, 'val')), got "
-                        f"{type(tokens).__name__}{tuple(tokens.shape) if torch.is_tensor(tokens) else ''}")
-    return tokens
 
 
 def _check_length(length, what: str = "length") -> int:
@@ -100,7 +94,7 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid choices: {', '.join(PROTOCOLS)}")
-    tokens = _check_tokens(tokens)
+    tokens = check_tokens(tokens, "tokens", TOKENS_EXPECTED)
     _check_vocabulary(model, tokens)
     if isinstance(lengths, numbers.Integral):
         lengths = [lengths]
@@ -141,7 +135,7 @@ def loss_by_position(model: nn.Module, tokens: torch.Tensor, length: int, n_wind
     """Kerple's position-wise loss: a `(length,)` tensor whose entry `i` is the mean loss of predicting
     token `i + 1` from tokens `0..i`, over `n_windows` seeded windows of `length + 1` tokens.
     `exp` of it is the position-wise perplexity."""
-    tokens = _check_tokens(tokens)
+    tokens = check_tokens(tokens, "tokens", TOKENS_EXPECTED)
     _check_vocabulary(model, tokens)
     length = _check_length(length)
     _check_length(n_windows, "n_windows")

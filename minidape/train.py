@@ -34,12 +34,13 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from tqdm.auto import tqdm
 
-from .data import fixed_windows, get_batch, load_corpus
+from .data import check_tokens, fixed_windows, get_batch, load_corpus
 from .model import GPT, GPTConfig
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
 DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
+TOKENS_EXPECTED = "a 1-D integer token tensor or a corpus name/path"
 
 
 # ----------------------------------------------------------------------------- devices, seeds, schedule
@@ -228,13 +229,6 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
 # ----------------------------------------------------------------------------- training
 
 
-def _as_tokens(tokens, what: str) -> torch.Tensor:
-    if not torch.is_tensor(tokens) or tokens.dim() != 1 or tokens.is_floating_point():
-        raise TypeError(f"{what} must be a 1-D integer token tensor or a corpus name/path, got "
-                        f"{type(tokens).__name__}{tuple(tokens.shape) if torch.is_tensor(tokens) else ''}")
-    return tokens
-
-
 def _resolve_data(data, val_data) -> tuple[torch.Tensor, torch.Tensor | None, str | None]:
     """Token tensors for training and validation; a corpus name/path loads its two splits."""
     corpus = None
@@ -245,7 +239,8 @@ def _resolve_data(data, val_data) -> tuple[torch.Tensor, torch.Tensor | None, st
         data = load_corpus(corpus, "train")
     if isinstance(val_data, (str, os.PathLike)):
         val_data = load_corpus(str(val_data), "val")
-    return _as_tokens(data, "data"), None if val_data is None else _as_tokens(val_data, "val_data"), corpus
+    val_data = None if val_data is None else check_tokens(val_data, "val_data", TOKENS_EXPECTED)
+    return check_tokens(data, "data", TOKENS_EXPECTED), val_data, corpus
 
 
 def _resolve_model(model_or_cfg, checkpoint: dict | None) -> nn.Module:
