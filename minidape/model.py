@@ -487,8 +487,8 @@ class _CellMLP(torch.autograd.Function):
         hidden = _CellMLP.hidden(x, shared, w_in)        # recomputed; LeakyReLU keeps the sign, all backward needs
         grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
         grad_hidden = torch.bmm(w_out.t().expand(B, -1, -1), grad_out)
-        grad_hidden = torch.ops.aten.leaky_relu_backward(grad_hidden, hidden, 0.01, False)
-        grad_w_in = torch.bmm(grad_hidden, x.transpose(1, 2)).sum(0)
+        torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, 0.01, False, grad_input=grad_hidden)
+        grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()
         grad_shared = grad_hidden.sum(0)
         if shared.shape[-1] == 1:
             grad_shared = grad_shared.sum(-1, keepdim=True)
@@ -562,12 +562,43 @@ class DAPEAddRefiner(nn.Module):
         return x + self.f(x)
 
 
-def _key_windows(x, k: int):
-    """(..., C, Tq, Tk) -> (..., C * k, Tq * Tk): at each key, the k keys around it (zero-padded by k//2),
-    channel-major like a ``(1, k)`` convolution's weight."""
-    windows = F.pad(x, (k // 2, k // 2)).unfold(-1, k, 1)                    # (..., C, Tq, Tk, k)
-    *lead, c, tq, tk, _ = windows.shape
-    return windows.movedim(-1, -3).reshape(*lead, c * k, tq * tk)
+def _shifted_copies(x, k: int):
+    r"""(B, C, R, K) -> (B, k, C, R, K): copy t is x moved along the keys by $d_t = t - k/2$,
+    $X_t[\dots, j] = x[\dots, j + d_t]$, zero where $j + d_t$ falls outside the row."""
+    out = x.new_empty(x.shape[0], k, *x.shape[1:])
+    K = x.shape[-1]
+    for t in range(k):
+        d = t - k // 2
+        lo, hi = max(0, -d), K - max(0, d)                # the keys j whose j + d lies in the row
+        out[:, t, ..., lo:hi] = x[..., lo + d: hi + d]
+        out[:, t, ..., :lo] = 0
+        out[:, t, ..., hi:] = 0
+    return out
+
+
+def _summed_shifts(y, k: int):
+    r"""The adjoint of ``_shifted_copies``: (B, k, C, R, K) -> (B, C, R, K), $\sum_t Y_t[\dots, j - d_t]$."""
+    out = y[:, k // 2].clone()
+    K = y.shape[-1]
+    for t in range(k):
+        d = t - k // 2
+        if d:
+            lo, hi = max(0, -d), K - max(0, d)
+            out[..., lo + d: hi + d] += y[:, t, ..., lo:hi]
+    return out
+
+
+class _KeyShifts(torch.autograd.Function):
+    """``_shifted_copies`` (or, with ``adjoint``, ``_summed_shifts``) whose backward pass is the other one."""
+
+    @staticmethod
+    def forward(ctx, x, k: int, adjoint: bool):
+        ctx.k, ctx.adjoint = k, adjoint
+        return _summed_shifts(x, k) if adjoint else _shifted_copies(x, k)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_shifted_copies(grad, ctx.k) if ctx.adjoint else _summed_shifts(grad, ctx.k)), None, None
 
 
 @register_refiner("conv")
@@ -577,9 +608,10 @@ class ConvRefiner(nn.Module):
     LeakyReLU between, padding $k/2$). ``tril`` zeroes the masked (future) scores first: a query row then
     holds only keys it may see, so the key-axis kernel cannot read the future. Without a bias: $h$ channels.
 
-    Computed as the same cell-wise MLP as DAPE: conv1 is a matrix over the $C k$ values of each key's
-    window, and conv2 is a matrix giving $k$ per-tap outputs at each key, which are then shifted into place
-    and summed: $\mathrm{conv2}(H)_j = \sum_t (W_2^{(t)} H)_{j + t - k/2}$. Equal to ``nn.Conv2d``, faster.
+    Computed as the same cell-wise MLP as DAPE. conv1 is a matrix over the $k$ shifted copies of the input
+    ($X_t[j] = X[j + t - k/2]$), and conv2 a matrix giving $k$ per-tap outputs at each key, which are shifted
+    into place and summed: $\mathrm{conv2}(H)_j = \sum_t (W_2^{(t)} H)_{j + t - k/2}$ — the transpose of making
+    the copies, with the taps in reverse order. Equal to ``nn.Conv2d``, faster.
     """
 
     def __init__(self, cfg: GPTConfig):
@@ -592,15 +624,17 @@ class ConvRefiner(nn.Module):
 
     def forward(self, scores, bias, mask):
         B, h, Tq, Tk = scores.shape
-        k, pad = self.kernel, self.kernel // 2
-        w1 = self.conv1.weight.flatten(1)                                       # (W, C_in * k)
-        shared = _shared_hidden(self.conv1.bias, w1[:, h * k:],
-                                None if bias is None else _key_windows(bias.masked_fill(~mask, 0), k))
-        w2 = self.conv2.weight[:, :, 0].permute(2, 0, 1).flatten(0, 1)         # (k * h, W), tap-major
-        taps = _CellMLP.run(_key_windows(scores.masked_fill(~mask, 0), k), shared, w1[:, : h * k], w2)
-        taps = F.pad(taps.view(B, k, h, Tq, Tk), (pad, pad))                   # (B, k, h, Tq, Tk + 2 pad)
-        conv = sum(taps[:, t, ..., t: t + Tk] for t in range(k)) + self.conv2.bias[:, None, None]
-        refined = scores + conv
+        k = self.kernel
+
+        def copies(x):                                                      # (B, C, Tq, Tk) -> (B, k * C, Tq * Tk)
+            return _KeyShifts.apply(x.masked_fill(~mask, 0), k, False).flatten(1, 2).flatten(2)
+
+        w1 = self.conv1.weight[:, :, 0].transpose(1, 2)                      # (W, k, C_in)
+        shared = _shared_hidden(self.conv1.bias, w1[..., h:].flatten(1), None if bias is None else copies(bias[None])[0])
+        w2 = self.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (k * h, W), taps reversed
+        taps = _CellMLP.run(copies(scores), shared, w1[..., :h].flatten(1), w2)                 # (B, k * h, Tq * Tk)
+        conv = _KeyShifts.apply(taps.view(B, k, h, Tq, Tk), k, True)
+        refined = scores + conv + self.conv2.bias[:, None, None]
         return refined if bias is None else refined + bias
 
 
