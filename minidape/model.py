@@ -701,10 +701,10 @@ class SelfAttention(nn.Module):
     def attend_blocks(self, q, k, v, positional: PositionalInputs) -> list[torch.Tensor]:
         """Attention in blocks of query rows, each against the keys it can see: (B, nh, rows, hs) per block.
 
-        Keys come in chunks of the same size; a causal block takes the chunks up to its last row (plus the
-        refiner's ``key_margin``: a 1 x k conv reads k//2 masked keys past the diagonal — zeros after tril, but
-        its hidden layer is not). Concatenating whole chunks keeps the backward pass cheap: each chunk receives
-        only its own gradient, instead of a zero-filled full-length one per block. The last (widest) block
+        Keys come in chunks of the block's size; a causal block takes the chunks up to its last row, plus the
+        refiner's ``key_margin`` keys from the next chunk (a 1 x k conv reads k//2 masked keys past the diagonal:
+        zeros after tril, but its hidden layer is not). Concatenating chunks keeps the backward pass cheap: each
+        chunk receives only its own gradient, instead of a zero-filled full-length one per block. The last (widest) block
         runs first, so the memory allocator can reuse its buffers for every narrower one: in the other order
         each block needs slightly more than the last freed, and a 16k-token evaluation's peak memory grew
         several-fold from fragmentation alone.
@@ -713,24 +713,28 @@ class SelfAttention(nn.Module):
         rows = self.block_rows(B, T, q.device)
         k, v = k.contiguous(), v.contiguous()
         margin = getattr(self.refiner, "key_margin", 0)
-        chunk = rows if margin == 0 else max(margin, rows // 4)
-        k_chunks, v_chunks = k.split(chunk, dim=2), v.split(chunk, dim=2)
+        k_chunks, v_chunks = k.split(rows, dim=2), v.split(rows, dim=2)
         q_blocks = q.split(rows, dim=2)
         outputs = [None] * len(q_blocks)
         for i in reversed(range(len(q_blocks))):
             q0, q1 = i * rows, i * rows + q_blocks[i].shape[2]
-            n = -(-(q1 + margin) // chunk)
-            if self.causal and n < len(k_chunks):
-                keys, values = torch.cat(k_chunks[:n], dim=2), torch.cat(v_chunks[:n], dim=2)
-            else:
-                keys, values = k, v
-            k1 = keys.shape[2]
+            k1 = min(T, q1 + margin) if self.causal else T
+            keys, values = (k, v) if k1 == T else (self._first_keys(k_chunks, k1), self._first_keys(v_chunks, k1))
             key_pos, query_pos = torch.arange(k1, device=q.device), torch.arange(q0, q1, device=q.device)
             mask = key_pos[None, :] <= query_pos[:, None] if self.causal else torch.ones(
                 q1 - q0, k1, dtype=torch.bool, device=q.device)
             bias = positional.bias(q0, q1, k1) if positional.bias is not None else None
             outputs[i] = self._attend(q_blocks[i], keys, values, bias, mask)
         return outputs
+
+    @staticmethod
+    def _first_keys(chunks, n: int):
+        """The first n keys (or values) from whole chunks, plus the start of the next one."""
+        rows = chunks[0].shape[2]
+        pieces = list(chunks[: n // rows])
+        if n % rows:
+            pieces.append(chunks[n // rows][:, :, : n % rows])
+        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
 
     def _attend(self, q, k, v, bias, mask):
         """Attention of a block of query rows: q (B, nh, rows, hs), k/v (B, nh, keys, hs), bias (nh, rows,
