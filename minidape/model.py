@@ -519,12 +519,14 @@ class _HeadMLP(nn.Module):
         n_in = 2 * n_head if with_bias_input else n_head
         self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(0.01), nn.Linear(width, n_head))
 
-    def forward(self, x, bias=None):
+    def forward(self, x, bias=None, residual=None):
+        """$x + f([x, B]) + R$: x (B, h, Tq, Tk); the bias B and the residual R (h, Tq, Tk) or None."""
         first, last = self.mlp[0], self.mlp[2]
         B, h, Tq, Tk = x.shape
         shared = _shared_hidden(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
-        out = _CellMLP.run(x.reshape(B, h, -1), shared, first.weight[:, :h], last.weight)
-        return out.view(B, h, Tq, Tk) + last.bias[:, None, None]
+        out = _CellMLP.run(x.reshape(B, h, -1), shared, first.weight[:, :h], last.weight).view(B, h, Tq, Tk)
+        small = last.bias[:, None, None] if residual is None else residual + last.bias[:, None, None]
+        return torch.add(x, out).add_(small)         # two passes over the batch: the small terms are summed first
 
 
 @register_refiner("dape")
@@ -541,8 +543,7 @@ class DAPERefiner(nn.Module):
         self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=pe_has_bias(cfg.pe))
 
     def forward(self, scores, bias, mask):
-        refined = scores + self.f(scores, bias)
-        return refined + bias if (bias is not None and self.bias_in_output) else refined
+        return self.f(scores, bias, residual=bias if self.bias_in_output else None)
 
 
 register_refiner("cape")(DAPERefiner)
@@ -564,8 +565,7 @@ class DAPEAddRefiner(nn.Module):
         self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=False)
 
     def forward(self, scores, bias, mask):
-        x = scores if bias is None else scores + bias
-        return x + self.f(x)
+        return self.f(scores if bias is None else scores + bias)
 
 
 def _shifted_copies(x, k: int):
