@@ -636,12 +636,13 @@ class ConvRefiner(nn.Module):
             return _KeyShifts.apply(x.masked_fill(~mask, 0), k, False).flatten(1, 2).flatten(2)
 
         w1 = self.conv1.weight[:, :, 0].transpose(1, 2)                      # (W, k, C_in)
-        shared = _shared_hidden(self.conv1.bias, w1[..., h:].flatten(1), None if bias is None else copies(bias[None])[0])
+        bias_copies = None if bias is None else copies(bias[None])[0]
+        shared = _shared_hidden(self.conv1.bias, w1[..., h:].flatten(1), bias_copies)
         w2 = self.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (k * h, W), taps reversed
-        taps = _CellMLP.run(copies(scores), shared, w1[..., :h].flatten(1), w2)                 # (B, k * h, Tq * Tk)
+        taps = _CellMLP.run(copies(scores), shared, w1[..., :h].flatten(1), w2)  # (B, k * h, Tq * Tk)
         conv = _KeyShifts.apply(taps.view(B, k, h, Tq, Tk), k, True)
-        refined = scores + conv + self.conv2.bias[:, None, None]
-        return refined if bias is None else refined + bias
+        small = self.conv2.bias[:, None, None] if bias is None else bias + self.conv2.bias[:, None, None]
+        return torch.add(scores, conv).add_(small)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -710,10 +711,10 @@ class SelfAttention(nn.Module):
         Keys come in chunks of the block's size; a causal block takes the chunks up to its last row, plus the
         refiner's ``key_margin`` keys from the next chunk (a 1 x k conv reads k//2 masked keys past the diagonal:
         zeros after tril, but its hidden layer is not). Concatenating chunks keeps the backward pass cheap: each
-        chunk receives only its own gradient, instead of a zero-filled full-length one per block. The last (widest) block
-        runs first, so the memory allocator can reuse its buffers for every narrower one: in the other order
-        each block needs slightly more than the last freed, and a 16k-token evaluation's peak memory grew
-        several-fold from fragmentation alone.
+        chunk receives only its own gradient, instead of a zero-filled full-length one per block. The last
+        (widest) block runs first, so the memory allocator can reuse its buffers for every narrower one: in the
+        other order each block needs slightly more than the last freed, and a 16k-token evaluation's peak memory
+        grew several-fold from fragmentation alone.
         """
         B, _, T, _ = q.shape
         rows = self.block_rows(B, T, q.device)
