@@ -50,7 +50,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 from torch import nn
-from tqdm.auto import tqdm
+from tqdm import tqdm   # text bars: tqdm.auto warns in Jupyter without ipywidgets
 
 from .model import GPT, GPTConfig
 from .plots import save_figure

@@ -32,7 +32,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm.auto import tqdm
+from tqdm import tqdm   # text bars: tqdm.auto warns in Jupyter without ipywidgets
 
 from .data import check_tokens, fixed_windows, get_batch, load_corpus
 from .model import GPT, GPTConfig
