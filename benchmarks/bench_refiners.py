@@ -7,8 +7,10 @@
 
 Timing: warm-up steps, then the variants of one table run interleaved (A, B, C, A, B, C, ...) in the same
 process, and each reports its median, so drifting machine load hits every variant alike. A step is
-forward + backward of the language-model loss (no optimizer). Peak memory is measured in a fresh process per
-case: peak RSS from `resource` on CPU, `torch.cuda.max_memory_allocated` on CUDA.
+forward + backward of the language-model loss (no optimizer). With `--rounds R` each table is timed in R fresh
+processes: a ratio moves between processes by more than within one (memory placement differs), so the table
+gives the median ratio of the rounds and their range. Peak memory is measured in a fresh process per case:
+peak RSS from `resource` on CPU, `torch.cuda.max_memory_allocated` on CUDA.
 
 `paper_dape` is the papers' form, registered here as a refiner: concatenate [S, B], permute to channels
 last, the MLP, permute back, over the full (B, h, T, T) scores (one query block, plain autograd).
@@ -143,6 +145,15 @@ def rss_mb(field: str) -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / (2 ** 20 if sys.platform == "darwin" else 1024)
 
 
+def timing_child(spec: dict) -> dict:
+    """Time one table in this (fresh) process: its medians in seconds per step."""
+    device = torch.device(spec["device"])
+    torch.set_num_threads(spec["threads"])
+    cases = {label: tuple(case) for label, case in spec["cases"].items()}
+    return time_interleaved(cases, spec["T"], spec["B"], spec["size"], device, spec["repeats"],
+                            autocast=spec["autocast"])
+
+
 def peak_memory_child(spec: dict) -> dict:
     """Run one case in this (fresh) process and report its peak memory in MB."""
     device = torch.device(spec["device"])
@@ -170,18 +181,39 @@ def peak_memory_child(spec: dict) -> dict:
     return result
 
 
-def peak_memory(**spec) -> dict:
-    spec["threads"] = torch.get_num_threads()
+def run_child(kind: str, **spec) -> dict:
+    """Run ``kind`` ("timing" or "memory") in a fresh Python process; its result, or {"error": ...}."""
+    spec.update(kind=kind, threads=torch.get_num_threads())
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def ratio_table(title: str, medians: dict[str, float], base: str, tokens: int) -> str:
-    rows = [f"**{title}**", "", "| variant | ms / step | tokens/s | × " + base + " |", "|---|---:|---:|---:|"]
-    for label, seconds in medians.items():
-        rows.append(f"| {label} | {seconds * 1e3:.1f} | {tokens / seconds:,.0f} | {seconds / medians[base]:.2f} |")
+def timed_rounds(cases: dict, T: int, B: int, size: str, device, repeats: int, rounds: int,
+                 autocast: bool = False) -> list[dict[str, float]]:
+    """The medians of ``rounds`` timings of one table: in this process for one round, else one fresh process each."""
+    if rounds == 1:
+        return [time_interleaved(cases, T, B, size, device, repeats, autocast=autocast)]
+    results = [run_child("timing", cases=cases, T=T, B=B, size=size, device=str(device), repeats=repeats,
+                         autocast=autocast) for _ in range(rounds)]
+    failed = [r["error"] for r in results if "error" in r]
+    if failed:
+        raise RuntimeError(f"a timing round failed: {failed[0]}")
+    return results
+
+
+def ratio_table(title: str, rounds: list[dict[str, float]], base: str, tokens: int) -> str:
+    """Median step time over the rounds, and the median (range) of each round's ratio to ``base``."""
+    spread = len(rounds) > 1
+    rows = [f"**{title}**" + (f" ({len(rounds)} rounds)" if spread else ""), "",
+            "| variant | ms / step | tokens/s | × " + base + (" (range)" if spread else "") + " |",
+            "|---|---:|---:|---:|"]
+    for label in rounds[0]:
+        seconds = statistics.median(r[label] for r in rounds)
+        ratios = [r[label] / r[base] for r in rounds]
+        ratio = f"{statistics.median(ratios):.2f}" + (f" ({min(ratios):.2f}–{max(ratios):.2f})" if spread else "")
+        rows.append(f"| {label} | {seconds * 1e3:.1f} | {tokens / seconds:,.0f} | {ratio} |")
     return "\n".join(rows)
 
 
@@ -202,12 +234,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
     parser.add_argument("--eval-length", type=int, default=16384, help="length of the eval-memory case")
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time each table in this many fresh processes and report the spread (default 1)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        print(json.dumps(peak_memory_child(json.loads(args.child))))
+        spec = json.loads(args.child)
+        print(json.dumps((timing_child if spec.pop("kind") == "timing" else peak_memory_child)(spec)))
         return
+    if args.rounds < 1 or args.repeats < 1:
+        parser.error(f"--rounds and --repeats must be at least 1; got {args.rounds} and {args.repeats}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
@@ -215,7 +252,8 @@ def main(argv: list[str] | None = None) -> None:
     eval_length = 4096 if args.quick else args.eval_length
     pe = args.pe
     print(f"# refiner benchmark: {args.size} model {SIZES[args.size]}, pe={pe}, refiner_width=32, device "
-          f"{device} ({torch.get_num_threads()} threads), torch {torch.__version__}, median of {repeats}\n")
+          f"{device} ({torch.get_num_threads()} threads), torch {torch.__version__}, median of {repeats}"
+          + (f", {args.rounds} rounds" if args.rounds > 1 else "") + "\n")
     sections = []
     if args.size == "tiny":
         configs = [(128, 32, {"none": (pe, "none", False), "dape": (pe, "dape", False),
@@ -226,13 +264,13 @@ def main(argv: list[str] | None = None) -> None:
         configs = [(512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False),
                              "paper_dape": (pe, "paper_dape", False)})]
     for T, B, cases in configs:
-        medians = time_interleaved(cases, T, B, args.size, device, repeats, autocast=args.size != "tiny")
-        sections.append(ratio_table(f"training step (fwd+bwd), T={T}, B={B}", medians, "none", B * T))
+        rounds = timed_rounds(cases, T, B, args.size, device, repeats, args.rounds, autocast=args.size != "tiny")
+        sections.append(ratio_table(f"training step (fwd+bwd), T={T}, B={B}", rounds, "none", B * T))
         print(sections[-1] + "\n", flush=True)
     T, B = (128, 32) if args.size == "tiny" else (512, 8)
-    medians = time_interleaved({"md.GPT rope": ("rope", "none", False), "plain SDPA GPT": ("rope", "none", True)},
-                               T, B, args.size, device, repeats)
-    sections.append(ratio_table(f"RoPE fast path vs a plain SDPA GPT, T={T}, B={B}", medians,
+    rounds = timed_rounds({"md.GPT rope": ("rope", "none", False), "plain SDPA GPT": ("rope", "none", True)},
+                          T, B, args.size, device, repeats, args.rounds)
+    sections.append(ratio_table(f"RoPE fast path vs a plain SDPA GPT, T={T}, B={B}", rounds,
                                 "plain SDPA GPT", B * T))
     print(sections[-1] + "\n", flush=True)
     if args.no_memory:
@@ -241,13 +279,13 @@ def main(argv: list[str] | None = None) -> None:
     header = ["| case | peak RSS MB | RSS growth MB | CUDA peak MB | time |", "|---|---:|---:|---:|---:|"]
     rows = []
     for refiner in ("none", "dape", "paper_dape"):
-        result = peak_memory(size=args.size, pe=pe, refiner=refiner, block_size=512, T=512, batch=8, train=True,
-                             device=str(device))
+        result = run_child("memory", size=args.size, pe=pe, refiner=refiner, block_size=512, T=512, batch=8,
+                           train=True, device=str(device))
         rows.append(memory_row(f"train step T=512 B=8, {refiner}", result))
         print(rows[-1], flush=True)
     for refiner in ("none", "dape"):
-        result = peak_memory(size=args.size, pe=pe, refiner=refiner, block_size=128, T=eval_length, batch=1,
-                             train=False, device=str(device))
+        result = run_child("memory", size=args.size, pe=pe, refiner=refiner, block_size=128, T=eval_length,
+                           batch=1, train=False, device=str(device))
         rows.append(memory_row(f"eval forward T={eval_length} B=1, {refiner}", result))
         print(rows[-1], flush=True)
     sections.append("\n".join(["**peak memory (fresh process per case)**", "", *header, *rows]))

@@ -51,3 +51,29 @@ def test_plain_rope_gpt_matches_ours_in_size():
 def test_bench_cli_help():
     out = subprocess.run([sys.executable, "-m", "minidape", "bench", "--help"], capture_output=True, text=True)
     assert out.returncode == 0 and "--quick" in out.stdout
+
+
+def test_ratio_table_gives_the_median_ratio_of_the_rounds_and_their_range():
+    bench = load_bench()
+    rounds = [{"none": 0.100, "dape": 0.150}, {"none": 0.200, "dape": 0.260}, {"none": 0.100, "dape": 0.170}]
+    table = bench.ratio_table("t", rounds, "none", tokens=1000)
+    dape_row = next(line for line in table.splitlines() if line.startswith("| dape"))
+    cells = [c.strip() for c in dape_row.strip("|").split("|")]
+    # median step time 0.170 s; per-round ratios 1.50, 1.30, 1.70 -> median 1.50, range 1.30-1.70
+    assert cells == ["dape", "170.0", "5,882", "1.50 (1.30–1.70)"]
+    single = bench.ratio_table("t", rounds[:1], "none", tokens=1000)
+    assert "| dape | 150.0 | 6,667 | 1.50 |" in single.splitlines()
+
+
+def test_timing_round_in_a_fresh_process_reports_every_case():
+    bench = load_bench()
+    cases = {"none": ("kerple_log", "none", False), "dape": ("kerple_log", "dape", False)}
+    rounds = bench.timed_rounds(cases, T=16, B=2, size="tiny", device=torch.device("cpu"), repeats=1, rounds=2)
+    assert len(rounds) == 2
+    for medians in rounds:
+        assert set(medians) == set(cases) and all(seconds > 0 for seconds in medians.values())
+
+
+def test_bench_rejects_zero_rounds():
+    out = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "0"], capture_output=True, text=True)
+    assert out.returncode == 2 and "--rounds" in out.stderr and "got 0" in out.stderr
