@@ -653,6 +653,7 @@ class PositionalInputs(NamedTuple):
     """What every layer needs from the positions, computed once per forward."""
     rotary: tuple[torch.Tensor, torch.Tensor] | None                   # (cos, sin), each (T, hs/2)
     bias: Callable[[int, int, int], torch.Tensor] | None               # (q0, q1, k1) -> (h, q1-q0, k1)
+    full_bias: torch.Tensor | None = None                              # (h, T, T) when computed once for all layers
 
 
 # The refiner's hidden activations of one attention block are kept under this many elements: on CPU a few
@@ -722,6 +723,9 @@ class SelfAttention(nn.Module):
         margin = getattr(self.refiner, "key_margin", 0)
         k_chunks, v_chunks = k.split(rows, dim=2), v.split(rows, dim=2)
         q_blocks = q.split(rows, dim=2)
+        # A precomputed bias is cut into the blocks' rows the same way: slicing the full (h, T, T) bias per block
+        # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step).
+        bias_rows = positional.full_bias.split(rows, dim=1) if positional.full_bias is not None else None
         outputs = [None] * len(q_blocks)
         for i in reversed(range(len(q_blocks))):
             q0, q1 = i * rows, i * rows + q_blocks[i].shape[2]
@@ -730,7 +734,10 @@ class SelfAttention(nn.Module):
             key_pos, query_pos = torch.arange(k1, device=q.device), torch.arange(q0, q1, device=q.device)
             mask = key_pos[None, :] <= query_pos[:, None] if self.causal else torch.ones(
                 q1 - q0, k1, dtype=torch.bool, device=q.device)
-            bias = positional.bias(q0, q1, k1) if positional.bias is not None else None
+            if positional.bias is None:
+                bias = None
+            else:
+                bias = bias_rows[i][:, :, :k1] if bias_rows is not None else positional.bias(q0, q1, k1)
             outputs[i] = self._attend(q_blocks[i], keys, values, bias, mask)
         return outputs
 
@@ -854,7 +861,7 @@ class GPT(nn.Module):
 
         def bias(q0: int, q1: int, k1: int):
             return full[:, q0:q1, :k1] if full is not None else compute(pos[q0:q1], pos[:k1])
-        return PositionalInputs(rotary, bias)
+        return PositionalInputs(rotary, bias, full)
 
     def _check_idx(self, idx):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
