@@ -860,7 +860,8 @@ class GPT(nn.Module):
                                  f"(n_head, Tq, Tk) = {expected}")
             return b.to(dtype)
 
-        # Small enough: compute the bias once for all layers and slice it; else per query block.
+        # Small enough: compute the bias once for all layers (attention cuts it into its blocks' rows); else per
+        # query block.
         full = compute(pos, pos) if self.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS else None
 
         def bias(q0: int, q1: int, k1: int):

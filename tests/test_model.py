@@ -227,17 +227,16 @@ def test_blocked_training_attention_matches_plain_forward_and_gradients(pe, refi
             torch.testing.assert_close(gf, gp, atol=1e-5, rtol=1e-4)
 
 
-
 @pytest.mark.parametrize("refiner", ["dape", "none"])
 def test_cpu_query_blocks_keep_a_block_bounded_whatever_the_length(refiner):
     """Blocks grow with T (fewer blocks) but a block's widest tensor, (B, channels, rows, T), stays under the CPU
     budget unless it is already at the 16-row minimum: evaluation memory is linear in T, not quadratic."""
     attn = md.GPT(tiny(pe="kerple_log", refiner=refiner, refiner_width=32)).blocks[0].attn
-    channels = 32 if refiner == "dape" else 4
+    channels = attn.refiner_width if refiner == "dape" else attn.n_head
     for B in (1, 2, 8, 32):
         for T in (100, 128, 512, 2048, 16384):
             rows = attn.block_rows(B, T, torch.device("cpu"))
-            if refiner == "none" and B * 4 * T * T <= M.FULL_BIAS_ELEMENTS:
+            if refiner == "none" and B * attn.n_head * T * T <= M.FULL_BIAS_ELEMENTS:
                 assert rows == T                        # small: one block through the fused kernel
                 continue
             assert rows >= 16 and (rows == 16 or B * channels * rows * T <= M.BLOCK_ELEMENTS["cpu"])
