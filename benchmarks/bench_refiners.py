@@ -148,7 +148,6 @@ def rss_mb(field: str) -> float:
 def timing_child(spec: dict) -> dict:
     """Time one table in this (fresh) process: its medians in seconds per step."""
     device = torch.device(spec["device"])
-    torch.set_num_threads(spec["threads"])
     cases = {label: tuple(case) for label, case in spec["cases"].items()}
     return time_interleaved(cases, spec["T"], spec["B"], spec["size"], device, spec["repeats"],
                             autocast=spec["autocast"])
@@ -157,8 +156,6 @@ def timing_child(spec: dict) -> dict:
 def peak_memory_child(spec: dict) -> dict:
     """Run one case in this (fresh) process and report its peak memory in MB."""
     device = torch.device(spec["device"])
-    if spec.get("threads"):
-        torch.set_num_threads(spec["threads"])
     torch.manual_seed(0)
     model = build(spec["size"], spec["pe"], spec["refiner"], spec["block_size"], device)
     x = torch.randint(0, 256, (spec["batch"], spec["T"]), device=device)
@@ -241,6 +238,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if args.child:
         spec = json.loads(args.child)
+        torch.set_num_threads(spec.pop("threads"))     # the parent's, so a child times what the parent would
         print(json.dumps((timing_child if spec.pop("kind") == "timing" else peak_memory_child)(spec)))
         return
     if args.rounds < 1 or args.repeats < 1:
