@@ -234,14 +234,18 @@ generator = torch.Generator().manual_seed(0)
 test_sets = {length: recall_sequences(VOCAB, length, 100, generator) for length in (8, 64, 1024)}
 
 # %%
-# NBVAL_CHECK_OUTPUT
 print(f"accuracy of predicting x_2 at the last position (100 sequences per length, chance = 1/{VOCAB}):")
+recall = {}
 for name, layer in layers.items():
-    accuracies = []
-    for length, sequences in test_sets.items():
-        prediction = layer(sequences)[0][:, -1].argmax(-1)
-        accuracies.append(f"N={length}: {(prediction == sequences[:, 1]).float().mean().item():.2f}")
-    print(f"  {name:<26}", "   ".join(accuracies))
+    with torch.no_grad():
+        recall[name] = {length: (layer(sequences)[0][:, -1].argmax(-1) == sequences[:, 1]).float().mean().item()
+                        for length, sequences in test_sets.items()}
+    print(f"  {name:<26}", "   ".join(f"N={length}: {accuracy:.2f}" for length, accuracy in recall[name].items()))
+# Without the conv the last query's logits nearly tie among fillers, so which one argmax picks can change with
+# the CPU's rounding: the accuracies are checked here, qualitatively, rather than compared digit by digit.
+with_conv, without_conv = recall.values()
+assert all(accuracy == 1.0 for accuracy in with_conv.values()), with_conv
+assert all(without_conv[length] < with_conv[length] for length in test_sets), without_conv
 
 # %% [markdown]
 # The hand-built layer recalls "Matata" every time, at every length, with no positional encoding and no
