@@ -237,7 +237,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate channel pairs (x[..., i], x[..., i + d/2]) of x (B, nh, T, hs) by the given angles."""
+    """Rotate channel pairs (x[..., i], x[..., i + d/2]) of x (batch, nh, T, hs) by the given angles."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -788,9 +788,9 @@ class GPT(nn.Module):
             got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise TypeError(f"idx must be an integer tensor of token ids (torch.long); got {got}")
         if idx.dim() != 2:
-            raise ValueError(f"idx must have shape (B, T); got shape {tuple(idx.shape)}")
+            raise ValueError(f"idx must have shape (batch, T); got shape {tuple(idx.shape)}")
         if idx.numel() == 0:
-            raise ValueError(f"idx is empty: shape (B, T) = {tuple(idx.shape)}; give at least one sequence of at "
+            raise ValueError(f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at "
                              f"least one token")
         if idx.min() < 0 or idx.max() >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, vocab_size={self.cfg.vocab_size}); got values in "
