@@ -1,4 +1,4 @@
-"""Speed and memory of the refiners against their base PE and against the papers' plain form.
+"""Speed and memory of the refiners against their base PE and against their reference (paper) form.
 
     python benchmarks/bench_refiners.py              # the tables of RESULTS.md (CPU: ~10 min on 2 cores)
     python benchmarks/bench_refiners.py --quick      # fewer repeats and lengths
@@ -12,8 +12,9 @@ processes: a ratio moves between processes by more than within one (memory place
 gives the median ratio of the rounds and their range. Peak memory is measured in a fresh process per case:
 peak RSS from `resource` on CPU, `torch.cuda.max_memory_allocated` on CUDA.
 
-`paper_dape` is the papers' form, registered here as a refiner: concatenate [S, B], permute to channels
-last, the MLP, permute back, over the full (B, h, T, T) scores (one query block, plain autograd).
+`dape (reference)` is the same model with `GPTConfig(fast=False)`: minidape/model.py's paper form (stack [S, B]
+on the head axis, the MLP over it channels last, over the full (batch, h, T, T) scores, plain autograd), so the
+table shows what the fast path (minidape/fast.py) buys.
 """
 
 from __future__ import annotations
@@ -37,22 +38,6 @@ SIZES = {  # the issue's default tiny model, and the papers' 125M configuration
     "tiny": dict(n_layer=4, n_head=4, n_embd=128),
     "125m": dict(n_layer=12, n_head=12, n_embd=768),
 }
-
-
-@md.register_refiner("paper_dape")
-class PaperDAPE(nn.Module):
-    """DAPE eq. (3) as the papers write it: A = S + B + MLP(permute(cat[S, B]))."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        n_in = 2 * cfg.n_head if md.model.pe_has_bias(cfg.pe) else cfg.n_head
-        self.mlp = nn.Sequential(nn.Linear(n_in, cfg.refiner_width), nn.LeakyReLU(0.01),
-                                 nn.Linear(cfg.refiner_width, cfg.n_head))
-
-    def forward(self, scores, bias, mask):
-        x = scores if bias is None else torch.cat([scores, bias.expand(len(scores), -1, -1, -1)], dim=1)
-        refined = scores + self.mlp(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-        return refined if bias is None else refined + bias
 
 
 class PlainRoPEGPT(nn.Module):
@@ -89,13 +74,12 @@ class PlainRoPEGPT(nn.Module):
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
 
-def build(size: str, pe: str, refiner: str, T: int, device, plain: bool = False):
+def build(size: str, pe: str, refiner: str, T: int, device, plain: bool = False, fast: bool = True):
+    """md.GPT (its fast path, or with ``fast=False`` its reference form), or with ``plain`` the plain RoPE GPT."""
     dims = SIZES[size]
     if plain:
         return PlainRoPEGPT(256, **dims).to(device)
-    # the paper form is one full (T x T) block; ours picks its own blocks
-    cfg = md.GPTConfig(vocab_size=256, block_size=T, pe=pe, refiner=refiner,
-                       attn_chunk=T if refiner == "paper_dape" else 0, **dims)
+    cfg = md.GPTConfig(vocab_size=256, block_size=T, pe=pe, refiner=refiner, fast=fast, **dims)
     return md.GPT(cfg).to(device)
 
 
@@ -112,9 +96,9 @@ def synchronize(device):
 
 def time_interleaved(cases: dict, T: int, B: int, size: str, device, repeats: int, warmup: int = 2,
                      autocast: bool = False) -> dict[str, float]:
-    """Median seconds per training step of each case ({label: (pe, refiner, plain)}), run interleaved."""
+    """Median seconds per training step of each case ({label: (pe, refiner, plain[, fast])}), run interleaved."""
     torch.manual_seed(0)
-    models = {label: build(size, pe, refiner, T, device, plain) for label, (pe, refiner, plain) in cases.items()}
+    models = {label: build(size, pe, refiner, T, device, *flags) for label, (pe, refiner, *flags) in cases.items()}
     x = torch.randint(0, 256, (B, T), device=device)
     y = torch.randint(0, 256, (B, T), device=device)
     times = {label: [] for label in models}
@@ -157,7 +141,7 @@ def peak_memory_child(spec: dict) -> dict:
     """Run one case in this (fresh) process and report its peak memory in MB."""
     device = torch.device(spec["device"])
     torch.manual_seed(0)
-    model = build(spec["size"], spec["pe"], spec["refiner"], spec["block_size"], device)
+    model = build(spec["size"], spec["pe"], spec["refiner"], spec["block_size"], device, fast=spec["fast"])
     x = torch.randint(0, 256, (spec["batch"], spec["T"]), device=device)
     before = rss_mb("VmRSS")
     if device.type == "cuda":
@@ -253,14 +237,12 @@ def main(argv: list[str] | None = None) -> None:
           f"{device} ({torch.get_num_threads()} threads), torch {torch.__version__}, median of {repeats}"
           + (f", {args.rounds} rounds" if args.rounds > 1 else "") + "\n")
     sections = []
+    reference = {"dape (reference)": (pe, "dape", False, False)}     # model.py's paper form, fast=False
     if args.size == "tiny":
-        configs = [(128, 32, {"none": (pe, "none", False), "dape": (pe, "dape", False),
-                              "conv": (pe, "conv", False), "paper_dape": (pe, "paper_dape", False)}),
-                   (512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False),
-                             "conv": (pe, "conv", False), "paper_dape": (pe, "paper_dape", False)})]
+        configs = [(T, B, {"none": (pe, "none", False), "dape": (pe, "dape", False), "conv": (pe, "conv", False),
+                           **reference}) for T, B in ((128, 32), (512, 8))]
     else:
-        configs = [(512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False),
-                             "paper_dape": (pe, "paper_dape", False)})]
+        configs = [(512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False), **reference})]
     for T, B, cases in configs:
         rounds = timed_rounds(cases, T, B, args.size, device, repeats, args.rounds, autocast=args.size != "tiny")
         sections.append(ratio_table(f"training step (fwd+bwd), T={T}, B={B}", rounds, "none", B * T))
@@ -276,14 +258,15 @@ def main(argv: list[str] | None = None) -> None:
 
     header = ["| case | peak RSS MB | RSS growth MB | CUDA peak MB | time |", "|---|---:|---:|---:|---:|"]
     rows = []
-    for refiner in ("none", "dape", "paper_dape"):
+    for label, refiner, fast in (("none", "none", True), ("dape", "dape", True),
+                                 ("dape (reference)", "dape", False)):
         result = run_child("memory", size=args.size, pe=pe, refiner=refiner, block_size=512, T=512, batch=8,
-                           train=True, device=str(device))
-        rows.append(memory_row(f"train step T=512 B=8, {refiner}", result))
+                           train=True, device=str(device), fast=fast)
+        rows.append(memory_row(f"train step T=512 B=8, {label}", result))
         print(rows[-1], flush=True)
     for refiner in ("none", "dape"):
         result = run_child("memory", size=args.size, pe=pe, refiner=refiner, block_size=128, T=eval_length,
-                           batch=1, train=False, device=str(device))
+                           batch=1, train=False, device=str(device), fast=True)
         rows.append(memory_row(f"eval forward T={eval_length} B=1, {refiner}", result))
         print(rows[-1], flush=True)
     sections.append("\n".join(["**peak memory (fresh process per case)**", "", *header, *rows]))

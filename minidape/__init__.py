@@ -14,6 +14,7 @@ from .model import (
     register_pe,
     register_refiner,
 )
+from .model import check_causal
 from .train import train  # md.train is the function; `from minidape.train import ...` reaches the module
 
 __all__ = [

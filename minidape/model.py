@@ -1,31 +1,38 @@
-r"""The minidape GPT: one file, every positional encoding, every attention refiner.
+r"""The minidape GPT in the papers' own form: one file, every positional encoding, every attention refiner.
 
 Read top to bottom:
   1. ``GPTConfig`` and the two registries (positional encodings, refiners).
   2. Positional encodings, in three kinds:
      - absolute: added to the token embeddings (``learned``, ``sinusoidal``);
      - rotary: rotate queries and keys (``rope``, ``yarn``);
-     - additive biases ``B`` of shape ``(n_head, Tq, Tk)`` added to the scores
+     - additive biases $B$ of shape ``(n_head, Tq, Tk)`` added to the scores
        (``t5``, ``alibi``, ``kerple_log``, ``kerple_power``, ``fire`` and user biases).
-  3. Refiners, which rewrite the pre-softmax scores ``S = QK^T/\sqrt{d}`` of every layer using ``B``
-     (DAPE/CAPE MLPs across heads, DAPE-V2 ``1 x k`` convolutions).
-  4. Attention, the transformer block and ``GPT``.
+  3. Refiners, which rewrite the pre-softmax scores $S = QK^\top/\sqrt{d}$ of every layer using $B$
+     (DAPE/CAPE MLPs across heads, DAPE-V2 ``1 x kernel`` convolutions).
+  4. Attention, one plain function: $\mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$; then the
+     transformer block, ``GPT`` and ``check_causal``.
 
-``block_size`` is the *training* length; every encoding except ``learned`` runs at any length.
-Attention with a refiner (or a bias too large to hold at once) is computed in blocks of query rows: a
-refiner acts on each query row independently and softmax is per row, so blocking changes nothing but
-memory, and the causal upper triangle beyond each block is never computed.
+Everything here is written as the papers write it, at full size: a ``(batch, n_head, T, T)`` tensor of scores per
+layer. ``fast.py`` (next to this file in the package) computes the same thing faster and in less memory, with
+the same parameters: it is used by default (``GPTConfig(fast=True)``). This file also runs alone: copied out of
+the package, with only torch and einops installed, it builds and trains every encoding and refiner in the
+forms below.
+
+Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
+number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
 """
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Callable, NamedTuple
+from dataclasses import dataclass, fields
+from functools import cached_property
+from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from einops import rearrange
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -47,21 +54,34 @@ class GPTConfig:
     dropout: float = 0.0
     random_positions: int = 0     # L > 0: train on sorted random positions drawn from [0, L)
     rope_base: float = 10000.0
-    attn_chunk: int = 0           # query rows per attention block; 0 picks a size from a memory budget
+    tie_embeddings: bool = True   # the output layer shares the token embedding (GPT-2); False: its own weights
+    fast: bool = True             # use fast.py's kernels when the package has them; False: the forms below
+    attn_chunk: int = 0           # fast path: query rows per attention block; 0 picks from a memory budget
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
-        """Raise ValueError naming the bad value and the valid choices."""
+        """Raise TypeError (wrong type) or ValueError (bad value) naming the field, the value and what is valid."""
+        kinds = {"pe": str, "refiner": str, "causal": bool, "tie_embeddings": bool, "fast": bool,
+                 "dropout": float, "rope_base": float}
+        for field in fields(self):
+            value, kind = getattr(self, field.name), kinds.get(field.name, int)
+            if kind is float:      # an int is a number too (dropout=0), a bool is not
+                ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            else:                  # bool is a subclass of int: an int field refuses True
+                ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
+            if not ok:
+                expected = {str: "a string", bool: "True or False", float: "a finite number", int: "an integer"}
+                raise TypeError(f"GPTConfig.{field.name} must be {expected[kind]}; got {value!r} "
+                                f"({type(value).__name__})")
         if self.pe not in PE_REGISTRY:
             raise ValueError(f"unknown pe {self.pe!r}; valid choices: {', '.join(PE_NAMES)}")
         if self.refiner not in REFINER_REGISTRY:
             raise ValueError(f"unknown refiner {self.refiner!r}; valid choices: {', '.join(REFINER_NAMES)}")
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "refiner_width"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be a positive integer; got {value!r}")
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
         if self.n_embd % self.n_head:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_embd as a multiple of n_head")
@@ -71,18 +91,21 @@ class GPTConfig:
                              f"got n_embd/n_head = {self.n_embd}/{self.n_head} = {head_size}")
         if self.pe == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"pe='sinusoidal' needs an even n_embd (sin/cos pairs); got {self.n_embd}")
-        if not isinstance(self.refiner_kernel, int) or self.refiner_kernel < 1 or self.refiner_kernel % 2 == 0:
+        if self.refiner_kernel < 1 or self.refiner_kernel % 2 == 0:
             raise ValueError(f"refiner_kernel must be an odd integer >= 1 (1, 3, 5, ...); "
                              f"got {self.refiner_kernel!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout!r}")
+        if not self.rope_base > 1.0:
+            raise ValueError(f"rope_base must be > 1 (RoPE's frequencies base^(-2i/d) must fall with i); "
+                             f"got {self.rope_base!r}")
         if self.random_positions:
-            if not isinstance(self.random_positions, int) or self.random_positions < self.block_size:
+            if self.random_positions < self.block_size:
                 raise ValueError(f"random_positions must be 0 (off) or an integer L >= block_size="
                                  f"{self.block_size}; got {self.random_positions!r}")
             if self.pe == "none":
                 raise ValueError("random_positions needs a pe that reads positions; pe='none' reads none")
-        if not isinstance(self.attn_chunk, int) or self.attn_chunk < 0:
+        if self.attn_chunk < 0:
             raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
 
 
@@ -128,7 +151,8 @@ def register_pe(name: str):
     """Class decorator: make ``GPTConfig(pe=name)`` build ``cls(cfg)``.
 
     ``cls`` subclasses ``AdditiveBias`` (a bias ``(n_head, Tq, Tk)`` from positions), or, for other kinds of
-    encoding, ``AbsolutePositions`` or ``RotaryEmbedding``.
+    encoding, ``AbsolutePositions`` or ``RotaryEmbedding``. A bias value of ``-inf`` means "never attend here"
+    (a hard window); NaN or ``+inf`` where a query may attend is an error.
     """
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, (AdditiveBias, AbsolutePositions, RotaryEmbedding))):
@@ -140,11 +164,15 @@ def register_pe(name: str):
 def register_refiner(name: str):
     """Class decorator: make ``GPTConfig(refiner=name)`` build ``cls(cfg)`` in every layer.
 
-    ``cls.forward(scores, bias, mask) -> scores``: ``scores`` ``(B, h, Tq, Tk)`` already scaled by
+    ``cls.forward(scores, bias, mask) -> scores``: ``scores`` ``(batch, h, Tq, Tk)`` already scaled by
     ``1/sqrt(d_head)``, ``bias`` ``(h, Tq, Tk)`` or ``None``, ``mask`` ``(Tq, Tk)`` bool, True where attention
-    is allowed. The result must include the bias (if any): it goes straight to the mask and softmax.
-    Each output row may depend only on its own query row (attention is computed in query blocks); a
-    refiner that also reads masked keys just past the diagonal declares how many as ``key_margin``.
+    is allowed. The result must include the bias (if any): it goes straight to the mask and softmax. The bias
+    arrives as 0 at masked cells and where the encoding says ``-inf`` (attention is cut there after refining).
+
+    Each output row may depend only on its own query row (the fast path computes attention in query blocks); a
+    refiner that also reads masked keys just past the diagonal declares how many as ``key_margin``. A decoder's
+    refiner must not read the future: ``check_causal(GPTConfig(refiner=name, ...))`` tells whether any output
+    depends on later tokens (a perturbation test) -- run it on your refiner before you trust its perplexity.
     """
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
@@ -172,7 +200,9 @@ class AbsolutePositions(nn.Module):
 class AdditiveBias(nn.Module):
     """Base class of relative biases: ``forward(q_pos (Tq,), k_pos (Tk,)) -> (n_head, Tq, Tk)``, added to the
     scores already scaled by ``1/sqrt(d_head)``. The model builds one instance, ``cls(cfg)``, shared by all
-    layers, and asks it for blocks of query rows. ``__init__`` takes no arguments."""
+    layers, and may ask it for blocks of query rows. A subclass's ``__init__`` receives ``cfg`` (the
+    ``GPTConfig``) and calls ``super().__init__()``, which takes no arguments. A value of ``-inf`` means "never
+    attend here" (a hard window); values on masked (future) cells are ignored."""
 
     def __init__(self):
         super().__init__()
@@ -207,7 +237,7 @@ class RotaryEmbedding(nn.Module):
 
 
 def apply_rotary(x, cos, sin):
-    """Rotate channel pairs (x[..., i], x[..., i + d/2]) of x (B, nh, T, hs) by the given angles."""
+    """Rotate channel pairs (x[..., i], x[..., i + d/2]) of x (batch, nh, T, hs) by the given angles."""
     x1, x2 = x.chunk(2, dim=-1)
     cos, sin = cos.to(x.dtype), sin.to(x.dtype)
     return torch.cat((x1 * cos - x2 * sin, x1 * sin + x2 * cos), dim=-1)
@@ -317,14 +347,15 @@ class ALiBiBias(AdditiveBias):
 
 
 def alibi_slopes(n_head: int) -> torch.Tensor:
-    r"""For $n$ a power of two: $m_h = 2^{-8h/n}$, $h = 1..n$. Otherwise, with $k = 2^{\lfloor\log_2 n\rfloor}$:
-    the $k$ slopes for $k$ heads, then every other slope for $2k$ heads, the first $n - k$ of them."""
+    r"""For $n$ a power of two: $m_h = 2^{-8h/n}$, $h = 1..n$. Otherwise, with $p = 2^{\lfloor\log_2 n\rfloor}$
+    (the largest power of two up to $n$): the $p$ slopes for $p$ heads, then every other slope for $2p$ heads,
+    the first $n - p$ of them."""
     def geometric(n):
         start = 2.0 ** (-8.0 / n)
         return [start ** h for h in range(1, n + 1)]
 
-    k = 2 ** math.floor(math.log2(n_head))
-    slopes = geometric(k) + geometric(2 * k)[0::2][: n_head - k]
+    p = 2 ** math.floor(math.log2(n_head))
+    slopes = geometric(p) + geometric(2 * p)[0::2][: n_head - p]
     return torch.tensor(slopes, dtype=torch.float32)
 
 
@@ -452,98 +483,52 @@ def pe_has_bias(pe: str) -> bool:
     return issubclass(PE_REGISTRY[pe], AdditiveBias)
 
 
+
 # ----------------------------------------------------------------------------------------------------
-# Refiners: rewrite the scaled scores S (B, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
+# Refiners: rewrite the scaled scores S (batch, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
 
 
-class _CellMLP(torch.autograd.Function):
-    r"""$Y = W_2\,\mathrm{LeakyReLU}(W_1 X + H_0)$ at every cell: X (B, C_in, N) channels first -> Y (B, C_out, N).
+class HeadMLP(nn.Module):
+    r"""DAPE's $f$: ``Linear(C_in, W) -> LeakyReLU(0.01) -> Linear(W, h)`` applied at every (query, key) cell
+    over the channel axis, $f(X)_{:, i, j} = W_2\,\mathrm{LeakyReLU}(W_1 X_{:, i, j} + b_1) + b_2$. The channels
+    are the heads' scores (and biases): a cell's refined score reads every head at that cell, and nothing else."""
 
-    The refiners' workhorse. The hidden activation (B, W, N) is W/C times larger than the scores, so backward
-    recomputes it from X instead of keeping it: training memory stays O(B h T^2), and each big tensor is
-    written once per pass. ``shared`` $H_0$ (W, N) or (W, 1) is the part that does not depend on the sequence
-    ($W_B B + b_1$): computed once for the whole batch and broadcast. Batched matmuls over a broadcast weight
-    keep X and the hidden activation in their channels-first layout: no permute copies.
-    """
-
-    @classmethod
-    def run(cls, x, shared, w_in, w_out):
-        """Apply in the scores' dtype (under autocast the scores may be bfloat16, the weights float32)."""
-        return cls.apply(x, *(t.to(x.dtype) for t in (shared, w_in, w_out)))
-
-    @staticmethod
-    def batched(w, B: int):
-        """w as the same matrix for each of B sequences. Contiguous first: with a transposed or sliced weight
-        the batched matmul alone ran 2-4x slower on CPU."""
-        return w.contiguous().expand(B, -1, -1)
-
-    @staticmethod
-    def forward(ctx, x, shared, w_in, w_out):
-        ctx.save_for_backward(x, shared, w_in, w_out)
-        return torch.bmm(_CellMLP.batched(w_out, len(x)), _CellMLP.hidden(x, shared, w_in))
-
-    @staticmethod
-    def hidden(x, shared, w_in):
-        return F.leaky_relu_(torch.baddbmm(shared, _CellMLP.batched(w_in, len(x)), x), 0.01)   # (B, W, N)
-
-    @staticmethod
-    def backward(ctx, grad_out):
-        x, shared, w_in, w_out = ctx.saved_tensors
-        B = len(x)
-        hidden = _CellMLP.hidden(x, shared, w_in)        # recomputed; LeakyReLU keeps the sign, all backward needs
-        grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
-        grad_hidden = torch.bmm(_CellMLP.batched(w_out.t(), B), grad_out)
-        torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, 0.01, False, grad_input=grad_hidden)
-        grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()      # as (C, W): 1.6-2x faster than (W, C)
-        grad_shared = grad_hidden.sum(0)
-        if shared.shape[-1] == 1:
-            grad_shared = grad_shared.sum(-1, keepdim=True)
-        grad_x = torch.bmm(_CellMLP.batched(w_in.t(), B), grad_hidden)
-        return grad_x, grad_shared, grad_w_in, grad_w_out
-
-
-def _shared_hidden(b_in, w_bias=None, bias=None):
-    """$H_0 = b_1$ (W, 1), plus $W_B B$ (W, N) when the refiner reads the bias (C_B, N)."""
-    shared = b_in[:, None]
-    return shared if bias is None else torch.addmm(shared, w_bias, bias)
-
-
-class _HeadMLP(nn.Module):
-    r"""The element-wise MLP of DAPE across heads: ``Linear(C_in, W) -> LeakyReLU(0.01) -> Linear(W, h)``,
-    applied at every (query, key) cell. Its input is ``[S, B]`` stacked on the head axis; the first layer is
-    split as $W_1 [S; B] = W_S S + W_B B$ so that the bias half, the same for every sequence of the batch, is
-    computed once and broadcast."""
-
-    def __init__(self, n_head: int, width: int, with_bias_input: bool):
+    def __init__(self, n_in: int, width: int, n_head: int):
         super().__init__()
-        n_in = 2 * n_head if with_bias_input else n_head
         self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(0.01), nn.Linear(width, n_head))
 
-    def forward(self, x, bias=None, residual=None):
-        """$x + f([x, B]) + R$: x (B, h, Tq, Tk); the bias B and the residual R (h, Tq, Tk) or None."""
-        first, last = self.mlp[0], self.mlp[2]
-        B, h, Tq, Tk = x.shape
-        shared = _shared_hidden(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
-        out = _CellMLP.run(x.reshape(B, h, -1), shared, first.weight[:, :h], last.weight).view(B, h, Tq, Tk)
-        small = last.bias[:, None, None] if residual is None else residual + last.bias[:, None, None]
-        return torch.add(x, out).add_(small)         # two passes over the batch: the small terms are summed first
+    def forward(self, x):
+        """(batch, C_in, Tq, Tk) -> (batch, h, Tq, Tk)."""
+        cells = rearrange(x, "batch channel query key -> batch query key channel")
+        return rearrange(self.mlp(cells), "batch query key head -> batch head query key")
+
+
+def stack_scores_and_bias(scores, bias):
+    r"""$[S, B]$: the bias, the same for every sequence, stacked after the scores on the head axis:
+    (batch, h, Tq, Tk) and (h, Tq, Tk) -> (batch, 2h, Tq, Tk). Without a bias, $S$ alone."""
+    if bias is None:
+        return scores
+    return torch.cat([scores, bias.expand(len(scores), -1, -1, -1)], dim=1)
 
 
 @register_refiner("dape")
 class DAPERefiner(nn.Module):
     r"""DAPE, Concat_Residual (Zheng et al., 2024, eq. 3): $A = S + B + f([S, B])$, $f$ a two-layer LeakyReLU
-    MLP over the $2h$ channels $[S$ per head, $B$ per head$]$ $\to h$, hidden width ``refiner_width``.
-    Without a bias (RoPE, NoPE): $A = S + f(S)$ over $h$ channels. Registered as ``cape`` too: CAPE
-    (NeurIPS 2024) is the same module — the authors' repository renamed ``CAPE.py`` to ``DAPE.py``."""
+    MLP (``HeadMLP``) over the $2h$ channels $[S$ per head, $B$ per head$]$ $\to h$, hidden width
+    ``refiner_width``. Without a bias (RoPE, NoPE): $A = S + f(S)$ over $h$ channels. Registered as ``cape``
+    too: CAPE (NeurIPS 2024) is the same module -- the authors' repository renamed ``CAPE.py`` to ``DAPE.py``.
 
-    bias_in_output = True
+    Masked (future) cells go through $f$ like the others and are masked afterwards, as in the authors' code:
+    $f$ works per cell, so they cannot reach a visible one."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=pe_has_bias(cfg.pe))
+        n_in = 2 * cfg.n_head if pe_has_bias(cfg.pe) else cfg.n_head
+        self.f = HeadMLP(n_in, cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        return self.f(scores, bias, residual=bias if self.bias_in_output else None)
+        refined = scores + self.f(stack_scores_and_bias(scores, bias))           # S + f([S, B])
+        return refined if bias is None else refined + bias                        # + B
 
 
 register_refiner("cape")(DAPERefiner)
@@ -553,7 +538,8 @@ register_refiner("cape")(DAPERefiner)
 class DAPEConcatRefiner(DAPERefiner):
     r"""DAPE, Concat (eq. 2): $A = S + f([S, B])$: the bias reaches the scores only through $f$."""
 
-    bias_in_output = False
+    def forward(self, scores, bias, mask):
+        return scores + self.f(stack_scores_and_bias(scores, bias))
 
 
 @register_refiner("dape_add")
@@ -562,233 +548,144 @@ class DAPEAddRefiner(nn.Module):
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.f = _HeadMLP(cfg.n_head, cfg.refiner_width, with_bias_input=False)
+        self.f = HeadMLP(cfg.n_head, cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        return self.f(scores if bias is None else scores + bias)
-
-
-def _shifted_copies(x, k: int):
-    r"""(B, C, R, K) -> (B, k, C, R, K): copy t is x moved along the keys by $d_t = t - k/2$,
-    $X_t[\dots, j] = x[\dots, j + d_t]$, zero where $j + d_t$ falls outside the row."""
-    out = x.new_empty(x.shape[0], k, *x.shape[1:])
-    K = x.shape[-1]
-    for t in range(k):
-        d = t - k // 2
-        lo, hi = max(0, -d), K - max(0, d)                # the keys j whose j + d lies in the row
-        out[:, t, ..., lo:hi] = x[..., lo + d: hi + d]
-        out[:, t, ..., :lo] = 0
-        out[:, t, ..., hi:] = 0
-    return out
-
-
-def _summed_shifts(y, k: int):
-    r"""The adjoint of ``_shifted_copies``: (B, k, C, R, K) -> (B, C, R, K), $\sum_t Y_t[\dots, j - d_t]$."""
-    out = y[:, k // 2].clone()
-    K = y.shape[-1]
-    for t in range(k):
-        d = t - k // 2
-        if d:
-            lo, hi = max(0, -d), K - max(0, d)
-            out[..., lo + d: hi + d] += y[:, t, ..., lo:hi]
-    return out
-
-
-class _KeyShifts(torch.autograd.Function):
-    """``_shifted_copies`` (or, with ``adjoint``, ``_summed_shifts``) whose backward pass is the other one."""
-
-    @staticmethod
-    def forward(ctx, x, k: int, adjoint: bool):
-        ctx.k, ctx.adjoint = k, adjoint
-        return _summed_shifts(x, k) if adjoint else _shifted_copies(x, k)
-
-    @staticmethod
-    def backward(ctx, grad):
-        return (_shifted_copies(grad, ctx.k) if ctx.adjoint else _summed_shifts(grad, ctx.k)), None, None
+        biased = scores if bias is None else scores + bias                        # S + B
+        return biased + self.f(biased)
 
 
 @register_refiner("conv")
 class ConvRefiner(nn.Module):
-    r"""DAPE-V2 (Zheng et al., 2024b, eq. 5): $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$, two
-    $1 \times k$ convolutions along the key axis across the $2h$ head channels (width ``refiner_width``,
-    LeakyReLU between, padding $k/2$). ``tril`` zeroes the masked (future) scores first: a query row then
-    holds only keys it may see, so the key-axis kernel cannot read the future. Without a bias: $h$ channels.
+    r"""DAPE-V2 (Zheng et al., 2024b, eq. 5): $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$,
+    $\mathrm{Conv} = \mathrm{conv}_2 \circ \mathrm{LeakyReLU} \circ \mathrm{conv}_1$: two ``1 x kernel``
+    convolutions along the key axis across the $2h$ channels $[S, B]$ (width ``refiner_width``, padding
+    ``kernel // 2``, ``kernel = refiner_kernel``). Without a bias: $h$ channels.
 
-    Computed as the same cell-wise MLP as DAPE. conv1 is a matrix over the $k$ shifted copies of the input
-    ($X_t[j] = X[j + t - k/2]$), and conv2 a matrix giving $k$ per-tap outputs at each key, which are shifted
-    into place and summed: $\mathrm{conv2}(H)_j = \sum_t (W_2^{(t)} H)_{j + t - k/2}$ — the transpose of making
-    the copies, with the taps in reverse order. Equal to ``nn.Conv2d``, faster.
+    ``tril`` zeroes the masked (future) cells first: query row $i$ then holds only keys $j \le i$, so the
+    key-axis kernel cannot read the future (without it, the padding reads future scores: the paper's
+    "cheating" run). We zero exactly the cells the attention mask hides. In a decoder that is ``tril``. In an
+    encoder (``causal=False``) nothing is hidden and nothing is zeroed: the authors' listing applies ``tril``
+    unconditionally, but there every key is visible, and zeroing the upper triangle would only hide half of
+    the visible scores from the convolution (the refined upper triangle would read zeros), so we deviate.
     """
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         n_in = 2 * cfg.n_head if pe_has_bias(cfg.pe) else cfg.n_head
-        k = self.kernel = cfg.refiner_kernel
-        self.conv1 = nn.Conv2d(n_in, cfg.refiner_width, (1, k), padding=(0, k // 2))
-        self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, k), padding=(0, k // 2))
-        self.key_margin = k // 2   # conv2 reads hidden cells up to k//2 keys past the diagonal
+        kernel = cfg.refiner_kernel
+        self.conv1 = nn.Conv2d(n_in, cfg.refiner_width, (1, kernel), padding=(0, kernel // 2))
+        self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, kernel), padding=(0, kernel // 2))
+        # conv2 reads hidden cells up to kernel // 2 keys past the diagonal (the fast path's query blocks keep them)
+        self.key_margin = kernel // 2
 
     def forward(self, scores, bias, mask):
-        B, h, Tq, Tk = scores.shape
-        k = self.kernel
-
-        def copies(x):                                                      # (B, C, Tq, Tk) -> (B, k * C, Tq * Tk)
-            return _KeyShifts.apply(x.masked_fill(~mask, 0), k, False).flatten(1, 2).flatten(2)
-
-        w1 = self.conv1.weight[:, :, 0].transpose(1, 2)                      # (W, k, C_in)
-        bias_copies = None if bias is None else copies(bias[None])[0]
-        shared = _shared_hidden(self.conv1.bias, w1[..., h:].flatten(1), bias_copies)
-        w2 = self.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (k * h, W), taps reversed
-        taps = _CellMLP.run(copies(scores), shared, w1[..., :h].flatten(1), w2)  # (B, k * h, Tq * Tk)
-        conv = _KeyShifts.apply(taps.view(B, k, h, Tq, Tk), k, True)
-        small = self.conv2.bias[:, None, None] if bias is None else bias + self.conv2.bias[:, None, None]
-        return torch.add(scores, conv).add_(small)
+        lower = stack_scores_and_bias(scores, bias).masked_fill(~mask, 0.0)     # tril([S, B]) (batch, C, Tq, Tk)
+        conv = self.conv2(F.leaky_relu(self.conv1(lower), 0.01))                  # (batch, h, Tq, Tk)
+        refined = scores + conv
+        return refined if bias is None else refined + bias
 
 
 # ----------------------------------------------------------------------------------------------------
 # Attention, block, GPT
 
 
-class PositionalInputs(NamedTuple):
-    """What every layer needs from the positions, computed once per forward."""
-    rotary: tuple[torch.Tensor, torch.Tensor] | None                   # (cos, sin), each (T, hs/2)
-    bias: Callable[[int, int, int], torch.Tensor] | None               # (q0, q1, k1) -> (h, q1-q0, k1)
-    full_bias: torch.Tensor | None = None                              # (h, T, T) when computed once for all layers
+def attention_mask(q0: int, q1: int, k1: int, causal: bool, device=None) -> torch.Tensor:
+    """(q1 - q0, k1) bool, True where query i (of q0..q1-1) may attend to key j (of 0..k1-1): j <= i in a
+    decoder, everywhere in an encoder."""
+    if not causal:
+        return torch.ones(q1 - q0, k1, dtype=torch.bool, device=device)
+    return torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
 
 
-# The refiner's hidden activations of one attention block are kept under this many elements (at least 16
-# query rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel
-# launches stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
-BLOCK_ELEMENTS = {"cpu": 2 ** 22, "accelerator": 2 ** 26}
-FULL_BIAS_ELEMENTS = 2 ** 24
+def refiner_view(bias, mask):
+    r"""What a refiner sees of the bias $B$ (h, Tq, Tk), and where attention is allowed (h, Tq, Tk) bool.
+
+    A bias of $-\infty$ means "never attend here" (a hard window). Those cells and the masked ones reach the
+    refiner as $B = 0$, a finite value chosen through ``where`` (whose gradient there is 0, never NaN): neither
+    $-\infty$ nor whatever an encoding leaves on masked cells (NaN included) enters a refiner's arithmetic or its
+    gradients. Attention is cut at all of them again after refining. Without a bias: ``(None, mask)``."""
+    if bias is None:
+        return None, mask
+    allowed = mask & (bias != float("-inf"))
+    return torch.where(allowed, bias, 0.0), allowed
+
+
+def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0):
+    r"""$y = \mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$, $S = QK^\top/\sqrt{d_{head}}$, at full size.
+
+    q (batch, nh, Tq, hs), k and v (batch, nh, Tk, hs), bias $B$ (nh, Tq, Tk) or None, mask (Tq, Tk) bool (True
+    where a query may attend). $\mathrm{refine}(S, B) = S + B$ without a refiner. The mask fills with the
+    dtype's minimum, as the authors' code does; cells where $B = -\infty$ are cut the same way
+    (``refiner_view``). Returns y (batch, nh, Tq, hs) and the pieces ``scores`` $S$, ``bias`` $B$ (as the
+    encoding gave it), ``refined`` $A$ (what reaches the mask) and ``probs``, for plots and teaching.
+    """
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])                    # S (batch, nh, Tq, Tk)
+    seen_bias, allowed = refiner_view(bias, mask)
+    if refiner is not None:
+        refined = refiner(scores, seen_bias, mask)                               # A = refine(S, B)
+    else:
+        refined = scores if bias is None else scores + seen_bias                 # A = S + B
+    masked = refined.masked_fill(~allowed, torch.finfo(refined.dtype).min)
+    probs = F.dropout(F.softmax(masked, dim=-1), p=dropout)
+    y = probs @ v                                                                # (batch, nh, Tq, hs)
+    return y, {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
+
+
+class PositionalInputs:
+    """What every layer needs from the positions, computed once per forward and shared by all layers."""
+
+    def __init__(self, positions, rotary, bias_rows):
+        self.positions = positions            # (T,)
+        self.rotary = rotary                  # (cos, sin), each (T, hs/2), or None
+        self.bias_rows = bias_rows            # (q0, q1, k1) -> B[:, q0:q1, :k1] (nh, q1 - q0, k1), or None
+
+    @cached_property
+    def full_bias(self) -> torch.Tensor | None:
+        """$B$ (nh, T, T), computed at the first layer that asks and reused by the others."""
+        T = len(self.positions)
+        return None if self.bias_rows is None else self.bias_rows(0, T, T)
 
 
 class SelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
+        self.cfg = cfg
         self.n_head, self.head_size = cfg.n_head, cfg.n_embd // cfg.n_head
-        self.causal, self.dropout, self.attn_chunk = cfg.causal, cfg.dropout, cfg.attn_chunk
         self.c_attn = _normal_linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = _normal_linear(cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.resid_dropout = nn.Dropout(cfg.dropout)
         refiner_cls = REFINER_REGISTRY[cfg.refiner]
         self.refiner = refiner_cls(cfg) if refiner_cls is not None else None
-        self.refiner_width = cfg.refiner_width
 
     def qkv(self, x, positional: PositionalInputs):
-        B, T, C = x.shape
+        batch, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
-        q, k, v = (t.view(B, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))  # (B, nh, T, hs)
+        # (batch, T, C) -> (batch, nh, T, hs) each
+        q, k, v = (t.view(batch, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
         if positional.rotary is not None:
             q, k = apply_rotary(q, *positional.rotary), apply_rotary(k, *positional.rotary)
         return q, k, v
 
     def forward(self, x, positional: PositionalInputs):
-        B, T, C = x.shape
+        batch, T, C = x.shape
         q, k, v = self.qkv(x, positional)
-        if self.refiner is None and positional.bias is None:
-            # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=self.causal,
-                                               dropout_p=self.dropout if self.training else 0.0)
+        if self.cfg.fast and fast_path is not None:
+            y = fast_path.attention(self, q, k, v, positional)
         else:
-            y = torch.cat(self.attend_blocks(q, k, v, positional), dim=2)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)                # (B, T, C)
+            mask = attention_mask(0, T, T, self.cfg.causal, x.device)
+            dropout = self.cfg.dropout if self.training else 0.0
+            y, _ = attention(q, k, v, positional.full_bias, mask, self.refiner, dropout)
+        y = y.transpose(1, 2).contiguous().view(batch, T, C)                     # (batch, T, C)
         return self.resid_dropout(self.c_proj(y))
-
-    def block_rows(self, B: int, T: int, device: torch.device) -> int:
-        """Query rows per block. Without a refiner one block, unless the (B, h, T, T) scores would be large."""
-        if self.attn_chunk:
-            return self.attn_chunk
-        if self.refiner is None and B * self.n_head * T * T <= FULL_BIAS_ELEMENTS:
-            return T
-        channels = self.n_head if self.refiner is None else max(self.n_head, self.refiner_width)
-        rows = BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] // (B * channels * T)
-        if device.type == "cpu":
-            # Fewer, taller blocks have less per-block overhead, but a causal block also computes the upper half
-            # of its diagonal square in vain (rows / T of the cells) and leaves the cache: T / 16 rows measured
-            # best for T = 128 ... 2048 (DAPE at T = 2048, one sequence: 1.80x of `none` with 16 rows, 1.45x).
-            rows = min(rows, T // 16)
-        return max(16, rows)
-
-    def attend_blocks(self, q, k, v, positional: PositionalInputs) -> list[torch.Tensor]:
-        """Attention in blocks of query rows, each against the keys it can see: (B, nh, rows, hs) per block.
-
-        Keys come in chunks of the block's size; a causal block takes the chunks up to its last row, plus the
-        refiner's ``key_margin`` keys from the next chunk (a 1 x k conv reads k//2 masked keys past the diagonal:
-        zeros after tril, but its hidden layer is not). Concatenating chunks keeps the backward pass cheap: each
-        chunk receives only its own gradient, instead of a zero-filled full-length one per block. The last
-        (widest) block runs first, so the memory allocator can reuse its buffers for every narrower one: in the
-        other order each block needs slightly more than the last freed, and a 16k-token evaluation's peak memory
-        grew several-fold from fragmentation alone.
-        """
-        B, _, T, _ = q.shape
-        rows = self.block_rows(B, T, q.device)
-        k, v = k.contiguous(), v.contiguous()
-        margin = getattr(self.refiner, "key_margin", 0)
-        k_chunks, v_chunks = k.split(rows, dim=2), v.split(rows, dim=2)
-        q_blocks = q.split(rows, dim=2)
-        # A precomputed bias is cut into the blocks' rows the same way: slicing the full (h, T, T) bias per block
-        # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step).
-        bias_rows = positional.full_bias.split(rows, dim=1) if positional.full_bias is not None else None
-        outputs = [None] * len(q_blocks)
-        for i in reversed(range(len(q_blocks))):
-            q0, q1 = i * rows, i * rows + q_blocks[i].shape[2]
-            k1 = min(T, q1 + margin) if self.causal else T
-            keys, values = (k, v) if k1 == T else (self._first_keys(k_chunks, k1), self._first_keys(v_chunks, k1))
-            key_pos, query_pos = torch.arange(k1, device=q.device), torch.arange(q0, q1, device=q.device)
-            mask = key_pos[None, :] <= query_pos[:, None] if self.causal else torch.ones(
-                q1 - q0, k1, dtype=torch.bool, device=q.device)
-            if positional.bias is None:
-                bias = None
-            else:
-                bias = bias_rows[i][:, :, :k1] if bias_rows is not None else positional.bias(q0, q1, k1)
-            outputs[i] = self._attend(q_blocks[i], keys, values, bias, mask)
-        return outputs
-
-    @staticmethod
-    def _first_keys(chunks, n: int):
-        """The first n keys (or values) from whole chunks, plus the start of the next one."""
-        rows = chunks[0].shape[2]
-        pieces = list(chunks[: n // rows])
-        if n % rows:
-            pieces.append(chunks[n // rows][:, :, : n % rows])
-        return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
-
-    def _attend(self, q, k, v, bias, mask):
-        """Attention of a block of query rows: q (B, nh, rows, hs), k/v (B, nh, keys, hs), bias (nh, rows,
-        keys) or None, mask (rows, keys) -> (B, nh, rows, hs)."""
-        dropout = self.dropout if self.training else 0.0
-        if self.refiner is None:                                       # S + B, fused kernel with a float mask
-            attn_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)
-            return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, dropout_p=dropout)
-        scores = self.refiner(self.scores(q, k), bias, mask)           # (B, nh, rows, keys)
-        return self._softmax_values(scores, v, mask, dropout)
-
-    def scores(self, q, k):
-        return (q * (1.0 / math.sqrt(self.head_size))) @ k.transpose(-2, -1)   # scale the smaller operand
-
-    @staticmethod
-    def _softmax_values(scores, v, mask, dropout: float):
-        scores = scores.masked_fill(~mask, torch.finfo(scores.dtype).min)
-        probs = F.dropout(F.softmax(scores, dim=-1), p=dropout)
-        return probs.to(v.dtype) @ v
 
     @torch.no_grad()
     def inspect(self, x, positional: PositionalInputs) -> dict[str, torch.Tensor]:
-        """The plain, full-size pieces of this layer's attention for teaching and plots: ``scores``
-        S = QK^T/sqrt(d), ``bias`` B (or None), ``refined`` (what reaches the mask), ``probs``."""
+        """The full-size pieces of this layer's attention (see ``attention``), always in the reference form."""
         q, k, v = self.qkv(x, positional)
         T = q.shape[2]
-        mask = (torch.ones(T, T, dtype=torch.bool, device=x.device).tril() if self.causal
-                else torch.ones(T, T, dtype=torch.bool, device=x.device))
-        scores = self.scores(q, k)
-        bias = positional.bias(0, T, T) if positional.bias is not None else None
-        if self.refiner is not None:
-            refined = self.refiner(scores, bias, mask)
-        else:
-            refined = scores if bias is None else scores + bias
-        probs = F.softmax(refined.masked_fill(~mask, torch.finfo(refined.dtype).min), dim=-1)
-        return {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
+        return attention(q, k, v, positional.full_bias, attention_mask(0, T, T, self.cfg.causal, x.device),
+                         self.refiner)[1]
 
 
 class MLP(nn.Module):
@@ -815,6 +712,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
 class GPT(nn.Module):
     """A compact GPT (decoder, or encoder with ``causal=False``) whose attention takes any ``pe`` and any
     ``refiner``. ``logits, loss = model(idx, targets=None)``; targets equal to -1 are ignored."""
@@ -830,7 +731,14 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
-        self.lm_head.weight = self.wte.weight                          # weight tying
+        if cfg.tie_embeddings:
+            self.lm_head.weight = self.wte.weight                      # weight tying (GPT-2)
+        else:
+            nn.init.normal_(self.lm_head.weight, std=0.02)
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
 
     def num_params(self) -> int:
         return sum(p.numel() for p in self.parameters())
@@ -846,27 +754,33 @@ class GPT(nn.Module):
         return torch.arange(T, device=device)
 
     def positional_inputs(self, pos) -> PositionalInputs:
-        T = len(pos)
-        rotary = self.pe(pos, T) if isinstance(self.pe, RotaryEmbedding) else None
+        rotary = self.pe(pos, len(pos)) if isinstance(self.pe, RotaryEmbedding) else None
         if not isinstance(self.pe, AdditiveBias):
-            return PositionalInputs(rotary, None)
-        dtype = self.wte.weight.dtype
+            return PositionalInputs(pos, rotary, None)
+        return PositionalInputs(pos, rotary, lambda q0, q1, k1: self.bias_rows(pos, q0, q1, k1))
 
-        def compute(q_pos, k_pos):
-            b = self.pe(q_pos, k_pos)
-            expected = (self.cfg.n_head, len(q_pos), len(k_pos))
-            if tuple(b.shape) != expected:
-                raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(b.shape)}; expected "
-                                 f"(n_head, Tq, Tk) = {expected}")
-            return b.to(dtype)
-
-        # Small enough: compute the bias once for all layers (attention cuts it into its blocks' rows); else per
-        # query block.
-        full = compute(pos, pos) if self.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS else None
-
-        def bias(q0: int, q1: int, k1: int):
-            return full[:, q0:q1, :k1] if full is not None else compute(pos[q0:q1], pos[:k1])
-        return PositionalInputs(rotary, bias, full)
+    def bias_rows(self, pos, q0: int, q1: int, k1: int) -> torch.Tensor:
+        """Rows q0..q1-1 and keys 0..k1-1 of the bias, $B$[:, q0:q1, :k1] (nh, q1 - q0, k1), checked: its shape,
+        and no NaN or +inf where a query may attend (-inf there means "never attend": a hard window)."""
+        bias = self.pe(pos[q0:q1], pos[:k1])
+        expected = (self.cfg.n_head, q1 - q0, k1)
+        if tuple(bias.shape) != expected:
+            raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
+                             f"(n_head, Tq, Tk) = {expected}")
+        mask = attention_mask(q0, q1, k1, self.cfg.causal, bias.device)
+        bad = mask & (bias.isnan() | (bias == float("inf")))
+        if bad.any():
+            head, i, j = bad.nonzero()[0].tolist()
+            raise ValueError(f"pe={self.cfg.pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, "
+                             f"query {q0 + i}, key {j}, a cell the query may attend to; a bias must be finite "
+                             f"there, or -inf for 'never attend here' (a hard window)")
+        blind = (~mask | (bias == float("-inf"))).all(dim=-1)                   # (nh, Tq): no key left to see
+        if blind.any():
+            head, i = blind.nonzero()[0].tolist()
+            raise ValueError(f"pe={self.cfg.pe!r} returned -inf at every key that query {q0 + i} may attend to "
+                             f"(head {head}): its attention would be undefined; leave at least one key finite "
+                             f"(e.g. the query's own position)")
+        return bias.to(self.wte.weight.dtype)
 
     def _check_idx(self, idx):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
@@ -874,17 +788,32 @@ class GPT(nn.Module):
             got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
             raise TypeError(f"idx must be an integer tensor of token ids (torch.long); got {got}")
         if idx.dim() != 2:
-            raise ValueError(f"idx must have shape (B, T); got shape {tuple(idx.shape)}")
-        if idx.numel() and (idx.min() < 0 or idx.max() >= self.cfg.vocab_size):
+            raise ValueError(f"idx must have shape (batch, T); got shape {tuple(idx.shape)}")
+        if idx.numel() == 0:
+            raise ValueError(f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at "
+                             f"least one token")
+        if idx.min() < 0 or idx.max() >= self.cfg.vocab_size:
             raise ValueError(f"token ids must be in [0, vocab_size={self.cfg.vocab_size}); got values in "
                              f"[{int(idx.min())}, {int(idx.max())}]")
 
+    def _check_targets(self, targets, idx):
+        if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.is_complex() \
+                or targets.dtype == torch.bool:
+            got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+            raise TypeError(f"targets must be an integer tensor of token ids (torch.long, -1 to ignore); got {got}")
+        if targets.shape != idx.shape:
+            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)} (one target per input "
+                             f"token); got shape {tuple(targets.shape)}")
+        if targets.min() < -1 or targets.max() >= self.cfg.vocab_size:
+            raise ValueError(f"targets must be in [0, vocab_size={self.cfg.vocab_size}) or -1 (ignored); got "
+                             f"values in [{int(targets.min())}, {int(targets.max())}]")
+
     def hidden_states(self, idx, upto_layer: int | None = None):
-        """Embed idx and run the first ``upto_layer`` blocks (all by default): (x, positional inputs)."""
-        self._check_idx(idx)
+        """Embed idx (checked by the caller) and run the first ``upto_layer`` blocks (all by default):
+        (x, positional inputs)."""
         idx = idx.long()
         pos = self.positions(idx.shape[1], idx.device)
-        x = self.wte(idx)                                              # (B, T, C)
+        x = self.wte(idx)                                              # (batch, T, C)
         if isinstance(self.pe, AbsolutePositions):
             x = x + self.pe(pos).to(x.dtype)
         x = self.drop(x)
@@ -894,27 +823,45 @@ class GPT(nn.Module):
         return x, positional
 
     def forward(self, idx, targets=None):
+        self._check_idx(idx)
+        if targets is not None:
+            self._check_targets(targets, idx)
         x, _ = self.hidden_states(idx)
-        logits = self.lm_head(self.ln_f(x))                            # (B, T, vocab)
+        logits = self.lm_head(self.ln_f(x))                            # (batch, T, vocab)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long(), ignore_index=-1)
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long().to(logits.device),
+                                   ignore_index=-1)
         return logits, loss
 
     @torch.no_grad()
     def attention_maps(self, idx, layer: int) -> dict[str, torch.Tensor]:
-        """Scores, bias, refined scores and probabilities of one layer (see ``SelfAttention.inspect``)."""
-        if not 0 <= layer < self.cfg.n_layer:
-            raise ValueError(f"layer must be in [0, {self.cfg.n_layer}); got {layer}")
+        """Scores, bias, refined scores and probabilities of one layer at full size (see ``attention``)."""
+        if not _is_int(layer) or not 0 <= layer < self.cfg.n_layer:
+            raise ValueError(f"layer must be an integer in [0, {self.cfg.n_layer}); got {layer!r}")
+        if isinstance(idx, torch.Tensor):
+            idx = idx.to(self.device)
+        self._check_idx(idx)
         x, positional = self.hidden_states(idx, upto_layer=layer)
         block = self.blocks[layer]
         return block.attn.inspect(block.ln_1(x), positional)
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None):
-        """Sample continuations of idx (B, T) autoregressively (decoders only)."""
+        """Sample continuations of idx (batch, T) autoregressively (decoders only), on the model's device."""
         if not self.cfg.causal:
             raise ValueError("generate needs a decoder; this model has causal=False")
+        if not _is_int(max_new_tokens) or max_new_tokens < 0:
+            raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
+        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+                or not 0 < temperature < math.inf:
+            raise ValueError(f"temperature must be a number > 0 (1 samples the model's distribution, lower is "
+                             f"greedier); got {temperature!r}")
+        if top_k is not None and (not _is_int(top_k) or top_k < 1):
+            raise ValueError(f"top_k must be None (no cut) or an integer >= 1; got {top_k!r}")
+        if isinstance(idx, torch.Tensor):
+            idx = idx.to(self.device)
+        self._check_idx(idx)
         for _ in range(max_new_tokens):
             logits = self(idx)[0][:, -1] / temperature
             if top_k is not None:
@@ -922,3 +869,53 @@ class GPT(nn.Module):
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), 1)), dim=1)
         return idx
+
+
+@torch.no_grad()
+def check_causal(model_or_cfg: GPT | GPTConfig, length: int | None = None, seed: int = 0) -> bool:
+    """True when no position's output depends on later tokens (a perturbation test), for any pe x refiner.
+
+    Random token sequences of ``length`` (default ``block_size``) go through the model in eval mode; for several
+    positions t the tokens after t are changed, and the outputs at positions <= t must stay the same (to float
+    rounding). A ``GPTConfig`` is built into a model with the fixed ``seed`` (the global random state is left as
+    it was); a model is used as it is, on its device, and returned to its mode. An encoder (``causal=False``)
+    is expected to fail it.
+    """
+    if isinstance(model_or_cfg, GPTConfig):
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(seed)
+            model = GPT(model_or_cfg)
+    elif isinstance(model_or_cfg, GPT):
+        model = model_or_cfg
+    else:
+        raise TypeError(f"check_causal expects a GPT or a GPTConfig; got {type(model_or_cfg).__name__}")
+    T = model.cfg.block_size if length is None else length
+    vocab = model.cfg.vocab_size
+    if not _is_int(T) or T < 2 or vocab < 2:
+        raise ValueError(f"check_causal needs length >= 2 and vocab_size >= 2 to change a later token; got "
+                         f"length={T!r}, vocab_size={vocab}")
+    generator = torch.Generator().manual_seed(seed)
+    idx = torch.randint(0, vocab, (2, T), generator=generator)
+    was_training = model.training
+    model.eval()
+    try:
+        logits = model(idx.to(model.device))[0]
+        tolerance = 64 * torch.finfo(logits.dtype).eps * (1 + logits.abs().max().item())
+        for t in sorted({0, T // 3, T // 2, T - 2}):
+            changed = idx.clone()                                      # every token after t becomes another one
+            shift = torch.randint(1, vocab, (2, T - t - 1), generator=generator)
+            changed[:, t + 1:] = (idx[:, t + 1:] + shift) % vocab
+            other = model(changed.to(model.device))[0]
+            if (other[:, : t + 1] - logits[:, : t + 1]).abs().max().item() > tolerance:
+                return False
+    finally:
+        model.train(was_training)
+    return True
+
+
+# The fast path reads the modules above (same parameters). When this file runs alone, copied out of the package,
+# there is no fast.py and every model runs the reference forms above.
+try:
+    from . import fast as fast_path
+except ImportError:
+    fast_path = None

@@ -1,12 +1,12 @@
-"""The core model: causality, the refiners against their plain formulas, every encoding's maths, errors."""
-import itertools
+"""The core model in its reference form: causality, each refiner's equation, every encoding's maths, bad input.
+The fast path is checked against this reference in test_fast.py."""
 import copy
+import itertools
 import math
 
 import pytest
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 import minidape as md
 from minidape import model as M
@@ -28,61 +28,65 @@ def test_registries_list_every_builtin_name():
 
 # ---------------------------------------------------------------------------------------------- causality
 
+@pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("pe,refiner", list(itertools.product(BUILTIN_PES, BUILTIN_REFINERS)))
-def test_future_tokens_do_not_change_past_logits(pe, refiner):
-    torch.manual_seed(0)
-    # attn_chunk=7 forces several query blocks, so block boundaries are exercised too
-    model = md.GPT(tiny(pe=pe, refiner=refiner, attn_chunk=7)).eval()
-    T = 16 if pe == "learned" else 40                      # beyond block_size=16 where the PE allows
-    t = T // 2
-    idx = torch.randint(0, 64, (2, T))
-    changed = idx.clone()
-    changed[:, t + 1:] = (idx[:, t + 1:] + 1 + torch.randint(0, 62, (2, T - t - 1))) % 64
-    with torch.no_grad():
-        a, _ = model(idx)
-        b, _ = model(changed)
-    torch.testing.assert_close(a[:, : t + 1], b[:, : t + 1], atol=1e-5, rtol=0)
-    assert (a[:, t + 1:] - b[:, t + 1:]).abs().max() > 1e-4   # and the changed tokens do matter
+def test_every_builtin_combination_is_causal(pe, refiner, fast):
+    # attn_chunk=7 forces several query blocks on the fast path, so block boundaries are exercised too;
+    # beyond block_size=16 where the PE allows
+    cfg = tiny(pe=pe, refiner=refiner, attn_chunk=7, fast=fast)
+    assert md.check_causal(cfg, length=16 if pe == "learned" else 40)
 
 
 @pytest.mark.parametrize("pe,refiner", [("kerple_log", "dape"), ("alibi", "conv"), ("rope", "none"),
                                         ("t5", "dape_add"), ("fire", "none")])
-def test_encoder_sees_the_future(pe, refiner):
+def test_an_encoder_sees_the_future_and_check_causal_says_so(pe, refiner):
     torch.manual_seed(0)
-    model = md.GPT(tiny(pe=pe, refiner=refiner, causal=False)).eval()
+    model = md.GPT(tiny(pe=pe, refiner=refiner, causal=False)).train()
+    assert not md.check_causal(model)
+    assert model.training                                           # returned to the mode it was in
     idx = torch.randint(0, 64, (1, 24))
     changed = idx.clone()
     changed[0, -1] = (idx[0, -1] + 1) % 64
     with torch.no_grad():
-        a, _ = model(idx)
-        b, _ = model(changed)
-    assert (a[0, 0] - b[0, 0]).abs().max() > 1e-5
+        assert (model.eval()(idx)[0][0, 0] - model(changed)[0][0, 0]).abs().max() > 1e-5
 
 
-@pytest.mark.parametrize("pe,refiner", [("kerple_log", "dape"), ("alibi", "none"), ("rope", "conv"),
-                                        ("fire", "dape_concat")])
-def test_query_blocking_changes_nothing(pe, refiner):
-    torch.manual_seed(1)
-    model = md.GPT(tiny(pe=pe, refiner=refiner)).eval()
-    idx = torch.randint(0, 64, (2, 50))
-    with torch.no_grad():
-        whole, _ = model(idx)
-        for block in model.blocks:
-            block.attn.attn_chunk = 6
-        blocked, _ = model(idx)
-    torch.testing.assert_close(whole, blocked, atol=1e-5, rtol=1e-5)
+@pytest.mark.parametrize("fast", [True, False])
+def test_check_causal_catches_a_user_refiner_that_reads_the_next_key(fast):
+    name = f"test_peeking_refiner_{fast}"
+
+    @md.register_refiner(name)
+    class PeekNextKey(nn.Module):
+        """Scores shifted one key left: cell (i, j) gets the score of key j + 1 -- the future at j = i."""
+
+        def __init__(self, cfg):
+            super().__init__()
+
+        def forward(self, scores, bias, mask):
+            shifted = torch.cat([scores[..., 1:], scores[..., -1:]], dim=-1)
+            return shifted if bias is None else shifted + bias
+
+    assert not md.check_causal(tiny(pe="alibi", refiner=name, fast=fast))
+    assert not md.check_causal(md.GPT(tiny(pe="rope", refiner=name, fast=fast, attn_chunk=5)), length=30)
+
+
+def test_check_causal_leaves_the_global_random_state_alone_and_refuses_bad_input():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    assert md.check_causal(tiny(pe="kerple_log", refiner="dape"))
+    torch.testing.assert_close(torch.rand(3), expected)
+    with pytest.raises(TypeError, match="GPT or a GPTConfig"):
+        md.check_causal("dape")
+    with pytest.raises(ValueError, match="length >= 2"):
+        md.check_causal(tiny(), length=1)
 
 
 # ---------------------------------------------------------------------------------------------- refiners
 
-def plain_mlp(mlp, x):
-    """The papers' form: channels last, the MLP over the head axis, channels first again."""
-    return mlp(x.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-
-
-def random_inputs(B=2, h=4, T=9, seed=0):
+def random_inputs(batch=2, h=4, T=9, seed=0):
     g = torch.Generator().manual_seed(seed)
-    scores = torch.randn(B, h, T, T, generator=g, dtype=torch.float64)
+    scores = torch.randn(batch, h, T, T, generator=g, dtype=torch.float64)
     bias = torch.randn(h, T, T, generator=g, dtype=torch.float64)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     return scores, bias, mask
@@ -93,32 +97,39 @@ def refiner_for(name, pe="kerple_log", **kw):
     return M.REFINER_REGISTRY[name](tiny(pe=pe, refiner=name, **kw)).double()
 
 
-def test_dape_equals_concat_mlp_residual():
+CELLS = [(0, 0), (5, 2), (8, 8), (3, 7), (2, 6)]                   # visible and masked (future) cells
+
+
+def test_dape_is_s_plus_b_plus_an_mlp_over_the_heads_at_each_cell():
     scores, bias, mask = random_inputs()
     refiner = refiner_for("dape")
     mlp = refiner.f.mlp
-    assert mlp[0].in_features == 8 and isinstance(mlp[1], nn.LeakyReLU) and mlp[1].negative_slope == 0.01
-    tiled = bias.expand(scores.shape[0], -1, -1, -1)
-    expected = scores + bias + plain_mlp(mlp, torch.cat([scores, tiled], dim=1))
-    torch.testing.assert_close(refiner(scores, bias, mask), expected)
+    assert (mlp[0].in_features, mlp[0].out_features, mlp[2].out_features) == (8, 32, 4)
+    assert isinstance(mlp[1], nn.LeakyReLU) and mlp[1].negative_slope == 0.01
+    refined = refiner(scores, bias, mask)
+    for i, j in CELLS:
+        stacked = torch.cat([scores[:, :, i, j], bias[:, i, j].expand(2, -1)], dim=1)   # [S, B] at (i, j): (2, 8)
+        torch.testing.assert_close(refined[:, :, i, j], scores[:, :, i, j] + bias[:, i, j] + mlp(stacked))
 
 
-def test_dape_without_bias_uses_head_channels_only():
+def test_dape_without_bias_reads_the_head_scores_only():
     scores, _, mask = random_inputs()
     refiner = refiner_for("dape", pe="rope")
     assert refiner.f.mlp[0].in_features == 4
-    torch.testing.assert_close(refiner(scores, None, mask), scores + plain_mlp(refiner.f.mlp, scores))
+    refined = refiner(scores, None, mask)
+    for i, j in CELLS:
+        torch.testing.assert_close(refined[:, :, i, j], scores[:, :, i, j] + refiner.f.mlp(scores[:, :, i, j]))
 
 
 def test_dape_concat_and_add_follow_their_equations():
     scores, bias, mask = random_inputs()
-    tiled = bias.expand(scores.shape[0], -1, -1, -1)
-    concat = refiner_for("dape_concat")
-    torch.testing.assert_close(concat(scores, bias, mask),
-                               scores + plain_mlp(concat.f.mlp, torch.cat([scores, tiled], dim=1)))
-    add = refiner_for("dape_add")
+    concat, add = refiner_for("dape_concat"), refiner_for("dape_add")
     assert add.f.mlp[0].in_features == 4
-    torch.testing.assert_close(add(scores, bias, mask), scores + bias + plain_mlp(add.f.mlp, scores + bias))
+    out_concat, out_add = concat(scores, bias, mask), add(scores, bias, mask)
+    for i, j in CELLS:
+        s, b = scores[:, :, i, j], bias[:, i, j]
+        torch.testing.assert_close(out_concat[:, :, i, j], s + concat.f.mlp(torch.cat([s, b.expand(2, -1)], 1)))
+        torch.testing.assert_close(out_add[:, :, i, j], s + b + add.f.mlp(s + b))
 
 
 def test_cape_is_dape():
@@ -128,17 +139,48 @@ def test_cape_is_dape():
     torch.testing.assert_close(refiner_for("cape")(scores, bias, mask), refiner_for("dape")(scores, bias, mask))
 
 
+def conv_row_by_hand(refiner, scores, bias, i, causal):
+    """Row i of S + B + conv2(LeakyReLU(conv1(tril([S, B])))), each 1 x kernel convolution written as its sum
+    over taps, zero outside the row: out[:, j] = b + sum_t W[:, :, t] x[:, j + t - kernel // 2]."""
+    batch, T = scores.shape[0], scores.shape[-1]
+    row = torch.cat([scores[:, :, i], bias[:, i].expand(batch, -1, -1)], dim=1)   # (batch, 2h, T)
+    if causal:
+        row = row.clone()
+        row[..., i + 1:] = 0                                              # tril: keys after i are zeroed
+
+    def conv_by_taps(conv, x):
+        kernel = conv.weight.shape[-1]
+        out = conv.bias[None, :, None].repeat(batch, 1, T)
+        for j in range(T):
+            for t in range(kernel):
+                source = j + t - kernel // 2
+                if 0 <= source < T:
+                    out[:, :, j] += x[:, :, source] @ conv.weight[:, :, 0, t].T
+        return out
+
+    hidden = torch.nn.functional.leaky_relu(conv_by_taps(refiner.conv1, row), 0.01)
+    return scores[:, :, i] + bias[:, i] + conv_by_taps(refiner.conv2, hidden)
+
+
 @pytest.mark.parametrize("kernel", [1, 3, 5])
-def test_conv_equals_tril_then_two_key_axis_convolutions(kernel):
+def test_conv_is_tril_then_two_key_axis_convolutions(kernel):
     scores, bias, mask = random_inputs(T=11)
     refiner = refiner_for("conv", refiner_kernel=kernel)
-    conv1 = nn.Conv2d(8, 32, (1, kernel), padding=(0, kernel // 2)).double()
-    conv2 = nn.Conv2d(32, 4, (1, kernel), padding=(0, kernel // 2)).double()
-    conv1.load_state_dict(refiner.conv1.state_dict())
-    conv2.load_state_dict(refiner.conv2.state_dict())
-    stacked = torch.cat([scores, bias.expand(2, -1, -1, -1)], dim=1).tril()
-    expected = scores + bias + conv2(F.leaky_relu(conv1(stacked), 0.01))
-    torch.testing.assert_close(refiner(scores, bias, mask), expected)
+    assert refiner.conv1.in_channels == 8 and refiner.conv2.out_channels == 4
+    refined = refiner(scores, bias, mask)
+    for i in (0, 4, 10):
+        torch.testing.assert_close(refined[:, :, i], conv_row_by_hand(refiner, scores, bias, i, causal=True))
+
+
+def test_conv_in_an_encoder_zeroes_nothing():
+    """causal=False: every cell is visible, so no tril -- the upper triangle feeds the convolution too."""
+    scores, bias, _ = random_inputs(T=8)
+    refiner = refiner_for("conv", causal=False)
+    everywhere = torch.ones(8, 8, dtype=torch.bool)
+    refined = refiner(scores, bias, everywhere)
+    for i in (0, 3, 7):
+        torch.testing.assert_close(refined[:, :, i], conv_row_by_hand(refiner, scores, bias, i, causal=False))
+    assert "encoder" in M.ConvRefiner.__doc__ and "tril" in M.ConvRefiner.__doc__
 
 
 def test_conv_without_tril_would_leak_but_ours_does_not():
@@ -148,99 +190,116 @@ def test_conv_without_tril_would_leak_but_ours_does_not():
     future[..., 3, 4:] += 10.0                                      # row 3's masked (future) entries
     out_a, out_b = refiner(scores, bias, mask), refiner(future, bias, mask)
     torch.testing.assert_close(out_a[..., 3, :4], out_b[..., 3, :4])
+    unmasked = torch.ones_like(mask)                                # the paper's "cheating" run: no tril
+    cheating = refiner(scores, bias, unmasked) - refiner(future, bias, unmasked)
+    assert cheating[..., 3, :4].abs().max() > 1e-3
 
 
-def plain_refiner(name, refiner, scores, bias):
-    """Each refiner's equation written with plain modules (full size, channels last for the MLPs)."""
-    tiled = None if bias is None else bias.expand(scores.shape[0], -1, -1, -1)
-    if name == "conv":
-        stacked = scores if bias is None else torch.cat([scores, tiled], dim=1)
-        hidden = F.leaky_relu(F.conv2d(stacked.tril(), refiner.conv1.weight, refiner.conv1.bias,
-                                       padding=refiner.conv1.padding), 0.01)
-        out = scores + F.conv2d(hidden, refiner.conv2.weight, refiner.conv2.bias, padding=refiner.conv2.padding)
-        return out if bias is None else out + bias
-    mlp = refiner.f.mlp
-    if name == "dape_add":
-        x = scores if bias is None else scores + bias
-        return x + plain_mlp(mlp, x)
-    stacked = scores if bias is None else torch.cat([scores, tiled], dim=1)
-    out = scores + plain_mlp(mlp, stacked)
-    return out + bias if (bias is not None and name == "dape") else out
-
-
-@pytest.mark.parametrize("name,pe,kw", [("dape", "kerple_log", {}), ("dape", "rope", {}),
-                                        ("dape_concat", "alibi", {}), ("dape_add", "t5", {}),
-                                        ("conv", "kerple_log", {"refiner_kernel": 3}),
-                                        ("conv", "fire", {"refiner_kernel": 5}), ("conv", "rope", {})])
-def test_refiner_gradients_equal_the_plain_formula(name, pe, kw):
-    """Our refiners recompute their hidden layer in backward: every gradient (scores, bias, weights) must
-    still equal autograd through the plain formula."""
-    scores, bias, mask = random_inputs(T=10, seed=4)
-    bias = bias if M.pe_has_bias(pe) else None
-    refiner = refiner_for(name, pe=pe, **kw)
-    upstream = torch.randn(scores.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(5))
-    inputs = [t.requires_grad_() for t in (scores, bias) if t is not None] + list(refiner.parameters())
-
-    def grads(fn):
-        out = fn(refiner, scores.tril() if name == "conv" else scores, bias)
-        return torch.autograd.grad((out * upstream * mask).sum(), inputs)
-
-    fast = grads(lambda r, s, b: r(s, b, mask))
-    plain = grads(lambda r, s, b: plain_refiner(name, r, s, b))
-    for got, expected in zip(fast, plain):
-        torch.testing.assert_close(got, expected)
-
-
-def reference_attention(attn, x, positional, causal=True):
-    """One layer of attention written plainly at full size: scores, refiner (or + B), mask, softmax."""
-    B, T, C = x.shape
-    q, k, v = attn.qkv(x, positional)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(attn.head_size)
-    bias = positional.bias(0, T, T) if positional.bias is not None else None
-    mask = torch.ones(T, T, dtype=torch.bool).tril() if causal else torch.ones(T, T, dtype=torch.bool)
-    if attn.refiner is not None:
-        scores = attn.refiner(scores, bias, mask)
-    elif bias is not None:
-        scores = scores + bias
-    probs = scores.masked_fill(~mask, float("-inf")).softmax(-1)
-    y = (probs @ v).transpose(1, 2).reshape(B, T, C)
-    return attn.c_proj(y)
-
-
-@pytest.mark.parametrize("pe,refiner", [("kerple_log", "dape"), ("alibi", "conv"), ("rope", "dape"),
-                                        ("t5", "dape_add"), ("kerple_power", "none")])
-def test_blocked_training_attention_matches_plain_forward_and_gradients(pe, refiner):
+def test_attention_is_softmax_of_the_masked_refined_scores_times_v():
     torch.manual_seed(0)
-    model = md.GPT(tiny(pe=pe, refiner=refiner, attn_chunk=5)).train()
-    attn = model.blocks[0].attn
-    x = torch.randn(2, 23, 32, requires_grad=True)
-    positional = model.positional_inputs(torch.arange(23))
-    fast = attn(x, positional)
-    grads_fast = torch.autograd.grad(fast.square().sum(), [x] + list(model.parameters()), allow_unused=True)
-    plain = reference_attention(attn, x, model.positional_inputs(torch.arange(23)))
-    grads_plain = torch.autograd.grad(plain.square().sum(), [x] + list(model.parameters()), allow_unused=True)
-    torch.testing.assert_close(fast, plain, atol=1e-5, rtol=1e-4)
-    for gf, gp in zip(grads_fast, grads_plain):
-        if gp is None:
-            assert gf is None or gf.abs().max() == 0
-        else:
-            torch.testing.assert_close(gf, gp, atol=1e-5, rtol=1e-4)
+    q, k, v = torch.randn(3, 2, 4, 6, 8, dtype=torch.float64).unbind(0)
+    bias, mask = torch.randn(4, 6, 6, dtype=torch.float64), torch.ones(6, 6, dtype=torch.bool).tril()
+    y, pieces = M.attention(q, k, v, bias, mask)
+    S = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(8)
+    for i in range(6):                                              # row i: softmax over keys j <= i
+        weights = torch.softmax(S[:, :, i, : i + 1] + bias[:, i, : i + 1], dim=-1)
+        torch.testing.assert_close(y[:, :, i], torch.einsum("bhj,bhjd->bhd", weights, v[:, :, : i + 1]))
+    torch.testing.assert_close(pieces["refined"], torch.where(mask, S + bias, S))   # B counts as 0 where masked
+    assert pieces["probs"][..., 0, 1:].abs().max() == 0
 
 
-@pytest.mark.parametrize("refiner", ["dape", "none"])
-def test_cpu_query_blocks_keep_a_block_bounded_whatever_the_length(refiner):
-    """Blocks grow with T (fewer blocks) but a block's widest tensor, (B, channels, rows, T), stays under the CPU
-    budget unless it is already at the 16-row minimum: evaluation memory is linear in T, not quadratic."""
-    attn = md.GPT(tiny(pe="kerple_log", refiner=refiner, refiner_width=32)).blocks[0].attn
-    channels = attn.refiner_width if refiner == "dape" else attn.n_head
-    for B in (1, 2, 8, 32):
-        for T in (100, 128, 512, 2048, 16384):
-            rows = attn.block_rows(B, T, torch.device("cpu"))
-            if refiner == "none" and B * attn.n_head * T * T <= M.FULL_BIAS_ELEMENTS:
-                assert rows == T                        # small: one block through the fused kernel
-                continue
-            assert rows >= 16 and (rows == 16 or B * channels * rows * T <= M.BLOCK_ELEMENTS["cpu"])
-            assert rows < T
+# ---------------------------------------------------------------------------------------------- hard windows
+
+def register_window_pe(name, width, future=0.0):
+    """A bias of 0 within `width` keys of the query, -inf beyond (a hard window), `future` on masked cells."""
+
+    @md.register_pe(name)
+    class Window(md.AdditiveBias):
+        def __init__(self, cfg):
+            super().__init__()
+            self.scale = nn.Parameter(torch.full((cfg.n_head,), -0.1))
+
+        def forward(self, q_pos, k_pos):
+            d = (q_pos[:, None] - k_pos[None, :]).float()
+            bias = self.scale[:, None, None] * d.clamp(min=0)
+            bias = bias.masked_fill(d >= width, float("-inf"))
+            return bias.masked_fill(d < 0, future)
+    return name
+
+
+@pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
+@pytest.mark.parametrize("fast", [True, False])
+def test_a_minus_inf_bias_is_a_hard_window_with_every_refiner(refiner, fast):
+    name = f"test_window_{refiner}_{fast}"
+    register_window_pe(name, width=4)
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe=name, refiner=refiner, fast=fast, attn_chunk=6))
+    idx = torch.randint(0, 64, (2, 20))
+    _, loss = model(idx, idx)
+    loss.backward()
+    assert torch.isfinite(loss)
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
+    assert model.pe.scale.grad.abs().sum() > 0
+    probs = model.attention_maps(idx, layer=1)["probs"]
+    far = torch.arange(20)[:, None] - torch.arange(20)[None, :] >= 4
+    assert probs[..., far].abs().max() == 0 and probs[..., ~far].sum() > 0     # never attends beyond the window
+
+
+@pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
+@pytest.mark.parametrize("fast", [True, False])
+def test_whatever_a_bias_holds_on_masked_cells_changes_nothing(refiner, fast):
+    """NaN (or anything) on masked future cells: the same output and gradients as 0 there."""
+    names = [register_window_pe(f"test_future_{value}_{refiner}_{fast}", width=1000, future=value)
+             for value in (0.0, float("nan"), float("inf"), 1e30)]
+    torch.manual_seed(0)
+    models = [md.GPT(tiny(pe=name, refiner=refiner, fast=fast, attn_chunk=6)) for name in names]
+    for other in models[1:]:
+        other.load_state_dict(models[0].state_dict())
+    idx = torch.randint(0, 64, (2, 20))
+    results = []
+    for model in models:
+        logits, loss = model(idx, idx)
+        loss.backward()
+        results.append((logits, [p.grad for p in model.parameters()]))
+    for logits, grads in results[1:]:
+        torch.testing.assert_close(logits, results[0][0])
+        for got, expected in zip(grads, results[0][1]):
+            torch.testing.assert_close(got, expected)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+@pytest.mark.parametrize("fast", [True, False])
+def test_nan_or_plus_inf_where_a_query_may_attend_is_an_error_naming_the_pe(value, fast):
+    name = f"test_bad_value_{value}_{fast}"
+
+    @md.register_pe(name)
+    class Broken(md.AdditiveBias):
+        def __init__(self, cfg):
+            super().__init__()
+
+        def forward(self, q_pos, k_pos):
+            bias = torch.zeros(4, len(q_pos), len(k_pos))
+            bias[:, q_pos >= 5, 2] = value                  # visible: queries from 5 on may attend to key 2
+            return bias
+
+    model = md.GPT(tiny(pe=name, refiner="dape", fast=fast))
+    with pytest.raises(ValueError, match=rf"pe='{name}' returned a bias of {value} at head 0, query 5, key 2"):
+        model(torch.zeros(1, 10, dtype=torch.long))
+
+
+def test_a_row_with_every_key_at_minus_inf_is_an_error():
+    name = "test_blind_row"
+
+    @md.register_pe(name)
+    class Blind(md.AdditiveBias):
+        def __init__(self, cfg):
+            super().__init__()
+
+        def forward(self, q_pos, k_pos):
+            return torch.zeros(4, len(q_pos), len(k_pos)).masked_fill(q_pos[:, None] == 3, float("-inf"))
+
+    with pytest.raises(ValueError, match=rf"pe='{name}' returned -inf at every key that query 3 may attend to"):
+        md.GPT(tiny(pe=name))(torch.zeros(1, 8, dtype=torch.long))
 
 
 # ---------------------------------------------------------------------------------------------- encodings
@@ -527,10 +586,92 @@ def test_bad_idx():
     model = md.GPT(tiny())
     with pytest.raises(TypeError, match=r"integer tensor.*float32"):
         model(torch.zeros(1, 4))
-    with pytest.raises(ValueError, match=r"shape \(B, T\); got shape \(4,\)"):
+    with pytest.raises(ValueError, match=r"shape \(batch, T\); got shape \(4,\)"):
         model(torch.zeros(4, dtype=torch.long))
     with pytest.raises(ValueError, match=r"vocab_size=64"):
         model(torch.full((1, 4), 64))
+    for empty in ((1, 0), (0, 5)):
+        with pytest.raises(ValueError, match=rf"idx is empty: shape \(batch, T\) = \({empty[0]}, {empty[1]}\)"):
+            model(torch.zeros(empty, dtype=torch.long))
+
+
+def test_bad_targets():
+    model = md.GPT(tiny())
+    idx = torch.zeros(2, 6, dtype=torch.long)
+    with pytest.raises(ValueError, match=r"shape of idx \(2, 6\).*got shape \(3, 4\)"):
+        model(idx, torch.zeros(3, 4, dtype=torch.long))          # as many elements, the wrong shape
+    with pytest.raises(ValueError, match=r"shape of idx"):
+        model(idx, torch.zeros(12, dtype=torch.long))
+    with pytest.raises(TypeError, match=r"targets must be an integer tensor.*float32"):
+        model(idx, torch.zeros(2, 6))
+    with pytest.raises(ValueError, match=r"targets must be in \[0, vocab_size=64\) or -1"):
+        model(idx, torch.full((2, 6), -2))
+    model(idx, torch.full((2, 6), -1).index_fill(1, torch.tensor([0]), 3))    # -1 is ignored, fine
+
+
+@pytest.mark.parametrize("field,value,error", [
+    ("causal", "False", TypeError), ("causal", 0, TypeError), ("fast", None, TypeError),
+    ("tie_embeddings", "yes", TypeError), ("n_layer", 2.0, TypeError), ("n_layer", True, TypeError),
+    ("block_size", "128", TypeError), ("refiner_kernel", 3.0, TypeError), ("attn_chunk", -1, ValueError),
+    ("random_positions", 1.5, TypeError), ("dropout", "0.1", TypeError), ("dropout", True, TypeError),
+    ("dropout", 1.0, ValueError), ("dropout", -0.1, ValueError), ("dropout", float("nan"), TypeError),
+    ("rope_base", 0.0, ValueError), ("rope_base", -5, ValueError), ("rope_base", float("inf"), TypeError),
+    ("pe", None, TypeError), ("n_head", 0, ValueError)])
+def test_config_fields_are_type_and_range_checked(field, value, error):
+    with pytest.raises(error, match=rf"{field}.*{value!r}" if error is ValueError else rf"GPTConfig.{field} must be"):
+        tiny(**{field: value})
+
+
+def test_config_accepts_ints_for_float_fields():
+    assert tiny(dropout=0, rope_base=500).rope_base == 500
+
+
+def test_tie_embeddings():
+    tied, untied = md.GPT(tiny()), md.GPT(tiny(tie_embeddings=False))
+    assert tied.lm_head.weight is tied.wte.weight
+    assert untied.lm_head.weight is not untied.wte.weight
+    assert untied.num_params() == tied.num_params() + 64 * 32
+    idx = torch.randint(0, 64, (2, 8))
+    _, loss = untied(idx, idx)
+    loss.backward()
+    assert untied.lm_head.weight.grad.abs().sum() > 0 and untied.wte.weight.grad.abs().sum() > 0
+
+
+def test_generate_validates_its_arguments():
+    model = md.GPT(tiny()).eval()
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    for kwargs, message in [(dict(temperature=0), "temperature must be a number > 0"),
+                            (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
+                            (dict(top_k=0), "top_k must be None"), (dict(top_k=2.5), "top_k"),
+                            (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
+                            (dict(max_new_tokens=2.0), "max_new_tokens")]:
+        with pytest.raises(ValueError, match=message):
+            model.generate(idx, **{"max_new_tokens": 2, **kwargs})
+    out = model.generate(idx, max_new_tokens=4, temperature=0.5, top_k=1)
+    assert out.shape == (1, 7) and torch.equal(out[:, :3], idx)
+    assert torch.equal(model.generate(idx, max_new_tokens=0), idx)
+
+
+class DeviceProbe(Exception):
+    pass
+
+
+@pytest.mark.parametrize("call", ["generate", "attention_maps"])
+def test_generate_and_attention_maps_move_idx_to_the_model_device(call, monkeypatch):
+    """Without a GPU: the model says it lives on 'meta'; the token ids it checks must already be there."""
+    model = md.GPT(tiny()).eval()
+    monkeypatch.setattr(md.GPT, "device", property(lambda self: torch.device("meta")))
+    seen = []
+
+    def probe(self, idx):
+        seen.append(idx.device)
+        raise DeviceProbe
+
+    monkeypatch.setattr(md.GPT, "_check_idx", probe)
+    idx = torch.zeros(1, 3, dtype=torch.long)
+    with pytest.raises(DeviceProbe):
+        model.generate(idx, max_new_tokens=1) if call == "generate" else model.attention_maps(idx, layer=0)
+    assert seen[0].type == "meta" and idx.device.type == "cpu"
 
 
 def test_learned_positions_refuse_lengths_beyond_their_table():

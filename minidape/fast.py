@@ -1,0 +1,279 @@
+r"""The fast path of ``model.py``: the same attention, computed faster and in memory linear in T.
+
+``model.py`` writes every refiner as the papers do, over the full ``(batch, h, T, T)`` scores. This module
+computes the same numbers (to float rounding, forward and gradients; ``tests/test_fast.py``) from the same
+parameters -- it reads the reference modules' ``nn.Linear`` and ``nn.Conv2d`` weights -- so ``state_dict`` keys,
+checkpoints and initialisation do not depend on the path. ``GPTConfig(fast=True)`` (the default) uses it.
+
+How, in order of what it saves:
+  - **Query blocks** (``attend_blocks``): softmax is per query row and every refiner acts on each row alone, so
+    attention runs on blocks of rows, each against only the keys it can see; the causal upper triangle beyond a
+    block is never computed, and the refiner's hidden activations of one block fit a memory budget.
+  - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls in the scores' channels-first layout (no
+    permute copies), with its hidden activation recomputed in backward instead of stored.
+  - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
+    over ``kernel`` shifted copies of the scores.
+  - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
+  - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .model import (ConvRefiner, DAPEAddRefiner, DAPEConcatRefiner, DAPERefiner, PositionalInputs,
+                    attention_mask, refiner_view)
+
+# The refiner's hidden activations of one attention block are kept under this many elements (at least 16
+# query rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel
+# launches stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
+BLOCK_ELEMENTS = {"cpu": 2 ** 22, "accelerator": 2 ** 26}
+FULL_BIAS_ELEMENTS = 2 ** 24
+
+
+# ----------------------------------------------------------------------------------------------------
+# Attention in query blocks
+
+
+def attention(attn, q, k, v, positional: PositionalInputs):
+    """The attention of ``model.SelfAttention`` ``attn``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
+    dropout = attn.cfg.dropout if attn.training else 0.0
+    if attn.refiner is None and positional.bias_rows is None:
+        # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
+        return F.scaled_dot_product_attention(q, k, v, is_causal=attn.cfg.causal, dropout_p=dropout)
+    return torch.cat(attend_blocks(attn, q, k, v, positional, dropout), dim=2)
+
+
+def block_rows(cfg, has_refiner: bool, batch: int, T: int, device: torch.device) -> int:
+    """Query rows per block. Without a refiner one block, unless the (batch, h, T, T) scores would be large."""
+    if cfg.attn_chunk:
+        return cfg.attn_chunk
+    if not has_refiner and batch * cfg.n_head * T * T <= FULL_BIAS_ELEMENTS:
+        return T
+    channels = max(cfg.n_head, cfg.refiner_width) if has_refiner else cfg.n_head
+    rows = BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] // (batch * channels * T)
+    if device.type == "cpu":
+        # Fewer, taller blocks have less per-block overhead, but a causal block also computes the upper half
+        # of its diagonal square in vain (rows / T of the cells) and leaves the cache: T / 16 rows measured
+        # best for T = 128 ... 2048 (DAPE at T = 2048, one sequence: 1.80x of `none` with 16 rows, 1.45x).
+        rows = min(rows, T // 16)
+    return max(16, rows)
+
+
+def attend_blocks(attn, q, k, v, positional: PositionalInputs, dropout: float) -> list[torch.Tensor]:
+    """Attention in blocks of query rows, each against the keys it can see: (batch, nh, rows, hs) per block.
+
+    Keys come in chunks of the block's size; a causal block takes the chunks up to its last row, plus the
+    refiner's ``key_margin`` keys from the next chunk (a 1 x kernel conv reads kernel//2 masked keys past the
+    diagonal: zeros after tril, but its hidden layer is not). Concatenating chunks keeps the backward pass cheap:
+    each chunk receives only its own gradient, instead of a zero-filled full-length one per block. The last
+    (widest) block runs first, so the memory allocator can reuse its buffers for every narrower one: in the
+    other order each block needs slightly more than the last freed, and a 16k-token evaluation's peak memory
+    grew several-fold from fragmentation alone.
+    """
+    cfg, refiner = attn.cfg, attn.refiner
+    batch, _, T, _ = q.shape
+    rows = block_rows(cfg, refiner is not None, batch, T, q.device)
+    k, v = k.contiguous(), v.contiguous()
+    margin = getattr(refiner, "key_margin", 0)
+    k_chunks, v_chunks = k.split(rows, dim=2), v.split(rows, dim=2)
+    q_blocks = q.split(rows, dim=2)
+    # A bias computed once is cut into the blocks' rows the same way: slicing the full (h, T, T) bias per block
+    # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step). Too large to
+    # hold at once, it is computed per block instead.
+    precomputed = positional.bias_rows is not None and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
+    bias_blocks = positional.full_bias.split(rows, dim=1) if precomputed else None
+    outputs = [None] * len(q_blocks)
+    for i in reversed(range(len(q_blocks))):
+        q0, q1 = i * rows, i * rows + q_blocks[i].shape[2]
+        k1 = min(T, q1 + margin) if cfg.causal else T
+        keys, values = (k, v) if k1 == T else (_first_keys(k_chunks, k1), _first_keys(v_chunks, k1))
+        mask = attention_mask(q0, q1, k1, cfg.causal, q.device)
+        if positional.bias_rows is None:
+            bias = None
+        else:
+            bias = bias_blocks[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
+        outputs[i] = attend_block(refiner, q_blocks[i], keys, values, bias, mask, dropout)
+    return outputs
+
+
+def _first_keys(chunks, n: int):
+    """The first n keys (or values) from whole chunks, plus the start of the next one."""
+    rows = chunks[0].shape[2]
+    pieces = list(chunks[: n // rows])
+    if n % rows:
+        pieces.append(chunks[n // rows][:, :, : n % rows])
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
+
+
+def attend_block(refiner, q, k, v, bias, mask, dropout: float):
+    """``model.attention`` for a block of query rows: q (batch, nh, rows, hs), k/v (batch, nh, keys, hs), bias
+    (nh, rows, keys) or None, mask (rows, keys) -> (batch, nh, rows, hs)."""
+    if refiner is None:                  # S + B through the fused kernel, bias and mask as one float mask
+        float_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)          # -inf in the bias stays -inf
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout)
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
+    seen_bias, allowed = refiner_view(bias, mask)
+    kernel = KERNELS.get(type(refiner))  # exact type: a user's subclass may compute something else
+    refined = kernel(refiner, scores, seen_bias, mask) if kernel else refiner(scores, seen_bias, mask)
+    masked = refined.masked_fill(~allowed, torch.finfo(refined.dtype).min)
+    probs = F.dropout(F.softmax(masked, dim=-1), p=dropout)
+    return probs.to(v.dtype) @ v
+
+
+# ----------------------------------------------------------------------------------------------------
+# The cell MLP: DAPE's f without permutes, its hidden layer recomputed in backward
+
+
+class _CellMLP(torch.autograd.Function):
+    r"""$Y = W_2\,\mathrm{LeakyReLU}(W_1 X + H_0)$ at every cell: X (batch, C_in, N) channels first -> Y (batch,
+    C_out, N).
+
+    The refiners' workhorse. The hidden activation (batch, W, N) is W/C times larger than the scores, so
+    backward recomputes it from X instead of keeping it: training memory stays O(batch h T^2), and each big
+    tensor is written once per pass. ``hidden_offset`` $H_0$ (W, N) or (W, 1) is the part of the hidden
+    pre-activation that is the same for every sequence ($W_B B + b_1$): computed once and broadcast. Batched
+    matmuls over a broadcast weight keep X and the hidden activation in their channels-first layout: no copies.
+    """
+
+    @classmethod
+    def run(cls, x, hidden_offset, w_in, w_out):
+        """Apply in the scores' dtype (under autocast the scores may be bfloat16, the weights float32)."""
+        return cls.apply(x, *(t.to(x.dtype) for t in (hidden_offset, w_in, w_out)))
+
+    @staticmethod
+    def batched(w, batch: int):
+        """w as the same matrix for each of ``batch`` sequences. Contiguous first: with a transposed or sliced
+        weight the batched matmul alone ran 2-4x slower on CPU."""
+        return w.contiguous().expand(batch, -1, -1)
+
+    @staticmethod
+    def forward(ctx, x, hidden_offset, w_in, w_out):
+        ctx.save_for_backward(x, hidden_offset, w_in, w_out)
+        return torch.bmm(_CellMLP.batched(w_out, len(x)), _CellMLP.hidden(x, hidden_offset, w_in))
+
+    @staticmethod
+    def hidden(x, hidden_offset, w_in):
+        return F.leaky_relu_(torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x), 0.01)  # (batch, W, N)
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        x, hidden_offset, w_in, w_out = ctx.saved_tensors
+        batch = len(x)
+        hidden = _CellMLP.hidden(x, hidden_offset, w_in)  # recomputed; LeakyReLU keeps the sign, all backward needs
+        grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
+        grad_hidden = torch.bmm(_CellMLP.batched(w_out.t(), batch), grad_out)
+        torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, 0.01, False, grad_input=grad_hidden)
+        grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()      # as (C, W): 1.6-2x faster than (W, C)
+        grad_offset = grad_hidden.sum(0)
+        if hidden_offset.shape[-1] == 1:
+            grad_offset = grad_offset.sum(-1, keepdim=True)
+        grad_x = torch.bmm(_CellMLP.batched(w_in.t(), batch), grad_hidden)
+        return grad_x, grad_offset, grad_w_in, grad_w_out
+
+
+def _hidden_offset(b_in, w_bias=None, bias=None):
+    """$H_0 = b_1$ (W, 1), plus $W_B B$ (W, N) when the refiner reads the bias (C_B, N)."""
+    offset = b_in[:, None]
+    return offset if bias is None else torch.addmm(offset, w_bias, bias)
+
+
+def head_mlp(mlp, x, bias=None, residual=None):
+    r"""$x + f([x, B]) + R$ with $f$ = ``mlp`` (a ``model.HeadMLP``'s Sequential): x (batch, h, Tq, Tk), the
+    bias $B$ and the residual $R$ (h, Tq, Tk) or None. The first layer is split as
+    $W_1 [x; B] = W_x x + W_B B$: the bias half, the same for every sequence, is computed once and broadcast."""
+    first, last = mlp[0], mlp[2]
+    batch, h, Tq, Tk = x.shape
+    offset = _hidden_offset(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
+    out = _CellMLP.run(x.reshape(batch, h, -1), offset, first.weight[:, :h], last.weight).view(batch, h, Tq, Tk)
+    output_offset = last.bias[:, None, None] if residual is None else residual + last.bias[:, None, None]
+    return torch.add(x, out).add_(output_offset)   # two passes over the batch: the (h, Tq, Tk) terms summed first
+
+
+def dape(refiner, scores, bias, mask):
+    """$S + B + f([S, B])$ (``model.DAPERefiner``)."""
+    return head_mlp(refiner.f.mlp, scores, bias, residual=bias)
+
+
+def dape_concat(refiner, scores, bias, mask):
+    """$S + f([S, B])$ (``model.DAPEConcatRefiner``)."""
+    return head_mlp(refiner.f.mlp, scores, bias)
+
+
+def dape_add(refiner, scores, bias, mask):
+    """$(S + B) + f(S + B)$ (``model.DAPEAddRefiner``)."""
+    return head_mlp(refiner.f.mlp, scores if bias is None else scores + bias)
+
+
+# ----------------------------------------------------------------------------------------------------
+# The shifted-key convolution: DAPE-V2's 1 x kernel convolutions as the same cell MLP
+
+
+def _shifted_copies(x, kernel: int):
+    r"""(batch, C, R, K) -> (batch, kernel, C, R, K): copy t is x moved along the keys by $d_t = t - kernel/2$,
+    $X_t[\dots, j] = x[\dots, j + d_t]$, zero where $j + d_t$ falls outside the row."""
+    out = x.new_empty(x.shape[0], kernel, *x.shape[1:])
+    n_keys = x.shape[-1]
+    for t in range(kernel):
+        d = t - kernel // 2
+        lo, hi = max(0, -d), n_keys - max(0, d)          # the keys j whose j + d lies in the row
+        out[:, t, ..., lo:hi] = x[..., lo + d: hi + d]
+        out[:, t, ..., :lo] = 0
+        out[:, t, ..., hi:] = 0
+    return out
+
+
+def _summed_shifts(y, kernel: int):
+    r"""The adjoint of ``_shifted_copies``: (batch, kernel, C, R, K) -> (batch, C, R, K),
+    $\sum_t Y_t[\dots, j - d_t]$."""
+    out = y[:, kernel // 2].clone()
+    n_keys = y.shape[-1]
+    for t in range(kernel):
+        d = t - kernel // 2
+        if d:
+            lo, hi = max(0, -d), n_keys - max(0, d)
+            out[..., lo + d: hi + d] += y[:, t, ..., lo:hi]
+    return out
+
+
+class _KeyShifts(torch.autograd.Function):
+    """``_shifted_copies`` (or, with ``adjoint``, ``_summed_shifts``) whose backward pass is the other one."""
+
+    @staticmethod
+    def forward(ctx, x, kernel: int, adjoint: bool):
+        ctx.kernel, ctx.adjoint = kernel, adjoint
+        return _summed_shifts(x, kernel) if adjoint else _shifted_copies(x, kernel)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return (_shifted_copies(grad, ctx.kernel) if ctx.adjoint else _summed_shifts(grad, ctx.kernel)), None, None
+
+
+def conv(refiner, scores, bias, mask):
+    r"""$S + B + \mathrm{conv}_2(\mathrm{LeakyReLU}(\mathrm{conv}_1(\mathrm{tril}([S, B]))))$ (``model.ConvRefiner``).
+
+    conv1 is a matrix over the ``kernel`` shifted copies of the input ($X_t[j] = X[j + t - kernel/2]$), and conv2
+    a matrix giving ``kernel`` per-tap outputs at each key, which are shifted into place and summed:
+    $\mathrm{conv_2}(H)_j = \sum_t (W_2^{(t)} H)_{j + t - kernel/2}$ -- the transpose of making the copies, with
+    the taps in reverse order.
+    """
+    batch, h, Tq, Tk = scores.shape
+    kernel = refiner.conv1.kernel_size[1]
+
+    def copies(x):                                  # tril, then (batch, C, Tq, Tk) -> (batch, kernel * C, Tq * Tk)
+        return _KeyShifts.apply(x.masked_fill(~mask, 0), kernel, False).flatten(1, 2).flatten(2)
+
+    w1 = refiner.conv1.weight[:, :, 0].transpose(1, 2)                       # (W, kernel, C_in)
+    bias_copies = None if bias is None else copies(bias[None])[0]
+    offset = _hidden_offset(refiner.conv1.bias, w1[..., h:].flatten(1), bias_copies)
+    w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (kernel * h, W), taps reversed
+    taps = _CellMLP.run(copies(scores), offset, w1[..., :h].flatten(1), w2)  # (batch, kernel * h, Tq * Tk)
+    convolved = _KeyShifts.apply(taps.view(batch, kernel, h, Tq, Tk), kernel, True)
+    output_offset = refiner.conv2.bias[:, None, None] if bias is None else bias + refiner.conv2.bias[:, None, None]
+    return torch.add(scores, convolved).add_(output_offset)
+
+
+# The fast kernel of each built-in refiner, by exact class; any other refiner runs its own forward in the blocks.
+KERNELS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner: dape_add, ConvRefiner: conv}

@@ -1,0 +1,190 @@
+"""The fast path (minidape/fast.py) computes what the reference (minidape/model.py, fast=False) computes, and
+model.py runs alone, copied out of the package."""
+import copy
+import itertools
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+
+import minidape as md
+from minidape import fast
+from minidape import model as M
+
+BUILTIN_PES = ["none", "learned", "sinusoidal", "rope", "yarn", "t5", "alibi", "kerple_log", "kerple_power", "fire"]
+BUILTIN_REFINERS = ["none", "dape", "dape_concat", "dape_add", "cape", "conv"]
+
+
+def tiny(**kw):
+    base = dict(vocab_size=64, n_layer=2, n_head=4, n_embd=32, block_size=16)
+    base.update(kw)
+    return md.GPTConfig(**base)
+
+
+def fast_and_reference(cfg):
+    """The same model twice, same weights: the fast path and the reference form."""
+    torch.manual_seed(0)
+    model = md.GPT(cfg)
+    for block in model.blocks:             # refiner weights large enough that their mistakes would show
+        for p in (block.attn.refiner.parameters() if block.attn.refiner is not None else []):
+            nn.init.normal_(p, std=0.3)
+    reference = copy.deepcopy(model)
+    reference.cfg.fast = False             # the copy's own config, shared by its layers
+    assert model.cfg.fast and M.fast_path is fast
+    return model.train(), reference.train()
+
+
+def assert_same_forward_and_gradients(model, reference, idx):
+    logits, loss = model(idx, idx)
+    reference_logits, reference_loss = reference(idx, idx)
+    torch.testing.assert_close(logits, reference_logits, atol=2e-5, rtol=1e-4)
+    loss.backward()
+    reference_loss.backward()
+    named = dict(reference.named_parameters())
+    for name, p in model.named_parameters():
+        expected = named[name].grad
+        assert (p.grad is None) == (expected is None), name
+        if expected is not None:
+            assert torch.isfinite(p.grad).all(), name
+            # float32 rounding is relative to the gradient's own scale (some are ~1e-5 at initialisation)
+            scale = expected.abs().max().item()
+            torch.testing.assert_close(p.grad, expected, atol=1e-4 * scale + 1e-9, rtol=1e-3,
+                                       msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+@pytest.mark.parametrize("pe,refiner", list(itertools.product(BUILTIN_PES, BUILTIN_REFINERS)))
+def test_fast_equals_reference_forward_and_every_gradient(pe, refiner, causal):
+    # short: one query block; long: blocks of 7 rows (beyond block_size where the PE allows)
+    long_T = 16 if pe == "learned" else 40
+    for T, chunk in ((12, 0), (long_T, 7)):
+        model, reference = fast_and_reference(tiny(pe=pe, refiner=refiner, causal=causal, attn_chunk=chunk))
+        idx = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(T))
+        assert_same_forward_and_gradients(model, reference, idx)
+
+
+@pytest.mark.parametrize("refiner", ["none", "dape", "conv"])
+def test_a_bias_too_large_to_precompute_is_computed_per_block_alike(refiner, monkeypatch):
+    monkeypatch.setattr(fast, "FULL_BIAS_ELEMENTS", 0)    # as at T = 16k: the bias per block and layer
+    model, reference = fast_and_reference(tiny(pe="kerple_log", refiner=refiner, attn_chunk=9))
+    calls = []
+    model.pe.register_forward_hook(lambda module, args, out: calls.append(out.shape))
+    assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 30)))
+    assert len(calls) == 2 * 4                                 # 4 blocks in each of 2 layers, none full size
+
+
+@pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
+def test_fast_equals_reference_with_a_hard_window_and_nan_on_future_cells(refiner):
+    name = f"test_fast_window_{refiner}"
+
+    @md.register_pe(name)
+    class WindowWithNaNFuture(md.AdditiveBias):
+        def __init__(self, cfg):
+            super().__init__()
+            self.scale = nn.Parameter(torch.linspace(-0.5, 0.5, cfg.n_head))
+
+        def forward(self, q_pos, k_pos):
+            d = (q_pos[:, None] - k_pos[None, :]).float()
+            bias = (self.scale[:, None, None] * d.clamp(min=0)).masked_fill(d >= 5, float("-inf"))
+            return bias.masked_fill(d < 0, float("nan"))
+
+    model, reference = fast_and_reference(tiny(pe=name, refiner=refiner, attn_chunk=6))
+    assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 25)))
+
+
+def test_a_user_refiner_runs_in_the_fast_blocks_and_matches_the_reference():
+    name = "test_fast_user_refiner"
+
+    @md.register_refiner(name)
+    class Gate(nn.Module):
+        def __init__(self, cfg):
+            super().__init__()
+            self.gate = nn.Parameter(torch.full((cfg.n_head, 1, 1), 0.5))
+
+        def forward(self, scores, bias, mask):
+            return scores * self.gate + (0 if bias is None else bias)
+
+    model, reference = fast_and_reference(tiny(pe="alibi", refiner=name, attn_chunk=5))
+    assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 23)))
+
+
+def test_the_default_model_runs_the_fast_path_and_fast_false_does_not(monkeypatch):
+    calls = []
+    real = fast.attention
+    monkeypatch.setattr(fast, "attention", lambda *args: calls.append(1) or real(*args))
+    idx = torch.randint(0, 64, (1, 10))
+    md.GPT(tiny(pe="kerple_log", refiner="dape"))(idx)
+    assert len(calls) == 2                                     # one per layer
+    md.GPT(tiny(pe="kerple_log", refiner="dape", fast=False))(idx)
+    assert len(calls) == 2
+
+
+def test_checkpoints_load_either_way():
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe="t5", refiner="conv"))
+    reference = md.GPT(tiny(pe="t5", refiner="conv", fast=False))
+    assert list(model.state_dict()) == list(reference.state_dict())
+    reference.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 64, (2, 20))
+    with torch.no_grad():
+        torch.testing.assert_close(model.eval()(idx)[0], reference.eval()(idx)[0], atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("refiner", ["dape", "none"])
+def test_cpu_query_blocks_keep_a_block_bounded_whatever_the_length(refiner):
+    """Blocks grow with T (fewer blocks) but a block's widest tensor, (batch, channels, rows, T), stays under the
+    CPU budget unless it is already at the 16-row minimum: evaluation memory is linear in T, not quadratic."""
+    cfg = tiny(pe="kerple_log", refiner=refiner, refiner_width=32)
+    channels = cfg.refiner_width if refiner == "dape" else cfg.n_head
+    for batch in (1, 2, 8, 32):
+        for T in (100, 128, 512, 2048, 16384):
+            rows = fast.block_rows(cfg, refiner != "none", batch, T, torch.device("cpu"))
+            if refiner == "none" and batch * cfg.n_head * T * T <= fast.FULL_BIAS_ELEMENTS:
+                assert rows == T                        # small: one block through the fused kernel
+                continue
+            assert rows >= 16 and (rows == 16 or batch * channels * rows * T <= fast.BLOCK_ELEMENTS["cpu"])
+            assert rows < T
+
+
+STANDALONE = textwrap.dedent("""
+    import sys
+    sys.path.insert(0, ".")
+    import torch
+    import model as M
+    assert "minidape" not in sys.modules, "model.py imported the package"
+    assert M.fast_path is None
+    torch.manual_seed(0)
+    trained = 0
+    for pe in M.PE_NAMES:
+        for refiner in M.REFINER_NAMES:
+            cfg = M.GPTConfig(vocab_size=32, n_layer=2, n_head=2, n_embd=16, block_size=12, pe=pe, refiner=refiner)
+            model = M.GPT(cfg)
+            optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
+            idx = torch.randint(0, 32, (2, 12))
+            before = [p.detach().clone() for p in model.parameters()]
+            _, loss = model(idx, idx)
+            loss.backward()
+            optimizer.step()
+            assert torch.isfinite(loss), (pe, refiner)
+            assert all(not torch.equal(a, p) for a, p in zip(before, model.parameters())), (pe, refiner)
+            assert M.check_causal(cfg), (pe, refiner)
+            trained += 1
+    print("trained", trained, "of", len(M.PE_NAMES) * len(M.REFINER_NAMES))
+""")
+
+
+def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
+    """Copied out of the package with nothing else, model.py imports (torch and einops only), builds, trains a
+    step and passes check_causal for every pe x refiner: the "copy one file into a Colab" property."""
+    shutil.copy(Path(M.__file__), tmp_path / "model.py")
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
+    out = subprocess.run([sys.executable, "-c", STANDALONE], cwd=tmp_path, env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr
+    assert f"trained {len(BUILTIN_PES) * len(BUILTIN_REFINERS)} of" in out.stdout
