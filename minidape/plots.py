@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 
-from .train import atomic_path
+from .utils import atomic_path
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 150) -> Path:
