@@ -132,8 +132,8 @@ def corpus_identity(name_or_path: str | os.PathLike) -> dict:
     name_or_path = os.fspath(name_or_path)
     if name_or_path in CORPORA:
         return {"name": name_or_path}
+    _corpus_tokens(name_or_path)  # the usual errors for an unknown name, a missing or unreadable file
     path = Path(name_or_path).expanduser().resolve()
-    _corpus_tokens(str(path))  # the usual errors for a missing or unreadable file
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):

@@ -39,7 +39,11 @@ def _check_length(length, what: str = "length") -> int:
 
 
 def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:
-    """Tokens outside the model's vocabulary are a data error, not a length the model cannot run."""
+    """Too few tokens, or tokens outside the model's vocabulary, are a data error, not a length the model
+    cannot run."""
+    if len(tokens) < 2:
+        raise ValueError(f"tokens holds {len(tokens)} token(s); evaluation needs at least 2 (an input and the "
+                         f"next token it predicts)")
     vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
     if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}); got values in "

@@ -64,6 +64,11 @@ def autocast_for(device: torch.device):
 # ----------------------------------------------------------------------------- checks
 
 
+def fast_mode() -> bool:
+    """True when the environment asks for a quick run (`MINIDAPE_FAST=1`): tests and CI, same code paths."""
+    return os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+
+
 def check_number(name: str, value, minimum: float, integer: bool = True, allow_none: bool = True):
     """`value` itself if it is a number >= `minimum` (an integer when `integer`), or None when `allow_none`;
     else a ValueError naming `name`, the rule and the value. Bools are not numbers here."""
@@ -134,14 +139,14 @@ def json_ready(value):
 
 
 def write_results(out: str | os.PathLike, title: str, table: str, details: dict, payload: dict) -> Path:
-    """Write `out/results.md` (the title, the markdown table, then one line per scalar detail) and
-    `out/results.json` (`payload` and `details`, strict JSON), each atomically; returns `out`."""
+    """The one results writer: `out/results.md` (the title, the markdown table, then one line per scalar
+    detail) and `out/results.json` (`payload`, strict JSON), each written atomically; returns `out`."""
     out = Path(out)
     settings = "\n".join(f"- {key}: {value}" for key, value in details.items() if not isinstance(value, dict))
     with atomic_path(out / "results.md") as tmp:
         tmp.write_text(f"# {title}\n\n{table}\n{settings}\n")
     with atomic_path(out / "results.json") as tmp:
-        tmp.write_text(json.dumps(json_ready({**payload, **details}), indent=1) + "\n")
+        tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n")
     return out
 
 
