@@ -1,7 +1,11 @@
-"""minidape: positional encodings, DAPE/CAPE refiners and length extrapolation in a small GPT."""
-from . import kernels
-from . import data, evaluate, plots
-from . import tasks
+"""minidape: positional encodings, DAPE/CAPE refiners and length extrapolation in a small GPT.
+
+The model, the corpora and the training loop are imported here; every other module (`evaluate`, `plots`,
+`tasks`, `che`, `kernels`, ...) is imported on first use (PEP 562 `__getattr__`), so that `import minidape.model`
+stays quick and loads neither matplotlib nor tqdm.
+"""
+import importlib
+
 from .data import load_corpus
 from .model import (
     GPT,
@@ -17,8 +21,22 @@ from .model import (
 from .model import check_causal
 from .train import train  # md.train is the function; `from minidape.train import ...` reaches the module
 
+# Submodules loaded on first access as md.NAME. `train` is imported above so that the name stays the function:
+# a submodule imported later would not replace it, as Python sets the package attribute on first import only.
+LAZY_MODULES = ("che", "data", "evaluate", "kernels", "plots", "tasks", "utils")
+
+
+def __getattr__(name: str):
+    if name in LAZY_MODULES:
+        return importlib.import_module(f".{name}", __name__)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(LAZY_MODULES))
+
+
 __all__ = [
     "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "AbsolutePositions", "RotaryEmbedding",
-    "register_pe", "register_refiner", "kernels",
-    "load_corpus", "train", "data", "evaluate", "plots", "tasks",
+    "register_pe", "register_refiner", "load_corpus", "train", *LAZY_MODULES,
 ]

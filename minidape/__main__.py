@@ -5,9 +5,12 @@
     python -m minidape train --steps 4000 --out runs/alibi --resume
     python -m minidape eval runs/alibi/checkpoint.pt runs/rope/checkpoint.pt --lengths 128 512 2048
     python -m minidape che --task reverse_string --pe kerple_log --refiner dape --steps 2000
+    python -m minidape train --import my_bias.py --pe my_bias --out runs/mine   # a bias of your own
 
 Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
-itself, so a field added to the model is a flag without touching this file.
+itself, so a field added to the model is a flag without touching this file. Every command takes
+`--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices.
+A mistake in the command line is one line on stderr and exit code 2.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import math
 import os
 import runpy
 import sys
@@ -26,15 +28,15 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 
-from .data import load_corpus
+from . import plots
+from .che import accuracy_table, train_task
+from .data import check_corpus, load_corpus
 from .evaluate import PROTOCOLS, perplexity_by_length
 from .model import PE_NAMES, REFINER_NAMES, GPTConfig
-from .plots import markdown_table, plot_extrapolation
-from .tasks import TASK_NAMES, accuracy_table, get_task, plot_accuracy, train_task
-from .train import (CHECKPOINT_NAME, DEVICE_CHOICES, atomic_path, config_from_dict, load_checkpoint, read_checkpoint,
-                    resolve_device, train)
-
-FIELD_CHOICES = {"pe": PE_NAMES, "refiner": REFINER_NAMES}
+from .tasks import TASK_NAMES, get_task
+from .train import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint, train
+from .utils import (DEVICE_CHOICES, atomic_path, check_writable_folder, fast_mode, import_file, model_label,
+                    resolve_device, write_results)
 
 # The demo's models: (name, GPTConfig overrides). Kerple-log is the bias both refiners build on.
 DEMO_MODELS = (
@@ -72,17 +74,52 @@ CUDA_BUDGET = DemoBudget(n_layer=4, n_embd=256, n_head=8, steps=4000, batch_size
 FAST_BUDGET = dataclasses.replace(CPU_BUDGET, steps=4, batch_size=4, eval_windows=1)
 
 
-def fast_mode() -> bool:
-    """True when the environment asks for a quick run (`MINIDAPE_FAST=1`)."""
-    return os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-
 
 # ----------------------------------------------------------------------------- argument parsing
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line errors: a mistake is named on one line of stderr (exit code 2), not under a usage
+    block that for `train` lists every config flag."""
+
+    def error(self, message: str) -> typing.NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see --help)\n")
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}")
+    return value
+
+
+def positive_float(text: str) -> float:
+    """argparse type: a finite number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not 0 < value < float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number > 0, got {text!r}")
+    return value
+
+
+def _imported_files(argv: list[str]) -> list[str]:
+    """The `--import FILE.py` values of a command line, read before the full parser is built so that the names
+    they register are among the choices of `--pe` and `--refiner`."""
+    early = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
+    early.add_argument("--import", dest="imports", action="append", default=[])
+    return early.parse_known_args(argv)[0].imports
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default."""
     hints = typing.get_type_hints(GPTConfig)
+    choices = {"pe": PE_NAMES, "refiner": REFINER_NAMES}
     group = parser.add_argument_group("model (GPTConfig fields)")
     for field in dataclasses.fields(GPTConfig):
         kind = hints[field.name]
@@ -92,8 +129,8 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
             options["action"] = argparse.BooleanOptionalAction
         else:
             options["type"] = kind
-            if field.name in FIELD_CHOICES:
-                options["choices"] = list(FIELD_CHOICES[field.name])
+            if field.name in choices:
+                options["choices"] = list(choices[field.name])
         group.add_argument(*flags, **options)
 
 
@@ -102,91 +139,106 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
                                                         "CUDA, then MPS, then CPU)")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che,bench}")
+def add_command(commands, name: str, **options) -> argparse.ArgumentParser:
+    """A subcommand with the flag every command takes: `--import FILE.py`, repeatable."""
+    command = commands.add_parser(name, **options)
+    command.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE.py",
+                         help="run this Python file first, so the PEs/refiners it registers can be used "
+                              "(repeatable)")
+    return command
 
-    demo = commands.add_parser("demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
-                               description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and "
-                                           "conv-Kerple at length 128, evaluate each up to 16x that length "
-                                           "(last-256-tokens protocol), write results.md, results.json and "
-                                           "extrapolation.png. Budget: CPU ~10 min; larger on CUDA; tiny "
-                                           "with MINIDAPE_FAST=1.")
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = Parser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
+                    formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    demo = add_command(commands, "demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
+                       description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and conv-Kerple at "
+                                   "length 128, evaluate each up to 16x that length (last-256-tokens protocol), "
+                                   "write results.md, results.json and extrapolation.png. Budget: CPU ~10 min; "
+                                   "larger on CUDA; tiny with MINIDAPE_FAST=1.")
     demo.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
-    demo.add_argument("--steps", type=int, help="training steps per model (default: the machine's budget)")
+    demo.add_argument("--overwrite", action="store_true", help="replace an earlier demo in OUT")
+    demo.add_argument("--steps", type=positive_int, help="training steps per model (default: the machine's budget)")
     demo.add_argument("--seed", type=int, default=0)
     _add_device_flag(demo)
 
-    train_cmd = commands.add_parser("train", help="train one model", description="Train one GPT; every "
-                                    "GPTConfig field is a flag. Writes OUT/checkpoint.pt and OUT/history.json.")
+    train_cmd = add_command(commands, "train", help="train one model",
+                            description="Train one GPT; every GPTConfig field is a flag. Writes OUT/checkpoint.pt "
+                                        "and OUT/history.json.")
     _add_config_flags(train_cmd)
     run = train_cmd.add_argument_group("training")
     run.add_argument("--corpus", help="corpus name or .txt/.gz path (default austen; on --resume the "
                                       "checkpoint's corpus)")
-    run.add_argument("--steps", type=int, default=1000, help="total optimizer steps (default 1000)")
-    run.add_argument("--batch-size", type=int, default=32, help="sequences per step (per process under DDP)")
-    run.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
+    run.add_argument("--steps", type=positive_int, default=1000, help="total optimizer steps (default 1000)")
+    run.add_argument("--batch-size", type=positive_int, default=32,
+                     help="sequences per step (per process under DDP)")
+    run.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
     run.add_argument("--min-lr", type=float, help="final learning rate of the cosine (default lr/10)")
     run.add_argument("--warmup", type=int, help="linear warmup steps (default 5%% of steps)")
     run.add_argument("--weight-decay", type=float, default=0.1)
     run.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip, 0 disables (default 1)")
-    run.add_argument("--eval-every", type=int, help="steps between validation losses (default steps/10)")
-    run.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default: at the end only)")
+    run.add_argument("--eval-every", type=positive_int, help="steps between validation losses (default steps/10)")
+    run.add_argument("--checkpoint-every", type=positive_int,
+                     help="steps between checkpoints (default: at the end only)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--out", required=True, help="run directory for checkpoint.pt and history.json")
-    run.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    again = run.add_mutually_exclusive_group()
+    again.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
+    again.add_argument("--overwrite", action="store_true", help="replace the checkpoint in OUT with a new run")
     _add_device_flag(run)
 
-    evaluate = commands.add_parser("eval", help="perplexity by length of checkpoints: table + plot",
-                                   description="Evaluate checkpoints at several lengths; print a markdown table "
-                                               "and write results.md, results.json and extrapolation.png.")
+    evaluate = add_command(commands, "eval", help="perplexity by length of checkpoints: table + plot",
+                           description="Evaluate checkpoints at several lengths; print a markdown table and write "
+                                       "results.md, results.json and extrapolation.png.")
     evaluate.add_argument("checkpoints", nargs="+", help="checkpoint files (or run directories)")
-    evaluate.add_argument("--lengths", type=int, nargs="+",
+    evaluate.add_argument("--lengths", type=positive_int, nargs="+",
                           help="evaluation lengths (default: training length x 1, 2, 4, 8, 16)")
     evaluate.add_argument("--protocol", choices=PROTOCOLS, default="last_k")
-    evaluate.add_argument("--last-k", type=int, default=256, help="tokens scored per window with last_k")
-    evaluate.add_argument("--n-windows", type=int, default=16, help="windows per length with last_k")
-    evaluate.add_argument("--n-tokens", type=int, help="tokens scored with nonoverlap (default: all)")
-    evaluate.add_argument("--corpus", help="corpus whose val split is scored (default: the checkpoint's)")
+    evaluate.add_argument("--last-k", type=positive_int, default=256, help="tokens scored per window with last_k")
+    evaluate.add_argument("--n-windows", type=positive_int, default=16, help="windows per length with last_k")
+    evaluate.add_argument("--n-tokens", type=positive_int, help="tokens scored with nonoverlap (default: all)")
+    evaluate.add_argument("--corpus", help="corpus whose val split is scored (default: the checkpoint's, "
+                                           "refused if its file has changed)")
     evaluate.add_argument("--out", help="directory for the results (default: the first checkpoint's)")
     evaluate.add_argument("--seed", type=int, default=0)
     _add_device_flag(evaluate)
 
-    che = commands.add_parser("che", help="train and test an encoder on a Chomsky-hierarchy task",
-                              description="Train an encoder on one CHE task with input lengths drawn from "
-                                          "U(1, max-train-length), test it at longer lengths, print a table and "
-                                          "write results.md, results.json and accuracy.png. The task sets "
-                                          "vocab_size, causal=False and block_size; the other GPTConfig fields "
-                                          "are flags.")
-    che.add_argument("--task", required=True, help=f"one of: {', '.join(TASK_NAMES)}")
+    che = add_command(commands, "che", help="train and test an encoder on a Chomsky-hierarchy task",
+                      description="Train an encoder on one CHE task with input lengths drawn from "
+                                  "U(1, max-train-length), test it at longer lengths, print a table and write "
+                                  "results.md, results.json and accuracy.png. The task sets vocab_size, "
+                                  "causal=False and block_size; the other GPTConfig fields are flags.")
+    che.add_argument("--task", required=True, choices=TASK_NAMES, metavar="TASK",
+                     help=f"one of: {', '.join(TASK_NAMES)}")
     _add_config_flags(che)
     run = che.add_argument_group("training and test")
-    run.add_argument("--steps", type=int, default=1000, help="Adam steps, one input length each (default 1000)")
-    run.add_argument("--batch-size", type=int, default=32)
-    run.add_argument("--lr", type=float, default=1e-3, help="peak learning rate (default 1e-3)")
-    run.add_argument("--max-train-length", type=int, default=40, help="longest training input (default 40)")
-    run.add_argument("--max-test-length", type=int, default=500, help="longest test input (default 500)")
-    run.add_argument("--length-step", type=int, default=10,
+    run.add_argument("--steps", type=positive_int, default=1000,
+                     help="Adam steps, one input length each (default 1000)")
+    run.add_argument("--batch-size", type=positive_int, default=32)
+    run.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    run.add_argument("--max-train-length", type=positive_int, default=40, help="longest training input (default 40)")
+    run.add_argument("--max-test-length", type=positive_int, default=500, help="longest test input (default 500)")
+    run.add_argument("--length-step", type=positive_int, default=10,
                      help="test the lengths step, 2*step, ... up to --max-test-length (default 10; 1 tests "
                           "every length, as the papers do)")
-    run.add_argument("--eval-samples", type=int, default=64, help="test sequences per length (default 64)")
+    run.add_argument("--eval-samples", type=positive_int, default=64, help="test sequences per length (default 64)")
     run.add_argument("--seed", type=int, default=0)
     run.add_argument("--out", help="output directory (default runs/che/TASK-MODEL)")
+    run.add_argument("--overwrite", action="store_true", help="replace earlier results in OUT")
     _add_device_flag(run)
-    bench = commands.add_parser("bench", help="refiner speed and memory benchmark (benchmarks/bench_refiners.py)",
-                                add_help=False)
-    bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see bench --help)")
+
+    bench = add_command(commands, "bench", add_help=False,
+                        help="refiner speed and memory benchmark (benchmarks/bench_refiners.py; its flags: "
+                             "bench --help)")
+    bench.add_argument("--pe", choices=list(PE_NAMES), help=argparse.SUPPRESS)
     return parser
 
 
 # ----------------------------------------------------------------------------- outputs
-
-
-def model_label(cfg: GPTConfig) -> str:
-    return cfg.pe if cfg.refiner == "none" else f"{cfg.pe}+{cfg.refiner}"
 
 
 def run_directory(checkpoint_path: str | os.PathLike) -> Path:
@@ -195,20 +247,22 @@ def run_directory(checkpoint_path: str | os.PathLike) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def write_results(out: Path, results: dict[str, dict[int, float]], train_length: int, title: str,
-                  details: dict) -> str:
-    """Write `results.md`, `results.json` and `extrapolation.png` into `out` (atomically); return the table."""
-    table = markdown_table(results, train_length=train_length)
-    settings = "\n".join(f"- {key}: {value}" for key, value in details.items() if not isinstance(value, dict))
-    markdown = f"# {title}\n\nPerplexity by evaluation length (lower is better).\n\n{table}\n{settings}\n"
-    with atomic_path(out / "results.md") as tmp:
-        tmp.write_text(markdown)
-    payload = {"results": {name: {str(k): None if math.isnan(v) else v for k, v in curve.items()}  # strict JSON
-                           for name, curve in results.items()},
-               "train_length": train_length, **details}
-    with atomic_path(out / "results.json") as tmp:
-        tmp.write_text(json.dumps(payload, indent=2) + "\n")
-    fig = plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
+def _refuse_to_replace(out: Path, earlier: list[Path], overwrite: bool) -> None:
+    """Before any work: `out` must be writable, and hold none of `earlier` unless `--overwrite`."""
+    check_writable_folder(out, "--out")
+    found = [path for path in earlier if path.exists()]
+    if found and not overwrite:
+        raise ValueError(f"{out} already holds an earlier run ({found[0]}); pass --overwrite to replace it, or "
+                         f"choose another --out")
+
+
+def write_extrapolation(out: Path, results: dict[str, dict[int, float]], train_length: int | None, title: str,
+                        details: dict) -> str:
+    """results.md, results.json and extrapolation.png of perplexity curves; returns the markdown table."""
+    table = plots.markdown_table(results, train_length=train_length)
+    write_results(out, title, f"Perplexity by evaluation length (lower is better).\n\n{table}", details,
+                  {"results": results, "train_length": train_length, **details})
+    fig = plots.plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
     plt.close(fig)
     return table
 
@@ -220,20 +274,16 @@ def run_train(args: argparse.Namespace) -> None:
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     overrides = {name: value for name, value in vars(args).items() if name in fields}
     out = Path(args.out)
-    corpus = args.corpus
-    if args.resume:
-        checkpoint = read_checkpoint(out / CHECKPOINT_NAME)
-        cfg = dataclasses.replace(config_from_dict(checkpoint["config"]), **overrides)
-        corpus = corpus or checkpoint.get("corpus")
-        if corpus is None:
-            raise SystemExit("error: the checkpoint does not name its corpus; pass --corpus")
+    if args.resume:  # the checkpoint's config, with the flags given; train refuses any change
+        checkpoint_path = out / CHECKPOINT_NAME
+        cfg = dataclasses.replace(checkpoint_config(read_checkpoint(checkpoint_path), checkpoint_path), **overrides)
     else:
         cfg = GPTConfig(**overrides)
-    model, history = train(cfg, corpus or "austen", steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+    model, history = train(cfg, args.corpus, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                            min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
                            grad_clip=args.grad_clip, eval_every=args.eval_every,
                            checkpoint_every=args.checkpoint_every, device=args.device, seed=args.seed,
-                           compile=args.compile, out=out, resume=args.resume)
+                           compile=args.compile, out=out, resume=args.resume, overwrite=args.overwrite)
     if int(os.environ.get("RANK", "0")) == 0:
         with atomic_path(out / "history.json") as tmp:
             tmp.write_text(json.dumps(history, indent=1) + "\n")
@@ -242,30 +292,40 @@ def run_train(args: argparse.Namespace) -> None:
         print(f"{model_label(cfg)}: step {last['step']}, loss {last['loss']:.4f}{val} -> {out / CHECKPOINT_NAME}")
 
 
+def _eval_corpus(path: str, checkpoint: dict, corpus: str | None) -> str:
+    """The corpus to score a checkpoint on: `--corpus` when given, else the one it was trained on, checked to
+    be the same file as then."""
+    if corpus is not None:
+        return corpus
+    recorded = checkpoint.get("corpus")
+    if recorded is None:
+        raise ValueError(f"{path} was trained on data given as a tensor, not a corpus; pass --corpus")
+    if isinstance(recorded, str):  # checkpoints written before corpora were identified by content
+        return recorded
+    return check_corpus(recorded, None, f"eval of {path}")
+
+
 def run_eval(args: argparse.Namespace) -> None:
     device = resolve_device(args.device)
-    results, train_lengths, corpora = {}, set(), set()
-    for path in args.checkpoints:
-        model, checkpoint = load_checkpoint(path, device)
-        corpus = args.corpus or checkpoint.get("corpus")
-        if corpus is None:
-            raise SystemExit(f"error: {path} does not name its corpus; pass --corpus")
+    runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
+    corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
+    results, train_lengths = {}, set()
+    for path, model, _ in runs:
         block_size = model.cfg.block_size
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
         label = model_label(model.cfg)
         if label in results:  # two checkpoints of the same kind: tell them apart by their run directory
             label = f"{label} ({run_directory(path).name})"
-        results[label] = perplexity_by_length(model, load_corpus(corpus, "val"), lengths, last_k=args.last_k,
-                                              protocol=args.protocol, n_windows=args.n_windows,
-                                              n_tokens=args.n_tokens, seed=args.seed)
+        results[label] = perplexity_by_length(model, load_corpus(corpora[path], "val"), lengths,
+                                              last_k=args.last_k, protocol=args.protocol,
+                                              n_windows=args.n_windows, n_tokens=args.n_tokens, seed=args.seed)
         train_lengths.add(block_size)
-        corpora.add(corpus)
     out = Path(args.out) if args.out else run_directory(args.checkpoints[0])
     train_length = train_lengths.pop() if len(train_lengths) == 1 else None
-    details = {"protocol": args.protocol, "corpus": ", ".join(sorted(corpora)), "seed": args.seed}
+    details = {"protocol": args.protocol, "corpus": ", ".join(sorted(set(corpora.values()))), "seed": args.seed}
     details["last_k" if args.protocol == "last_k" else "n_tokens"] = (
         args.last_k if args.protocol == "last_k" else args.n_tokens or "all")
-    table = write_results(out, results, train_length, "Length extrapolation", details)
+    table = write_extrapolation(out, results, train_length, "Length extrapolation", details)
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'}")
 
@@ -281,6 +341,8 @@ def run_demo(args: argparse.Namespace) -> None:
     budget = demo_budget(device)
     steps = args.steps or budget.steps
     out = Path(args.out)
+    _refuse_to_replace(out, [out / "results.json"] + [out / name / CHECKPOINT_NAME for name, _ in DEMO_MODELS],
+                       args.overwrite)
     val_tokens = load_corpus(args.corpus, "val")
     print(f"minidape demo on {device}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
           f"wide, {steps} steps of {budget.batch_size} x {DEMO_TRAIN_LENGTH} tokens each, evaluated at "
@@ -290,8 +352,8 @@ def run_demo(args: argparse.Namespace) -> None:
         clock = time.perf_counter()
         cfg = GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head,
                         block_size=DEMO_TRAIN_LENGTH, **overrides)
-        model, _ = train(cfg, args.corpus, steps=steps, batch_size=budget.batch_size,
-                         lr=budget.lr, device=device, seed=args.seed, out=out / name, eval_every=steps)
+        model, _ = train(cfg, args.corpus, steps=steps, batch_size=budget.batch_size, lr=budget.lr, device=device,
+                         seed=args.seed, out=out / name, overwrite=args.overwrite, eval_every=steps)
         results[name] = perplexity_by_length(model, val_tokens, budget.eval_lengths, last_k=256,
                                              protocol="last_k", n_windows=budget.eval_windows, seed=args.seed)
         seconds[name] = round(time.perf_counter() - clock, 1)
@@ -302,8 +364,8 @@ def run_demo(args: argparse.Namespace) -> None:
                "protocol": "last_k (last 256 tokens)", "windows per length": budget.eval_windows,
                "seed": args.seed, "fast mode": fast_mode(),
                "wall time (s)": round(time.perf_counter() - started, 1), "seconds per model": seconds}
-    table = write_results(out, results, DEMO_TRAIN_LENGTH, f"minidape demo: trained at {DEMO_TRAIN_LENGTH} tokens",
-                          details)
+    table = write_extrapolation(out, results, DEMO_TRAIN_LENGTH,
+                                f"minidape demo: trained at {DEMO_TRAIN_LENGTH} tokens", details)
     print()
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'} "
@@ -311,46 +373,33 @@ def run_demo(args: argparse.Namespace) -> None:
 
 
 def run_che(args: argparse.Namespace) -> None:
-    try:
-        task = get_task(args.task)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}")
+    task = get_task(args.task)
     fixed = [name for name in ("vocab_size", "causal", "block_size") if name in vars(args)]
     if fixed:
-        raise SystemExit(f"error: the task sets {', '.join(fixed)}; drop "
+        raise ValueError(f"the task sets {', '.join(fixed)}; drop "
                          f"{', '.join('--' + name.replace('_', '-') for name in fixed)}")
-    for flag in ("steps", "batch_size", "max_train_length", "max_test_length", "length_step", "eval_samples"):
-        if getattr(args, flag) < 1:
-            raise SystemExit(f"error: --{flag.replace('_', '-')} must be a positive integer, got {getattr(args, flag)}")
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     cfg = GPTConfig(**{name: value for name, value in vars(args).items() if name in fields})
     lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
     if not lengths:
-        raise SystemExit(f"error: --length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
-    try:
-        _, history, results = train_task(task, cfg, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                         max_train_length=args.max_train_length, test_lengths=lengths,
-                                         eval_samples=args.eval_samples, device=args.device, seed=args.seed)
-    except ValueError as error:
-        raise SystemExit(f"error: {error}")
-    label = results["model"]
+        raise ValueError(f"--length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
+    label = model_label(cfg)
     out = Path(args.out or Path("runs") / "che" / f"{task.name}-{label}")
+    _refuse_to_replace(out, [out / "results.json"], args.overwrite)
+    _, history, results = train_task(task, cfg, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
+                                     max_train_length=args.max_train_length, test_lengths=lengths,
+                                     eval_samples=args.eval_samples, device=args.device, seed=args.seed)
     table = accuracy_table({label: results}, train_length=args.max_train_length)
     settings = {key: results[key] for key in ("level", "steps", "batch_size", "lr", "max_train_length",
                                               "eval_samples", "seed", "device", "parameters", "train_seconds",
                                               "eval_seconds")}
     settings["model"] = f"{cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, {label}"
     settings["chance accuracy"] = f"{100 * task.chance_accuracy:.0f}%"
-    markdown = (f"# {task.name}: accuracy (%) by input length\n\n{table}\n"
-                + "\n".join(f"- {key}: {value}" for key, value in settings.items()) + "\n")
-    with atomic_path(out / "results.md") as tmp:
-        tmp.write_text(markdown)
-    payload = {**results, "accuracy": {str(n): acc for n, acc in results["accuracy"].items()}, "history": history}
-    with atomic_path(out / "results.json") as tmp:
-        tmp.write_text(json.dumps(payload, indent=1, allow_nan=True) + "\n")
-    fig = plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
-                        chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}",
-                        path=out / "accuracy.png")
+    write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
+                  {**results, "history": history})
+    fig = plots.plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
+                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}",
+                              path=out / "accuracy.png")
     plt.close(fig)
     print(table)
     print(f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
@@ -358,11 +407,15 @@ def run_che(args: argparse.Namespace) -> None:
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
 
 
-def run_bench(bench_args: list[str]) -> None:
-    """Run the benchmark script with its own flags (it is not part of the installed package)."""
+def run_bench(args: argparse.Namespace, bench_args: list[str]) -> None:
+    """Run the benchmark script with its own flags. It lives in the repository's benchmarks/ folder, not in the
+    installed package: from an installed copy this says where to get it."""
     script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"
     if not script.is_file():
-        raise FileNotFoundError(f"{script} not found: the benchmark lives in the repository's benchmarks/ folder")
+        raise FileNotFoundError("bench runs benchmarks/bench_refiners.py from a clone of the minidape repository "
+                                "(it is not part of the installed package); run it there: python -m minidape bench")
+    if args.pe is not None:
+        bench_args = ["--pe", args.pe, *bench_args]
     sys.argv = [str(script), *bench_args]
     runpy.run_path(str(script), run_name="__main__")
 
@@ -372,15 +425,24 @@ COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_c
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["bench"]:           # every later flag belongs to the benchmark script
-        return run_bench(argv[1:])
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    prog = "python -m minidape"
     try:
+        for path in _imported_files(argv):  # first: the names they register become valid choices below
+            import_file(path)
+        parser = build_parser()
+        args, rest = parser.parse_known_args(argv)
+        if args.command == "bench":  # every flag the benchmark does not share belongs to the script
+            return run_bench(args, rest)
+        if rest:
+            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         COMMANDS[args.command](args)
-    except (ValueError, FileNotFoundError) as err:  # bad input: one line naming it, not a traceback
-        parser.exit(2, f"error: {err}\n")
+    except KeyboardInterrupt as interrupted:  # in training, the message says which checkpoint survives
+        print(f"{prog}: {interrupted or 'interrupted'}", file=sys.stderr)
+        sys.exit(130)
+    except (ValueError, TypeError, OSError, FloatingPointError) as err:  # the user's mistake: one line
+        print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -6,18 +6,32 @@ val = md.load_corpus("notes.txt.gz", "val")   # any .txt/.gz path works too: its
 ```
 Bytes keep the vocabulary fixed (256) for every corpus and language, so no tokenizer is needed and a model
 trained on one corpus can be evaluated on another.
+
+The corpora live in the repository's top-level `data/` and ship inside the installed package as the package
+data `minidape/corpora` (see pyproject.toml). Checkpoints name their corpus by `corpus_identity`: a bundled
+name, or a file's resolved path with its size and SHA-256, so that `eval` and `resume` can tell when a file
+is not the one trained on.
 """
 
 from __future__ import annotations
 
 import functools
 import gzip
+import hashlib
 import os
+from importlib import resources
 from pathlib import Path
 
 import torch
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
+
+def _bundled_data():
+    """The corpora: package data `minidape/corpora` when installed, the repository's `data/` in a checkout."""
+    installed = resources.files(__package__) / "corpora"
+    return installed if installed.is_dir() else Path(__file__).resolve().parent.parent / "data"
+
+
+DATA_DIR = _bundled_data()
 # name -> files under data/, concatenated in this order (see data/PROVENANCE.md)
 CORPORA = {
     "austen": ("austen/emma.txt.gz", "austen/mansfieldpark.txt.gz", "austen/northangerabbey.txt.gz",
@@ -107,3 +121,46 @@ def fixed_windows(tokens: torch.Tensor, width: int, count: int, seed: int = 0) -
     generator = torch.Generator().manual_seed(seed)
     starts = torch.randint(len(tokens) - width + 1, (count, 1), generator=generator)
     return tokens[starts + torch.arange(width)]
+
+
+# ----------------------------------------------------------------------------- which corpus a run used
+
+
+def corpus_identity(name_or_path: str | os.PathLike) -> dict:
+    """What identifies a corpus's content: `{"name": ...}` for a bundled corpus, else the file's resolved
+    path, size in bytes and SHA-256 (so the same name in another folder, or an edited file, is told apart)."""
+    name_or_path = os.fspath(name_or_path)
+    if name_or_path in CORPORA:
+        return {"name": name_or_path}
+    _corpus_tokens(name_or_path)  # the usual errors for an unknown name, a missing or unreadable file
+    path = Path(name_or_path).expanduser().resolve()
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        for chunk in iter(lambda: file.read(1 << 20), b""):
+            digest.update(chunk)
+    return {"path": str(path), "size": path.stat().st_size, "sha256": digest.hexdigest()}
+
+
+def describe_corpus(identity: dict) -> str:
+    """One line for messages: the bundled name, or the path with its size and the start of its hash."""
+    if "name" in identity:
+        return f"the bundled corpus {identity['name']!r}"
+    return f"{identity['path']} ({identity['size']} bytes, sha256 {identity['sha256'][:12]}...)"
+
+
+def check_corpus(recorded: dict, name_or_path: str | os.PathLike | None, what: str) -> str:
+    """The corpus to read for a run that recorded `recorded` (a `corpus_identity`): `name_or_path` when given
+    and identical, or the recorded one when None. A different corpus, or a recorded file that is gone or has
+    changed since, is a ValueError that names both, starting with `what` (e.g. "resume of runs/a")."""
+    expected = describe_corpus(recorded)
+    if name_or_path is None:
+        if "name" in recorded:
+            return recorded["name"]
+        if not Path(recorded["path"]).is_file():
+            raise ValueError(f"{what}: the corpus it was trained on, {expected}, no longer exists; "
+                             f"pass the corpus explicitly")
+        name_or_path = recorded["path"]
+    given = corpus_identity(name_or_path)
+    if given != recorded:
+        raise ValueError(f"{what}: the corpus is {describe_corpus(given)}, but the run was trained on {expected}")
+    return os.fspath(name_or_path)

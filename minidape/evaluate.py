@@ -25,15 +25,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import check_tokens, fixed_windows
-from .train import autocast_for
+from .utils import autocast_for, model_device
 
 PROTOCOLS = ("last_k", "nonoverlap")
 TOKENS_EXPECTED = "a 1-D integer tensor (e.g. md.load_corpus(name, 'val'))"
 MAX_BATCH_TOKENS = 16384  # tokens per forward: the batch shrinks as the evaluation length grows
-
-
-def _model_device(model: nn.Module) -> torch.device:
-    return next(model.parameters()).device
 
 
 def _check_length(length, what: str = "length") -> int:
@@ -43,7 +39,11 @@ def _check_length(length, what: str = "length") -> int:
 
 
 def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:
-    """Tokens outside the model's vocabulary are a data error, not a length the model cannot run."""
+    """Too few tokens, or tokens outside the model's vocabulary, are a data error, not a length the model
+    cannot run."""
+    if len(tokens) < 2:
+        raise ValueError(f"tokens holds {len(tokens)} token(s); evaluation needs at least 2 (an input and the "
+                         f"next token it predicts)")
     vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
     if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
         raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}); got values in "
@@ -56,7 +56,7 @@ def _token_losses(model: nn.Module, windows: torch.Tensor, score_last: int, max_
 
     The model reads `window[:-1]` and predicts `window[1:]`; batches hold at most `max_batch_tokens` tokens.
     """
-    device = _model_device(model)
+    device = model_device(model)
     length = windows.shape[1] - 1
     batch_size = max(1, max_batch_tokens // length)
     losses = []

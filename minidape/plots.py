@@ -15,7 +15,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 
-from .train import atomic_path
+from .utils import atomic_path
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 150) -> Path:
@@ -129,3 +129,28 @@ def markdown_table(results: dict[str, dict[int, float]], train_length: int | Non
                 cells.append(f"**{text}**" if value == best[length] else text)
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
+
+
+def plot_accuracy(curves: dict[str, dict[int, float]], train_length: int | None = 40, chance: float | None = None,
+                  ax=None, title: str | None = None, path: str | os.PathLike | None = None) -> Figure:
+    """Accuracy against input length, one line per model (``{label: {n: accuracy}}``), a dashed line at the
+    longest training length and a dotted one at chance level; written atomically to ``path`` if given."""
+    fig, ax = _axes(ax, (7, 4.5))
+    for label, curve in curves.items():
+        points = sorted((int(n), 100 * acc) for n, acc in curve.items())
+        ax.plot(*zip(*points), marker="o" if len(points) <= 30 else None, markersize=3, linewidth=1.2,
+                label=label)
+    if train_length is not None:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1,
+                   label=f"longest training input ({train_length})")
+    if chance is not None:
+        ax.axhline(100 * chance, color="black", linestyle=":", linewidth=1, label=f"chance ({100 * chance:.0f}%)")
+    ax.set_xlabel("input length n")
+    ax.set_ylabel("accuracy (%)")
+    ax.set_ylim(0, 102)
+    ax.set_title(title or "Accuracy by input length")
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize="small")
+    if path is not None:
+        save_figure(fig, path)
+    return fig

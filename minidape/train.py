@@ -2,8 +2,15 @@
 
 ```python
 model, history = md.train(md.GPTConfig(pe="alibi"), "austen", steps=500, out="runs/alibi")
-model, history = md.train(None, "austen", steps=1000, out="runs/alibi", resume=True)  # continue it
+model, history = md.train(None, steps=1000, out="runs/alibi", resume=True)    # continue it, on its corpus
 ```
+
+The same loop trains language models on a corpus (random windows, AdamW) and encoders on generated batches
+(`data` a batch function, e.g. the CHE tasks of `minidape.che`, with Adam).
+
+Runs are never lost: a folder that already holds a checkpoint is refused unless `resume=True` or
+`overwrite=True`; `out` is checked before the first step; the first non-finite loss or gradient stops the run
+before it reaches the weights, and Ctrl-C stops it with a message saying which checkpoint survives.
 
 Reproducibility: every step re-seeds `random`, numpy and torch from `(seed, rank, step)`, so the batch and
 the dropout noise of step `s` do not depend on what ran before it. A run resumed from a checkpoint therefore
@@ -17,14 +24,13 @@ rank), averages gradients, and lets rank 0 alone show progress and write checkpo
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import math
 import numbers
 import os
 import random
-import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -32,38 +38,25 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
-from tqdm import tqdm   # text bars: tqdm.auto warns in Jupyter without ipywidgets
 
-from .data import check_tokens, fixed_windows, get_batch, load_corpus
-from .model import GPT, GPTConfig
+from .data import check_corpus, check_tokens, corpus_identity, fixed_windows, get_batch, load_corpus
+from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig
+from .utils import (atomic_path, autocast_for, check_number, check_writable_folder, model_label, resolve_device,
+                    source_file)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
-DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
-TOKENS_EXPECTED = "a 1-D integer token tensor or a corpus name/path"
+OPTIMIZERS = ("adamw", "adam")
+TOKENS_EXPECTED = "a 1-D integer token tensor, a corpus name/path, or a batch function (step, generator) -> (x, y)"
+NON_FINITE_CAUSES = ("a learning rate too high for this model", "a config value out of range (e.g. rope_base <= 0)",
+                     "a PE or refiner returning NaN or inf", "no gradient clipping (grad_clip=0)")
 
 
-# ----------------------------------------------------------------------------- devices, seeds, schedule
+class TrainingInterrupted(KeyboardInterrupt):
+    """Ctrl-C during `train`; the message says which checkpoint survives and how to resume from it."""
 
 
-def resolve_device(device: str | torch.device = "auto") -> torch.device:
-    """`"auto"` picks CUDA, then Apple's MPS, then the CPU; anything else is checked and returned."""
-    if isinstance(device, torch.device):
-        return device
-    if device == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        if torch.backends.mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    kind = str(device).split(":")[0]
-    if kind not in DEVICE_CHOICES:
-        raise ValueError(f"unknown device {device!r}; valid choices: {', '.join(DEVICE_CHOICES)} (cuda:N too)")
-    if kind == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"device {device!r} requested but CUDA is not available; use 'auto' or 'cpu'")
-    if kind == "mps" and not torch.backends.mps.is_available():
-        raise ValueError(f"device {device!r} requested but MPS is not available; use 'auto' or 'cpu'")
-    return torch.device(device)
+# ----------------------------------------------------------------------------- seeds and schedule
 
 
 def seed_everything(seed: int) -> None:
@@ -93,35 +86,7 @@ def lr_at(step: int, steps: int, lr: float, min_lr: float, warmup: int) -> float
     return min_lr + 0.5 * (lr - min_lr) * (1.0 + math.cos(math.pi * min(progress, 1.0)))
 
 
-def autocast_for(device: torch.device):
-    """bf16 autocast on CUDA; full precision elsewhere (CPU bf16 is slower than fp32 for these sizes)."""
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
 # ----------------------------------------------------------------------------- checkpoints
-
-
-@contextlib.contextmanager
-def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; on success move it over `path` in one step (`os.replace`).
-
-    Readers therefore see either the old file or the complete new one, never a half-written file.
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
@@ -129,15 +94,20 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     """Write a checkpoint of plain state (tensors, numbers, strings) that loads with `weights_only=True`.
 
     Keys: `model` (state dict), `config` (`asdict(model.cfg)`), `optimizer`, `step` (updates done), `seed`,
-    `history`, plus any JSON-like `extra` (e.g. `corpus`).
+    `history`, `sources` (the file of each user-registered PE or refiner class, so that loading it can say
+    which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
+    cfg = model.cfg
+    sources = {"pe": source_file(PE_REGISTRY[cfg.pe]),
+               "refiner": source_file(REFINER_REGISTRY[cfg.refiner]) if REFINER_REGISTRY[cfg.refiner] else None}
     checkpoint = {
         "model": model.state_dict(),
-        "config": dataclasses.asdict(model.cfg),
+        "config": dataclasses.asdict(cfg),
         "optimizer": optimizer.state_dict() if optimizer is not None else None,
         "step": step,
         "seed": seed,
         "history": list(history or []),
+        "sources": {kind: path for kind, path in sources.items() if path is not None},
         **extra,
     }
     with atomic_path(path) as tmp:
@@ -163,13 +133,21 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     return checkpoint
 
 
-def config_from_dict(config: dict) -> GPTConfig:
-    """`GPTConfig(**config)`, with an error naming any field this version of GPTConfig does not know."""
+def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoint") -> GPTConfig:
+    """The `GPTConfig` of a checkpoint. A field this version does not know, or a PE or refiner that is not
+    registered in this process (a user's, whose file was not imported), is a ValueError saying what to do."""
+    config = checkpoint["config"]
     known = {f.name for f in dataclasses.fields(GPTConfig)}
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ValueError(f"checkpoint config has fields unknown to GPTConfig: {', '.join(unknown)}; "
+        raise ValueError(f"{where}: its config has fields unknown to GPTConfig: {', '.join(unknown)}; "
                          f"known fields: {', '.join(sorted(known))}")
+    for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY)):
+        if config.get(kind) is not None and config[kind] not in registry:
+            source = checkpoint.get("sources", {}).get(kind)
+            where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
+                          "import the file that registers it first (CLI: --import FILE.py)")
+            raise ValueError(f"{where} uses {kind} {config[kind]!r}, which is not registered here; {where_from}")
     return GPTConfig(**config)
 
 
@@ -177,11 +155,11 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     """Rebuild the model of a checkpoint on `device`, in eval mode; returns `(model, checkpoint)`.
 
     The checkpoint dict carries `step`, `history`, `config` and whatever else training stored
-    (e.g. `corpus`).
+    (e.g. `corpus`, a `data.corpus_identity`).
     """
     device = resolve_device(device)
     checkpoint = read_checkpoint(path, device)
-    model = GPT(config_from_dict(checkpoint["config"])).to(device)
+    model = GPT(checkpoint_config(checkpoint, path)).to(device)
     model.load_state_dict(checkpoint["model"])
     return model.eval(), checkpoint
 
@@ -229,23 +207,54 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
 # ----------------------------------------------------------------------------- training
 
 
-def _resolve_data(data, val_data) -> tuple[torch.Tensor, torch.Tensor | None, str | None]:
-    """Token tensors for training and validation; a corpus name/path loads its two splits."""
+def _check_out(out, resume, overwrite) -> Path | None:
+    """The run folder, checked before any work: a folder we can write, not holding a checkpoint that this
+    run would silently replace."""
+    if resume and overwrite:
+        raise ValueError("resume and overwrite exclude each other: resume continues the checkpoint in out, "
+                         "overwrite replaces it")
+    if out is None:
+        if resume is True:
+            raise ValueError("resume=True needs out= (the run directory holding checkpoint.pt)")
+        return None
+    out = check_writable_folder(out)
+    if (out / CHECKPOINT_NAME).exists() and not (resume or overwrite):
+        raise ValueError(f"{out} already holds a checkpoint; pass resume=True to continue it or overwrite=True "
+                         f"to replace it (CLI: --resume or --overwrite), or choose another out")
+    return out
+
+
+def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple:
+    """`(train, val, corpus)`: token tensors (or the batch function) and the corpus identity to record.
+
+    A corpus name/path loads its two splits. On resume, `data=None` means the checkpoint's corpus, and a
+    named corpus must be the one the checkpoint was trained on.
+    """
+    recorded = None if checkpoint is None else checkpoint.get("corpus")
+    if isinstance(recorded, str):  # checkpoints written before corpora were identified by content
+        recorded = corpus_identity(recorded)
+    if data is None:
+        if checkpoint is not None and recorded is None:
+            raise ValueError(f"resume of {resume_from}: the checkpoint was trained on data given as a tensor or "
+                             f"function, not a corpus; pass the same data again")
+        data = "austen" if checkpoint is None else None
+    if recorded is not None and (data is None or isinstance(data, (str, os.PathLike))):
+        data = check_corpus(recorded, data, f"resume of {resume_from}")
     corpus = None
     if isinstance(data, (str, os.PathLike)):
-        corpus = str(data)
+        corpus = corpus_identity(data)
         if val_data is None:
-            val_data = load_corpus(corpus, "val")
-        data = load_corpus(corpus, "train")
+            val_data = load_corpus(data, "val")
+        data = load_corpus(data, "train")
     if isinstance(val_data, (str, os.PathLike)):
-        val_data = load_corpus(str(val_data), "val")
+        val_data = load_corpus(val_data, "val")
     val_data = None if val_data is None else check_tokens(val_data, "val_data", TOKENS_EXPECTED)
-    return check_tokens(data, "data", TOKENS_EXPECTED), val_data, corpus
+    return data if callable(data) else check_tokens(data, "data", TOKENS_EXPECTED), val_data, corpus
 
 
-def _resolve_model(model_or_cfg, checkpoint: dict | None) -> nn.Module:
+def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Module:
     if checkpoint is not None:
-        saved = config_from_dict(checkpoint["config"])
+        saved = checkpoint_config(checkpoint, resume_from)
         given = getattr(model_or_cfg, "cfg", model_or_cfg)
         if given is not None and given != saved:
             changed = [f.name for f in dataclasses.fields(saved) if getattr(given, f.name) != getattr(saved, f.name)]
@@ -262,12 +271,16 @@ def _resolve_model(model_or_cfg, checkpoint: dict | None) -> nn.Module:
                     f"(None only with resume), got {type(model_or_cfg).__name__}")
 
 
-def _optimizer(model: nn.Module, lr: float, weight_decay: float, device: torch.device) -> torch.optim.AdamW:
-    """AdamW with betas (0.9, 0.95); weight decay on matrices only (not on biases, norms, per-head scalars)."""
+def _optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float, device: torch.device):
+    """AdamW with betas (0.9, 0.95), the GPT recipe; or Adam with betas (0.9, 0.999), the CHE benchmark's.
+    Weight decay on matrices only (not on biases, norms, per-head scalars)."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=device.type == "cuda")
+    fused = device.type == "cuda"
+    if kind == "adamw":
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
+    return torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.999), fused=fused)
 
 
 @torch.no_grad()
@@ -285,75 +298,119 @@ def validation_loss(model: nn.Module, windows: torch.Tensor, batch_size: int, de
     return total / len(windows)
 
 
-def _check_number(name: str, value, minimum: float, integer: bool = True) -> None:
-    """Raise a ValueError naming `name` unless `value` is None (use the default) or a number >= `minimum`."""
-    kind = numbers.Integral if integer else numbers.Real
-    if value is not None and (isinstance(value, bool) or not isinstance(value, kind) or value < minimum):
-        raise ValueError(f"{name} must be {'an integer' if integer else 'a number'} >= {minimum}, got {value!r}")
+def _draw_batch(data, step: int, generator: torch.Generator, batch_size: int, block_size: int,
+                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """The batch of one step: random windows of token data, or whatever the batch function returns."""
+    if not callable(data):
+        return get_batch(data, batch_size, block_size, generator=generator, device=device)
+    batch = data(step, generator)
+    if not (isinstance(batch, tuple) and len(batch) == 2 and all(torch.is_tensor(part) for part in batch)):
+        raise TypeError(f"the batch function must return a tuple (inputs, targets) of tensors, got "
+                        f"{type(batch).__name__}")
+    return batch[0].to(device), batch[1].to(device)
 
 
-def train(model_or_cfg: GPTConfig | nn.Module | None, data="austen", *, steps: int = 1000, batch_size: int = 32,
+def _non_finite_message(step: int, loss: float, grad_norm: float, last_loss: float | None, lr: float,
+                        out: Path | None, saved_step: int | None) -> str:
+    """One line: what went non-finite and where, the last finite loss, the checkpoint kept, the usual causes."""
+    what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm} (loss {loss:.4f})"
+    last = f"the last finite loss was {last_loss:.4f} at step {step - 1}" if last_loss is not None else "at the start"
+    kept = (f"; {out / CHECKPOINT_NAME} (step {saved_step}) is untouched" if out is not None and saved_step is not None
+            else "")
+    return (f"training stopped at step {step}: non-finite {what}; {last}{kept}. Usual causes: "
+            f"{', '.join(NON_FINITE_CAUSES)} (lr={lr:g})")
+
+
+def _interrupted_message(step: int, out: Path | None, saved_step: int | None) -> str:
+    if out is None:
+        return f"training interrupted at step {step}; nothing was saved (out=None)"
+    if saved_step is None:
+        return (f"training interrupted at step {step} before its first checkpoint; nothing was saved in {out} "
+                f"(checkpoint_every=N keeps progress)")
+    return (f"training interrupted at step {step}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
+            f"with resume=True (CLI: --resume)")
+
+
+def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int = 1000, batch_size: int = 32,
           lr: float = 1e-3, min_lr: float | None = None, warmup: int | None = None, weight_decay: float = 0.1,
-          grad_clip: float = 1.0, val_data=None, eval_every: int | None = None, eval_windows: int = 32,
-          log_every: int | None = None, device: str | torch.device = "auto", seed: int = 0,
-          compile: bool = False, out: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-          resume: bool | str | os.PathLike = False, progress: bool = True) -> tuple[nn.Module, list[dict]]:
-    """Train a GPT on random `block_size` windows of `data`; returns `(model, history)`.
+          grad_clip: float = 1.0, optimizer: str = "adamw", val_data=None, eval_every: int | None = None,
+          eval_windows: int = 32, log_every: int | None = None, metrics: Callable | None = None,
+          device: str | torch.device = "auto", seed: int = 0, compile: bool = False,
+          out: str | os.PathLike | None = None, checkpoint_every: int | None = None,
+          resume: bool | str | os.PathLike = False, overwrite: bool = False,
+          progress: bool = True) -> tuple[nn.Module, list[dict]]:
+    """Train a GPT; returns `(model, history)`. The one training loop of the package.
 
     - `model_or_cfg`: a `GPTConfig` (the model is built after seeding, so its init is reproducible), a model
       with a `.cfg`, or `None` when resuming (the checkpoint's config is used).
-    - `data`: a 1-D token tensor, or a corpus name/path whose `train` split is trained on and whose `val`
-      split gives the validation loss (unless `val_data` is given).
-    - Schedule: AdamW (betas 0.9, 0.95), `warmup` linear steps (default 5% of `steps`), cosine decay to
-      `min_lr` (default `lr / 10`), gradient norm clipped to `grad_clip` (0 disables).
+    - `data`: a 1-D token tensor or a corpus name/path (default `"austen"`; on resume, the checkpoint's
+      corpus): random `block_size` windows of it, whose `val` split gives the validation loss unless
+      `val_data` is given. Or a batch function `data(step, generator) -> (inputs, targets)` drawing with the
+      `torch.Generator` it is given (seeded per step, so a resumed run draws the same batches); `batch_size`
+      is then the function's business.
+    - Schedule: `optimizer="adamw"` (betas 0.9, 0.95) or `"adam"` (betas 0.9, 0.999), weight decay on matrices
+      only, `warmup` linear steps (default 5% of `steps`), cosine decay to `min_lr` (default `lr / 10`),
+      gradient norm clipped to `grad_clip` (0 disables).
     - `history`: one dict per logged step with `step` (updates done), `loss` (training loss of that step's
-      batch, averaged over ranks), `lr`, and `val_loss` every `eval_every` steps; the first entry is at
-      step 0, the last at `steps`.
-    - `out`: directory for `checkpoint.pt`, written at the end and every `checkpoint_every` steps.
+      batch, averaged over ranks), `lr`, `val_loss` every `eval_every` steps, and whatever
+      `metrics(logits, inputs, targets) -> dict` returns for that batch; the first entry is at step 0, the
+      last at `steps` (measured on a fresh batch, after the last update).
+    - `out`: directory for `checkpoint.pt`, written at the end and every `checkpoint_every` steps. A folder
+      already holding one is refused unless `resume` (continue it) or `overwrite` (replace it).
     - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file; the seed and
       step come from the checkpoint, and the same arguments continue the run exactly.
+    - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights;
+      Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
     for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
                                  ("eval_every", eval_every, 1), ("eval_windows", eval_windows, 1),
-                                 ("log_every", log_every, 1), ("checkpoint_every", checkpoint_every, 0)):
-        _check_number(name, value, minimum)
+                                 ("log_every", log_every, 1), ("checkpoint_every", checkpoint_every, 0),
+                                 ("seed", seed, 0)):
+        check_number(name, value, minimum)
     for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
-        _check_number(name, value, 0.0, integer=False)
+        check_number(name, value, 0.0, integer=False)
     if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
+    if metrics is not None and not callable(metrics):
+        raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
+    out = _check_out(out, resume, overwrite)
     context, device = setup_distributed(device)
-    checkpoint = None
+    checkpoint = resume_from = None
     if resume:
-        if resume is True:
-            if out is None:
-                raise ValueError("resume=True needs out= (the run directory holding checkpoint.pt)")
-            resume = Path(out) / CHECKPOINT_NAME
-        checkpoint = read_checkpoint(resume, device)
+        resume_from = out / CHECKPOINT_NAME if resume is True else Path(resume)
+        checkpoint = read_checkpoint(resume_from, device)
         seed = int(checkpoint["seed"])
     seed_everything(seed)
-    model = _resolve_model(model_or_cfg, checkpoint).to(device)
+    model = _resolve_model(model_or_cfg, checkpoint, resume_from).to(device)
     cfg = model.cfg
-    train_data, val_data, corpus = _resolve_data(data, val_data)
+    train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
     for name, tokens in (("data", train_data), ("val_data", val_data)):
-        if tokens is not None and len(tokens) <= cfg.block_size + 1:
+        if tokens is None or callable(tokens):
+            continue
+        if len(tokens) <= cfg.block_size + 1:
             raise ValueError(f"{name} has {len(tokens)} tokens; training needs more than block_size + 1 = "
                              f"{cfg.block_size + 1}")
-        if tokens is not None and int(tokens.max()) >= cfg.vocab_size:
-            raise ValueError(f"{name} holds token {int(tokens.max())}, outside vocab_size {cfg.vocab_size}")
+        if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
+            raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
+                             f"[0, vocab_size={cfg.vocab_size})")
 
     warmup = max(1, steps // 20) if warmup is None else warmup
     min_lr = lr / 10 if min_lr is None else min_lr
     log_every = max(1, steps // 100) if log_every is None else log_every
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
-    optimizer = _optimizer(model, lr, weight_decay, device)
-    start, history = 0, []
+    optim = _optimizer(model, optimizer, lr, weight_decay, device)
+    start, history, saved_step = 0, [], None
     if checkpoint is not None:
-        optimizer.load_state_dict(checkpoint["optimizer"])
+        optim.load_state_dict(checkpoint["optimizer"])
         start = int(checkpoint["step"])
         history = [entry for entry in checkpoint["history"] if entry["step"] < start]
         if start > steps:
             raise ValueError(f"the checkpoint is at step {start}, beyond steps={steps}")
+        if out is not None and resume is True:
+            saved_step = start
     val_windows = None
     if val_data is not None and context.is_main:
         val_windows = fixed_windows(val_data, cfg.block_size + 1, eval_windows, seed)
@@ -364,57 +421,75 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data="austen", *, steps: i
         step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
     if compile:
         step_model = torch.compile(step_model)
-    extra = {"corpus": corpus}
 
     def save(step_done: int) -> None:
+        nonlocal saved_step
         if out is not None and context.is_main:
-            save_checkpoint(Path(out) / CHECKPOINT_NAME, model, optimizer, step_done, seed, history, **extra)
+            save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus)
+            saved_step = step_done
 
+    from tqdm import tqdm  # here, not at the top: `import minidape` stays free of tqdm (text bars, not tqdm.auto)
     bar = tqdm(total=steps, initial=start, disable=not (progress and context.is_main), unit="step",
-               desc=f"{cfg.pe}+{cfg.refiner}", dynamic_ncols=True)
+               desc=model_label(cfg), dynamic_ncols=True)
     generator = torch.Generator()
-    tokens_per_step = batch_size * cfg.block_size * context.world_size
-    clock, eval_seconds, timed_steps, postfix = time.perf_counter(), 0.0, 0, {}
-    for step in range(start, steps + 1):
-        if checkpoint_every and start < step < steps and step % checkpoint_every == 0:
-            save(step)
-        step_rng = step_seed(seed, context.rank, step)
-        seed_everything(step_rng)
-        generator.manual_seed(step_rng)
-        x, y = get_batch(train_data, batch_size, cfg.block_size, generator=generator, device=device)
-        if step == steps:  # the final entry measures the trained model; no update follows
-            with torch.no_grad(), autocast_for(device):
-                _, loss = model(x, y)
-        else:
-            learning_rate = lr_at(step, steps, lr, min_lr, warmup)
-            for group in optimizer.param_groups:
-                group["lr"] = learning_rate
-            with autocast_for(device):
-                _, loss = step_model(x, y)
-            loss.backward()
-            if grad_clip > 0:
-                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-            timed_steps += 1
-            bar.update(1)
-        if step % log_every == 0 or step == steps:
-            loss = loss.detach().float()
-            if context.enabled:  # SUM then divide: gloo has no AVG
-                dist.all_reduce(loss, op=dist.ReduceOp.SUM)
-                loss /= context.world_size
-            entry = {"step": step, "loss": loss.item(), "lr": lr_at(step, steps, lr, min_lr, warmup)}
-            if val_windows is not None and (step % eval_every == 0 or step == steps):
-                eval_start = time.perf_counter()
-                entry["val_loss"] = validation_loss(model, val_windows, batch_size, device)
-                eval_seconds += time.perf_counter() - eval_start
-                postfix["val"] = f"{entry['val_loss']:.3f}"
-            history.append(entry)
-            # tokens/s of training alone: the validation passes are not counted
-            rate = timed_steps * tokens_per_step / max(time.perf_counter() - clock - eval_seconds, 1e-9)
-            postfix.update(loss=f"{entry['loss']:.3f}", tok_s=f"{rate:,.0f}")
-            bar.set_postfix(postfix, refresh=False)
-    bar.close()
+    clock, eval_seconds, tokens_trained, postfix, last_loss = time.perf_counter(), 0.0, 0, {}, None
+    step = start
+    try:
+        for step in range(start, steps + 1):
+            if checkpoint_every and start < step < steps and step % checkpoint_every == 0:
+                save(step)
+            step_rng = step_seed(seed, context.rank, step)
+            seed_everything(step_rng)
+            generator.manual_seed(step_rng)
+            x, y = _draw_batch(train_data, step, generator, batch_size, cfg.block_size, device)
+            if step == steps:  # the final entry measures the trained model; no update follows
+                with torch.no_grad(), autocast_for(device):
+                    logits, loss = model(x, y)
+                grad_norm = torch.zeros((), device=device)
+            else:
+                learning_rate = lr_at(step, steps, lr, min_lr, warmup)
+                for group in optim.param_groups:
+                    group["lr"] = learning_rate
+                with autocast_for(device):
+                    logits, loss = step_model(x, y)
+                loss.backward()
+                # the norm is needed to catch a non-finite gradient; an infinite bound leaves it unclipped
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+            # One check per step, before the update: a NaN or inf never reaches the weights or a checkpoint.
+            healthy = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).float()
+            if context.enabled:  # every rank stops together (gradients are shared, losses are not)
+                dist.all_reduce(healthy, op=dist.ReduceOp.MIN)
+            if not healthy.item():
+                raise FloatingPointError(_non_finite_message(step, loss.item(), grad_norm.item(), last_loss,
+                                                             lr, out, saved_step))
+            if step < steps:
+                optim.step()
+                optim.zero_grad(set_to_none=True)
+                tokens_trained += x.numel() * context.world_size
+                bar.update(1)
+            if step % log_every == 0 or step == steps:
+                loss = loss.detach().float()
+                if context.enabled:  # SUM then divide: gloo has no AVG
+                    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+                    loss /= context.world_size
+                entry = {"step": step, "loss": loss.item(), "lr": lr_at(step, steps, lr, min_lr, warmup)}
+                if metrics is not None:
+                    entry.update(metrics(logits.detach().float(), x, y))
+                if val_windows is not None and (step % eval_every == 0 or step == steps):
+                    eval_start = time.perf_counter()
+                    entry["val_loss"] = validation_loss(model, val_windows, batch_size, device)
+                    eval_seconds += time.perf_counter() - eval_start
+                    postfix["val"] = f"{entry['val_loss']:.3f}"
+                history.append(entry)
+                # tokens/s of training alone: the validation passes are not counted
+                rate = tokens_trained / max(time.perf_counter() - clock - eval_seconds, 1e-9)
+                postfix.update(loss=f"{entry['loss']:.3f}", tok_s=f"{rate:,.0f}")
+                bar.set_postfix(postfix, refresh=False)
+            last_loss = loss.item()
+    except KeyboardInterrupt:
+        raise TrainingInterrupted(_interrupted_message(step, out, saved_step)) from None
+    finally:
+        bar.close()
     save(steps)
     if context.enabled:
         dist.barrier()  # every rank returns only once rank 0's final checkpoint is on disk

@@ -77,3 +77,18 @@ def test_timing_round_in_a_fresh_process_reports_every_case():
 def test_bench_rejects_zero_rounds():
     out = subprocess.run([sys.executable, str(SCRIPT), "--rounds", "0"], capture_output=True, text=True)
     assert out.returncode == 2 and "--rounds" in out.stderr and "got 0" in out.stderr
+
+
+def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
+    """What `bench --import FILE.py --pe NAME` relies on: a PE registered from a user's file builds and times."""
+    bench = load_bench()
+    path = tmp_path / "bench_bias.py"
+    path.write_text("import torch\nimport minidape as md\n\n\n@md.register_pe('bench_bias')\n"
+                    "class BenchBias(md.AdditiveBias):\n    def __init__(self, cfg):\n        super().__init__()\n"
+                    "        self.scale = torch.nn.Parameter(torch.ones(cfg.n_head, 1, 1))\n\n"
+                    "    def forward(self, q_pos, k_pos):\n"
+                    "        return -self.scale * (q_pos[:, None] - k_pos[None, :]).abs().float()\n")
+    md.utils.import_file(path)
+    medians = bench.timed_rounds({"bench_bias": ("bench_bias", "none", False), "dape": ("bench_bias", "dape", False)},
+                                 T=16, B=2, size="tiny", device=torch.device("cpu"), repeats=1, rounds=1)[0]
+    assert set(medians) == {"bench_bias", "dape"} and all(seconds > 0 for seconds in medians.values())

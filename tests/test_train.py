@@ -1,5 +1,6 @@
 """Training: schedule, learning, history, checkpoints, exact resume, devices, errors, DDP under torchrun."""
 import json
+import math
 import os
 import subprocess
 import sys
@@ -12,8 +13,8 @@ import torch
 
 import minidape as md
 from minidape.data import get_batch
-from minidape.train import (CHECKPOINT_NAME, atomic_path, load_checkpoint, lr_at, read_checkpoint, resolve_device,
-                            seed_everything, step_seed)
+from minidape.train import CHECKPOINT_NAME, load_checkpoint, lr_at, read_checkpoint, seed_everything, step_seed
+from minidape.utils import atomic_path, resolve_device
 
 train_module = sys.modules["minidape.train"]  # md.train is the function; this is the module
 REPO = Path(__file__).resolve().parent.parent
@@ -116,7 +117,8 @@ def test_checkpoint_is_plain_state_written_atomically(corpus, tmp_path):
                               out=tmp_path, device="cpu", progress=False, eval_windows=2)
     assert sorted(os.listdir(tmp_path)) == [CHECKPOINT_NAME]  # no temporary file left behind
     checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)  # plain tensors, numbers, strings
-    assert checkpoint["step"] == 3 and checkpoint["corpus"] == "austen" and checkpoint["history"] == history
+    assert checkpoint["step"] == 3 and checkpoint["corpus"] == {"name": "austen"} and checkpoint["history"] == history
+    assert checkpoint["sources"] == {}  # built-in PE and refiner: no file to import
     assert checkpoint["config"] == {**md.GPTConfig(**TINY, pe="fire").__dict__}
     groups = checkpoint["optimizer"]["param_groups"]
     assert {group["betas"] for group in groups} == {(0.9, 0.95)}
@@ -188,12 +190,169 @@ def test_bad_arguments_are_named(corpus, argument, value, message):
 def test_bad_data_is_named():
     with pytest.raises(ValueError, match="data has 17 tokens; training needs more than block_size \\+ 1 = 17"):
         md.train(md.GPTConfig(**TINY), torch.zeros(17, dtype=torch.long), steps=1, device="cpu", progress=False)
-    with pytest.raises(ValueError, match="token 300, outside vocab_size 256"):
+    with pytest.raises(ValueError, match=r"tokens in \[300, 300\], outside \[0, vocab_size=256\)"):
         md.train(md.GPTConfig(**TINY), torch.full((100,), 300), steps=1, device="cpu", progress=False)
     with pytest.raises(TypeError, match="1-D integer token tensor"):
         md.train(md.GPTConfig(**TINY), torch.rand(100), steps=1, device="cpu", progress=False)
     with pytest.raises(ValueError, match="unknown corpus"):
         md.train(md.GPTConfig(**TINY), "no_such_corpus", steps=1, device="cpu", progress=False)
+    with pytest.raises(ValueError, match="data has 0 tokens"):
+        md.train(md.GPTConfig(**TINY), torch.zeros(0, dtype=torch.long), steps=1, device="cpu", progress=False)
+
+
+# ----------------------------------------------------------------------------- runs are never lost
+
+
+def quick_run(out, data, **overrides):
+    settings = dict(steps=2, batch_size=2, device="cpu", progress=False, out=out)
+    return md.train(overrides.pop("cfg", md.GPTConfig(**TINY)), data, **{**settings, **overrides})
+
+
+def test_a_folder_holding_a_checkpoint_is_refused_unless_resume_or_overwrite(corpus, tmp_path):
+    train_tokens, _ = corpus
+    quick_run(tmp_path, train_tokens)
+    first = (tmp_path / CHECKPOINT_NAME).read_bytes()
+    other = md.GPTConfig(**TINY, pe="alibi")
+    with pytest.raises(ValueError, match="already holds a checkpoint; pass resume=True .* or overwrite=True"):
+        quick_run(tmp_path, train_tokens, cfg=other)
+    assert (tmp_path / CHECKPOINT_NAME).read_bytes() == first  # the first run is still there
+    with pytest.raises(ValueError, match="resume and overwrite exclude each other"):
+        quick_run(tmp_path, train_tokens, cfg=None, resume=True, overwrite=True)
+    quick_run(tmp_path, train_tokens, cfg=other, overwrite=True)
+    assert read_checkpoint(tmp_path)["config"]["pe"] == "alibi"
+
+
+def test_a_bad_out_is_named_before_the_first_step(corpus, tmp_path):
+    train_tokens, _ = corpus
+    drawn = []
+
+    def batches(step, generator):  # counts the steps that started
+        drawn.append(step)
+        return get_batch(train_tokens, 2, TINY["block_size"], generator)
+
+    (tmp_path / "notes.txt").write_text("a file")
+    with pytest.raises(ValueError, match="out='.*notes.txt' is a file, not a folder"):
+        quick_run(tmp_path / "notes.txt", batches)
+    with pytest.raises(ValueError, match="cannot be created: '.*notes.txt' is a file"):
+        quick_run(tmp_path / "notes.txt" / "run", batches)
+    if os.geteuid() != 0:  # root writes anywhere: a read-only folder only stops other users
+        locked = tmp_path / "locked"
+        locked.mkdir(mode=0o500)
+        with pytest.raises(ValueError, match="is not writable"):
+            quick_run(locked / "run", batches)
+    assert drawn == [] and sorted(os.listdir(tmp_path)) == ["locked", "notes.txt"][os.geteuid() == 0:]
+
+
+def test_an_interrupted_run_keeps_its_checkpoint_and_says_how_to_resume(corpus, tmp_path):
+    train_tokens, _ = corpus
+
+    def batches(step, generator):
+        if step == 5 and not resumed:
+            raise KeyboardInterrupt
+        return get_batch(train_tokens, 2, TINY["block_size"], generator)
+
+    resumed = False
+    with pytest.raises(train_module.TrainingInterrupted,
+                       match=r"interrupted at step 5; .*checkpoint.pt holds step 4: continue it with resume=True"):
+        quick_run(tmp_path, batches, steps=8, checkpoint_every=2)
+    assert read_checkpoint(tmp_path)["step"] == 4
+    resumed = True
+    _, history = quick_run(tmp_path, batches, cfg=None, steps=8, resume=True, log_every=1)
+    assert [entry["step"] for entry in history] == list(range(9))
+    with pytest.raises(train_module.TrainingInterrupted, match="before its first checkpoint; nothing was saved"):
+        resumed = False
+        quick_run(tmp_path / "other", batches, steps=8)
+    assert not (tmp_path / "other").exists()
+
+
+class NaNAfter(md.GPT):
+    """A GPT whose training loss turns NaN from its `poisoned_call`-th forward pass on."""
+
+    def __init__(self, cfg, poisoned_call):
+        super().__init__(cfg)
+        self.calls, self.poisoned_call = 0, poisoned_call
+
+    def forward(self, idx, targets=None):
+        logits, loss = super().forward(idx, targets)
+        self.calls += 1
+        return logits, loss * math.nan if self.calls > self.poisoned_call else loss
+
+
+def test_the_first_non_finite_loss_stops_training_before_the_checkpoint(corpus, tmp_path):
+    train_tokens, _ = corpus
+    torch.manual_seed(0)
+    model = NaNAfter(md.GPTConfig(**TINY), poisoned_call=3)  # steps 0, 1, 2 are fine, step 3 is NaN
+    with pytest.raises(FloatingPointError) as error:
+        quick_run(tmp_path, train_tokens, cfg=model, steps=10, checkpoint_every=2)
+    message = str(error.value)
+    assert "stopped at step 3: non-finite loss nan; the last finite loss was " in message
+    assert "at step 2; " in message and "(step 2) is untouched" in message and "learning rate" in message
+    assert "\n" not in message
+    saved = read_checkpoint(tmp_path)
+    assert saved["step"] == 2 and all(torch.isfinite(tensor).all() for tensor in saved["model"].values())
+    assert all(torch.isfinite(p).all() for p in model.parameters())  # the NaN never reached the weights
+
+
+def test_a_non_finite_gradient_stops_training_too(corpus):
+    train_tokens, _ = corpus
+    model = md.GPT(md.GPTConfig(**TINY))
+    step = {"count": 0}
+
+    def poison(grad):  # the loss stays finite; the gradient of one matrix turns inf at the third backward
+        step["count"] += 1
+        return grad * math.inf if step["count"] == 3 else grad
+
+    model.lm_head.weight.register_hook(poison)
+    with pytest.raises(FloatingPointError, match="stopped at step 2: non-finite gradient norm"):
+        quick_run(None, train_tokens, cfg=model, steps=5)
+    assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- the corpus of a run
+
+
+def test_resume_refuses_a_corpus_other_than_the_one_trained_on(corpus, tmp_path, monkeypatch):
+    """A relative path names another file in another folder; an edited file is another corpus."""
+    text = bytes(corpus[0][:20_000].tolist())
+    for folder, content in (("a", text), ("b", text[::-1])):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "books.txt").write_bytes(content)
+    monkeypatch.chdir(tmp_path / "a")
+    quick_run(tmp_path / "run", "books.txt", checkpoint_every=1, steps=4, eval_windows=1)
+    recorded = read_checkpoint(tmp_path / "run")["corpus"]
+    assert recorded["path"] == str(tmp_path / "a" / "books.txt") and recorded["size"] == len(text)
+
+    monkeypatch.chdir(tmp_path / "b")  # the same relative name is another file here
+    with pytest.raises(ValueError, match=r"the corpus is .*b/books.txt .* but the run was trained on .*a/books.txt"):
+        quick_run(tmp_path / "run", "books.txt", cfg=None, steps=6, resume=True)
+    _, history = quick_run(tmp_path / "run", None, cfg=None, steps=6, resume=True, eval_windows=1)  # its own
+    assert history[-1]["step"] == 6
+
+    (tmp_path / "a" / "books.txt").write_bytes(text[:-1])  # edited after training
+    with pytest.raises(ValueError, match=r"is .*a/books.txt \(19999 bytes.* trained on .*a/books.txt \(20000 bytes"):
+        quick_run(tmp_path / "run", None, cfg=None, steps=8, resume=True)
+
+
+def test_a_batch_function_trains_with_adam_and_reports_metrics(corpus):
+    train_tokens, _ = corpus
+
+    def batches(step, generator):
+        return get_batch(train_tokens, 3, TINY["block_size"], generator)
+
+    def metrics(logits, inputs, targets):
+        return {"accuracy": (logits.argmax(-1) == targets).float().mean().item(), "width": inputs.shape[1]}
+
+    runs = [md.train(md.GPTConfig(**TINY), batches, steps=4, optimizer="adam", metrics=metrics, log_every=2,
+                     device="cpu", progress=False, seed=seed) for seed in (1, 1, 2)]
+    (model, history), (again, _), (other, _) = runs
+    assert [entry["step"] for entry in history] == [0, 2, 4]
+    assert all(0 <= entry["accuracy"] <= 1 and entry["width"] == TINY["block_size"] for entry in history)
+    assert state_equal(model.state_dict(), again.state_dict())  # the generator is seeded per step
+    assert not state_equal(model.state_dict(), other.state_dict())
+    with pytest.raises(ValueError, match="unknown optimizer 'sgd'; valid choices: adamw, adam"):
+        md.train(md.GPTConfig(**TINY), batches, steps=1, optimizer="sgd", progress=False)
+    with pytest.raises(TypeError, match=r"must return a tuple \(inputs, targets\) of tensors, got list"):
+        md.train(md.GPTConfig(**TINY), lambda step, generator: [1, 2], steps=1, device="cpu", progress=False)
 
 
 # ----------------------------------------------------------------------------- DDP
