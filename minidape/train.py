@@ -231,8 +231,6 @@ def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple
     named corpus must be the one the checkpoint was trained on.
     """
     recorded = None if checkpoint is None else checkpoint.get("corpus")
-    if isinstance(recorded, str):  # checkpoints written before corpora were identified by content
-        recorded = corpus_identity(recorded)
     if data is None:
         if checkpoint is not None and recorded is None:
             raise ValueError(f"resume of {resume_from}: the checkpoint was trained on data given as a tensor or "
