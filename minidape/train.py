@@ -98,8 +98,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
     cfg = model.cfg
-    sources = {"pe": source_file(PE_REGISTRY[cfg.pe]),
-               "refiner": source_file(REFINER_REGISTRY[cfg.refiner]) if REFINER_REGISTRY[cfg.refiner] else None}
+    sources = {"pe": source_file(PE_REGISTRY[cfg.pe]), "refiner": source_file(REFINER_REGISTRY[cfg.refiner])}
     checkpoint = {
         "model": model.state_dict(),
         "config": dataclasses.asdict(cfg),

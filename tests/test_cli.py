@@ -304,19 +304,19 @@ def test_eval_refuses_a_corpus_file_changed_since_training(tmp_path, corpus_file
 def test_a_users_bias_through_train_eval_che_and_bench(tmp_path, corpus_file, user_files, capsys):
     """`--import` loads the registration in every command; a checkpoint that needs it says so."""
     bias = str(user_files["bias"])
-    trained = run_cli("train", "--import", bias, *TINY_FLAGS, "--pe", "window_bias", "--refiner", "dape",
-                      "--refiner-width", "8", "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2",
-                      "--out", "run", cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    assert read_checkpoint(tmp_path / "run")["sources"] == {"pe": str(user_files["bias"].resolve())}
+    run = tmp_path / "run"
+    cli.main(["train", "--import", bias, *TINY_FLAGS, "--pe", "window_bias", "--refiner", "dape", "--refiner-width",
+              "8", "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--out", str(run)])
+    assert read_checkpoint(run)["sources"] == {"pe": str(user_files["bias"].resolve())}
 
-    forgot = run_cli("eval", "run", "--lengths", "16", "--n-windows", "1", cwd=tmp_path)
+    # a fresh process, where nothing registered window_bias
+    forgot = run_cli("eval", str(run), "--lengths", "16", "--n-windows", "1", cwd=tmp_path)
     assert forgot.returncode == 2 and len(error_lines(forgot.stderr)) == 1
     assert f"uses pe 'window_bias', which is not registered here; it was registered by {bias}" in forgot.stderr
     assert f"--import {bias}" in forgot.stderr
-    evaluated = run_cli("eval", "--import", bias, "run", "--lengths", "16", "32", "--n-windows", "1", cwd=tmp_path)
-    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert "| window_bias+dape |" in evaluated.stdout
+    capsys.readouterr()
+    cli.main(["eval", "--import", bias, str(run), "--lengths", "16", "32", "--n-windows", "1"])
+    assert "| window_bias+dape |" in capsys.readouterr().out
 
     cli.main(["che", "--import", bias, "--task", "parity_check", "--pe", "window_bias", "--n-layer", "1",
               "--n-embd", "16", "--n-head", "2", "--steps", "2", "--batch-size", "2", "--max-train-length", "5",
