@@ -217,7 +217,10 @@ def _check_out(out, resume, overwrite) -> Path | None:
             raise ValueError("resume=True needs out= (the run directory holding checkpoint.pt)")
         return None
     out = check_writable_folder(out)
-    if (out / CHECKPOINT_NAME).exists() and not (resume or overwrite):
+    existing = out / CHECKPOINT_NAME
+    # resuming another run's checkpoint into this folder would replace this folder's run
+    continues_it = resume is True or (resume and Path(resume).resolve() in (existing.resolve(), out.resolve()))
+    if existing.exists() and not (continues_it or overwrite):
         raise ValueError(f"{out} already holds a checkpoint; pass resume=True to continue it or overwrite=True "
                          f"to replace it (CLI: --resume or --overwrite), or choose another out")
     return out
