@@ -300,8 +300,6 @@ def _eval_corpus(path: str, checkpoint: dict, corpus: str | None) -> str:
     recorded = checkpoint.get("corpus")
     if recorded is None:
         raise ValueError(f"{path} was trained on data given as a tensor, not a corpus; pass --corpus")
-    if isinstance(recorded, str):  # checkpoints written before corpora were identified by content
-        return recorded
     return check_corpus(recorded, None, f"eval of {path}")
 
 

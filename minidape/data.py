@@ -148,10 +148,12 @@ def describe_corpus(identity: dict) -> str:
     return f"{identity['path']} ({identity['size']} bytes, sha256 {identity['sha256'][:12]}...)"
 
 
-def check_corpus(recorded: dict, name_or_path: str | os.PathLike | None, what: str) -> str:
+def check_corpus(recorded: dict | str, name_or_path: str | os.PathLike | None, what: str) -> str:
     """The corpus to read for a run that recorded `recorded` (a `corpus_identity`): `name_or_path` when given
     and identical, or the recorded one when None. A different corpus, or a recorded file that is gone or has
     changed since, is a ValueError that names both, starting with `what` (e.g. "resume of runs/a")."""
+    if isinstance(recorded, str):  # checkpoints written before corpora were identified by content
+        recorded = corpus_identity(recorded)
     expected = describe_corpus(recorded)
     if name_or_path is None:
         if "name" in recorded:

@@ -98,8 +98,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
     cfg = model.cfg
-    sources = {"pe": source_file(PE_REGISTRY[cfg.pe]),
-               "refiner": source_file(REFINER_REGISTRY[cfg.refiner]) if REFINER_REGISTRY[cfg.refiner] else None}
+    sources = {"pe": source_file(PE_REGISTRY[cfg.pe]), "refiner": source_file(REFINER_REGISTRY[cfg.refiner])}
     checkpoint = {
         "model": model.state_dict(),
         "config": dataclasses.asdict(cfg),
@@ -218,7 +217,10 @@ def _check_out(out, resume, overwrite) -> Path | None:
             raise ValueError("resume=True needs out= (the run directory holding checkpoint.pt)")
         return None
     out = check_writable_folder(out)
-    if (out / CHECKPOINT_NAME).exists() and not (resume or overwrite):
+    existing = out / CHECKPOINT_NAME
+    # resuming another run's checkpoint into this folder would replace this folder's run
+    continues_it = resume is True or (resume and Path(resume).resolve() in (existing.resolve(), out.resolve()))
+    if existing.exists() and not (continues_it or overwrite):
         raise ValueError(f"{out} already holds a checkpoint; pass resume=True to continue it or overwrite=True "
                          f"to replace it (CLI: --resume or --overwrite), or choose another out")
     return out
@@ -231,8 +233,6 @@ def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple
     named corpus must be the one the checkpoint was trained on.
     """
     recorded = None if checkpoint is None else checkpoint.get("corpus")
-    if isinstance(recorded, str):  # checkpoints written before corpora were identified by content
-        recorded = corpus_identity(recorded)
     if data is None:
         if checkpoint is not None and recorded is None:
             raise ValueError(f"resume of {resume_from}: the checkpoint was trained on data given as a tensor or "

@@ -187,9 +187,9 @@ def import_file(path: str | os.PathLike):
     return module
 
 
-def source_file(cls: type) -> str | None:
-    """The file that defines a user's class, or None for minidape's own classes and for classes without a
-    file (typed into a notebook cell or a REPL)."""
+def source_file(cls: type | None) -> str | None:
+    """The file that defines a user's class, or None for minidape's own classes, for classes without a file
+    (typed into a notebook cell or a REPL) and for no class (the refiner "none")."""
     try:
         path = Path(inspect.getfile(cls)).resolve()
     except (TypeError, OSError):

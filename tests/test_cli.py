@@ -45,6 +45,13 @@ def error_lines(stderr: str) -> list[str]:
     return [line for line in stderr.splitlines() if line.startswith("python -m minidape")]
 
 
+def failing(capsys, argv: list[str]) -> tuple[int, list[str]]:
+    """Run a command line that must stop: its exit code and the lines the CLI wrote to stderr."""
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(argv)
+    return exit_info.value.code, error_lines(capsys.readouterr().err)
+
+
 def help_text(capsys, *command: str) -> str:
     with pytest.raises(SystemExit) as exit_info:
         cli.main([*command, "--help"])
@@ -224,12 +231,8 @@ def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[t
 def test_every_user_mistake_is_one_line_and_exit_code_2(tmp_path, capsys, trained_run, user_files, corpus_file):
     (tmp_path / "empty").mkdir()
     for argv, message in bad_command_lines(tmp_path, trained_run, user_files, corpus_file):
-        with pytest.raises(SystemExit) as exit_info:
-            cli.main(argv)
-        captured = capsys.readouterr()
-        lines = error_lines(captured.err)
-        assert exit_info.value.code == 2 and len(lines) == 1, (argv, captured.err)
-        assert message in lines[0], (argv, lines[0])
+        code, lines = failing(capsys, argv)
+        assert code == 2 and len(lines) == 1 and message in lines[0], (argv, lines)
     assert sorted(os.listdir(tmp_path)) == ["empty"]  # no mistake left anything on disk
     assert load_checkpoint(trained_run)[1]["step"] == 2  # nor touched the run
 
@@ -256,11 +259,9 @@ def test_an_interrupted_run_says_how_to_resume_in_one_line(tmp_path, corpus_file
         return draw(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "get_batch", interrupt_at_step_3)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6", "--batch-size", "2",
-                  "--checkpoint-every", "2", "--out", str(tmp_path)])
-    err = error_lines(capsys.readouterr().err)
-    assert exit_info.value.code == 130 and len(err) == 1
+    code, err = failing(capsys, ["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6",
+                                 "--batch-size", "2", "--checkpoint-every", "2", "--out", str(tmp_path)])
+    assert code == 130 and len(err) == 1
     assert "interrupted at step 3" in err[0] and "holds step 2" in err[0] and "--resume" in err[0]
     monkeypatch.undo()
     cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6", "--batch-size", "2",
@@ -280,11 +281,9 @@ def test_a_non_finite_loss_is_one_line_naming_the_step(tmp_path, corpus_file, ca
             return logits, loss * float("nan") if NaNFromStep2.calls > 2 else loss
 
     monkeypatch.setattr(train_module, "GPT", NaNFromStep2)
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6", "--batch-size", "2",
-                  "--eval-every", "100", "--out", str(tmp_path)])
-    err = error_lines(capsys.readouterr().err)
-    assert exit_info.value.code == 2 and len(err) == 1
+    code, err = failing(capsys, ["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6",
+                                 "--batch-size", "2", "--eval-every", "100", "--out", str(tmp_path)])
+    assert code == 2 and len(err) == 1
     assert "stopped at step 2: non-finite loss nan" in err[0] and "learning rate" in err[0]
     assert not (tmp_path / CHECKPOINT_NAME).exists()
 
@@ -295,10 +294,8 @@ def test_eval_refuses_a_corpus_file_changed_since_training(tmp_path, corpus_file
     cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus), "--steps", "1", "--batch-size", "2",
               "--out", str(tmp_path / "run")])
     corpus.write_bytes(corpus_file.read_bytes()[:-100])
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(["eval", str(tmp_path / "run"), "--lengths", "16", "--n-windows", "1"])
-    err = capsys.readouterr().err
-    assert exit_info.value.code == 2 and "but the run was trained on" in err and str(corpus) in err
+    code, err = failing(capsys, ["eval", str(tmp_path / "run"), "--lengths", "16", "--n-windows", "1"])
+    assert code == 2 and "but the run was trained on" in err[0] and str(corpus) in err[0]
     assert not (tmp_path / "run" / "results.json").exists()
     cli.main(["eval", str(tmp_path / "run"), "--lengths", "16", "--n-windows", "1", "--corpus", str(corpus)])
     assert (tmp_path / "run" / "results.json").exists()  # a corpus named explicitly is the user's choice
@@ -307,19 +304,19 @@ def test_eval_refuses_a_corpus_file_changed_since_training(tmp_path, corpus_file
 def test_a_users_bias_through_train_eval_che_and_bench(tmp_path, corpus_file, user_files, capsys):
     """`--import` loads the registration in every command; a checkpoint that needs it says so."""
     bias = str(user_files["bias"])
-    trained = run_cli("train", "--import", bias, *TINY_FLAGS, "--pe", "window_bias", "--refiner", "dape",
-                      "--refiner-width", "8", "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2",
-                      "--out", "run", cwd=tmp_path)
-    assert trained.returncode == 0, trained.stderr[-2000:]
-    assert read_checkpoint(tmp_path / "run")["sources"] == {"pe": str(user_files["bias"].resolve())}
+    run = tmp_path / "run"
+    cli.main(["train", "--import", bias, *TINY_FLAGS, "--pe", "window_bias", "--refiner", "dape", "--refiner-width",
+              "8", "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--out", str(run)])
+    assert read_checkpoint(run)["sources"] == {"pe": str(user_files["bias"].resolve())}
 
-    forgot = run_cli("eval", "run", "--lengths", "16", "--n-windows", "1", cwd=tmp_path)
+    # a fresh process, where nothing registered window_bias
+    forgot = run_cli("eval", str(run), "--lengths", "16", "--n-windows", "1", cwd=tmp_path)
     assert forgot.returncode == 2 and len(error_lines(forgot.stderr)) == 1
     assert f"uses pe 'window_bias', which is not registered here; it was registered by {bias}" in forgot.stderr
     assert f"--import {bias}" in forgot.stderr
-    evaluated = run_cli("eval", "--import", bias, "run", "--lengths", "16", "32", "--n-windows", "1", cwd=tmp_path)
-    assert evaluated.returncode == 0, evaluated.stderr[-2000:]
-    assert "| window_bias+dape |" in evaluated.stdout
+    capsys.readouterr()
+    cli.main(["eval", "--import", bias, str(run), "--lengths", "16", "32", "--n-windows", "1"])
+    assert "| window_bias+dape |" in capsys.readouterr().out
 
     cli.main(["che", "--import", bias, "--task", "parity_check", "--pe", "window_bias", "--n-layer", "1",
               "--n-embd", "16", "--n-head", "2", "--steps", "2", "--batch-size", "2", "--max-train-length", "5",

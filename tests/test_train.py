@@ -218,6 +218,11 @@ def test_a_folder_holding_a_checkpoint_is_refused_unless_resume_or_overwrite(cor
     assert (tmp_path / CHECKPOINT_NAME).read_bytes() == first  # the first run is still there
     with pytest.raises(ValueError, match="resume and overwrite exclude each other"):
         quick_run(tmp_path, train_tokens, cfg=None, resume=True, overwrite=True)
+    quick_run(tmp_path / "other", train_tokens, cfg=other)
+    with pytest.raises(ValueError, match="already holds a checkpoint"):  # resuming another run into this folder
+        quick_run(tmp_path, train_tokens, cfg=None, steps=3, resume=tmp_path / "other" / CHECKPOINT_NAME)
+    assert (tmp_path / CHECKPOINT_NAME).read_bytes() == first
+    quick_run(tmp_path, train_tokens, cfg=None, steps=3, resume=tmp_path / CHECKPOINT_NAME)  # its own: fine
     quick_run(tmp_path, train_tokens, cfg=other, overwrite=True)
     assert read_checkpoint(tmp_path)["config"]["pe"] == "alibi"
 

@@ -1,0 +1,66 @@
+"""The package as users get it: light to import, and installable with its corpora (no repository around it)."""
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import minidape as md
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def run_python(code: str, cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_importing_the_model_loads_neither_matplotlib_nor_tqdm(tmp_path):
+    """torch itself may import tqdm; minidape must add neither it nor matplotlib, nor its own heavy modules."""
+    code = ("import sys, torch\n"
+            "before = set(sys.modules)\n"
+            "import minidape.model\n"
+            "added = set(sys.modules) - before\n"
+            "heavy = sorted(m for m in added if m.split('.')[0] in ('matplotlib', 'tqdm') or m in\n"
+            "               ('minidape.plots', 'minidape.evaluate', 'minidape.tasks', 'minidape.che'))\n"
+            "assert not heavy and 'matplotlib' not in sys.modules, heavy\n"
+            "import minidape as md\n"
+            "assert callable(md.train) and md.tasks.TASK_NAMES and md.che.train_task and md.plots.plot_accuracy\n"
+            "assert md.evaluate.perplexity_by_length and md.kernels.gram and md.load_corpus and md.GPT\n"
+            "assert 'matplotlib' in sys.modules  # md.plots loaded it, on first use\n")
+    done = run_python(code, tmp_path, REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+
+
+def test_the_built_package_carries_its_corpora(tmp_path):
+    """Build the wheel from a copy of the sources, install it into a bare folder, and read a corpus from there,
+    far from the repository's data/."""
+    source = tmp_path / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(REPO / name, source / name)
+    for folder in ("minidape", "data"):
+        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
+                            str(source), "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=300)
+    assert built.returncode == 0, built.stderr[-2000:]
+    wheel = next((tmp_path / "wheel").glob("minidape-*.whl"))
+    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
+                                str(tmp_path / "site"), str(wheel)], capture_output=True, text=True, timeout=300)
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    corpora = tmp_path / "site" / "minidape" / "corpora"
+    for files in md.data.CORPORA.values():
+        assert all((corpora / file).is_file() for file in files)
+    assert (corpora / "PROVENANCE.md").is_file() and (corpora / "code" / "PSF_LICENSE.txt").is_file()
+
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code = ("import minidape as md, minidape.data as data\n"
+            "print(data.DATA_DIR)\n"
+            "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n")
+    done = run_python(code, elsewhere, tmp_path / "site")
+    assert done.returncode == 0, done.stderr[-2000:]
+    where, size = done.stdout.split()
+    assert Path(where) == corpora
+    assert int(size) == len(md.load_corpus("austen")) + len(md.load_corpus("austen", "val"))
