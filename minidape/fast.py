@@ -140,8 +140,11 @@ class _CellMLP(torch.autograd.Function):
 
     @classmethod
     def run(cls, x, hidden_offset, w_in, w_out):
-        """Apply in the scores' dtype (under autocast the scores may be bfloat16, the weights float32)."""
-        return cls.apply(x, *(t.to(x.dtype) for t in (hidden_offset, w_in, w_out)))
+        """Apply in x's dtype (under autocast the scores may be bfloat16, the weights float32). Autocast is off
+        inside, so the output, and with it the gradient that backward receives, has x's dtype: autocast would
+        make a float32 x (DAPE-add's S + B) give a bfloat16 output and a gradient backward could not multiply."""
+        with torch.autocast(x.device.type, enabled=False):
+            return cls.apply(x, *(t.to(x.dtype) for t in (hidden_offset, w_in, w_out)))
 
     @staticmethod
     def batched(w, batch: int):

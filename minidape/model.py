@@ -483,7 +483,6 @@ def pe_has_bias(pe: str) -> bool:
     return issubclass(PE_REGISTRY[pe], AdditiveBias)
 
 
-
 # ----------------------------------------------------------------------------------------------------
 # Refiners: rewrite the scaled scores S (batch, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
 

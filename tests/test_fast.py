@@ -16,15 +16,7 @@ import torch.nn as nn
 import minidape as md
 from minidape import fast
 from minidape import model as M
-
-BUILTIN_PES = ["none", "learned", "sinusoidal", "rope", "yarn", "t5", "alibi", "kerple_log", "kerple_power", "fire"]
-BUILTIN_REFINERS = ["none", "dape", "dape_concat", "dape_add", "cape", "conv"]
-
-
-def tiny(**kw):
-    base = dict(vocab_size=64, n_layer=2, n_head=4, n_embd=32, block_size=16)
-    base.update(kw)
-    return md.GPTConfig(**base)
+from test_model import BUILTIN_PES, BUILTIN_REFINERS, register_window_pe, tiny
 
 
 def fast_and_reference(cfg):
@@ -81,19 +73,7 @@ def test_a_bias_too_large_to_precompute_is_computed_per_block_alike(refiner, mon
 
 @pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
 def test_fast_equals_reference_with_a_hard_window_and_nan_on_future_cells(refiner):
-    name = f"test_fast_window_{refiner}"
-
-    @md.register_pe(name)
-    class WindowWithNaNFuture(md.AdditiveBias):
-        def __init__(self, cfg):
-            super().__init__()
-            self.scale = nn.Parameter(torch.linspace(-0.5, 0.5, cfg.n_head))
-
-        def forward(self, q_pos, k_pos):
-            d = (q_pos[:, None] - k_pos[None, :]).float()
-            bias = (self.scale[:, None, None] * d.clamp(min=0)).masked_fill(d >= 5, float("-inf"))
-            return bias.masked_fill(d < 0, float("nan"))
-
+    name = register_window_pe(f"test_fast_window_{refiner}", width=5, future=float("nan"))
     model, reference = fast_and_reference(tiny(pe=name, refiner=refiner, attn_chunk=6))
     assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 25)))
 

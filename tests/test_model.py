@@ -470,10 +470,12 @@ def test_every_extrapolating_pe_runs_far_beyond_block_size(pe):
     assert logits.shape == (1, 144, 64) and torch.isfinite(logits).all()
 
 
-def test_bfloat16_autocast_and_bfloat16_weights_run():
+@pytest.mark.parametrize("fast", [True, False])
+def test_bfloat16_autocast_and_bfloat16_weights_run(fast):
     torch.manual_seed(0)
-    for pe, refiner in [("kerple_log", "dape"), ("rope", "none"), ("alibi", "none"), ("fire", "conv")]:
-        model = md.GPT(tiny(pe=pe, refiner=refiner))
+    for pe, refiner in [("kerple_log", "dape"), ("rope", "none"), ("alibi", "none"), ("fire", "conv"),
+                        ("t5", "dape_add")]:
+        model = md.GPT(tiny(pe=pe, refiner=refiner, fast=fast))
         idx = torch.randint(0, 64, (2, 20))
         with torch.autocast("cpu", dtype=torch.bfloat16):
             _, loss = model(idx, idx)
