@@ -62,13 +62,15 @@ def sequence_length(task: Task, n: int) -> int:
 def task_config(task, cfg: GPTConfig | None = None, max_train_length: int = 40) -> GPTConfig:
     """``cfg`` (default: ``GPTConfig()``) made fit for ``task``: ``causal=False`` (an encoder),
     ``vocab_size = task.model_vocab_size``, ``block_size`` = the longest training sequence (input +
-    placeholders). The one place where the CHE encoder's config is made."""
+    placeholders), and ``tie_embeddings=False``: the benchmark's classifier is its own output layer, not the
+    input embedding (Delétang et al., 2023). The one place where the CHE encoder's config is made."""
     task = _resolve_task(task)
     cfg = GPTConfig() if cfg is None else cfg
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     block_size = sequence_length(task, task.valid_length(max_train_length))
-    return dataclasses.replace(cfg, causal=False, vocab_size=task.model_vocab_size, block_size=block_size)
+    return dataclasses.replace(cfg, causal=False, vocab_size=task.model_vocab_size, block_size=block_size,
+                               tie_embeddings=False)
 
 
 def _check_config(cfg: GPTConfig, task: Task) -> None:

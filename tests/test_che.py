@@ -26,6 +26,8 @@ def test_task_config(name, block_size):
     task = tasks.get_task(name)
     assert (cfg.causal, cfg.vocab_size, cfg.block_size) == (False, task.model_vocab_size, block_size)
     assert (cfg.pe, cfg.refiner) == ("kerple_log", "dape")
+    model = md.GPT(cfg)                          # the classifier is its own layer, as in the benchmark
+    assert not cfg.tie_embeddings and model.lm_head.weight is not model.wte.weight
 
 
 def test_short_training_run_beats_chance():
@@ -81,7 +83,7 @@ def test_evaluate_task_counts_correct_answers():
     model = md.GPT(che.task_config(task, tiny_config()))
     with torch.no_grad():
         model.lm_head.weight.zero_()
-        model.lm_head.weight[0] = 1.0  # tied with the embedding: every position then favours class 0
+        model.lm_head.weight[0] = 1.0  # every position then favours class 0
         model.ln_f.bias.fill_(1.0)
         model.ln_f.weight.zero_()
     curve = che.evaluate_task(model, task, [11], samples=16, seed=5)
