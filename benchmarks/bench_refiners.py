@@ -32,7 +32,8 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import minidape as md
-from minidape.train import resolve_device
+from minidape.model import PE_REGISTRY, REFINER_REGISTRY
+from minidape.utils import import_file, resolve_device, source_file
 
 SIZES = {  # the issue's default tiny model, and the papers' 125M configuration
     "tiny": dict(n_layer=4, n_head=4, n_embd=128),
@@ -162,9 +163,15 @@ def peak_memory_child(spec: dict) -> dict:
     return result
 
 
+def user_files() -> list[str]:
+    """The files of the users' registered encodings and refiners (``--import``), for a child process to load."""
+    classes = [*PE_REGISTRY.values(), *REFINER_REGISTRY.values()]
+    return sorted({path for path in map(source_file, classes) if path is not None})
+
+
 def run_child(kind: str, **spec) -> dict:
     """Run ``kind`` ("timing" or "memory") in a fresh Python process; its result, or {"error": ...}."""
-    spec.update(kind=kind, threads=torch.get_num_threads())
+    spec.update(kind=kind, threads=torch.get_num_threads(), imports=user_files())
     out = subprocess.run([sys.executable, __file__, "--child", json.dumps(spec)], capture_output=True, text=True)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
@@ -223,6 +230,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.child:
         spec = json.loads(args.child)
         torch.set_num_threads(spec.pop("threads"))     # the parent's, so a child times what the parent would
+        for path in spec.pop("imports"):               # the parent's --import files: their names register here
+            import_file(path)
         print(json.dumps((timing_child if spec.pop("kind") == "timing" else peak_memory_child)(spec)))
         return
     if args.rounds < 1 or args.repeats < 1:

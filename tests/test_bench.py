@@ -71,7 +71,8 @@ def test_bench_rejects_zero_rounds():
 
 
 def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
-    """What `bench --import FILE.py --pe NAME` relies on: a PE registered from a user's file builds and times."""
+    """What `bench --import FILE.py --pe NAME` relies on: a PE registered from a user's file builds and times,
+    in this process and in the fresh processes of `--rounds` (which load the file again)."""
     bench = load_bench()
     path = tmp_path / "bench_bias.py"
     path.write_text("import torch\nimport minidape as md\n\n\n@md.register_pe('bench_bias')\n"
@@ -81,5 +82,7 @@ def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
                     "        return -self.scale * (q_pos[:, None] - k_pos[None, :]).abs().float()\n")
     md.utils.import_file(path)
     medians = bench.timed_rounds({"bench_bias": ("bench_bias", "none", False), "dape": ("bench_bias", "dape", False)},
-                                 T=16, B=2, size="tiny", device=torch.device("cpu"), repeats=1, rounds=1)[0]
-    assert set(medians) == {"bench_bias", "dape"} and all(seconds > 0 for seconds in medians.values())
+                                 T=16, B=2, size="tiny", device=torch.device("cpu"), repeats=1, rounds=2)
+    assert len(medians) == 2
+    for round_medians in medians:
+        assert set(round_medians) == {"bench_bias", "dape"} and all(s > 0 for s in round_medians.values())
