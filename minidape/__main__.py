@@ -105,7 +105,7 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che,bench}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che,bench,grade}")
 
     demo = commands.add_parser("demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
                                description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and "
@@ -179,6 +179,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = commands.add_parser("bench", help="refiner speed and memory benchmark (benchmarks/bench_refiners.py)",
                                 add_help=False)
     bench.add_argument("bench_args", nargs=argparse.REMAINDER, help="the benchmark's own flags (see bench --help)")
+    add_grade_command(commands)
     return parser
 
 
@@ -368,6 +369,31 @@ def run_bench(bench_args: list[str]) -> None:
 
 
 COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_che}
+
+
+# ----------------------------------------------------------------------------- grade (notebooks' exercises)
+# One block: the subcommand's flags and what it runs; build_parser calls add_grade_command.
+
+
+def add_grade_command(commands) -> None:
+    grade = commands.add_parser("grade", help="run students' notebooks and count the exercises passed",
+                                description="Execute each notebook in a clean kernel, in a scratch copy, with a time "
+                                            "limit; print the exercises passed per notebook. A folder stands for "
+                                            "its *.ipynb files.")
+    grade.add_argument("paths", nargs="+", metavar="PATH", help="notebooks (.ipynb) or folders of notebooks")
+    grade.add_argument("--csv", help="also write FILE: notebook,exercise,passed (1/0), one row per exercise")
+    grade.add_argument("--timeout", type=float, default=600,
+                       help="seconds allowed for each whole notebook (default 600)")
+
+
+def run_grade(args: argparse.Namespace) -> None:
+    from .grade import grade
+
+    grade(args.paths, csv_path=args.csv, timeout=args.timeout)
+
+
+COMMANDS["grade"] = run_grade
+# ----------------------------------------------------------------------------- end of grade
 
 
 def main(argv: list[str] | None = None) -> None:

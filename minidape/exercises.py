@@ -15,7 +15,7 @@ Implementations are compared by behaviour, never by the names of minidape's inte
 are built from the same config and handed minidape's weights in the order of their parameters.
 
 :func:`summary` ends each notebook: a table of the verdicts, and an error if an answer is wrong (so a broken
-worked solution fails ``make test``). The grader (:mod:`minidape.grade`) reads the verdicts from the file named
+worked solution fails ``make test``, which also sets ``MINIDAPE_EXPECT_EXERCISES`` to ``all`` or ``none``). The grader (:mod:`minidape.grade`) reads the verdicts from the file named
 by the environment variable ``MINIDAPE_GRADE_LOG`` (one JSON object per line), which every check appends to.
 """
 from __future__ import annotations
@@ -31,6 +31,7 @@ from torch import nn
 
 PASSED, FAILED, NOT_DONE = "passed", "failed", "not done yet"
 GRADE_LOG = "MINIDAPE_GRADE_LOG"
+EXPECT = "MINIDAPE_EXPECT_EXERCISES"     # "all" (worked solutions) or "none" (student edition): see summary()
 
 
 class NotDone(NotImplementedError):
@@ -116,6 +117,13 @@ def summary(notebook: str) -> dict[str, str]:
     wrong = [name for name, verdict in verdicts.items() if verdict == FAILED]
     if wrong:
         raise ExerciseFailed(f"exercises with a wrong answer: {', '.join(wrong)} (see their check cells above)")
+    # `make test` runs both editions and says what to expect: every check passes on the worked solutions, and
+    # none on the stubs of the student edition (a check that passed there would accept an empty answer).
+    expected = os.environ.get(EXPECT)
+    if expected == "all" and any(verdict != PASSED for verdict in verdicts.values()):
+        raise ExerciseFailed(f"{EXPECT}=all, but not every exercise of notebook {notebook} passed: {verdicts}")
+    if expected == "none" and any(verdict == PASSED for verdict in verdicts.values()):
+        raise ExerciseFailed(f"{EXPECT}=none, but a check passed on a stub in notebook {notebook}: {verdicts}")
     return verdicts
 
 
