@@ -99,7 +99,8 @@ def student_edition(source, folder):
     full = folder / f"{source.stem}.ipynb"
     subprocess.run([BIN / "jupytext", "--quiet", "--to", "ipynb", "-o", full, source], check=True)
     subprocess.run([BIN / "jupyter-nbconvert", "--to", "notebook", "--log-level", "WARN",
-                    "--TagRemovePreprocessor.remove_cell_tags=solution", "--ClearOutputPreprocessor.enabled=True",
+                    "--TagRemovePreprocessor.enabled=True", "--TagRemovePreprocessor.remove_cell_tags=solution",
+                    "--ClearOutputPreprocessor.enabled=True",
                     "--output-dir", folder / "student", full], check=True)
     return full, folder / "student" / full.name
 
