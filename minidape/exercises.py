@@ -271,6 +271,21 @@ def alibi_bias(your_function):
 # ------------------------------------------------------------------------------- 02 Kerple, CPD kernels
 
 
+@_exercise("02", "derive", "cᵀKc for the kernel -|m-n|² and zero-sum c, in closed form",
+           "expand (x_i - x_j)² = x_i² - 2x_i x_j + x_j²; the terms with x_i² alone vanish when Σ_j c_j = 0")
+def square_quadratic_form(your_function):
+    generator = torch.Generator().manual_seed(0)
+    for n in (3, 8, 20):
+        x = torch.randn(n, generator=generator, dtype=torch.float64) * 5
+        c = torch.randn(n, generator=generator, dtype=torch.float64)
+        c = c - c.mean()                                              # zero-sum
+        K = -(x[:, None] - x[None, :]) ** 2
+        want = (c @ K @ c).item()
+        got = _number(_given(your_function, "square_quadratic_form")(x, c), "square_quadratic_form(x, c)")
+        if abs(got - want) > 1e-8 * max(1.0, abs(want)):
+            raise Wrong(f"for {n} random points your form gives {got:.6g}, cᵀKc is {want:.6g}")
+
+
 @_exercise("02", "implement", "the geometric search for Kerple's shift c",
            "start at c = 1 and double until the smallest eigenvalue of c + K is >= -1e-10·max|c + K|; "
            "md.kernels.gram and md.kernels.smallest_eigenvalue do the linear algebra")
@@ -287,21 +302,6 @@ def find_shift(your_function):
             psd = kernels.smallest_eigenvalue(shifted) >= -1e-10 * shifted.abs().max().item()
             raise Wrong(f"for {label} you found c = {got:g}; the doubling search stops at c = {want:g} "
                         f"(c + K is {'PSD' if psd else 'not PSD'} at your c)")
-
-
-@_exercise("02", "derive", "cᵀKc for the kernel -|m-n|² and zero-sum c, in closed form",
-           "expand (x_i - x_j)² = x_i² - 2x_i x_j + x_j²; the terms with x_i² alone vanish when Σ_j c_j = 0")
-def square_quadratic_form(your_function):
-    generator = torch.Generator().manual_seed(0)
-    for n in (3, 8, 20):
-        x = torch.randn(n, generator=generator, dtype=torch.float64) * 5
-        c = torch.randn(n, generator=generator, dtype=torch.float64)
-        c = c - c.mean()                                              # zero-sum
-        K = -(x[:, None] - x[None, :]) ** 2
-        want = (c @ K @ c).item()
-        got = _number(_given(your_function, "square_quadratic_form")(x, c), "square_quadratic_form(x, c)")
-        if abs(got - want) > 1e-8 * max(1.0, abs(want)):
-            raise Wrong(f"for {n} random points your form gives {got:.6g}, cᵀKc is {want:.6g}")
 
 
 @_exercise("02", "implement", "Kerple-log's bias -r1·log(1 + r2·(i - j))",
@@ -323,6 +323,20 @@ def kerple_log_bias(your_function):
 
 
 # ------------------------------------------------------------------------- 03 train and extrapolate
+
+
+@_exercise("03", "experiment", "predict, then measure, how RoPE degrades at 16× its training length",
+           "the ratio is last_k['rope'][longest] / last_k['rope'][train_length], read from the table above")
+def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
+    predicted = _prediction(prediction, "rope_breaks (your prediction)")
+    measured = _number(measured_ratio, "rope_ratio (your measurement)")
+    want = last_k["rope"][longest] / last_k["rope"][train_length]
+    if abs(measured - want) > 1e-6 * want:
+        raise Wrong(f"your ratio {measured:.4g} is not last_k['rope'][{longest}] / last_k['rope'][{train_length}] "
+                    f"= {want:.4g}")
+    held = predicted == (want > 2)
+    return (f"RoPE's ratio is {want:.2f}, so it {'more' if want > 2 else 'less'} than doubles; your prediction "
+            f"{'held' if held else 'did not hold: what did you expect, and why did it not happen?'}")
 
 
 @_exercise("03", "derive", "both protocols' perplexities from one position-wise loss curve",
@@ -356,20 +370,6 @@ def running_mean(your_function):
             raise Wrong("the first entries repeat position 0 (replicate padding): they average values that do not "
                         "exist, which flattens the start of the curve")
         _close(got, want, f"the running mean (width {width})", atol=1e-9, rtol=1e-9)
-
-
-@_exercise("03", "experiment", "predict, then measure, how RoPE degrades at 16× its training length",
-           "the ratio is last_k['rope'][longest] / last_k['rope'][train_length], read from the table above")
-def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
-    predicted = _prediction(prediction, "rope_breaks (your prediction)")
-    measured = _number(measured_ratio, "rope_ratio (your measurement)")
-    want = last_k["rope"][longest] / last_k["rope"][train_length]
-    if abs(measured - want) > 1e-6 * want:
-        raise Wrong(f"your ratio {measured:.4g} is not last_k['rope'][{longest}] / last_k['rope'][{train_length}] "
-                    f"= {want:.4g}")
-    held = predicted == (want > 2)
-    return (f"RoPE's ratio is {want:.2f}, so it {'more' if want > 2 else 'less'} than doubles; your prediction "
-            f"{'held' if held else 'did not hold: what did you expect, and why did it not happen?'}")
 
 
 # ------------------------------------------------------------------------------------ 04 DAPE, CAPE
@@ -413,14 +413,6 @@ def far_attention(your_function):
 # ------------------------------------------------------------------------------------ 05 DAPE-V2 conv
 
 
-@_exercise("05", "implement", "DAPE-V2's conv refiner: A = S + B + Conv(tril([S, B]))",
-           "nn.Conv2d(2h, W, (1, k), padding=(0, k // 2)), LeakyReLU(0.01), nn.Conv2d(W, h, (1, k), same padding); "
-           "zero the masked cells of [S, B] (masked_fill(~mask, 0)) before the first convolution")
-def conv_refiner(your_class):
-    for kernel in (3, 5):
-        _compare_refiners(your_class, "conv", "MyConvRefiner", refiner_kernel=kernel)
-
-
 @_exercise("05", "derive", "which keys a refined cell A[i, j] reads",
            "each 1×k layer reaches k // 2 keys to each side, two layers reach 2·(k // 2); tril removes keys > i")
 def receptive_keys(your_function):
@@ -437,6 +429,14 @@ def receptive_keys(your_function):
         if sorted(int(key) for key in got) != want:
             raise Wrong(f"receptive_keys({i}, {j}, k={kernel}) = {sorted(got)}; the gradient of minidape's conv "
                         f"refiner says A[{i}, {j}] reads keys {want}")
+
+
+@_exercise("05", "implement", "DAPE-V2's conv refiner: A = S + B + Conv(tril([S, B]))",
+           "nn.Conv2d(2h, W, (1, k), padding=(0, k // 2)), LeakyReLU(0.01), nn.Conv2d(W, h, (1, k), same padding); "
+           "zero the masked cells of [S, B] (masked_fill(~mask, 0)) before the first convolution")
+def conv_refiner(your_class):
+    for kernel in (3, 5):
+        _compare_refiners(your_class, "conv", "MyConvRefiner", refiner_kernel=kernel)
 
 
 @_exercise("05", "experiment", "predict, then measure, what the leaky conv does to the validation loss",

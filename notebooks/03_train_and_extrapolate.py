@@ -392,7 +392,8 @@ columns = [textwrap.wrap(samples[pe], 48) for pe in samples]
 print(f"{'RoPE at positions ' + str(LONGEST - NEW_TOKENS) + '+':<52}{'Kerple-log at the same positions'}")
 for left, right in zip(*[column + [""] * (max(map(len, columns)) - len(column)) for column in columns]):
     print(f"{left:<52}{right}")
-#
+
+# %% [markdown]
 # ## Summary
 #
 # - Inside the training length the encodings are nearly interchangeable; beyond it they separate.
