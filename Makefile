@@ -1,4 +1,5 @@
-# `make demo` (the main job) and `make test`; both create .venv and install on first use.
+# `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab`;
+# each creates .venv and installs on first use.
 # TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
@@ -8,7 +9,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
-.PHONY: demo test test-unit test-notebooks notebooks bench clean
+.PHONY: demo test test-unit test-notebooks notebooks student lab bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -30,16 +31,40 @@ test-unit: $(STAMP)
 # The .py files are the notebooks' source: convert each one, keeping the outputs of its executed .ipynb (the
 # cells marked NBVAL_CHECK_OUTPUT are compared with them), and run every cell in fast mode. nbval runs a
 # notebook in its own folder: .nbtest/ sits beside notebooks/, so paths like ../runs mean the same in both.
+# Then the student edition of the same notebooks (solution cells removed by nbconvert's TagRemovePreprocessor,
+# outputs kept so that the checked cells are compared too) in .nbtest-student/. MINIDAPE_EXPECT_EXERCISES makes
+# each notebook's closing summary fail unless every exercise passed (worked solutions) or none did (stubs).
 test-notebooks: $(STAMP)
 	@if [ -n "$(NOTEBOOKS)" ]; then \
-	  rm -rf $(NBTEST) && mkdir -p $(NBTEST) && \
+	  rm -rf $(NBTEST) $(NBTEST)-student && mkdir -p $(NBTEST) && \
 	  for f in $(NOTEBOOKS); do \
 	    out=$(NBTEST)/$$(basename $${f%.py}).ipynb; \
 	    if [ -f $${f%.py}.ipynb ]; then cp $${f%.py}.ipynb $$out; fi; \
 	    $(BIN)/jupytext --quiet --update --to ipynb -o $$out $$f || exit 1; \
 	  done && \
-	  MINIDAPE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider --nbval-lax --nbval-current-env $(NBTEST); \
+	  $(BIN)/jupyter-nbconvert --to notebook --log-level WARN $(REMOVE_SOLUTIONS) --output-dir $(NBTEST)-student \
+	    $(NBTEST)/*.ipynb && \
+	  MINIDAPE_EXPECT_EXERCISES=all MINIDAPE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    --nbval-lax --nbval-current-env $(NBTEST) && \
+	  MINIDAPE_EXPECT_EXERCISES=none MINIDAPE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	    --nbval-lax --nbval-current-env $(NBTEST)-student; \
 	fi
+
+# The student edition: every notebook without its solution cells (cell tag `solution`) and without outputs,
+# made by jupytext and nbconvert's preprocessors. The stub cell before each solution stays; checks say "not
+# done yet" until the student replaces it.
+REMOVE_SOLUTIONS := --TagRemovePreprocessor.enabled=True --TagRemovePreprocessor.remove_cell_tags=solution
+student: $(STAMP)
+	rm -rf student && mkdir -p student/.full
+	for f in $(NOTEBOOKS); do $(BIN)/jupytext --quiet --to ipynb -o student/.full/$$(basename $${f%.py}).ipynb $$f || exit 1; done
+	$(BIN)/jupyter-nbconvert --to notebook --log-level WARN $(REMOVE_SOLUTIONS) --ClearOutputPreprocessor.enabled=True \
+	  --output-dir student student/.full/*.ipynb
+	rm -rf student/.full
+	@echo "wrote the student edition: $$(ls student/*.ipynb | wc -l) notebooks in student/"
+
+# JupyterLab on the notebook series (the .ipynb open as notebooks; the .py sources pair with them via jupytext).
+lab: $(STAMP)
+	$(BIN)/jupyter lab notebooks/
 
 # Execute every notebook in full mode (in its own folder) and write the committed .ipynb beside its source.
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_kerple_cpd_kernels.py
@@ -50,4 +75,4 @@ bench: $(STAMP)
 	$(BIN)/python -m minidape bench
 
 clean:
-	rm -rf $(VENV) $(NBTEST) runs
+	rm -rf $(VENV) $(NBTEST) $(NBTEST)-student student runs

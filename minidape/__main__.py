@@ -235,6 +235,7 @@ def build_parser() -> argparse.ArgumentParser:
                         help="refiner speed and memory benchmark (benchmarks/bench_refiners.py; its flags: "
                              "bench --help)")
     bench.add_argument("--pe", choices=list(PE_NAMES), help=argparse.SUPPRESS)
+    add_grade_command(commands)
     return parser
 
 
@@ -419,6 +420,31 @@ def run_bench(args: argparse.Namespace, bench_args: list[str]) -> None:
 
 
 COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_che}
+
+
+# ----------------------------------------------------------------------------- grade (notebooks' exercises)
+# One block: the subcommand's flags and what it runs; build_parser calls add_grade_command.
+
+
+def add_grade_command(commands) -> None:
+    grade = add_command(commands, "grade", help="run students' notebooks and count the exercises passed",
+                        description="Execute each notebook in a clean kernel, in a scratch copy, with a time "
+                                    "limit; print the exercises passed per notebook. A folder stands for its "
+                                    "*.ipynb files.")
+    grade.add_argument("paths", nargs="+", metavar="PATH", help="notebooks (.ipynb) or folders of notebooks")
+    grade.add_argument("--csv", help="also write FILE: notebook,exercise,passed (1/0), one row per exercise")
+    grade.add_argument("--timeout", type=positive_float, default=600,
+                       help="seconds allowed for each whole notebook (default 600)")
+
+
+def run_grade(args: argparse.Namespace) -> None:
+    from .grade import grade
+
+    grade(args.paths, csv_path=args.csv, timeout=args.timeout)
+
+
+COMMANDS["grade"] = run_grade
+# ----------------------------------------------------------------------------- end of grade
 
 
 def main(argv: list[str] | None = None) -> None:

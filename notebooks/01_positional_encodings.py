@@ -28,6 +28,13 @@
 #
 # This notebook opens each one up on untrained models (no training here; notebook 03 trains them), and asks
 # the question of the whole series: **what happens beyond the training length** `block_size`?
+#
+# **Cost.** Nothing is trained; full mode runs in about ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this
+# in after `make notebooks`⟩ on a 2-core CPU, and the same on a GPU. `MINIDAPE_FAST=1` shortens the longest length.
+#
+# **Exercises** (each has a check cell that says *passed*, what is wrong with a hint, or *not done yet*):
+# 1.1 implement the sinusoidal table; 1.2 derive RoPE's score of two all-ones vectors in closed form;
+# 1.3 implement ALiBi's bias.
 
 # %%
 import os
@@ -36,6 +43,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import minidape as md
+from minidape import exercises
 from minidape.model import AbsolutePositions, AdditiveBias, RotaryEmbedding, apply_rotary
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
@@ -51,6 +59,11 @@ def tiny_config(pe, **overrides):
 
 torch.manual_seed(0)
 print("registered positional encodings:", list(md.PE_NAMES))
+
+# %%
+# DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+print("device:", DEVICE)
 
 # %% [markdown]
 # ## 1. The map: kind, module, parameters
@@ -73,7 +86,7 @@ def kind_of(pe_module):
 
 print(f"{'pe':<13} {'class':<22} {'parameters':>10}  kind")
 for name in md.PE_NAMES:
-    pe_module = md.GPT(tiny_config(name)).pe
+    pe_module = md.GPT(tiny_config(name)).to(DEVICE).pe
     n_params = sum(p.numel() for p in pe_module.parameters())
     print(f"{name:<13} {type(pe_module).__name__:<22} {n_params:>10}  {kind_of(pe_module)}")
 
@@ -89,10 +102,10 @@ for name in md.PE_NAMES:
 # The left panel shows $P$; the right panel $P_m^\top P_n$, constant along every diagonal.
 
 # %%
-sinusoidal = md.GPT(tiny_config("sinusoidal")).pe
-P = sinusoidal(torch.arange(2 * TRAIN_LENGTH))
+sinusoidal = md.GPT(tiny_config("sinusoidal")).to(DEVICE).pe
+P = sinusoidal(torch.arange(2 * TRAIN_LENGTH, device=DEVICE)).cpu()
 fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3.8))
-image = left.imshow(P.T, aspect="auto", cmap="RdBu_r")
+image = left.imshow(P.T, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)   # diverging colours centred on 0
 left.set(title="sinusoidal $P$: one column per position", xlabel="position p", ylabel="channel")
 fig.colorbar(image, ax=left)
 image = right.imshow(P @ P.T, cmap="viridis")
@@ -108,13 +121,39 @@ plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-learned_model = md.GPT(tiny_config("learned")).eval()
-tokens = torch.randint(0, 256, (1, 2 * TRAIN_LENGTH))
+learned_model = md.GPT(tiny_config("learned")).to(DEVICE).eval()
+tokens = torch.randint(0, 256, (1, 2 * TRAIN_LENGTH)).to(DEVICE)
 print("at the training length:", tuple(learned_model(tokens[:, :TRAIN_LENGTH])[0].shape))
 try:
     learned_model(tokens)
 except ValueError as error:
     print("at twice the training length: ValueError:", error)
+
+# %% [markdown]
+# ### Exercise 1.1 (implement) · The sinusoidal table
+#
+# Write `sinusoidal_table(positions, d)`: a `(T,)` tensor of positions and a width $d$ (even) in, the `(T, d)`
+# table $P$ out, with $P_{p,2i} = \sin(p\,\omega_i)$, $P_{p,2i+1} = \cos(p\,\omega_i)$,
+# $\omega_i = 10000^{-2i/d}$. The check compares it with minidape's `sinusoidal` encoding at several widths.
+
+# %%
+def sinusoidal_table(positions, d):
+    """(T,) positions -> (T, d) sinusoidal table, sines and cosines interleaved."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def sinusoidal_table(positions, d):
+    """(T,) positions -> (T, d) sinusoidal table, sines and cosines interleaved."""
+    omega = 10000.0 ** (-torch.arange(0, d, 2, dtype=torch.float32) / d)     # (d/2,)
+    angle = positions.float()[:, None] * omega                                # (T, d/2)
+    table = torch.empty(len(positions), d)
+    table[:, 0::2], table[:, 1::2] = angle.sin(), angle.cos()
+    return table
+
+
+# %%
+exercises.check("sinusoidal_table", sinusoidal_table)
 
 # %% [markdown]
 # ## 3. Rotary encodings: rotate queries and keys
@@ -130,15 +169,15 @@ except ValueError as error:
 
 # %%
 # NBVAL_CHECK_OUTPUT
-rope = md.GPT(tiny_config("rope")).pe
+rope = md.GPT(tiny_config("rope")).to(DEVICE).pe
 head_size = 128 // 4
 generator = torch.Generator().manual_seed(1)
-q, k = torch.randn(2, head_size, generator=generator)
+q, k = torch.randn(2, head_size, generator=generator).to(DEVICE)
 
 
 def rotary_score(q, k, m, n):
     """<R_m q, R_n k> with minidape's own rotation."""
-    cos, sin = rope(torch.tensor([m, n]), T=max(m, n) + 1)
+    cos, sin = rope(torch.tensor([m, n], device=DEVICE), T=max(m, n) + 1)
     rotated_q = apply_rotary(q[None, None, None], cos[:1], sin[:1])
     rotated_k = apply_rotary(k[None, None, None], cos[1:], sin[1:])
     return (rotated_q * rotated_k).sum().item()
@@ -158,7 +197,7 @@ print("different offsets give different scores:", abs(rotary_score(q, k, 5, 2) -
 # never seen in training — that is what breaks RoPE's extrapolation, and what YaRN repairs.
 
 # %%
-ones = torch.ones(head_size)
+ones = torch.ones(head_size, device=DEVICE)
 distances = torch.arange(0, LONG)
 decay = [rotary_score(ones, ones, int(d), 0) for d in distances]
 plt.figure(figsize=(8, 3.5))
@@ -173,6 +212,32 @@ plt.legend()
 plt.show()
 
 # %% [markdown]
+# ### Exercise 1.2 (derive) · The decay curve in closed form
+#
+# Show that for $q = k = \mathbf{1}$ (head size $d$) the score at distance $t = m - n$ is
+# $\sum_{i=0}^{d/2-1} 2\cos(t\,\theta_i)$ with $\theta_i = 10000^{-2i/d}$ (hint: each channel pair of
+# $\mathbf 1$ is the vector $(1, 1)$; what is the dot product of two copies of it rotated by $\alpha$ and $\beta$?).
+# Then write `rope_ones_score(t, head_size)` from your formula, **without** calling minidape; the check compares
+# it with minidape's rotation at several distances.
+
+# %%
+def rope_ones_score(t, head_size):
+    """<R_t 1, R_0 1> for all-ones vectors of size head_size, from the closed form (a float)."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def rope_ones_score(t, head_size):
+    """<R_t 1, R_0 1> for all-ones vectors of size head_size, from the closed form (a float)."""
+    # (1, 1) rotated by α, dotted with (1, 1) rotated by β: 2 cos(α - β); here α - β = t θ_i for pair i.
+    theta = 10000.0 ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
+    return (2 * torch.cos(t * theta)).sum().item()
+
+
+# %%
+exercises.check("rope_ones_score", rope_ones_score)
+
+# %% [markdown]
 # ### YaRN: RoPE that changes its frequencies beyond the training length
 #
 # `yarn` (Peng et al., 2023, §3.2–3.4) is RoPE during training. At inference with $T > L$ (= `block_size`) and
@@ -182,10 +247,10 @@ plt.show()
 
 # %%
 # NBVAL_CHECK_OUTPUT
-rope_model = md.GPT(tiny_config("rope")).eval()
-yarn_model = md.GPT(tiny_config("yarn")).eval()
+rope_model = md.GPT(tiny_config("rope")).to(DEVICE).eval()
+yarn_model = md.GPT(tiny_config("yarn")).to(DEVICE).eval()
 yarn_model.load_state_dict(rope_model.state_dict())   # the rotary modules have no parameters: same weights
-tokens = torch.randint(0, 256, (1, 4 * TRAIN_LENGTH), generator=generator)
+tokens = torch.randint(0, 256, (1, 4 * TRAIN_LENGTH), generator=generator).to(DEVICE)
 with torch.no_grad():
     for T in (TRAIN_LENGTH // 2, TRAIN_LENGTH, 2 * TRAIN_LENGTH, 4 * TRAIN_LENGTH):
         same = torch.equal(rope_model(tokens[:, :T])[0], yarn_model(tokens[:, :T])[0])
@@ -198,7 +263,7 @@ pairs = torch.arange(head_size // 2)
 plt.figure(figsize=(8, 3.5))
 for T in (TRAIN_LENGTH, 2 * TRAIN_LENGTH, 4 * TRAIN_LENGTH, LONG):
     theta, _ = yarn.frequencies_and_scale(T)
-    plt.plot(pairs, theta / yarn.theta, marker="o", markersize=3, label=f"T = {T} (s = {T / TRAIN_LENGTH:g})")
+    plt.plot(pairs, (theta / yarn.theta).cpu(), marker="o", markersize=3, label=f"T = {T} (s = {T / TRAIN_LENGTH:g})")
 plt.yscale("log", base=2)
 plt.xlabel("rotary pair i (fast → slow)")
 plt.ylabel(r"$\theta'_i / \theta_i$")
@@ -223,17 +288,50 @@ plt.show()
 # The bias module maps two position vectors to `(n_head, Tq, Tk)`; `md.plots.plot_bias` draws one panel per
 # head.
 # These are the **initial** biases (Kerple's $r_1, r_2, a, p$ start random, T5's table near zero, FIRE's MLP
-# random); training reshapes them (notebook 03). Above the diagonal is the future, hidden by the causal mask.
+# random); training reshapes them (notebook 03). Above the diagonal is the future, hidden by the causal mask:
+# those cells are left blank, since no query ever uses them.
 
 # %%
-models = {name: md.GPT(tiny_config(name)) for name in md.PE_NAMES}
+models = {name: md.GPT(tiny_config(name)).to(DEVICE) for name in md.PE_NAMES}
 bias_models = {name: model for name, model in models.items() if isinstance(model.pe, AdditiveBias)}
-positions = torch.arange(32)
+positions = torch.arange(32, device=DEVICE)
+future = torch.ones(32, 32, dtype=torch.bool).triu(1)                 # masked cells: j > i
+
+
+def visible_only(bias):
+    """The bias with the causally masked cells (j > i) set to NaN, which the heatmaps leave blank."""
+    return bias.detach().cpu().masked_fill(future[: bias.shape[-2], : bias.shape[-1]], float("nan"))
+
+
 for name, model in bias_models.items():
     with torch.no_grad():
         bias = model.pe(positions, positions)
-    md.plots.plot_bias(bias, title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
+    md.plots.plot_bias(visible_only(bias), title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
     plt.show()
+
+# %% [markdown]
+# ### Exercise 1.3 (implement) · ALiBi's bias
+#
+# Write `alibi_bias(n_head, q_pos, k_pos)` returning the `(n_head, len(q_pos), len(k_pos))` bias
+# $b_h(i, j) = -s_h\,(i - j)$ with ALiBi's slopes $s_h = 2^{-8h/H}$, $h = 1..H$ (for $H$ a power of two). Only
+# the cells with $j \le i$ are compared with minidape's `alibi` module (the others are masked anyway).
+
+# %%
+def alibi_bias(n_head, q_pos, k_pos):
+    """ALiBi's bias (n_head, Tq, Tk) for LongTensor positions q_pos (Tq,) and k_pos (Tk,)."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def alibi_bias(n_head, q_pos, k_pos):
+    """ALiBi's bias (n_head, Tq, Tk) for LongTensor positions q_pos (Tq,) and k_pos (Tk,)."""
+    slopes = torch.tensor([2.0 ** (-8 * h / n_head) for h in range(1, n_head + 1)])          # (h,)
+    distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()                      # (Tq, Tk)
+    return -slopes[:, None, None] * distance
+
+
+# %%
+exercises.check("alibi_bias", alibi_bias)
 
 # %% [markdown]
 # Where does $B$ go? `model.attention_maps(idx, layer)` returns a layer's pieces: the scaled scores
@@ -263,11 +361,11 @@ print("refined == scores + bias:", torch.allclose(maps["refined"], maps["scores"
 
 # %%
 fig, axes = plt.subplots(1, len(bias_models), figsize=(4 * len(bias_models), 3.5))
-long_positions = torch.arange(LONG)
+long_positions = torch.arange(LONG, device=DEVICE)
 for ax, (name, model) in zip(axes, bias_models.items()):
     with torch.no_grad():
-        row = model.pe(long_positions[-1:], long_positions)[0, 0]        # head 0, query LONG - 1
-        train_row = model.pe(long_positions[TRAIN_LENGTH - 1:TRAIN_LENGTH], long_positions[:TRAIN_LENGTH])[0, 0]
+        row = model.pe(long_positions[-1:], long_positions)[0, 0].cpu()        # head 0, query LONG - 1
+        train_row = model.pe(long_positions[TRAIN_LENGTH - 1:TRAIN_LENGTH], long_positions[:TRAIN_LENGTH])[0, 0].cpu()
     ax.plot(torch.arange(LONG).flip(0), row, label=f"query {LONG - 1}")
     ax.plot(torch.arange(TRAIN_LENGTH).flip(0), train_row, linewidth=0.8, label=f"query {TRAIN_LENGTH - 1}")
     ax.axvline(TRAIN_LENGTH, color="gray", linestyle="--", linewidth=1, label="training length")
@@ -289,10 +387,10 @@ plt.show()
 # attention on recent keys — the mechanism by which biases keep long inputs looking like short ones.
 
 # %%
-tokens = torch.randint(0, 256, (1, LONG), generator=generator)
+tokens = torch.randint(0, 256, (1, LONG), generator=generator).to(DEVICE)
 print(f"T = {LONG} = {LONG // TRAIN_LENGTH} x block_size;  ln T = {torch.log(torch.tensor(float(LONG))):.2f}")
 for name in md.PE_NAMES:
-    model = md.GPT(tiny_config(name)).eval()
+    model = md.GPT(tiny_config(name)).to(DEVICE).eval()
     try:
         logits, _ = model(tokens)
         probs = model.attention_maps(tokens, layer=0)["probs"][0, :, -1]     # (heads, keys)
@@ -312,6 +410,8 @@ for name in md.PE_NAMES:
 # %%
 # NBVAL_CHECK_OUTPUT
 torch.manual_seed(0)
+# On the CPU whatever DEVICE is: the positions are drawn from the CPU's random generator, the same on every
+# machine, so this checked output is too.
 model = md.GPT(tiny_config("learned", block_size=8, random_positions=64))
 model.train()
 print("training positions, batch 1:", model.positions(8, "cpu").tolist())
@@ -348,7 +448,7 @@ if "learned_slopes" not in md.PE_NAMES:   # registering a name twice is an error
 
 # %%
 # NBVAL_CHECK_OUTPUT
-model = md.GPT(tiny_config("learned_slopes", refiner="dape"))
+model = md.GPT(tiny_config("learned_slopes", refiner="dape")).to(DEVICE)
 logits, loss = model(tokens[:, :TRAIN_LENGTH], targets=tokens[:, 1:TRAIN_LENGTH + 1])
 loss.backward()
 print("registered:", "learned_slopes" in md.PE_NAMES, "| logits", tuple(logits.shape),
@@ -358,7 +458,7 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 with torch.no_grad():
-    md.plots.plot_bias(model.pe(positions, positions), title="learned_slopes: initial bias").tight_layout()
+    md.plots.plot_bias(visible_only(model.pe(positions, positions)), title="learned_slopes: initial bias").tight_layout()
 plt.show()
 
 # %% [markdown]
@@ -371,3 +471,6 @@ plt.show()
 # * Biases are functions of the distance: ALiBi and Kerple-power decay without bound (local attention),
 #   Kerple-log slowly, T5 saturates at 128, FIRE rescales by the query position.
 # * Next: notebook 02 derives the bias family from conditionally positive definite kernels (Kerple).
+
+# %%
+exercises.summary("01")

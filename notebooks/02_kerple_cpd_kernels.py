@@ -22,12 +22,18 @@
 #
 # 1. PD and CPD kernels (§3.1, Definitions 1–2), tested on Gram matrices;
 # 2. Corollary 1: the power family $-a|m-n|^p$ and the log family $-b\ln(1 + a|m-n|^p)$, $0 < p \le 2$;
-# 3. Lemma 1, the CPD shift lemma: $c + k$ is PD for a large enough $c$, found by geometric search;
+# 3. Lemma 1, the CPD shift lemma: $c + k$ is PD for a large enough $c$ (on a finite point set, for a strictly
+#    CPD kernel), found by geometric search;
 # 4. why softmax absorbs $c$, so Kerple never computes it (eq. 2);
 # 5. ALiBi as the triangle kernel and the T5 log-bucket connection (§4);
 # 6. pictures of the kernels and of how far each lets attention reach (Figures 2–4 in spirit).
 #
-# Everything here is float64 linear algebra on small matrices: no training.
+# Everything here is float64 linear algebra on small matrices: no training. **Cost:** full mode takes about
+# ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this in after `make notebooks`⟩ on a 2-core CPU; a GPU does not
+# change it (the kernel maths runs on the CPU in float64, which Apple's MPS does not have).
+#
+# **Exercises:** 2.1 derive $c^\top K c$ for $-|m-n|^2$ in closed form; 2.2 implement the geometric search for
+# $c$; 2.3 implement Kerple-log's bias and check it against minidape's.
 
 # %%
 import math
@@ -37,6 +43,7 @@ import matplotlib.pyplot as plt
 import torch
 
 import minidape as md
+from minidape import exercises
 from minidape.model import T5Bias, alibi_slopes
 
 kernels = md.kernels
@@ -55,6 +62,13 @@ def relative(value, matrix):
     """An eigenvalue relative to the matrix scale max|K|, with rounding noise (< 1e-9) shown as 0."""
     scaled = value / matrix.abs().max().item()
     return 0.0 if abs(scaled) < 1e-9 else scaled
+
+
+# %%
+# DEVICE: where the one model of this notebook (section 5) lives: CUDA, then Apple's MPS, then the CPU. The kernel
+# maths stays on the CPU in float64.
+DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+print("device:", DEVICE)
 
 # %% [markdown]
 # ## 1. Relative positions as kernels
@@ -125,6 +139,29 @@ assert verdicts == expected, f"PD/CPD verdicts {verdicts} differ from {expected}
 # in the shift lemma.
 
 # %% [markdown]
+# ### Exercise 2.1 (derive) · $c^\top K c$ for $-|m-n|^2$
+#
+# Show that for $K_{ij} = -(x_i - x_j)^2$ and any $c$ with $\sum_i c_i = 0$, $c^\top K c = 2\big(\sum_i c_i x_i\big)^2$
+# (expand the square; which sums vanish?). Write `square_quadratic_form(x, c)` from your closed form, in one
+# line and without building $K$; the check compares it with $c^\top K c$ on random points and zero-sum vectors.
+
+# %%
+def square_quadratic_form(x, c):
+    """c^T K c for K_ij = -(x_i - x_j)^2 and sum(c) = 0, from the closed form (float64 tensors (N,) -> number)."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def square_quadratic_form(x, c):
+    """c^T K c for K_ij = -(x_i - x_j)^2 and sum(c) = 0, from the closed form (float64 tensors (N,) -> number)."""
+    # -Σ c_i c_j (x_i² - 2 x_i x_j + x_j²) = -(Σ c_i x_i²)(Σ c_j) + 2 (Σ c_i x_i)² - (Σ c_i)(Σ c_j x_j²)
+    return 2 * (c @ x).item() ** 2
+
+
+# %%
+exercises.check("square_quadratic_form", square_quadratic_form)
+
+# %% [markdown]
 # ## 3. Corollary 1: two families of CPD kernels
 #
 # Three facts build the families (§3.2): sums and positive multiples of CPD kernels are CPD (Fact 2); if
@@ -172,9 +209,18 @@ plt.show()
 # %% [markdown]
 # ## 4. Lemma 1: the CPD shift lemma and the geometric search for $c$
 #
-# **Lemma 1.** If $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD.
+# Kerple prints **Lemma 1** as "if $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD", and gives as its
+# example "$c - \|x - x'\|^2$ for large enough $c$". Both need care. What holds is:
 #
-# On $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
+# **Lemma 1 (precise).** Let $x_1, \dots, x_N$ be a **finite** set of points and $k$ **strictly** CPD on it
+# ($c^\top K c > 0$ for every non-zero $c$ with $\sum_i c_i = 0$). Then there is a finite $c$ such that
+# $c + K$ is positive semi-definite; $c$ depends on the point set.
+#
+# The paper's own example is the counterexample to the lemma as printed: $-\|x - x'\|^2$ is CPD but not
+# strictly (exercise 2.1: $c^\top K c = 0$ whenever $\sum_i c_i x_i = 0$), and on 3 or more points
+# $c - \|x - x'\|^2$ is PD for **no** $c$ — shown numerically below.
+#
+# Why: on $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
 # ($\mathbf{1}^\top v = 0$), so nothing changes there; along $\mathbf{1}$ it adds $cN^2$ to the quadratic
 # form, which eventually beats everything else — provided $K$ is *strictly* positive on the zero-sum
 # vectors. Since $c\,\mathbf{1}\mathbf{1}^\top$ is PSD, $\lambda_{\min}(c + K)$ only grows with $c$, so the paper
@@ -197,6 +243,33 @@ ax.legend()
 plt.show()
 
 # %% [markdown]
+# ### Exercise 2.2 (implement) · The geometric search for $c$
+#
+# Write `find_shift(kernel, n)`: on the points $0, \dots, n-1$, start at $c = 1$ and double $c$ until
+# $\lambda_{\min}(c + K) \ge -10^{-10}\max|c + K|$ (rounding tolerance), then return $c$. Use
+# `kernels.gram(kernel, n)` and `kernels.smallest_eigenvalue(matrix)`, not `pd_shift`: the check compares your
+# answer with `pd_shift` on three kernels.
+
+# %%
+def find_shift(kernel, n):
+    """The first c in 1, 2, 4, ... that makes c + K positive semi-definite on the points 0..n-1."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def find_shift(kernel, n):
+    """The first c in 1, 2, 4, ... that makes c + K positive semi-definite on the points 0..n-1."""
+    K = kernels.gram(kernel, n)
+    c = 1.0
+    while kernels.smallest_eigenvalue(K + c) < -1e-10 * (K + c).abs().max().item():
+        c *= 2
+    return c
+
+
+# %%
+exercises.check("find_shift", find_shift)
+
+# %% [markdown]
 # How large must $c$ be? It depends on the point set, and it grows with the span of the positions:
 
 # %%
@@ -216,7 +289,8 @@ for name, kernel in shift_examples.items():
 # The lemma is a statement about finite sets — exactly the situation of attention over a finite sequence, with
 # a $c$ that depends on the length. This would be a problem if anyone needed $c$. Nobody does (next section).
 #
-# The borderline kernel $-|m-n|^2$ shows why the lemma needs strict positivity. Its Gram matrix is
+# The borderline kernel $-|m-n|^2$ (the paper's example) shows why the lemma needs strict positivity. Its Gram
+# matrix is
 # $2xx^\top - x^2\mathbf{1}^\top - \mathbf{1}(x^2)^\top$ (with $x^2$ elementwise), of rank 3 with one negative
 # eigenvalue. On 3 or more points there are zero-sum vectors $v$ with $\sum_i v_i x_i = 0$, where the quadratic
 # form is 0 but $Kv \ne 0$; tilting such a $v$ slightly towards $\mathbf{1}$ makes the form negative for every
@@ -252,10 +326,10 @@ assert all(value < 0 for value in smallest) and all(b > a for a, b in zip(smalle
 # %%
 # NBVAL_CHECK_OUTPUT
 T = 64
-model = md.GPT(md.GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=T, pe="kerple_log")).eval()
+model = md.GPT(md.GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=T, pe="kerple_log")).to(DEVICE).eval()
 bias_module = model.pe
 with torch.no_grad():
-    B = bias_module(torch.arange(T), torch.arange(T)).double()                  # (heads, T, T)
+    B = bias_module(torch.arange(T, device=DEVICE), torch.arange(T, device=DEVICE)).cpu().double()   # (heads, T, T)
 visible = torch.ones(T, T, dtype=torch.bool).tril()
 for h in range(4):
     r1, r2 = bias_module.r1[h].item(), bias_module.r2[h].item()
@@ -263,14 +337,37 @@ for h in range(4):
     print(f"head {h}: bias == -r1 log(1 + r2 |m-n|) on the causal triangle:",
           torch.allclose(B[h][visible], K[visible], atol=1e-5))
 
-tokens = torch.randint(0, 256, (1, T))
-maps = model.attention_maps(tokens, layer=0)                                   # scores, bias, refined, probs
+tokens = torch.randint(0, 256, (1, T)).to(DEVICE)
+maps = {name: value.cpu() for name, value in model.attention_maps(tokens, layer=0).items()}   # scores, bias, ...
 logits = maps["refined"].double().masked_fill(~visible, float("-inf"))          # S + B, causal mask
 print("the model's attention is softmax(S + B):", torch.allclose(maps["probs"].double(), logits.softmax(-1),
                                                                  atol=1e-6))
 for c in (1.0, 64.0, 1e4):
     print(f"softmax(S + B + {c:g}) == softmax(S + B):",
           torch.allclose((logits + c).softmax(-1), logits.softmax(-1), rtol=0, atol=1e-12))
+
+# %% [markdown]
+# ### Exercise 2.3 (implement) · Kerple-log's bias
+#
+# Write `kerple_log_bias(r1, r2, q_pos, k_pos)`: per-head parameters `r1`, `r2` of shape `(h,)` and LongTensor
+# positions in, the `(h, len(q_pos), len(k_pos))` bias $-r_1^{(h)}\ln\big(1 + r_2^{(h)}(i - j)\big)$ out. The check
+# hands your function the parameters of a minidape `kerple_log` module and compares on the cells $j \le i$.
+
+# %%
+def kerple_log_bias(r1, r2, q_pos, k_pos):
+    """Kerple-log's bias (h, Tq, Tk) from per-head r1, r2 (h,) and positions q_pos (Tq,), k_pos (Tk,)."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def kerple_log_bias(r1, r2, q_pos, k_pos):
+    """Kerple-log's bias (h, Tq, Tk) from per-head r1, r2 (h,) and positions q_pos (Tq,), k_pos (Tk,)."""
+    distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()          # (Tq, Tk); j > i is masked anyway
+    return -r1[:, None, None] * torch.log1p(r2[:, None, None] * distance)       # (h, Tq, Tk)
+
+
+# %%
+exercises.check("kerple_log_bias", kerple_log_bias)
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -294,9 +391,9 @@ print("composite Gram  qᵀq + c + k  is PSD:", is_psd(queries @ queries.T + K_p
 
 # %%
 # NBVAL_CHECK_OUTPUT
-alibi = md.GPT(md.GPTConfig(n_layer=1, n_head=8, n_embd=64, block_size=T, pe="alibi")).pe
+alibi = md.GPT(md.GPTConfig(n_layer=1, n_head=8, n_embd=64, block_size=T, pe="alibi")).to(DEVICE).pe
 with torch.no_grad():
-    alibi_bias = alibi(torch.arange(T), torch.arange(T)).double()
+    alibi_bias = alibi(torch.arange(T, device=DEVICE), torch.arange(T, device=DEVICE)).cpu().double()
 print("slopes s_h = 2^(-8h/8):", [f"{s:g}" for s in alibi_slopes(8).tolist()])
 same = all(torch.allclose(alibi_bias[h][visible], kernels.gram(kernels.power_kernel(a=s, p=1), T)[visible])
            for h, s in enumerate(alibi_slopes(8).tolist()))
@@ -401,9 +498,13 @@ plt.show()
 #   distances — rather than PD ones (Definitions 1–2, Fact 1).
 # * Corollary 1's families $-a|m-n|^p$ and $-b\ln(1+a|m-n|^p)$ are CPD exactly for $0 < p \le 2$; `is_cpd`
 #   confirms it and finds counterexamples beyond.
-# * A CPD kernel plus a large enough constant is PD on any finite set (Lemma 1); `pd_shift` finds $c$ by
+# * A strictly CPD kernel plus a large enough constant is PD on any finite set (Lemma 1, stated precisely; the
+#   paper's example $c - \|x - x'\|^2$ is not strictly CPD and is PD for no $c$); `pd_shift` finds $c$ by
 #   doubling, and $c$ grows with the length for ALiBi's triangle kernel.
 # * Softmax ignores $c$, so Kerple trains the CPD bias directly and attention remains a PD (inner-product)
 #   kernel on (query, position) pairs.
 # * ALiBi is the triangle kernel; T5's buckets are a learned, capped log-distance; Kerple-log is the smooth,
 #   2-parameter, uncapped version. Notebook 03 trains them and compares their extrapolation.
+
+# %%
+exercises.summary("02")

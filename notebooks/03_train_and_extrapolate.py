@@ -31,19 +31,28 @@
 # ~0.1M-parameter model trained for a few hundred steps on a shared 2-core CPU, so the absolute perplexities
 # are high and differences of a few percent are noise. What these tiny runs do show reliably is the
 # *qualitative* picture: which encodings break beyond the training length and which do not.
+#
+# **Cost.** Trains six models (2 layers, 64 wide, 400 steps of 16 × 64 bytes each). Full mode takes about
+# ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this in after `make notebooks`⟩ on a 2-core CPU; on a GPU the
+# same budget runs in a fraction of that (raise `STEPS` and `BATCH` there for smoother curves).
+#
+# **Exercises:** 3.1 predict, then measure, how far RoPE degrades at 16× (experiment); 3.2 derive both
+# protocols' perplexities from one position-wise loss curve; 3.3 implement a running mean that does not invent
+# values before position 0.
 
 # %%
 import math
 import os
+import textwrap
 import time
 import warnings
 
 import matplotlib.pyplot as plt
 import torch
-import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 import minidape as md
+from minidape import exercises
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
@@ -69,6 +78,11 @@ def config(pe, **overrides):
 
 
 print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+
+# %%
+# DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+print("device:", DEVICE)
 
 # %% [markdown]
 # ## 1. The data
@@ -100,6 +114,18 @@ print(repr(bytes(val_tokens[1000:1100].tolist()).decode("utf-8", errors="replace
 #
 # `md.train` uses AdamW with warmup and cosine decay; every model sees the same batches (same seed). The
 # history it returns holds the training loss of each logged step and a validation loss every few steps.
+#
+# ### Exercise 3.1 (experiment), part 1 · Predict before you train
+#
+# At $16L$ = 1024 tokens, will RoPE's `last_k` perplexity be **more than twice** its perplexity at the training
+# length? Write your prediction (`True` or `False`) *now*, before the models are trained; part 2 measures it.
+
+# %%
+rope_breaks = None                        # your prediction: True or False
+
+
+# %% tags=["solution"]
+rope_breaks = True                        # unseen rotation angles: RoPE should break well beyond L
 
 # %%
 PES = ["learned", "none", "rope", "alibi", "kerple_log", "fire"]
@@ -108,7 +134,7 @@ for pe in PES:
     start = time.perf_counter()
     models[pe], histories[pe] = md.train(config(pe), train_tokens, val_data=val_tokens, steps=STEPS,
                                          batch_size=BATCH, lr=LR, eval_every=max(4, STEPS // 8),
-                                         eval_windows=VAL_WINDOWS, seed=0, progress=False)
+                                         eval_windows=VAL_WINDOWS, seed=0, progress=False, device=DEVICE)
     train_seconds[pe] = time.perf_counter() - start
     print(f"{pe:<11} final validation loss {histories[pe][-1]['val_loss']:.3f} nats   "
           f"({models[pe].num_params():,} parameters, {train_seconds[pe]:.0f} s)")
@@ -151,20 +177,47 @@ md.plots.plot_extrapolation(last_k, train_length=TRAIN_LENGTH,
                             title="Perplexity of the last 256 tokens (DAPE's last_k protocol)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, train_length=TRAIN_LENGTH)))
+at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in last_k.items()}
+growth = {pe: curve[LONGEST] / curve[TRAIN_LENGTH] for pe, curve in last_k.items() if pe != "learned"}
+print(f"at the training length: best {min(at_train, key=at_train.get)}, worst {max(at_train, key=at_train.get)}")
+print(f"perplexity at {LONGEST} / at {TRAIN_LENGTH}: " + ", ".join(f"{pe} {g:.2f}x" for pe, g in growth.items()))
+if not FAST:   # the claims of the text below, checked on this run (fast mode trains too little to show them)
+    assert growth["rope"] > 2, "RoPE at 16x the training length should be more than twice its in-length perplexity"
+    assert max(growth["alibi"], growth["kerple_log"]) < 1.25, "ALiBi and Kerple should stay nearly flat"
+    assert growth["rope"] > max(growth["alibi"], growth["kerple_log"], growth["none"])
+
+# %% [markdown]
+# ### Exercise 3.1 (experiment), part 2 · Measure
+#
+# Set `rope_ratio` to RoPE's perplexity at `LONGEST` divided by its perplexity at `TRAIN_LENGTH`, read from the
+# `last_k` results above. The check tells you whether your prediction held.
+
+# %%
+rope_ratio = None                         # your measurement, from last_k
+
+
+# %% tags=["solution"]
+rope_ratio = last_k["rope"][LONGEST] / last_k["rope"][TRAIN_LENGTH]
+
+
+# %%
+exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LONGEST)
 
 # %% [markdown]
 # **What to look for.** At the training length (dashed line) the models differ by how well they learned in
-# 400 steps: RoPE and Kerple best, NoPE and the learned table worst. To the right:
+# 400 steps (the line above the plot names the best and the worst). To the right:
 #
 # - `learned` stops: there is no embedding for position 64.
-# - `rope` is the best model at $T = L$ and among the worst at $16L$: it meets rotation angles it never saw.
+# - `rope` is among the best models at $T = L$ and breaks at $16L$ (the printed ratio; in full mode the cell
+#   asserts that it more than doubles): it meets rotation angles it never saw.
 # - `none` (NoPE) drifts up slowly: its implicit position signal (the causal mask lets a layer count how many
 #   tokens it averages over) changes as the window grows.
-# - `alibi` and `kerple_log` stay nearly flat (within ~10% of their training-length perplexity): their bias
-#   only *penalises* distance, so far-away tokens get so little attention that a long window looks much like
-#   a short one to each query.
+# - `alibi` and `kerple_log` stay nearly flat (the printed ratios; asserted below 1.25 in full mode): their
+#   bias only *penalises* distance, so far-away tokens get so little attention that a long window looks much
+#   like a short one to each query.
 # - `fire` normalises distances by $\psi(\max(L, i))$, so its inputs stay in $[0, 1]$ at every length; the
-#   distribution of those inputs still changes, and in this short run its perplexity grows beyond $4L$.
+#   distribution of those inputs still changes, and in a short run like this one its perplexity can grow
+#   beyond a few training lengths.
 #
 # ## 4. Two protocols, two sets of numbers (DAPE §5)
 #
@@ -219,11 +272,36 @@ for pe in PES:
 # $$\mathrm{ppl}_{\text{nonoverlap}}(T) \approx \exp\Big(\frac1T \sum_{t=0}^{T-1} \ell_t\Big), \qquad
 #   \mathrm{ppl}_{\text{last-}k}(T) \approx \exp\Big(\frac1k \sum_{t=T-k}^{T-1} \ell_t\Big).$$
 #
-# (Approximately, because the windows are drawn from different places of the validation text.) Let us check
-# it for RoPE and ALiBi with `md.evaluate.loss_by_position`.
+# (Approximately, because the windows are drawn from different places of the validation text.)
+#
+# ### Exercise 3.2 (derive) · Both protocols from one curve
+#
+# Write `protocols_from_curve(curve, T, k)`: from a position-wise loss curve (a 1-D tensor, entry $t$ = loss
+# $\ell_t$) return the pair `(last_k perplexity, nonoverlap perplexity)` at length $T$, following the two
+# formulas above (with $k$ capped at $T$). The check compares it with the formulas on random curves.
 
 # %%
-position_loss = {pe: md.evaluate.loss_by_position(model, val_tokens, LONGEST, n_windows=EVAL_WINDOWS)
+def protocols_from_curve(curve, T, k):
+    """(last_k perplexity, nonoverlap perplexity) at length T from a position-wise loss curve."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def protocols_from_curve(curve, T, k):
+    """(last_k perplexity, nonoverlap perplexity) at length T from a position-wise loss curve."""
+    k = min(k, T)
+    return math.exp(curve[T - k:T].mean()), math.exp(curve[:T].mean())
+
+
+# %%
+exercises.check("protocols_from_curve", protocols_from_curve)
+
+# %% [markdown]
+# Now the real curves: `md.evaluate.loss_by_position` for every model at `LONGEST`, and the two reconstructions
+# for RoPE and ALiBi next to the measured numbers.
+
+# %%
+position_loss = {pe: md.evaluate.loss_by_position(model, val_tokens, LONGEST, n_windows=EVAL_WINDOWS).cpu()
                  for pe, model in models.items() if pe != "learned"}   # learned cannot run at LONGEST
 
 print(f"{'pe':<7}{'T':>6}  {'last_k':>8} {'from curve':>10}   {'nonoverlap':>10} {'from curve':>10}")
@@ -246,19 +324,38 @@ for pe in ["rope", "alibi"]:
 #
 # The curve itself is the most informative picture (Kerple's "position-wise perplexity"). Entry $t$ is the
 # mean loss of predicting token $t+1$ from the $t+1$ tokens before it, averaged over `EVAL_WINDOWS`
-# windows of `LONGEST` tokens. Per-position losses are noisy with few windows, so the plot shows a running
-# mean over 16 positions.
+# windows of `LONGEST` tokens. Per-position losses are noisy with few windows, so we smooth them with a
+# running mean over 16 positions — careful at the start of the curve, which the logarithmic position axis
+# stretches out: padding the curve by repeating position 0 (a common shortcut) would draw the first 15
+# positions as averages of values that do not exist.
+#
+# ### Exercise 3.3 (implement) · A running mean without invented values
+#
+# Write `running_mean(curve, width)`: entry $t$ is the mean of `curve[max(0, t - width + 1) : t + 1]`, i.e. over
+# the last `width` positions, or over all positions so far at the start. The plot below uses your function as
+# soon as it passes its check (until then it draws the raw curves).
 
 # %%
-def running_mean(curve, width=16):
-    """Mean over the last `width` positions (fewer at the start), to smooth a per-position loss curve."""
-    padded = F.pad(curve[None, None], (width - 1, 0), mode="replicate")
-    return F.avg_pool1d(padded, width, stride=1)[0, 0]
+def running_mean(curve, width):
+    """Mean over the last `width` positions (fewer at the start) of a 1-D tensor."""
+    exercises.todo()                      # your code here
 
 
-md.plots.plot_loss_by_position({pe: running_mean(curve) for pe, curve in position_loss.items()},
+# %% tags=["solution"]
+def running_mean(curve, width):
+    """Mean over the last `width` positions (fewer at the start) of a 1-D tensor."""
+    sums = torch.cat([curve.new_zeros(1), curve.cumsum(0)])      # sums[t] = curve[0] + ... + curve[t - 1]
+    ends = torch.arange(1, len(curve) + 1)
+    starts = (ends - width).clamp(min=0)
+    return (sums[ends] - sums[starts]) / (ends - starts)
+
+
+# %%
+smoothed = exercises.check("running_mean", running_mean)
+md.plots.plot_loss_by_position({pe: running_mean(curve, 16) if smoothed else curve for pe, curve in position_loss.items()},
                                train_length=TRAIN_LENGTH,
-                               title=f"Loss at each position of {LONGEST}-token windows (running mean of 16)")
+                               title=f"Loss at each position of {LONGEST}-token windows"
+                                     + (" (running mean of 16)" if smoothed else " (raw: exercise 3.3 smooths it)"))
 plt.show()
 
 for pe, curve in position_loss.items():
@@ -271,11 +368,32 @@ for pe, curve in position_loss.items():
 # **Reading the plot.** Loss falls over the first few dozen positions as context accumulates: this is the
 # part of the curve that `nonoverlap` over-weights. Past the training length (dashed line), an encoding that
 # extrapolates keeps its curve flat (the model simply ignores what it cannot use), while one that does not
-# turns upward somewhere past $L$ (RoPE from about $3L$ in this run, FIRE a little later): the same model, the
-# same text, only more positions than it has seen. NoPE's curve is the odd one: its loss is lowest at the very
-# first positions and creeps up as the window fills, a sign that its count-the-tokens position signal is
-# imprecise even inside the training length.
+# turns upward somewhere past $L$ (compare the two printed means of each model): the same model, the same
+# text, only more positions than it has seen.
 #
+# ### What breaking looks like: text at 16× the training length
+#
+# Perplexities are averages; samples make the difference visible. Both models below continue the same
+# validation text from position `LONGEST - 160`: every token they write sits at $15L$–$16L$, far beyond the
+# 64 positions they were trained on. (Sampling with temperature 0.8 from the 10 most likely bytes, same seed.)
+
+# %%
+NEW_TOKENS = 160
+prompt = val_tokens[5000:5000 + LONGEST - NEW_TOKENS].long()[None].to(DEVICE)
+samples = {}
+for pe in ("rope", "kerple_log"):
+    torch.manual_seed(0)
+    with torch.no_grad():
+        written = models[pe].generate(prompt, NEW_TOKENS, temperature=0.8, top_k=10)[0, -NEW_TOKENS:]
+    samples[pe] = bytes(written.tolist()).decode("utf-8", errors="replace").replace("\n", " ")
+print("prompt ends with: ..." + bytes(prompt[0, -80:].tolist()).decode("utf-8", errors="replace").replace("\n", " "))
+print()
+columns = [textwrap.wrap(samples[pe], 48) for pe in samples]
+print(f"{'RoPE at positions ' + str(LONGEST - NEW_TOKENS) + '+':<52}{'Kerple-log at the same positions'}")
+for left, right in zip(*[column + [""] * (max(map(len, columns)) - len(column)) for column in columns]):
+    print(f"{left:<52}{right}")
+
+# %% [markdown]
 # ## Summary
 #
 # - Inside the training length the encodings are nearly interchangeable; beyond it they separate.
@@ -291,4 +409,5 @@ for pe, curve in position_loss.items():
 # in `config("rope", ...)` (randomized positions, Ruoss et al. 2023) and see whether RoPE's curve flattens.
 
 # %%
+exercises.summary("03")
 print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")

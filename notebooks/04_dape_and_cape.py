@@ -39,6 +39,14 @@
 #
 # Budget: tiny models (2 layers, 64 channels, 4 heads), a few hundred steps on a shared 2-core CPU. The
 # paper's models are 125M parameters trained for 50k steps; read our curves for their shape.
+#
+# **Cost.** Trains eight models (Kerple and three DAPE variants, then Kerple and DAPE-Kerple with two more seeds;
+# 400 steps of 16 × 64 bytes each). Full mode takes about ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this
+# in after `make notebooks`⟩ on a 2-core CPU; a GPU runs the same budget much faster.
+#
+# **Exercises:** 4.1 implement DAPE's refiner (eq. 3) and check it against minidape's; 4.2 derive the number of
+# parameters of $f$; 4.3 implement the "attention beyond one training length" measure, then predict and read
+# it for Kerple and DAPE-Kerple.
 
 # %%
 import os
@@ -46,9 +54,11 @@ import time
 
 import matplotlib.pyplot as plt
 import torch
+import torch.nn as nn
 from IPython.display import Markdown, display
 
 import minidape as md
+from minidape import exercises
 from minidape.model import REFINER_REGISTRY
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
@@ -79,6 +89,11 @@ def config(pe="kerple_log", refiner="none", **overrides):
 
 print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
 
+# %%
+# DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+print("device:", DEVICE)
+
 # %% [markdown]
 # ## 1. The variants in minidape
 #
@@ -98,11 +113,11 @@ print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, tr
 print("refiners:", list(md.REFINER_NAMES))
 print("cape is the dape module:", REFINER_REGISTRY["cape"] is REFINER_REGISTRY["dape"])
 
-window = val_tokens[:32].long()[None]
+window = val_tokens[:32].long()[None].to(DEVICE)
 logits = {}
 for name in ("dape", "cape"):
     torch.manual_seed(0)
-    logits[name] = md.GPT(config(refiner=name)).eval()(window)[0]
+    logits[name] = md.GPT(config(refiner=name)).to(DEVICE).eval()(window)[0]
 print("same seed, same logits:", torch.equal(logits["dape"], logits["cape"]))
 
 # %% [markdown]
@@ -121,7 +136,7 @@ def per_cell(mlp, channels):
 
 for name in ("dape", "dape_concat", "dape_add"):
     torch.manual_seed(0)
-    model = md.GPT(config(refiner=name)).eval()
+    model = md.GPT(config(refiner=name)).to(DEVICE).eval()
     maps = model.attention_maps(window, layer=1)
     S, B, A = maps["scores"], maps["bias"].expand_as(maps["scores"]), maps["refined"]
     mlp = model.blocks[1].attn.refiner.f.mlp
@@ -142,14 +157,72 @@ for name in ("dape", "dape_concat", "dape_add"):
 # %%
 # NBVAL_CHECK_OUTPUT
 torch.manual_seed(0)
-refiner = REFINER_REGISTRY["dape"](config(refiner="dape"))
+refiner = REFINER_REGISTRY["dape"](config(refiner="dape")).to(DEVICE)
 T = 8
-scores = torch.randn(1, 4, T, T, requires_grad=True)
-bias = torch.randn(4, T, T)
-mask = torch.ones(T, T, dtype=torch.bool).tril()
+scores = torch.randn(1, 4, T, T).to(DEVICE).requires_grad_(True)
+bias = torch.randn(4, T, T).to(DEVICE)
+mask = torch.ones(T, T, dtype=torch.bool, device=DEVICE).tril()
 refiner(scores, bias, mask)[0, 0, 5, 3].backward()                   # head 0, cell (5, 3)
 touched = scores.grad[0].abs() > 0
 print("cells (head, i, j) that A[head 0, 5, 3] depends on:", touched.nonzero().tolist())
+
+# %% [markdown]
+# ### Exercise 4.1 (implement) · DAPE's refiner
+#
+# Write the refiner yourself, as the extension API builds it: `MyDAPE(cfg)` is an `nn.Module`, and
+# `forward(scores, bias, mask)` takes `scores` $S$ `(B, h, T, T)`, `bias` $B$ `(h, T, T)` and the causal `mask`
+# and returns eq. (3), $A = S + B + f([S, B])$, with $f$ = `Linear(2h, W)` → `LeakyReLU(0.01)` → `Linear(W, h)`
+# applied at every cell over the head axis ($W$ = `cfg.refiner_width`). The check builds minidape's `dape`
+# refiner and yours from the same config, hands yours minidape's weights (in the order of their parameters)
+# and compares both on random scores and biases.
+
+# %%
+class MyDAPE(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        exercises.todo("MyDAPE")          # your layers here
+
+    def forward(self, scores, bias, mask):
+        exercises.todo("MyDAPE.forward")  # your code here
+
+
+# %% tags=["solution"]
+class MyDAPE(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(2 * cfg.n_head, cfg.refiner_width), nn.LeakyReLU(0.01),
+                               nn.Linear(cfg.refiner_width, cfg.n_head))
+
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)                                   # (B, h, T, T): the same B per sequence
+        features = torch.cat([scores, bias], dim=1).permute(0, 2, 3, 1)  # (B, T, T, 2h): heads last, per cell
+        return scores + bias + self.f(features).permute(0, 3, 1, 2)      # (B, h, T, T)
+
+
+# %%
+exercises.check("dape_refiner", MyDAPE)
+
+# %% [markdown]
+# ### Exercise 4.2 (derive) · How many parameters has $f$?
+#
+# Write `dape_parameter_count(h, W)`: the number of parameters of one layer's $f$ for $h$ heads and width $W$
+# (weights and biases of both `Linear` layers), from your formula. The check counts the parameters of minidape's
+# refiner for several $h$ and $W$.
+
+# %%
+def dape_parameter_count(h, W):
+    """Parameters of DAPE's f (2h -> W -> h, with biases) in one layer."""
+    exercises.todo()                      # your formula here
+
+
+# %% tags=["solution"]
+def dape_parameter_count(h, W):
+    """Parameters of DAPE's f (2h -> W -> h, with biases) in one layer."""
+    return (2 * h * W + W) + (W * h + h)          # first Linear: weights + biases; second Linear: the same
+
+
+# %%
+exercises.check("dape_parameter_count", dape_parameter_count)
 
 # %% [markdown]
 # ## 2. What $f$ costs
@@ -191,23 +264,28 @@ for label, C, h in (("this notebook (C=64, h=4)", 64, 4), ("DAPE's 125M (C=768, 
         print(f"{label:<28}{T:>6}{dape_extra / base:>11.0%}{conv_extra / base:>15.0%}")
 
 # %% [markdown]
-# For the paper's 125M model at its training length 512 the refiner adds about 8% to a layer's arithmetic,
-# and about half at the evaluation length 8192 (the $T^2$ terms take over). For our tiny model, where
-# $hW = 128$ exceeds $C = 64$, it adds 43% already at $T = 64$: tiny models are the worst case for DAPE's
-# relative cost. And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise
-# passes over $(B, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick
-# measurement of one forward pass (timings on this shared machine are noisy):
+# For the paper's 125M model at its training length 512 the refiner adds a small fraction to a layer's
+# arithmetic, and a large share at the evaluation length 8192 (the $T^2$ terms take over). For our tiny model,
+# where $hW = 128$ exceeds $C = 64$, it adds a large share already at $T = 64$: tiny models are the worst case for
+# DAPE's relative cost. (The table prints the percentages; they are exact arithmetic from the formulas above.)
+# And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise passes over
+# $(B, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick measurement of one
+# forward pass (timings on a shared machine are noisy):
 
 # %%
 def forward_ms(refiner, T, batch=4 if FAST else 8, repeats=3):
     torch.manual_seed(0)
-    model = md.GPT(config(refiner=refiner)).eval()
-    x = torch.randint(256, (batch, T))
+    model = md.GPT(config(refiner=refiner)).to(DEVICE).eval()
+    x = torch.randint(256, (batch, T)).to(DEVICE)
     with torch.no_grad():
         model(x)                                                    # warm-up
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()                                # a GPU runs asynchronously: wait before timing
         start = time.perf_counter()
         for _ in range(repeats):
             model(x)
+        if DEVICE == "cuda":
+            torch.cuda.synchronize()
     return 1000 * (time.perf_counter() - start) / repeats
 
 
@@ -233,10 +311,10 @@ for name, cfg in runs.items():
     start = time.perf_counter()
     models[name], histories[name] = md.train(cfg, train_tokens, val_data=val_tokens, steps=STEPS, batch_size=BATCH,
                                              lr=LR, eval_every=max(4, STEPS // 8), eval_windows=VAL_WINDOWS,
-                                             seed=0, progress=False)
+                                             seed=0, progress=False, device=DEVICE)
     seconds[name] = time.perf_counter() - start
     print(f"{name:<19} validation loss {histories[name][-1]['val_loss']:.3f}   "
-          f"{1000 * seconds[name] / STEPS:.0f} ms/step")
+          f"{1000 * seconds[name] / STEPS:.0f} ms/step ({seconds[name] / seconds['kerple_log']:.2f}x Kerple's time)")
 
 # %%
 last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
@@ -244,16 +322,49 @@ last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_w
 md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, title="Kerple and DAPE-Kerple variants (last_k protocol)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
+for name in list(runs)[1:]:
+    gains = [1 - last_k[name][T] / last_k["kerple_log"][T] for T in LENGTHS]
+    print(f"{name:<19} perplexity below Kerple's by {min(gains):+.1%} .. {max(gains):+.1%} over the lengths; "
+          f"{seconds[name] / seconds['kerple_log']:.2f}x its training time")
 
 # %% [markdown]
 # **What to look for.** (1) Inside the training length: does the refiner lower the perplexity (DAPE's
-# "intra-length" gain)? (2) Beyond it: does the DAPE curve stay as flat as Kerple's? In this run all three
-# variants beat Kerple at every length, by about 5% for `dape` (Concat_Residual), which is also the best of
-# the three; the order of `dape_concat` and `dape_add` is within the noise of one seed. The paper's large gaps
-# at 8192 (DAPE §4.1) come from 125M models and 50k steps; at our budget the honest summary is "a consistent,
-# modest gain, at every length, for about 1.6 times the training time per step" (the ms/step column).
-# The curves zig-zag together because each length reads its own 32 windows of text and some stretches are
-# simply harder than others: compare models at the same length, not one length with the next.
+# "intra-length" gain)? (2) Beyond it: does the DAPE curve stay as flat as Kerple's? The lines under the table
+# give each variant's gain over Kerple (the range over all lengths) and its training time relative to Kerple's.
+# The paper's large gaps at 8192 (DAPE §4.1) come from 125M models and 50k steps; at our budget, expect a
+# modest gain at most, for a higher cost per step, and treat differences of a few percent between the variants
+# as the noise of one seed (the next section measures that noise). The curves zig-zag together because each
+# length reads its own windows of text and some stretches are simply harder than others: compare models at
+# the same length, not one length with the next.
+#
+# ### Three seeds: is DAPE's gain larger than the noise?
+#
+# One run per model cannot tell a real gain from luck. We train Kerple and DAPE-Kerple twice more, with seeds 1
+# and 2 (different initialisations and batches), and plot the mean over the three seeds with a band of ± one
+# standard deviation.
+
+# %%
+SEEDS = (0, 1, 2)
+seed_curves = {"kerple_log": [last_k["kerple_log"]], "dape-kerple": [last_k["dape-kerple"]]}   # seed 0: above
+for name in seed_curves:
+    for seed in SEEDS[1:]:
+        model, _ = md.train(runs[name], train_tokens, steps=STEPS, batch_size=BATCH, lr=LR, seed=seed,
+                            progress=False, device=DEVICE)
+        seed_curves[name].append(md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS))
+
+fig, ax = plt.subplots(figsize=(7, 4))
+for name, curves in seed_curves.items():
+    values = torch.tensor([[curve[T] for T in LENGTHS] for curve in curves])      # (seeds, lengths)
+    mean, std = values.mean(0), values.std(0)
+    ax.plot(LENGTHS, mean, marker="o", label=f"{name} (mean of {len(curves)} seeds)")
+    ax.fill_between(LENGTHS, mean - std, mean + std, alpha=0.25)
+    print(f"{name:<12}" + "".join(f"  T={T}: {m:.2f} ± {s:.2f}" for T, m, s in zip(LENGTHS, mean, std)))
+ax.axvline(TRAIN_LENGTH, color="gray", linestyle="--", linewidth=1)
+ax.set(xscale="log", xlabel="evaluation length T", ylabel="perplexity (last_k)",
+       title="Kerple vs DAPE-Kerple over three seeds (band: ± one standard deviation)")
+ax.set_xticks(LENGTHS, [str(T) for T in LENGTHS])
+ax.legend()
+plt.show()
 #
 # ## 4. DAPE's Figure 1 for our model
 #
@@ -264,12 +375,12 @@ display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
 
 # %%
 dape_model = models["dape-kerple"]
-long_window = val_tokens[:FIGURE1_LENGTH].long()[None]
+long_window = val_tokens[:FIGURE1_LENGTH].long()[None].to(DEVICE)
 
 
 def figure1(model, idx, layer):
     """Rows: S = QK^T/sqrt(d), B, f(S, B) = A - S - B; columns: heads; x: key position, for the last query."""
-    maps = model.attention_maps(idx, layer)
+    maps = {name: value.detach().cpu() for name, value in model.attention_maps(idx, layer).items()}
     S, B = maps["scores"][0, :, -1], maps["bias"][:, -1]
     f = maps["refined"][0, :, -1] - S - B
     rows = [("$QK^T/\\sqrt{d}$", S), ("Kerple bias $B$", B), ("DAPE term $f(QK^T, B)$", f)]
@@ -298,28 +409,31 @@ f_last_layer = figure1(dape_model, long_window, layer=1)
 
 # %%
 f_first_layer = figure1(dape_model, long_window, layer=0)
+bias_last_query = dape_model.attention_maps(long_window, layer=1)["bias"][:, -1].detach().cpu()
+print("correlation of f with B over the keys, layer 1, per head:",
+      [round(torch.corrcoef(torch.stack([f_h, b_h]))[0, 1].item(), 2) for f_h, b_h in zip(f_last_layer, bias_last_query)])
 
 # %% [markdown]
 # **Reading the figure.** The middle row is Kerple's bias: the same monotone decay for every input, steep for
 # some heads and nearly flat for others. The top row, the raw scores, is noisy: it carries the content. The
 # bottom row is what DAPE adds. Because $f$ reads both, it could *undo* part of the decay for keys whose scores
-# say "relevant" (the "anti-local" heads of the paper's Figure 1) or sharpen locality further. Our tiny model
-# did the second: in every head $f$ looks like a steeper copy of $B$ (roughly doubling the total decay) with
-# content-dependent ripples on top. No anti-local head emerged at this budget; the paper's come from 125M
-# models trained at length 512. The dashed line marks keys more than one training length away: everything
-# left of it is at distances the model never saw in training.
+# say "relevant" (the "anti-local" heads of the paper's Figure 1) or sharpen locality further. The line printed
+# under the figure says which, head by head: a correlation between $f$ and $B$ near $+1$ means $f$ is a steeper
+# copy of the bias (sharper locality), a negative one that $f$ undoes it. The paper's anti-local heads come from
+# 125M models trained at length 512; tiny models rarely grow them. The dashed line marks keys more than one
+# training length away: everything left of it is at distances the model never saw in training.
 #
 # ### Data-adaptive: same positions, different text
 #
 # $B$ depends on positions only; $f$ also on the text. Feed a second window of the same length and compare the
-# last query's DAPE term across the two texts: the bias rows are identical, the DAPE rows are not. They stay
-# correlated (the position-driven part is shared), but differ by up to a nat or more at single keys, which
-# is a factor $e \approx 2.7$ in attention weight.
+# last query's DAPE term across the two texts: the bias rows are identical, the DAPE rows are not. The printout
+# shows how correlated they stay (the position-driven part is shared) and how far apart they get at single
+# keys; a difference of one nat is a factor $e \approx 2.7$ in attention weight.
 
 # %%
-other_window = val_tokens[-FIGURE1_LENGTH:].long()[None]
-maps_a = dape_model.attention_maps(long_window, layer=1)
-maps_b = dape_model.attention_maps(other_window, layer=1)
+other_window = val_tokens[-FIGURE1_LENGTH:].long()[None].to(DEVICE)
+maps_a = {name: value.detach().cpu() for name, value in dape_model.attention_maps(long_window, layer=1).items()}
+maps_b = {name: value.detach().cpu() for name, value in dape_model.attention_maps(other_window, layer=1).items()}
 f_a = (maps_a["refined"] - maps_a["scores"] - maps_a["bias"])[0, :, -1]
 f_b = (maps_b["refined"] - maps_b["scores"] - maps_b["bias"])[0, :, -1]
 print("bias rows identical across texts:", torch.equal(maps_a["bias"][:, -1], maps_b["bias"][:, -1]))
@@ -342,23 +456,41 @@ plt.show()
 #
 # One number summarises "uses the far context": the attention probability the last query puts on keys more
 # than one training length away, averaged over heads and layers, at 16× the training length. A perfectly local
-# model puts 0 there; uniform attention would put $1 - 64/1024 \approx 94\%$. Consistent with the figure, our
-# DAPE-Kerple attends *more* locally than Kerple: its lower perplexity comes from sharper use of the near
-# context, not from reaching further.
+# model puts 0 there; uniform attention would put $1 - 64/1024 \approx 94\%$.
+#
+# ### Exercise 4.3 (implement, then predict) · Attention beyond one training length
+#
+# Write `far_attention(model, idx, train_length)`: the attention probability of the **last** query on keys
+# $0 \dots T - 1 - $ `train_length` (more than one training length back), summed over those keys, averaged
+# over heads and layers, as a float. `model.attention_maps(idx, layer)["probs"]` is `(B, heads, queries, keys)`.
+# Before running the cell after the check, predict: does DAPE-Kerple put more or less attention there than
+# Kerple? (Hint: look at the correlations printed under Figure 1.)
 
 # %%
-def far_attention(model, idx):
-    """Mean (over layers and heads) attention mass of the last query on keys more than TRAIN_LENGTH back."""
+def far_attention(model, idx, train_length):
+    """Mean over layers and heads of the last query's attention on keys more than train_length back."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def far_attention(model, idx, train_length):
+    """Mean over layers and heads of the last query's attention on keys more than train_length back."""
     T = idx.shape[1]
-    masses = [model.attention_maps(idx, layer)["probs"][0, :, -1, : T - TRAIN_LENGTH].sum(-1)
+    masses = [model.attention_maps(idx, layer)["probs"][0, :, -1, : T - train_length].sum(-1)    # (heads,)
               for layer in range(model.cfg.n_layer)]
     return torch.stack(masses).mean().item()
 
 
-for name in ("kerple_log", "dape-kerple"):
-    shares = [far_attention(models[name], w) for w in (long_window, other_window)]
-    print(f"{name:<12} attention mass beyond {TRAIN_LENGTH} keys back: "
-          f"{100 * sum(shares) / len(shares):.1f}% (mean of two windows)")
+# %%
+if exercises.check("far_attention", far_attention):
+    shares = {name: sum(far_attention(models[name], w, TRAIN_LENGTH) for w in (long_window, other_window)) / 2
+              for name in ("kerple_log", "dape-kerple")}
+    for name, share in shares.items():
+        print(f"{name:<12} attention mass beyond {TRAIN_LENGTH} keys back: {100 * share:.1f}% (mean of two windows)")
+    closer = min(shares, key=shares.get)
+    print(f"{closer} attends more locally: "
+          + ("its lower perplexity comes from sharper use of the near context, not from reaching further"
+             if closer == "dape-kerple" else "DAPE-Kerple reaches further into the far context"))
 
 # %% [markdown]
 # ## Summary
@@ -372,4 +504,5 @@ for name in ("kerple_log", "dape-kerple"):
 # Notebook 05 takes the next step: if $f$ may read one cell, why not its neighbours? (DAPE-V2.)
 
 # %%
+exercises.summary("04")
 print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")

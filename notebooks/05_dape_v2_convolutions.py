@@ -36,6 +36,13 @@
 #
 # Budget: the training runs are tiny (2 layers, 64 channels, a few hundred steps on a shared 2-core CPU), so
 # read the curves for their shape, not for the third digit.
+#
+# **Cost.** Trains five models (Kerple, conv refiners with $k$ = 1, 3, 5, and the leaky conv; 400 steps of
+# 16 × 64 bytes each). Full mode takes about ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this in after
+# `make notebooks`⟩ on a 2-core CPU; a GPU runs the same budget much faster.
+#
+# **Exercises:** 5.1 derive which keys a refined cell reads; 5.2 implement the conv refiner and check it against
+# minidape's; 5.3 predict, then measure, what removing `tril` does to the validation loss (experiment).
 
 # %%
 import math
@@ -48,6 +55,7 @@ import torch.nn as nn
 from IPython.display import Markdown, display
 
 import minidape as md
+from minidape import exercises
 from minidape.model import ConvRefiner, DAPERefiner, pe_has_bias
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
@@ -79,11 +87,17 @@ def train(cfg):
     """md.train with this notebook's budget; returns (model, history, seconds)."""
     start = time.perf_counter()
     model, history = md.train(cfg, train_tokens, val_data=val_tokens, steps=STEPS, batch_size=BATCH, lr=LR,
-                              eval_every=max(4, STEPS // 8), eval_windows=VAL_WINDOWS, seed=0, progress=False)
+                              eval_every=max(4, STEPS // 8), eval_windows=VAL_WINDOWS, seed=0, progress=False,
+                              device=DEVICE)
     return model, history, time.perf_counter() - start
 
 
 print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+
+# %%
+# DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
+DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+print("device:", DEVICE)
 
 # %% [markdown]
 # ## 1. Scores as a feature map
@@ -95,9 +109,9 @@ print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, tr
 
 # %%
 torch.manual_seed(0)
-untrained = md.GPT(config(refiner="conv")).eval()
-window = val_tokens[:TRAIN_LENGTH].long()[None]
-maps = untrained.attention_maps(window, layer=0)
+untrained = md.GPT(config(refiner="conv")).to(DEVICE).eval()
+window = val_tokens[:TRAIN_LENGTH].long()[None].to(DEVICE)
+maps = {name: value.detach().cpu() for name, value in untrained.attention_maps(window, layer=0).items()}
 channels = torch.cat([maps["scores"][0], maps["bias"]])                 # (2h, T, T)
 causal = torch.ones(TRAIN_LENGTH, TRAIN_LENGTH, dtype=torch.bool).tril()
 fig, axes = plt.subplots(2, 4, figsize=(12, 6))
@@ -117,9 +131,34 @@ plt.show()
 #
 # A $1 \times k$ kernel slides along each **row** (one query) over neighbouring **keys**, mixing all $2h$
 # channels; two stacked layers see $2(k-1) + 1$ keys around each cell. `tril` first zeroes the masked
-# cells, so for a query $i$ nothing at keys $j > i$ can enter. We check this on minidape's `ConvRefiner`
-# directly: the gradient of one refined cell $A_{i,j}$ with respect to every score $S_{i,\cdot}$ of its row
-# shows which scores it reads.
+# cells, so for a query $i$ nothing at keys $j > i$ can enter.
+#
+# ### Exercise 5.1 (derive) · Which keys does $A_{i,j}$ read?
+#
+# Before running the next cell: work out, for two stacked $1 \times k$ layers after `tril`, the set of keys $j'$
+# whose score $S_{i,j'}$ can change the refined cell $A_{i,j}$ (for $j \le i$). Write it as
+# `receptive_keys(i, j, k)` returning a list of key indices. The check measures the answer with gradients of
+# minidape's own conv refiner.
+
+# %%
+def receptive_keys(i, j, k):
+    """The keys j' whose score S[i, j'] reaches the refined cell A[i, j] (two 1 x k layers after tril)."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def receptive_keys(i, j, k):
+    """The keys j' whose score S[i, j'] reaches the refined cell A[i, j] (two 1 x k layers after tril)."""
+    reach = 2 * (k // 2)                  # each layer reaches k // 2 keys to each side
+    return list(range(max(0, j - reach), min(i, j + reach) + 1))   # tril: nothing beyond the query's own key i
+
+
+# %%
+exercises.check("receptive_keys", receptive_keys)
+
+# %% [markdown]
+# The same measurement in the open, on minidape's `ConvRefiner`: the gradient of one refined cell $A_{i,j}$ with
+# respect to every score $S_{i,\cdot}$ of its row shows which scores it reads.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -127,9 +166,9 @@ def keys_read(kernel, i, j, T=16):
     """Keys j' whose score S[i, j'] changes the refined cell A[i, j] (nonzero gradient)."""
     torch.manual_seed(0)
     cfg = config(pe="none", refiner="conv", refiner_kernel=kernel)
-    refiner = ConvRefiner(cfg)
-    scores = torch.randn(1, cfg.n_head, T, T, requires_grad=True)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    refiner = ConvRefiner(cfg).to(DEVICE)
+    scores = torch.randn(1, cfg.n_head, T, T).to(DEVICE).requires_grad_(True)
+    mask = torch.ones(T, T, dtype=torch.bool, device=DEVICE).tril()
     refiner(scores, None, mask)[0, 0, i, j].backward()
     return scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
 
@@ -159,6 +198,44 @@ scores, bias = torch.randn(2, cfg.n_head, T, T), torch.randn(cfg.n_head, T, T)
 mask = torch.ones(T, T, dtype=torch.bool).tril()
 difference = (conv1x1(scores, bias, mask) - dape(scores, bias, mask))[..., mask]   # allowed cells only
 print("conv k=1 equals DAPE on every unmasked cell (to 1e-6):", difference.abs().max().item() < 1e-6)
+
+# %% [markdown]
+# ### Exercise 5.2 (implement) · The conv refiner
+#
+# Write `MyConvRefiner(cfg)`, an `nn.Module` whose `forward(scores, bias, mask)` returns DAPE-V2's
+# $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$: concatenate $S$ `(B, h, T, T)` and $B$ expanded to the same
+# shape on the channel axis, zero the masked cells (`masked_fill(~mask, 0)`), then
+# `Conv2d(2h, W, (1, k), padding=(0, k // 2))` → `LeakyReLU(0.01)` → `Conv2d(W, h, (1, k), padding=(0, k // 2))`
+# with $k$ = `cfg.refiner_kernel`, $W$ = `cfg.refiner_width`. The check hands yours the weights of minidape's
+# `conv` refiner (in the order of their parameters) and compares both for $k$ = 3 and 5.
+
+# %%
+class MyConvRefiner(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        exercises.todo("MyConvRefiner")   # your layers here
+
+    def forward(self, scores, bias, mask):
+        exercises.todo("MyConvRefiner.forward")
+
+
+# %% tags=["solution"]
+class MyConvRefiner(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        k, width = cfg.refiner_kernel, cfg.refiner_width
+        self.conv1 = nn.Conv2d(2 * cfg.n_head, width, (1, k), padding=(0, k // 2))
+        self.conv2 = nn.Conv2d(width, cfg.n_head, (1, k), padding=(0, k // 2))
+
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)                                           # (B, h, T, T)
+        features = torch.cat([scores, bias], dim=1).masked_fill(~mask, 0)      # tril([S, B]): (B, 2h, T, T)
+        hidden = nn.functional.leaky_relu(self.conv1(features), 0.01)          # (B, W, T, T)
+        return scores + bias + self.conv2(hidden)                              # (B, h, T, T)
+
+
+# %%
+exercises.check("conv_refiner", MyConvRefiner)
 
 # %% [markdown]
 # ## 2. Proposition 1 by hand: associative recall without positional encoding
@@ -228,10 +305,10 @@ def recall_sequences(vocab: int, length: int, count: int, generator):
 
 
 VOCAB = 32
-layers = {"conv [-1, 1] on the keys": recall_layer(VOCAB, with_conv=True),
-          "same weights, no conv": recall_layer(VOCAB, with_conv=False)}
+layers = {"conv [-1, 1] on the keys": recall_layer(VOCAB, with_conv=True).to(DEVICE),
+          "same weights, no conv": recall_layer(VOCAB, with_conv=False).to(DEVICE)}
 generator = torch.Generator().manual_seed(0)
-test_sets = {length: recall_sequences(VOCAB, length, 100, generator) for length in (8, 64, 1024)}
+test_sets = {length: recall_sequences(VOCAB, length, 100, generator).to(DEVICE) for length in (8, 64, 1024)}
 
 # %%
 print(f"accuracy of predicting x_2 at the last position (100 sequences per length, chance = 1/{VOCAB}):")
@@ -258,7 +335,7 @@ assert all(without_conv[length] < with_conv[length] for length in test_sets), wi
 sequence = test_sets[64][:1]
 fig, ax = plt.subplots(figsize=(9, 3.5))
 for name, layer in layers.items():
-    probs = layer.attention_maps(sequence, layer=0)["probs"][0, 0, -1]
+    probs = layer.attention_maps(sequence, layer=0)["probs"][0, 0, -1].detach().cpu()
     ax.plot(probs, marker="o", markersize=3, label=name)
 ax.axvline(1, color="gray", linestyle="--", linewidth=1, label="key j = 2 (\"Matata\")")
 ax.set_xlabel("key position (0-based)")
@@ -294,15 +371,19 @@ last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_w
 md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, title="Kerple with conv refiners of kernel size 1, 3, 5 (last_k)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
+for k in KERNEL_SIZES:
+    name = f"conv k={k}"
+    below_kerple = sum(last_k[name][T] < last_k["kerple_log"][T] for T in LENGTHS)
+    below_dape = sum(last_k[name][T] < last_k["conv k=1"][T] for T in LENGTHS)
+    print(f"{name}: below Kerple at {below_kerple} of {len(LENGTHS)} lengths"
+          + (f", below k=1 (DAPE) at {below_dape}" if k > 1 else ""))
 
 # %% [markdown]
 # **What to look for.** Whether the refiners beat plain Kerple inside the training length (the papers' claim
-# of better intra-length perplexity), and whether their curves stay as flat as Kerple's beyond it. In this run
-# every conv refiner lies below Kerple at every length, and the $1 \times 3$ and $1 \times 5$ kernels below
-# the $1 \times 1$ (DAPE); this matches DAPE-V2's Figure 1 and Appendix F in direction, but one seed and 400
-# steps cannot rank $k = 3$ against $k = 5$. (The $k = 1$ row is the DAPE-Kerple row of notebook 04, digit for
-# digit: with the same seed PyTorch initialises a $1 \times 1$ convolution exactly like the equivalent `Linear`.)
-# The ms/step column shows the price, which grows with $k$.
+# of better intra-length perplexity), and whether their curves stay as flat as Kerple's beyond it. The lines
+# under the table say, for this run, at how many lengths each refiner is below Kerple and below the $1 \times 1$
+# kernel (DAPE). DAPE-V2's Figure 1 and Appendix F report the larger kernels ahead; one seed and 400 steps cannot
+# rank $k = 3$ against $k = 5$. The ms/step column shows the price, which grows with $k$.
 #
 # ### The refined feature map
 #
@@ -310,11 +391,13 @@ display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
 # $\mathrm{Conv}(\mathrm{tril}([S, B])) = A - S - B$ per head, as an image (future cells blank):
 
 # %%
-maps = models["conv k=3"].attention_maps(window, layer=0)
+maps = {name: value.detach().cpu() for name, value in models["conv k=3"].attention_maps(window, layer=0).items()}
 correction = (maps["refined"] - maps["scores"] - maps["bias"])[0]
 fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
 for head, ax in enumerate(axes):
-    shown = ax.imshow(correction[head].masked_fill(~causal, float("nan")), cmap="coolwarm")
+    visible = correction[head].masked_fill(~causal, float("nan"))          # the future cells stay blank
+    limit = correction[head][causal].abs().max().item()                   # a diverging map centred on 0
+    shown = ax.imshow(visible, cmap="coolwarm", vmin=-limit, vmax=limit)
     ax.set_title(f"head {head}")
     ax.set_xlabel("key j")
     fig.colorbar(shown, ax=ax, fraction=0.046)
@@ -324,10 +407,10 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
-# The correction is far from a small perturbation: it is strongly negative away from the diagonal and
-# positive on and next to it, so in the first layer the refiner sharpens Kerple's locality considerably. The
-# vertical stripes are keys whose *content* the refiner promotes or demotes for every query, the
-# data-dependent part that a fixed bias cannot express.
+# Red cells are raised, blue cells lowered (white is no change; the colours are centred on 0). Read off the
+# figure whether the correction lowers the cells away from the diagonal and raises those on and next to it —
+# the refiner then sharpens Kerple's locality — and look for vertical stripes: keys whose *content* the refiner
+# promotes or demotes for every query, the data-dependent part that a fixed bias cannot express.
 #
 # ## 4. Leakage: why `tril` is required
 #
@@ -378,10 +461,10 @@ print("registered refiners:", list(md.REFINER_NAMES))
 # NBVAL_CHECK_OUTPUT
 def reads_the_future(refiner, t=40, T=TRAIN_LENGTH):
     torch.manual_seed(0)
-    model = md.GPT(config(refiner=refiner)).eval()
-    tokens = val_tokens[:T].long()[None]
+    model = md.GPT(config(refiner=refiner)).to(DEVICE).eval()
+    tokens = val_tokens[:T].long()[None].to(DEVICE)
     changed = tokens.clone()
-    changed[0, t + 1:] = torch.randint(256, (T - t - 1,))
+    changed[0, t + 1:] = torch.randint(256, (T - t - 1,)).to(DEVICE)
     with torch.no_grad():
         difference = (model(tokens)[0][0, :t + 1] - model(changed)[0][0, :t + 1]).abs().max().item()
     return difference > 1e-5
@@ -393,6 +476,19 @@ for refiner in ("conv", "leaky_conv"):
 # %% [markdown]
 # Now train the leaky version with exactly the settings of the $k = 3$ run above and compare the validation
 # losses during training.
+#
+# ### Exercise 5.3 (experiment), part 1 · Predict
+#
+# Will the leaky model's final validation loss be **lower** than the honest $k = 3$ model's? Write `True` or
+# `False` before you run the training.
+
+# %%
+leaky_is_lower = None                     # your prediction: True or False
+
+
+# %% tags=["solution"]
+leaky_is_lower = True                     # row i's scores hold q_i . k_(i+1), and k_(i+1) comes from the answer
+
 
 # %%
 models["leaky_conv k=3"], histories["leaky_conv k=3"], seconds["leaky_conv k=3"] = train(
@@ -411,12 +507,31 @@ plt.show()
 for name in ("conv k=3", "leaky_conv k=3"):
     loss = histories[name][-1]["val_loss"]
     print(f"{name:<15} final validation loss {loss:.3f} nats  (perplexity {math.exp(loss):.2f})")
+if not FAST:   # the text's claim, checked on this run (fast mode trains too little to show it)
+    assert histories["leaky_conv k=3"][-1]["val_loss"] < 0.5 * histories["conv k=3"][-1]["val_loss"]
 
 # %% [markdown]
-# The leaky model's loss falls far below anything an honest byte-level model of English can reach (a few
-# hundred steps give the causal models a perplexity around 10): it is not modelling the language, it is
-# reading the answer through the scores of the next key. The same cheat works at every evaluation length,
-# since every row holds its own future:
+# ### Exercise 5.3 (experiment), part 2 · Measure
+#
+# Set `final_losses` to a dict with the last `"val_loss"` of `histories["conv k=3"]` and of
+# `histories["leaky_conv k=3"]` (keys: those two names). The check says whether your prediction held.
+
+# %%
+final_losses = None                       # your measurement
+
+
+# %% tags=["solution"]
+final_losses = {name: histories[name][-1]["val_loss"] for name in ("conv k=3", "leaky_conv k=3")}
+
+
+# %%
+exercises.check("leakage", leaky_is_lower, final_losses, histories)
+
+# %% [markdown]
+# In full mode the leaky model's loss falls far below anything an honest byte-level model of English can reach
+# at this budget (compare the two perplexities printed above; the cell asserts the leaky loss is under half the
+# honest one): it is not modelling the language, it is reading the answer through the scores of the next key.
+# The same cheat works at every evaluation length, since every row holds its own future:
 
 # %%
 leaky_curve = md.evaluate.perplexity_by_length(models["leaky_conv k=3"], val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
@@ -439,4 +554,5 @@ print("leaky_conv k=3, last_k perplexity:", {T: round(p, 2) for T, p in leaky_cu
 #   it the loss collapses towards zero by cheating.
 
 # %%
+exercises.summary("05")
 print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")

@@ -3,11 +3,15 @@
 The .py (jupytext py:percent) is the source; the committed .ipynb is the same notebook executed in full mode
 (`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, fast mode).
 """
+import ast
 from pathlib import Path
 
 import jupytext
 import nbformat
 import pytest
+
+from minidape import exercises
+from minidape.grade import exercise_names
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
@@ -39,3 +43,59 @@ def test_executed_notebook_has_the_source_code(source):
 @pytest.mark.parametrize("executed", EXECUTED, ids=lambda path: path.stem)
 def test_every_executed_notebook_has_a_source(executed):
     assert executed.with_suffix(".py").exists(), f"{executed.name} has no source {executed.with_suffix('.py').name}"
+
+
+# ------------------------------------------------------------------------ exercises, editions, device
+
+def names_defined(source):
+    """Top-level names a cell's code binds (functions, classes, assignments)."""
+    tree = ast.parse(source)
+    names = set()
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.Assign):
+            names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return names
+
+
+def is_solution(cell):
+    return "solution" in cell.metadata.get("tags", [])
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_every_exercise_of_the_notebook_is_checked_in_it(source):
+    notebook = jupytext.read(source)
+    number = source.name[:2]
+    expected = [exercise.name for exercise in exercises.exercises_of(number)]
+    assert len(expected) >= 3, f"notebook {number} has {len(expected)} exercises in minidape/exercises.py"
+    assert exercise_names(notebook) == expected, f"{source.name} checks {exercise_names(notebook)}, not {expected}"
+    last = code_cells(notebook)[-1].source
+    assert f'exercises.summary("{number}")' in last, f"{source.name} must end with exercises.summary(\"{number}\")"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_every_solution_replaces_a_stub_defined_before_it(source):
+    """The student edition drops the solution cells: whatever they define must exist there as a stub."""
+    defined, solutions = set(), 0
+    for cell in code_cells(jupytext.read(source)):
+        if is_solution(cell):
+            solutions += 1
+            missing = names_defined(cell.source) - defined
+            assert not missing, f"{source.name}: solution cell defines {missing} with no stub before it"
+        else:
+            defined |= names_defined(cell.source)
+            assert "NBVAL_CHECK_OUTPUT" not in cell.source or "exercises." not in cell.source, \
+                f"{source.name}: a checked output cell runs an exercise check, whose output differs between editions"
+    assert solutions >= 3, f"{source.name} has {solutions} solution cells"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_a_device_cell_comes_first_and_the_cost_is_stated(source):
+    notebook = jupytext.read(source)
+    cells = code_cells(notebook)[:3]
+    device = [cell.source for cell in cells if "DEVICE = " in cell.source]
+    assert device, f"{source.name}: no DEVICE cell among its first code cells"
+    order = [device[0].find(name) for name in ('"cuda"', '"mps"', '"cpu"')]
+    assert -1 not in order and order == sorted(order), f"{source.name}: DEVICE must try CUDA, then MPS, then CPU"
+    assert "**Cost" in notebook.cells[0].source, f"{source.name}: the first cell must state what it trains and how long"
