@@ -85,7 +85,7 @@ def run_cli(*args):
 @pytest.mark.parametrize("args, message", [
     (["missing.ipynb"], "no such notebook or folder: missing.ipynb"),
     (["README.md"], "is not a notebook"),
-    (["notebooks", "--timeout", "0"], "--timeout must be > 0"),
+    (["notebooks", "--timeout", "0"], "argument --timeout: must be a number > 0"),
     (["notebooks", "--csv", "no/such/folder/g.csv"], "does not exist"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
