@@ -24,6 +24,7 @@ Runs are resumable: each (corpus, training length, model, seed) run writes one J
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -44,8 +45,8 @@ from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 from .data import load_corpus
 from .evaluate import PROTOCOLS, perplexity_by_length
-from .model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefiner, GPTConfig, GPT, register_pe, \
-    register_refiner
+from .model import (GPT, PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefiner, GPTConfig, register_pe,
+                    register_refiner)
 from .plots import save_figure
 from .train import atomic_path, resolve_device, train
 
@@ -266,7 +267,8 @@ CLAIMS = (
           "Add_Residual.",
           ("ALiBi", "DAPE-ALiBi", "Kerple-log", "DAPE-Kerple", "FIRE", "DAPE-FIRE", "DAPE-Kerple Concat",
            "DAPE-Kerple Add_Residual"),
-          (_better("DAPE-ALiBi", "ALiBi"), _better("DAPE-Kerple", "Kerple-log"), _better("DAPE-FIRE", "FIRE"),
+          (_better("DAPE-ALiBi", "ALiBi", "first"), _better("DAPE-Kerple", "Kerple-log"),
+           _better("DAPE-FIRE", "FIRE", "first"),
            _better("DAPE-Kerple Concat", "Kerple-log", "first"),
            _better("DAPE-Kerple Add_Residual", "Kerple-log", "first"),
            _better("DAPE-Kerple", "DAPE-Kerple Add_Residual", "first"),
@@ -600,28 +602,28 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=("austen", "pytho
               f"{budget_settings.n_embd}, {budget_settings.steps} steps of {budget_settings.batch_size} windows), "
               f"{seeds} seeds, corpora {', '.join(corpora)}: {count} language models and {len(runs) - count} "
               f"CHE encoders -> {out}", flush=True)
-    for seed, kind, where, label in runs:
-        if kind == "lm":
-            corpus, train_length = where
-            path = _lm_run_path(out, corpus, train_length, label, seed)
-            what = f"{_corpus_key(corpus)} T={train_length} {label} seed {seed}"
-        else:
-            path = _che_run_path(out, where, label, seed)
-            what = f"CHE {where} {label} seed {seed}"
-        if path.is_file():
-            meter.report(what, None)
-            continue
-        if kind == "lm":
-            result = train_and_evaluate(_lm_config(budget_settings, train_length, MODELS[label]), corpus,
-                                        budget_settings, seed, device)
-            _write_json(path, {"label": label, "train_length": train_length, **result})
-            detail = _perplexity_summary(result)
-        else:
-            result = che_train_and_evaluate(where, _che_config(budget_settings, CHE_MODELS[label]), budget_settings,
-                                            seed, device)
-            _write_json(path, {"label": label, **result})
-            detail = f", accuracy beyond training {100 * result['mean_beyond_train']:.1f}%"
-        meter.report(what, result["train_seconds"] + result["eval_seconds"], detail)
+    # A second `reproduce` into the same folder (another terminal) shares the work: each run is taken by one
+    # process through a lock file; runs another live process holds are waited for at the end.
+    waiting = runs
+    while waiting:
+        held = []
+        for seed, kind, where, label in waiting:
+            path, what = _run_place(out, kind, where, label, seed)
+            if path.is_file():
+                meter.report(what, None)
+                continue
+            with _run_lock(path) as taken:
+                if not taken:
+                    held.append((seed, kind, where, label))
+                    continue
+                result, detail = _run_one(kind, where, label, seed, budget_settings, device)
+                _write_json(path, {"label": label, **result})
+            meter.report(what, result["train_seconds"] + result["eval_seconds"], detail)
+        if held and progress and len(held) == len(waiting):
+            print(f"waiting for {len(held)} runs that another process is training", flush=True)
+        if held:
+            time.sleep(10 if len(held) == len(waiting) else 0)
+        waiting = held
     results = collect_results(out, plan, seeds)
     report = write_report(out, results, corpora, budget, budget_settings, seeds, device,
                           command or _command_line(budget, seeds, corpora, out),
@@ -630,6 +632,50 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=("austen", "pytho
         print(report["summary"])
         print(f"wrote {out / 'REPRODUCTION.md'}, {out / 'results.json'} and {out / 'figures'}/")
     return report
+
+
+@contextlib.contextmanager
+def _run_lock(path: Path):
+    """Yield True when this process may train the run whose result goes to `path` (its lock file now names
+    this process), False when another live process holds it. A lock left by a dead process is taken over."""
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            holder = int(lock.read_text())
+            os.kill(holder, 0)             # signal 0: only asks whether the process exists
+            yield False
+            return
+        except (OSError, ValueError):      # gone, or an unreadable lock: take the run over
+            lock.unlink(missing_ok=True)
+            descriptor = os.open(lock, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(str(os.getpid()))
+    try:
+        yield True
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _run_place(out: Path, kind: str, where, label: str, seed: int) -> tuple[Path, str]:
+    """The result file of one run and its name in the progress lines."""
+    if kind == "lm":
+        corpus, train_length = where
+        return (_lm_run_path(out, corpus, train_length, label, seed),
+                f"{_corpus_key(corpus)} T={train_length} {label} seed {seed}")
+    return _che_run_path(out, where, label, seed), f"CHE {where} {label} seed {seed}"
+
+
+def _run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:
+    """Train and evaluate one run of the study: (its result, a progress detail)."""
+    if kind == "lm":
+        corpus, train_length = where
+        result = train_and_evaluate(_lm_config(budget, train_length, MODELS[label]), corpus, budget, seed, device)
+        return {"train_length": train_length, **result}, _perplexity_summary(result)
+    result = che_train_and_evaluate(where, _che_config(budget, CHE_MODELS[label]), budget, seed, device)
+    return result, f", accuracy beyond training {100 * result['mean_beyond_train']:.1f}%"
 
 
 def _command_line(budget: str, seeds: int, corpora: list[str], out: Path) -> str:
@@ -964,11 +1010,11 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
     if isinstance(against, str):
         against = (against,)
     pe_name, digest = resolve_pe(pe)
-    candidate = _model_spec(f"{pe_name}+{refiner}" if refiner != "none" else pe_name, "pe/refiner")
-    models = {model_label_of(candidate): candidate}
+    subject = pe_name if refiner == "none" else f"{pe_name}+{refiner}"
+    models = {subject: _model_spec(subject, "pe/refiner")}
     for name in against:
         models.setdefault(name, _model_spec(name, "baseline"))
-    baselines = [label for label in models if label != model_label_of(candidate)]
+    baselines = [label for label in models if label != subject]
     if not baselines:
         raise ValueError(f"against must name at least one baseline other than {pe}; got {list(against)}")
     train_length = budget_settings.train_lengths[0]
@@ -998,12 +1044,14 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
                          _perplexity_summary(result))
         perplexity[label] = {protocol: {int(length): [_nan(run["perplexity"][protocol][length]) for run in runs]
                                         for length in runs[0]["perplexity"][protocol]} for protocol in PROTOCOLS}
-    subject = model_label_of(candidate)
-    p_values = {baseline: {protocol: {length: Cell("", perplexity[subject][protocol][length],
-                                                   perplexity[baseline][protocol][length]).test()[1]
-                                      for length in perplexity[subject][protocol]} for protocol in PROTOCOLS}
-                for baseline in baselines}
-    table = _compare_table(perplexity, p_values, subject, train_length, seeds)
+    # The subject against each baseline, paired by seed: "subject has the lower perplexity".
+    cells = {baseline: {protocol: {length: Cell(f"{protocol} {length}", perplexity[subject][protocol][length],
+                                                perplexity[baseline][protocol][length])
+                                   for length in perplexity[subject][protocol]} for protocol in PROTOCOLS}
+             for baseline in baselines}
+    p_values = {baseline: {protocol: {length: cell.test()[1] for length, cell in by_length.items()}
+                           for protocol, by_length in by_protocol.items()} for baseline, by_protocol in cells.items()}
+    table = _compare_table(perplexity, cells, subject, train_length, seeds)
     if progress:
         print(table)
     if out is not None:
@@ -1029,13 +1077,9 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
     return {"subject": subject, "table": table, "perplexity": perplexity, "p_values": p_values}
 
 
-def model_label_of(overrides: dict) -> str:
-    return overrides["pe"] if overrides.get("refiner", "none") == "none" else f"{overrides['pe']}+{overrides['refiner']}"
-
-
-def _compare_table(perplexity: dict, p_values: dict, subject: str, train_length: int, seeds: int) -> str:
-    """Per protocol: mean ± std for every model at every length, then a row of p-values per baseline
-    (paired two-sided t-test over seeds of the subject against it; ✓ the subject is significantly better)."""
+def _compare_table(perplexity: dict, cells: dict, subject: str, train_length: int, seeds: int) -> str:
+    """Per protocol: mean ± std for every model at every length, then one row per baseline with the p-value
+    of the subject against it (✓ the subject is significantly better, ✗ significantly worse)."""
     blocks = []
     for protocol in PROTOCOLS:
         lengths = list(perplexity[subject][protocol])
@@ -1045,11 +1089,8 @@ def _compare_table(perplexity: dict, p_values: dict, subject: str, train_length:
         for label, curves in perplexity.items():
             lines.append("| " + " | ".join([label] + [format_mean_std(curves[protocol][length])
                                                      for length in lengths]) + " |")
-        for baseline, protocols in p_values.items():
-            marks = []
-            for length in lengths:
-                cell = Cell("", perplexity[subject][protocol][length], perplexity[baseline][protocol][length])
-                marks.append(cell.mark())
-            lines.append(f"| p vs {baseline} | " + " | ".join(marks) + " |")
+        for baseline, by_protocol in cells.items():
+            lines.append(f"| p vs {baseline} | " + " | ".join(by_protocol[protocol][length].mark()
+                                                              for length in lengths) + " |")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)

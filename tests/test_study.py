@@ -118,6 +118,14 @@ def test_every_statement_names_study_models_and_a_known_scope():
         assert set(claim.models) <= set(models)
 
 
+def test_budgets_grow_on_cuda_and_unknown_budgets_are_refused():
+    for name in study.BUDGET_NAMES:
+        cpu, cuda = study.resolve_budget(name, torch.device("cpu")), study.resolve_budget(name, torch.device("cuda"))
+        assert cuda.n_embd > cpu.n_embd and cuda.steps > cpu.steps
+    with pytest.raises(ValueError, match="valid budgets: small, default"):
+        study.resolve_budget("huge", torch.device("cpu"))
+
+
 # ----------------------------------------------------------------------------- C4: the conv refiner without tril
 
 
