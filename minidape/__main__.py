@@ -236,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "bench --help)")
     bench.add_argument("--pe", choices=list(PE_NAMES), help=argparse.SUPPRESS)
     add_grade_command(commands)
+    add_study_commands(commands)
     return parser
 
 
@@ -420,6 +421,68 @@ def run_bench(args: argparse.Namespace, bench_args: list[str]) -> None:
 
 
 COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_che}
+
+
+# ----------------------------------------------------------------------------- study: reproduce, compare
+# (the claim study and the bias comparison live in study.py; this block only parses their flags)
+
+
+def add_study_commands(commands) -> None:
+    from .study import BUDGET_NAMES, BUDGETS
+    budget_help = argparse.SUPPRESS  # "tiny" (tests only) is accepted but not advertised
+    reproduce = add_command(
+        commands, "reproduce", help="test the papers' claims C1-C6 with seeds and paired t-tests",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train and evaluate the claim study (KERPLE, DAPE, DAPE-V2: claims C1-C6) and write "
+                    "REPRODUCTION.md, results.json and figures/ into --out. Resumable: the same command "
+                    "skips the runs already done; other settings into the same --out are refused.\n\n"
+                    "example:\n  python -m minidape reproduce --budget small --out runs/reproduce-small")
+    reproduce.add_argument("--budget", default="default", choices=list(BUDGETS), metavar="{small,default}",
+                           help=f"small: under an hour on a 2-core CPU; default: the committed report's "
+                                f"(larger on CUDA by itself). Valid: {', '.join(BUDGET_NAMES)}")
+    reproduce.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
+    reproduce.add_argument("--corpus", nargs="+", default=["austen", "python"],
+                           help="corpus names or .txt/.gz paths (default: austen python)")
+    reproduce.add_argument("--out", default="runs/reproduce", help="output directory (default runs/reproduce)")
+    _add_device_flag(reproduce)
+
+    compare = add_command(
+        commands, "compare", help="a bias against baselines: mean ± std over seeds and paired t-tests",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias "
+                    "subclass registered on the fly) and its baselines with several seeds at length 128, "
+                    "evaluate up to 16x with both protocols, print the table with p-values and write compare.md, "
+                    "compare.json and compare.png into --out.\n\n"
+                    "example:\n  python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log")
+    compare.add_argument("--pe", required=True, help="registered PE name or path/to/file.py:ClassName")
+    compare.add_argument("--refiner", default="none", help="a registered refiner (default none)")
+    compare.add_argument("--against", nargs="+", default=["alibi", "kerple_log"],
+                         help="baselines, each pe or pe+refiner (default: alibi kerple_log)")
+    compare.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
+    compare.add_argument("--steps", type=positive_int, help="training steps per run (default: the budget's)")
+    compare.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")
+    compare.add_argument("--out", help="output directory (default runs/compare/NAME)")
+    compare.add_argument("--budget", default="default", choices=list(BUDGETS), help=budget_help)
+    _add_device_flag(compare)
+
+
+def run_reproduce(args: argparse.Namespace) -> None:
+    from .study import reproduce
+    command = "python -m minidape " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
+    reproduce(budget=args.budget, seeds=args.seeds, corpora=args.corpus, out=args.out, device=args.device,
+              command=command)
+
+
+def run_compare(args: argparse.Namespace) -> None:
+    from .study import compare
+    name = args.pe.rpartition(":")[2] if ":" in args.pe else args.pe
+    out = args.out or Path("runs") / "compare" / name
+    compare(args.pe, refiner=args.refiner, against=tuple(args.against), seeds=args.seeds, steps=args.steps,
+            corpus=args.corpus, out=out, budget=args.budget, device=args.device)
+
+
+COMMANDS.update(reproduce=run_reproduce, compare=run_compare)
+# ----------------------------------------------------------------------------- end of study block
 
 
 # ----------------------------------------------------------------------------- grade (notebooks' exercises)

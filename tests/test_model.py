@@ -70,6 +70,15 @@ def test_check_causal_catches_a_user_refiner_that_reads_the_next_key(fast):
     assert not md.check_causal(md.GPT(tiny(pe="rope", refiner=name, fast=fast, attn_chunk=5)), length=30)
 
 
+def test_check_causal_leaves_a_model_as_it_was():
+    model = md.GPT(tiny(pe="kerple_log", refiner="conv")).train()
+    before = {name: value.clone() for name, value in model.state_dict().items()}
+    assert md.check_causal(model)
+    assert model.training and all(p.dtype == torch.float32 for p in model.parameters())
+    for name, value in model.state_dict().items():
+        assert torch.equal(value, before[name]), name
+
+
 def test_check_causal_leaves_the_global_random_state_alone_and_refuses_bad_input():
     torch.manual_seed(123)
     expected = torch.rand(3)

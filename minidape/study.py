@@ -1,0 +1,1076 @@
+r"""The papers' claims tested with seeds and statistics (`reproduce`), and any bias put through the same
+protocol (`compare`).
+
+```python
+import minidape as md
+from minidape.study import compare, reproduce
+reproduce(budget="small", out="runs/reproduce-small")          # claims C1-C6 -> REPRODUCTION.md, figures
+compare("my_bias", against=("alibi", "kerple_log"), seeds=3)   # a registered bias against the baselines
+compare("my_bias.py:MyBias", out="runs/compare/my_bias")       # or a class in a file, registered on the fly
+```
+
+The protocol. Every model of a comparison is trained with the same budget once per seed (seed ``s`` fixes
+the initialisation and the batches, so seed ``s`` of two models saw the same data), then evaluated at the
+training length ``T`` times 1, 2, 4, 8, 16 with both protocols of `md.evaluate.perplexity_by_length`
+(``last_k``: the last 256 tokens of fixed windows; ``nonoverlap``: one stretch of text cut into windows),
+always on the same windows of the validation split. A statement "A is better than B" is then tested at
+each evaluation length with a paired two-sided t-test over seeds (`scipy.stats.ttest_rel`, as KERPLE's
+Table 3 does); the verdict rule is `VERDICT_RULE`.
+
+Runs are resumable: each (corpus, training length, model, seed) run writes one JSON file, atomically, under
+``OUT/runs/``; a restart skips the files already there, and a restart with other settings into the same
+``OUT`` is refused (``OUT/manifest.json`` records them), so results of two budgets never mix.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import os
+import platform
+import re
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import torch
+from matplotlib.ticker import FormatStrFormatter, NullFormatter
+
+from .data import load_corpus
+from .evaluate import PROTOCOLS, perplexity_by_length
+from .model import (PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefiner, GPTConfig, check_causal,
+                    register_pe, register_refiner)
+from .plots import save_figure
+from .train import train
+from .utils import atomic_path, resolve_device
+
+ALPHA = 0.05
+VERDICT_RULE = (
+    "Each statement is tested in *cells* (one corpus, training length, protocol and evaluation length; one "
+    "task for C6). A cell **supports** the statement when the mean over seeds goes the claimed way and the "
+    f"paired two-sided t-test over seeds gives p < {ALPHA}; it **contradicts** it when the mean goes the other "
+    "way with p < 0.05; otherwise it is *unclear*. A statement is **reproduced** when at least half of its "
+    "cells support it and none contradicts it, **not reproduced** when more cells contradict it than support "
+    "it, and **inconclusive at this budget** otherwise. A claim is reproduced when all its statements are, "
+    "not reproduced when none is, and otherwise *partly reproduced* (each statement's verdict is given).")
+
+
+# ----------------------------------------------------------------------------- the leaky refiner of C4
+
+
+class ConvRefinerWithoutTril(ConvRefiner):
+    """BROKEN ON PURPOSE (claim C4 only): DAPE-V2's conv refiner without ``tril``, the paper's "cheating"
+    run (§4.5, Figure 6). The masked (future) scores are NOT zeroed before the convolutions, so the score
+    $q_i \\cdot k_{i+1}$, computed from the very token position $i$ must predict, is moved onto the diagonal
+    cell by the 1 x k kernel. Never use it for a real model."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(cfg)
+        # Two stacked 1 x k convolutions read k//2 keys each past the diagonal: the blocked attention must hand
+        # this refiner that many future keys, or the leak it is meant to show would be cut off at block edges.
+        self.key_margin = 2 * (cfg.refiner_kernel // 2)
+
+    def forward(self, scores, bias, mask):
+        return super().forward(scores, bias, torch.ones_like(mask))    # every cell "allowed": no tril
+
+
+LEAKY_REFINER = "conv_no_tril"
+
+
+def register_leaky_refiner() -> None:
+    """Register C4's broken refiner, only when the study runs (it is no choice for ordinary models)."""
+    if LEAKY_REFINER not in REFINER_NAMES:
+        register_refiner(LEAKY_REFINER)(ConvRefinerWithoutTril)
+
+
+# ----------------------------------------------------------------------------- budgets
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """Model size, training and evaluation of every run of a study."""
+
+    n_layer: int
+    n_embd: int
+    n_head: int
+    steps: int                      # AdamW steps per language model (cosine schedule, 5% warmup)
+    batch_size: int
+    lr: float
+    train_lengths: tuple[int, ...]  # the first is the main one; the others train C1's models on the first corpus
+    eval_factors: tuple[int, ...]   # evaluation lengths = training length x these
+    last_k: int                     # tokens scored per window by the last_k protocol
+    eval_windows: int               # windows per length of the last_k protocol
+    nonoverlap_tokens: int          # tokens scored per length by the nonoverlap protocol
+    che_steps: int                  # Adam steps per Chomsky-hierarchy encoder
+    che_batch_size: int
+    che_lr: float
+    che_test_lengths: tuple[int, ...]   # a subsample of 41..500 (the papers test every length)
+    che_eval_samples: int
+    che_random_positions: int       # randomized positions: sorted draws from [0, L), L as in the DAPE paper
+
+
+# CPU budgets, timed on a shared 2-core machine. "tiny" is for the tests only (every code path, no meaning).
+BUDGETS = {
+    "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
+                   eval_factors=(1, 2), last_k=8, eval_windows=1, nonoverlap_tokens=64, che_steps=2,
+                   che_batch_size=2, che_lr=1e-3, che_test_lengths=(41, 44), che_eval_samples=2,
+                   che_random_positions=128),
+    "small": Budget(n_layer=2, n_embd=64, n_head=4, steps=150, batch_size=8, lr=3e-3, train_lengths=(128, 64),
+                    eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=4, nonoverlap_tokens=4096,
+                    che_steps=150, che_batch_size=32, che_lr=1e-3, che_test_lengths=(41, 100, 250, 500),
+                    che_eval_samples=16, che_random_positions=2048),
+    "default": Budget(n_layer=2, n_embd=64, n_head=4, steps=300, batch_size=8, lr=3e-3, train_lengths=(128, 64),
+                      eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=8, nonoverlap_tokens=8192,
+                      che_steps=300, che_batch_size=32, che_lr=1e-3, che_test_lengths=(41, 60, 100, 200, 300, 500),
+                      che_eval_samples=32, che_random_positions=2048),
+}
+# On CUDA the same budget names pick a larger model and longer training by themselves.
+CUDA_OVERRIDES = {
+    "small": dict(n_layer=4, n_embd=256, n_head=8, steps=2000, batch_size=32, lr=1e-3, eval_windows=16,
+                  nonoverlap_tokens=32768, che_steps=2000, che_eval_samples=64),
+    "default": dict(n_layer=6, n_embd=384, n_head=8, steps=6000, batch_size=32, lr=1e-3, eval_windows=32,
+                    nonoverlap_tokens=65536, che_steps=10000, che_batch_size=64, che_eval_samples=128,
+                    che_test_lengths=tuple(range(41, 501, 10))),
+}
+BUDGET_NAMES = ("small", "default")   # the public ones; "tiny" is for tests
+CHE_MAX_TRAIN_LENGTH = 40             # the papers': train on 1..40, test on 41..500
+
+
+def resolve_budget(name: str, device: torch.device) -> Budget:
+    if name not in BUDGETS:
+        raise ValueError(f"unknown budget {name!r}; valid budgets: {', '.join(BUDGET_NAMES)}")
+    budget = BUDGETS[name]
+    if device.type == "cuda" and name in CUDA_OVERRIDES:
+        budget = dataclasses.replace(budget, **CUDA_OVERRIDES[name])
+    return budget
+
+
+# ----------------------------------------------------------------------------- the study: models and claims
+
+# label -> GPTConfig overrides. "DAPE1x1" is DAPE itself: a 1 x 1 convolution over the head channels is the
+# per-cell MLP of DAPE, which is why DAPE-V2's Table 4 labels DAPE-Kerple "kernel size 1x1".
+MODELS = {
+    "NoPE": {"pe": "none"},
+    "RoPE": {"pe": "rope"},
+    "learned APE": {"pe": "learned"},
+    "ALiBi": {"pe": "alibi"},
+    "Kerple-log": {"pe": "kerple_log"},
+    "Kerple-power": {"pe": "kerple_power"},
+    "FIRE": {"pe": "fire"},
+    "DAPE-ALiBi": {"pe": "alibi", "refiner": "dape"},
+    "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"},
+    "DAPE-FIRE": {"pe": "fire", "refiner": "dape"},
+    "DAPE-Kerple Concat": {"pe": "kerple_log", "refiner": "dape_concat"},
+    "DAPE-Kerple Add_Residual": {"pe": "kerple_log", "refiner": "dape_add"},
+    "DAPE1x3-Kerple": {"pe": "kerple_log", "refiner": "conv", "refiner_kernel": 3},
+    "DAPE1x5-Kerple": {"pe": "kerple_log", "refiner": "conv", "refiner_kernel": 5},
+    "DAPE1x3-Kerple without tril": {"pe": "kerple_log", "refiner": LEAKY_REFINER, "refiner_kernel": 3},
+}
+CHE_MODELS = {"Kerple-log": {"pe": "kerple_log"}, "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"}}
+CHE_TASKS = ("missing_duplicate_string", "even_pairs", "reverse_string", "bucket_sort")
+
+# Where a statement is tested: "everywhere" = every corpus at the main training length and the first corpus at
+# the other training lengths; "main" = every corpus at the main length; "first" = the first corpus, main length.
+SCOPES = ("everywhere", "main", "first")
+
+
+@dataclasses.dataclass(frozen=True)
+class Statement:
+    """``better`` beats ``worse``: a perplexity below ``factor`` x the other's (C6: a higher accuracy). Each
+    side is a model read at the cell's evaluation length (``"L"``) or at the training length (``"T"``), so
+    "X degrades beyond T" is "X@T beats X@L" and "X stays within 10%" is "X@L beats 1.1 x X@T"."""
+
+    text: str
+    better: str
+    worse: str
+    better_at: str = "L"
+    worse_at: str = "L"
+    factor: float = 1.0
+    lengths: str = "all"            # "all" evaluation lengths, or only those "beyond" the training length
+    scope: str = "main"
+
+
+@dataclasses.dataclass(frozen=True)
+class Claim:
+    key: str
+    title: str
+    source: str
+    paper: str                      # the paper's own numbers, quoted
+    models: tuple[str, ...]         # shown in the claim's tables and figure
+    statements: tuple[Statement, ...]
+    che: bool = False               # C6: Chomsky-hierarchy accuracy instead of perplexity
+
+
+def _degrades(model: str) -> Statement:
+    return Statement(f"{model} is worse beyond the training length than at it", better=model, worse=model,
+                     better_at="T", lengths="beyond", scope="everywhere")
+
+
+def _stays_near(model: str, tolerance: float = 0.10) -> Statement:
+    return Statement(f"{model} stays within {tolerance:.0%} of its perplexity at the training length",
+                     better=model, worse=model, worse_at="T", factor=1 + tolerance, lengths="beyond",
+                     scope="everywhere")
+
+
+def _better(better: str, worse: str, scope: str = "main", **options) -> Statement:
+    return Statement(f"{better} has a lower perplexity than {worse}", better=better, worse=worse, scope=scope,
+                     **options)
+
+
+CLAIMS = (
+    Claim("C1", "NoPE, RoPE and learned APE fail past the training length; ALiBi and Kerple stay near their "
+                "in-length perplexity up to 16x",
+          "KERPLE Table 3; DAPE Table 5 (appendix E); DAPE-V2 Table 2 (appendix B)",
+          "KERPLE Table 3 (train 512, 5 seeds, non-overlapping windows), OpenWebText2: Rotary 24.2 → 33.2 (1024) → "
+          "269 (16384); Sinusoidal 33 → 30046 (16384); ALiBi 23.9 → 22.5 (16384); Kerple-log 23.9 → 21.4 "
+          "(16384). DAPE Table 5 (arXiv, train 512, 3 seeds, last 256 tokens): RoPE 4.58 → 45.2 (1024) → 265 "
+          "(8192); ALiBi 4.61 → 4.77; Kerple 4.58 → 13.35 (8192: Kerple degrades slowly in this protocol). "
+          "DAPE-V2 Table 2 (arXiv, train 1024): NoPE 4.16 → 42.27 (2048) → 17167 (8192). Learned absolute "
+          "positions have no embedding past the training length (minidape raises an error there, reported "
+          "as n/a: the model *cannot run*).",
+          ("NoPE", "RoPE", "learned APE", "ALiBi", "Kerple-log"),
+          (_degrades("NoPE"), _degrades("RoPE"), _degrades("learned APE"),
+           _stays_near("ALiBi"), _stays_near("Kerple-log"))),
+    Claim("C2", "DAPE-X beats X for X in ALiBi, Kerple-log, FIRE, at and beyond the training length; the three "
+                "DAPE variants against each other",
+          "DAPE Table 5 (appendix E) and Figure 5",
+          "DAPE Table 5 (arXiv, train 512, 3 seeds, mean at 512 / 2048 / 8192): ALiBi 4.61 / 4.87 / 4.77 vs "
+          "DAPE-ALiBi 4.53 / 4.11 / 4.00; Kerple 4.58 / 5.44 / 13.35 vs DAPE-Kerple 4.51 / 4.05 / 3.86; FIRE "
+          "4.57 / 30.12 / 308.6 vs DAPE-FIRE 4.49 / 4.28 / 6.16; \"all with p-values less than 0.05\". Figure 5 "
+          "(DAPE-Kerple, train 128, at 8192): Concat_Residual 5.00, Concat 5.03, Add_Residual 5.17; \"all "
+          "variants of DAPE surpass the baseline performance of Kerple\" and the concatenating ones beat "
+          "Add_Residual.",
+          ("ALiBi", "DAPE-ALiBi", "Kerple-log", "DAPE-Kerple", "FIRE", "DAPE-FIRE", "DAPE-Kerple Concat",
+           "DAPE-Kerple Add_Residual"),
+          (_better("DAPE-ALiBi", "ALiBi", "first"), _better("DAPE-Kerple", "Kerple-log"),
+           _better("DAPE-FIRE", "FIRE", "first"),
+           _better("DAPE-Kerple Concat", "Kerple-log", "first"),
+           _better("DAPE-Kerple Add_Residual", "Kerple-log", "first"),
+           _better("DAPE-Kerple", "DAPE-Kerple Add_Residual", "first"),
+           _better("DAPE-Kerple Concat", "DAPE-Kerple Add_Residual", "first"))),
+    Claim("C3", "The 1x3 conv refiner (DAPE-V2) is at least as good as DAPE (1x1); kernel sizes 1, 3, 5",
+          "DAPE-V2 Table 4 (appendix F)",
+          "DAPE-V2 Table 4 (train 128; perplexity at 128 / 1024 / 8192), arXiv: Kerple 8.30 / 6.91 / 12.59, "
+          "DAPE-Kerple (1x1) 8.21 / 5.20 / 4.97, 1x3 8.15 / 5.05 / 4.60, 1x5 8.13 / 5.04 / 4.57; Books3: Kerple "
+          "32.10 / 35.75 / 66.23, 1x1 31.49 / 24.31 / 25.01, 1x3 31.07 / 23.57 / 23.52, 1x5 31.02 / 23.57 / "
+          "23.71. \"The optimal kernel size may not always be the largest one\" (1x5 vs 1x3 is not claimed).",
+          ("Kerple-log", "DAPE-Kerple", "DAPE1x3-Kerple", "DAPE1x5-Kerple"),
+          (_better("DAPE1x3-Kerple", "DAPE-Kerple", "first"), _better("DAPE1x5-Kerple", "DAPE-Kerple", "first"))),
+    Claim("C4", "Without tril the conv refiner reads the future and its perplexity collapses toward 1; with tril "
+                "it does not",
+          "DAPE-V2 §4.5 and Figure 6",
+          "DAPE-V2 §4.5: \"their cheating version can all achieve about zero loss within evaluation length 1024\", "
+          "\"DAPE_1x3-Kerple can even achieve zero loss when the evaluation length is extended to 8096\" "
+          "(perplexity about 1; the tril version trains normally).",
+          ("Kerple-log", "DAPE1x3-Kerple", "DAPE1x3-Kerple without tril"),
+          (Statement("DAPE1x3-Kerple without tril has less than half the perplexity of DAPE1x3-Kerple",
+                     better="DAPE1x3-Kerple without tril", worse="DAPE1x3-Kerple", factor=0.5, scope="first"),)),
+    Claim("C5", "Kerple-log against Kerple-power",
+          "KERPLE Table 3",
+          "KERPLE Table 3 (train 512, 5 seeds, log / power at 2048 and 16384): OpenWebText2 21.6 / 21.9* and "
+          "21.4 / 21.6; GitHub 2.86 / 2.90* and 2.75 / 2.76; arXiv 5.22 / 5.26* and 5.07 / 5.07 (* = the log "
+          "variant significantly better, paired two-sided t-test, α = 0.05). The log variant is better or equal "
+          "everywhere, significantly at about half the lengths.",
+          ("Kerple-log", "Kerple-power"),
+          (_better("Kerple-log", "Kerple-power", lengths="beyond"),)),
+    Claim("C6", "DAPE-Kerple beats Kerple on Chomsky-hierarchy tasks (train lengths 1-40, test 41-500)",
+          "DAPE Table 2 (randomized positions, 200k steps)",
+          "DAPE Table 2 (accuracy %, Kerple → DAPE-Kerple): missing_duplicate 79.06 → 87.57, even_pairs 57.50 → "
+          "99.58, reverse_string 71.54 → 70.74 (DAPE slightly *worse*), bucket_sort 99.38 → 98.81 (slightly "
+          "*worse*; a permutation-invariant task).",
+          tuple(CHE_MODELS),
+          (Statement("DAPE-Kerple has a higher accuracy beyond the training lengths than Kerple-log",
+                     better="DAPE-Kerple", worse="Kerple-log"),),
+          che=True),
+)
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+@dataclasses.dataclass
+class Cell:
+    """One paired comparison: the claim is ``lower < factor * higher``, values paired by seed."""
+
+    where: str
+    lower: list[float]
+    higher: list[float]
+    factor: float = 1.0
+
+    @property
+    def cannot_run(self) -> str | None:
+        """'higher' / 'lower' when that side is NaN for every seed (a model that cannot run this length)."""
+        for side in ("higher", "lower"):
+            if all(math.isnan(value) for value in getattr(self, side)):
+                return side
+        return None
+
+    def test(self) -> tuple[float, float]:
+        """(mean of lower - factor * higher, two-sided p of the paired t-test over seeds)."""
+        from scipy.stats import ttest_rel
+        lower = torch.tensor(self.lower, dtype=torch.float64)
+        higher = self.factor * torch.tensor(self.higher, dtype=torch.float64)
+        with warnings.catch_warnings():               # zero variance gives p = NaN: "unclear", not a warning
+            warnings.simplefilter("ignore", RuntimeWarning)
+            p_value = float(ttest_rel(lower.numpy(), higher.numpy()).pvalue)
+        return float((lower - higher).mean()), p_value
+
+    @property
+    def status(self) -> str:
+        side = self.cannot_run
+        if side is not None:
+            return "support" if side == "higher" else "contradict"
+        difference, p_value = self.test()
+        if not p_value < ALPHA:                       # NaN p counts as unclear
+            return "unclear"
+        return "support" if difference < 0 else "contradict"
+
+    def mark(self) -> str:
+        side = self.cannot_run
+        if side is not None:
+            return "✓ cannot run" if side == "higher" else "✗ cannot run"
+        _, p_value = self.test()
+        symbol = {"support": "✓", "contradict": "✗", "unclear": "·"}[self.status]
+        return f"{symbol} p={p_value:.3f}" if not math.isnan(p_value) else f"{symbol} p=n/a"
+
+
+def verdict(cells: list[Cell]) -> str:
+    """The statement's verdict by `VERDICT_RULE`."""
+    statuses = [cell.status for cell in cells]
+    support, contradict = statuses.count("support"), statuses.count("contradict")
+    if cells and support >= len(cells) / 2 and contradict == 0:
+        return "reproduced"
+    if contradict > support:
+        return "not reproduced"
+    return "inconclusive at this budget"
+
+
+def claim_verdict(verdicts: list[str]) -> str:
+    if all(v == "reproduced" for v in verdicts):
+        return "reproduced"
+    if not any(v == "reproduced" for v in verdicts):
+        return "not reproduced" if all(v == "not reproduced" for v in verdicts) else "inconclusive at this budget"
+    return "partly reproduced"
+
+
+def mean_std(values: list[float]) -> tuple[float, float]:
+    """Mean and sample standard deviation (NaN when a value is NaN; std 0 for one value)."""
+    data = torch.tensor(values, dtype=torch.float64)
+    return float(data.mean()), float(data.std()) if len(values) > 1 else 0.0
+
+
+def format_mean_std(values: list[float]) -> str:
+    mean, std = mean_std(values)
+    if math.isnan(mean):
+        return "n/a"
+    digits = 2 if mean < 100 else 0
+    return f"{mean:.{digits}f} ± {std:.{digits}f}"
+
+
+# ----------------------------------------------------------------------------- runs: one JSON file each
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
+
+
+def _strict_json(value):
+    """NaN -> None, recursively (results.json is strict JSON)."""
+    if isinstance(value, float) and math.isnan(value):
+        return None
+    if isinstance(value, dict):
+        return {str(key): _strict_json(item) for key, item in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_strict_json(item) for item in value]
+    return value
+
+
+def _write_json(path: Path, payload) -> None:
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(_strict_json(payload), indent=1) + "\n")
+
+
+def _read_json(path: Path):
+    return json.loads(path.read_text())
+
+
+def _nan(value) -> float:
+    return math.nan if value is None else float(value)
+
+
+def check_settings(out: Path, settings: dict) -> None:
+    """Record `settings` in ``out/manifest.json``, or refuse when the folder holds runs made with others."""
+    manifest = out / "manifest.json"
+    settings = _strict_json(settings)
+    if manifest.is_file():
+        previous = _read_json(manifest)
+        changed = sorted(key for key in set(previous) | set(settings) if previous.get(key) != settings.get(key))
+        if changed:
+            raise ValueError(f"{out} holds runs made with other settings ({', '.join(changed)} differ: "
+                             f"{', '.join(f'{key}={previous.get(key)!r}' for key in changed)}); "
+                             f"use another --out, or delete {out} to start again")
+    else:
+        _write_json(manifest, settings)
+
+
+def _check_seeds(seeds) -> int:
+    if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
+        raise ValueError(f"seeds must be an integer >= 2 (a paired t-test needs two seeds at least); got {seeds!r}")
+    return seeds
+
+
+def _check_corpus_fits(corpus: str, budget: Budget, train_lengths) -> None:
+    """Fail before any training when a corpus is too short for the budget's training or evaluation."""
+    train_tokens, val_tokens = load_corpus(corpus, "train"), load_corpus(corpus, "val")
+    longest = max(train_lengths) * max(budget.eval_factors)
+    if len(train_tokens) <= max(train_lengths) + 1:
+        raise ValueError(f"corpus {corpus!r} has {len(train_tokens)} training tokens; the budget trains on "
+                         f"windows of {max(train_lengths) + 1}: use a larger corpus or the tiny budget")
+    needed = max(longest + 1, budget.nonoverlap_tokens + 1)
+    if len(val_tokens) < needed:
+        raise ValueError(f"corpus {corpus!r} has {len(val_tokens)} validation tokens (its last 10%); the budget "
+                         f"evaluates up to length {longest} and scores {budget.nonoverlap_tokens} tokens, which "
+                         f"needs {needed}: use a larger corpus or a smaller budget")
+
+
+def train_and_evaluate(cfg: GPTConfig, corpus: str, budget: Budget, seed: int, device: torch.device,
+                       steps: int | None = None) -> dict:
+    """Train one language model and measure its perplexity at every evaluation length, both protocols."""
+    steps = steps or budget.steps
+    started = time.perf_counter()
+    model, history = train(cfg, load_corpus(corpus, "train"), val_data=load_corpus(corpus, "val"), steps=steps,
+                           batch_size=budget.batch_size, lr=budget.lr, device=device, seed=seed,
+                           eval_every=steps, eval_windows=8, progress=False)
+    train_seconds = time.perf_counter() - started
+    lengths = [cfg.block_size * factor for factor in budget.eval_factors]
+    val_tokens = load_corpus(corpus, "val")
+    with warnings.catch_warnings():    # learned APE beyond its table: NaN, as the report says
+        warnings.filterwarnings("ignore", message="length .* skipped")
+        perplexity = {protocol: perplexity_by_length(model, val_tokens, lengths, last_k=budget.last_k,
+                                                     protocol=protocol, n_windows=budget.eval_windows,
+                                                     n_tokens=budget.nonoverlap_tokens, seed=0)
+                      for protocol in PROTOCOLS}
+    return {"config": dataclasses.asdict(cfg), "corpus": corpus, "seed": seed, "steps": steps,
+            "final_loss": history[-1]["loss"], "val_loss": history[-1].get("val_loss"),
+            "perplexity": perplexity, "train_seconds": round(train_seconds, 1),
+            "eval_seconds": round(time.perf_counter() - started - train_seconds, 1)}
+
+
+def che_train_and_evaluate(task: str, cfg: GPTConfig, budget: Budget, seed: int, device: torch.device) -> dict:
+    """Train and test one Chomsky-hierarchy encoder. The ONE call into the package's CHE training: repoint it
+    here when it moves (helper CLI: ``minidape/che.py`` through ``md.train``)."""
+    from .che import train_task
+    _, _, results = train_task(task, cfg, steps=budget.che_steps, batch_size=budget.che_batch_size,
+                               lr=budget.che_lr, max_train_length=CHE_MAX_TRAIN_LENGTH,
+                               test_lengths=budget.che_test_lengths, eval_samples=budget.che_eval_samples,
+                               device=device, seed=seed, progress=False)
+    return results
+
+
+class Progress:
+    """One line per run: what, how long, and an estimate of the time left from the runs timed so far."""
+
+    def __init__(self, total: int, enabled: bool = True):
+        self.total, self.done, self.enabled = total, 0, enabled
+        self.started, self.timed, self.timed_seconds = time.perf_counter(), 0, 0.0
+
+    def report(self, what: str, seconds: float | None, detail: str = "") -> None:
+        self.done += 1
+        if seconds is not None:
+            self.timed, self.timed_seconds = self.timed + 1, self.timed_seconds + seconds
+        if not self.enabled:
+            return
+        left = (self.total - self.done) * self.timed_seconds / self.timed if self.timed else 0.0
+        timing = "done before" if seconds is None else f"{seconds:.0f} s"
+        print(f"[{self.done}/{self.total}] {what}: {timing}{detail}  (elapsed {_clock(time.perf_counter() - self.started)}"
+              f", about {_clock(left)} left)", flush=True)
+
+
+def _clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
+
+
+def _lm_config(budget: Budget, train_length: int, overrides: dict) -> GPTConfig:
+    return GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head, block_size=train_length,
+                     **overrides)
+
+
+def _che_config(budget: Budget, overrides: dict) -> GPTConfig:
+    """The CHE encoder: the LM budget's size and randomized positions as the DAPE papers used them;
+    `md.che.task_config` makes it an encoder with its own classifier layer (`tie_embeddings=False`)."""
+    return GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head,
+                     random_positions=budget.che_random_positions, **overrides)
+
+
+def _perplexity_summary(result: dict) -> str:
+    curve = result["perplexity"]["last_k"]
+    return ", last_k ppl " + " ".join(f"{length}:{_nan(ppl):.2f}" for length, ppl in curve.items())
+
+
+# ----------------------------------------------------------------------------- reproduce
+
+
+def _scope_places(scope: str, corpora: list[str], train_lengths: tuple[int, ...]) -> list[tuple[str, int]]:
+    main = [(corpus, train_lengths[0]) for corpus in corpora]
+    if scope == "first":
+        return main[:1]
+    if scope == "everywhere":
+        return main + [(corpora[0], length) for length in train_lengths[1:]]
+    return main
+
+
+def study_plan(corpora: list[str], budget: Budget) -> dict[tuple[str, int], list[str]]:
+    """{(corpus, training length): model labels to train there}, from the statements' scopes."""
+    plan: dict[tuple[str, int], list[str]] = {}
+    for claim in CLAIMS:
+        if claim.che:
+            continue
+        for statement in claim.statements:
+            for place in _scope_places(statement.scope, corpora, budget.train_lengths):
+                labels = plan.setdefault(place, [])
+                labels.extend(label for label in (statement.better, statement.worse) if label not in labels)
+    return plan
+
+
+def _corpus_key(corpus: str) -> str:
+    return _slug(Path(corpus).stem) if corpus not in ("austen", "latex", "python") else corpus
+
+
+def _lm_run_path(out: Path, corpus: str, train_length: int, label: str, seed: int) -> Path:
+    return out / "runs" / f"{_corpus_key(corpus)}-T{train_length}" / _slug(label) / f"seed{seed}.json"
+
+
+def _che_run_path(out: Path, task: str, label: str, seed: int) -> Path:
+    return out / "runs" / "che" / task / _slug(label) / f"seed{seed}.json"
+
+
+def reproduce(budget: str = "default", seeds: int = 3, corpora=("austen", "python"), out="runs/reproduce",
+              device: str | torch.device = "auto", progress: bool = True, command: str | None = None) -> dict:
+    """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
+    ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results."""
+    device = resolve_device(device)
+    budget_settings = resolve_budget(budget, device)
+    seeds = _check_seeds(seeds)
+    register_leaky_refiner()
+    corpora = [str(corpus) for corpus in corpora]
+    if len(corpora) < 1 or len(set(corpora)) != len(corpora):
+        raise ValueError(f"corpora must name at least one corpus, each once; got {corpora}")
+    for corpus in corpora:
+        _check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
+    out = Path(out)
+    check_settings(out, {"command": "reproduce", "budget": budget, "settings": dataclasses.asdict(budget_settings),
+                         "corpora": corpora, "device": device.type})
+    plan = study_plan(corpora, budget_settings)
+    # Seeds outermost: a study stopped early has every model (and task) at its first seeds, not some at all.
+    runs = [(seed, kind, where, label) for seed in range(seeds)
+            for kind, where, labels in ([("lm", place, labels) for place, labels in plan.items()]
+                                        + [("che", task, tuple(CHE_MODELS)) for task in CHE_TASKS])
+            for label in labels]
+    meter = Progress(len(runs), progress)
+    started = time.perf_counter()
+    if progress:
+        count = sum(kind == "lm" for _, kind, _, _ in runs)
+        print(f"minidape reproduce on {device}: budget {budget} ({budget_settings.n_layer} layers x "
+              f"{budget_settings.n_embd}, {budget_settings.steps} steps of {budget_settings.batch_size} windows), "
+              f"{seeds} seeds, corpora {', '.join(corpora)}: {count} language models and {len(runs) - count} "
+              f"CHE encoders -> {out}", flush=True)
+    # A second `reproduce` into the same folder (another terminal) shares the work: each run is taken by one
+    # process through a lock file; runs another live process holds are waited for at the end.
+    waiting = runs
+    while waiting:
+        held = []
+        for seed, kind, where, label in waiting:
+            path, what = _run_place(out, kind, where, label, seed)
+            if path.is_file():
+                meter.report(what, None)
+                continue
+            with _run_lock(path) as taken:
+                if not taken:
+                    held.append((seed, kind, where, label))
+                    continue
+                result, detail = _run_one(kind, where, label, seed, budget_settings, device)
+                _write_json(path, {"label": label, **result})
+            meter.report(what, result["train_seconds"] + result["eval_seconds"], detail)
+        if held and progress and len(held) == len(waiting):
+            print(f"waiting for {len(held)} runs that another process is training", flush=True)
+        if held:
+            time.sleep(10 if len(held) == len(waiting) else 0)
+        waiting = held
+    results = collect_results(out, plan, seeds)
+    report = write_report(out, results, corpora, budget, budget_settings, seeds, device,
+                          command or _command_line(budget, seeds, corpora, out),
+                          time.perf_counter() - started)
+    if progress:
+        print(report["summary"])
+        print(f"wrote {out / 'REPRODUCTION.md'}, {out / 'results.json'} and {out / 'figures'}/")
+    return report
+
+
+@contextlib.contextmanager
+def _run_lock(path: Path):
+    """Yield True when this process may train the run whose result goes to `path` (its lock file now names
+    this process), False when another live process holds it. A lock left by a dead process is taken over."""
+    lock = path.with_name(path.name + ".lock")
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        try:
+            holder = int(lock.read_text())
+            os.kill(holder, 0)             # signal 0: only asks whether the process exists
+            yield False
+            return
+        except (OSError, ValueError):      # gone, or an unreadable lock: take the run over
+            lock.unlink(missing_ok=True)
+            descriptor = os.open(lock, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
+    with os.fdopen(descriptor, "w") as file:
+        file.write(str(os.getpid()))
+    try:
+        yield True
+    finally:
+        lock.unlink(missing_ok=True)
+
+
+def _run_place(out: Path, kind: str, where, label: str, seed: int) -> tuple[Path, str]:
+    """The result file of one run and its name in the progress lines."""
+    if kind == "lm":
+        corpus, train_length = where
+        return (_lm_run_path(out, corpus, train_length, label, seed),
+                f"{_corpus_key(corpus)} T={train_length} {label} seed {seed}")
+    return _che_run_path(out, where, label, seed), f"CHE {where} {label} seed {seed}"
+
+
+def _run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:
+    """Train and evaluate one run of the study: (its result, a progress detail)."""
+    if kind == "lm":
+        corpus, train_length = where
+        result = train_and_evaluate(_lm_config(budget, train_length, MODELS[label]), corpus, budget, seed, device)
+        return {"train_length": train_length, **result}, _perplexity_summary(result)
+    result = che_train_and_evaluate(where, _che_config(budget, CHE_MODELS[label]), budget, seed, device)
+    return result, f", accuracy beyond training {100 * result['mean_beyond_train']:.1f}%"
+
+
+def _command_line(budget: str, seeds: int, corpora: list[str], out: Path) -> str:
+    return (f"python -m minidape reproduce --budget {budget} --seeds {seeds} --corpus {' '.join(corpora)} "
+            f"--out {out}")
+
+
+def collect_results(out: Path, plan: dict, seeds: int) -> dict:
+    """Every run's numbers, as lists over seeds: ``lm[(corpus, T, label)][protocol][length]`` and
+    ``che[(task, label)]`` (mean accuracy beyond training) plus ``che_curves[(task, label)][n]``."""
+    lm, che, che_curves, seconds = {}, {}, {}, []
+    for (corpus, train_length), labels in plan.items():
+        for label in labels:
+            runs = [_read_json(_lm_run_path(out, corpus, train_length, label, seed)) for seed in range(seeds)]
+            seconds += [run["train_seconds"] + run["eval_seconds"] for run in runs]
+            lm[(corpus, train_length, label)] = {
+                protocol: {int(length): [_nan(run["perplexity"][protocol][length]) for run in runs]
+                           for length in runs[0]["perplexity"][protocol]}
+                for protocol in PROTOCOLS}
+    for task in CHE_TASKS:
+        for label in CHE_MODELS:
+            runs = [_read_json(_che_run_path(out, task, label, seed)) for seed in range(seeds)]
+            seconds += [run["train_seconds"] + run["eval_seconds"] for run in runs]
+            che[(task, label)] = [run["mean_beyond_train"] for run in runs]
+            che_curves[(task, label)] = {int(n): [run["accuracy"][n] for run in runs] for n in runs[0]["accuracy"]}
+    return {"lm": lm, "che": che, "che_curves": che_curves, "run_seconds": sum(seconds)}
+
+
+def statement_cells(statement: Statement, results: dict, corpora: list[str], train_lengths) -> list[Cell]:
+    """The cells in which a perplexity statement is tested."""
+    cells = []
+    for corpus, train_length in _scope_places(statement.scope, corpora, train_lengths):
+        better_runs = results["lm"][(corpus, train_length, statement.better)]
+        worse_runs = results["lm"][(corpus, train_length, statement.worse)]
+        for protocol in PROTOCOLS:
+            for length in better_runs[protocol]:
+                if statement.lengths == "beyond" and length <= train_length:
+                    continue
+                better = better_runs[protocol][length if statement.better_at == "L" else train_length]
+                worse = worse_runs[protocol][length if statement.worse_at == "L" else train_length]
+                cells.append(Cell(f"{_corpus_key(corpus)} T={train_length} {protocol} {length // train_length}xT",
+                                  better, worse, statement.factor))
+    return cells
+
+
+def che_cells(statement: Statement, results: dict) -> list[Cell]:
+    """C6: one cell per task; accuracy is higher-better, so the claimed-worse model is the cell's lower side."""
+    return [Cell(f"accuracy {task}", results["che"][(task, statement.worse)], results["che"][(task, statement.better)])
+            for task in CHE_TASKS]
+
+
+# ----------------------------------------------------------------------------- report: tables and figures
+
+
+def _curve_table(results: dict, corpus: str, train_length: int, protocol: str, labels) -> str:
+    runs = {label: results["lm"][(corpus, train_length, label)][protocol] for label in labels
+            if (corpus, train_length, label) in results["lm"]}
+    lengths = sorted({length for curve in runs.values() for length in curve})
+    header = ["model"] + [f"{length}" + (" (train)" if length == train_length else "") for length in lengths]
+    lines = ["| " + " | ".join(header) + " |", "|---|" + "---:|" * len(lengths)]
+    for label, curve in runs.items():
+        lines.append("| " + " | ".join([label] + [format_mean_std(curve[length]) for length in lengths]) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def _cells_table(cells: list[Cell]) -> str:
+    """Rows: corpus / training length / protocol; columns: evaluation lengths; entries: ✓ ✗ · with p."""
+    rows: dict[str, dict[str, str]] = {}
+    columns: list[str] = []
+    for cell in cells:
+        row, _, column = cell.where.rpartition(" ")
+        rows.setdefault(row or "task", {})[column] = cell.mark()
+        if column not in columns:
+            columns.append(column)
+    lines = ["| where | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    for row, entries in rows.items():
+        lines.append(f"| {row} | " + " | ".join(entries.get(column, "") for column in columns) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int | None = None,
+               ylabel: str = "perplexity", log_y: bool = True) -> None:
+    """Mean over seeds as a line and mean ± std as a shaded band, one per model; NaN points left out."""
+    for label, curve in curves.items():
+        points = [(length, *mean_std(values)) for length, values in sorted(curve.items())]
+        points = [point for point in points if not math.isnan(point[1])]
+        if not points:
+            continue
+        lengths, means, stds = zip(*points)
+        line, = ax.plot(lengths, means, marker="o", markersize=3, label=label)
+        ax.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                        color=line.get_color(), alpha=0.2)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(sorted({length for curve in curves.values() for length in curve}))
+    ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
+    if log_y:
+        ax.set_yscale("log")
+        # Plain numbers: matplotlib's default 10^k labels go through mathtext, most of a figure's drawing time.
+        ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
+        ax.yaxis.set_minor_formatter(NullFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
+    if train_length is not None:
+        ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
+def _claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], path: Path) -> None:
+    fig, axes = plt.subplots(len(places), len(PROTOCOLS), figsize=(6 * len(PROTOCOLS), 3.6 * len(places)),
+                             squeeze=False)
+    for row, (corpus, train_length) in enumerate(places):
+        for column, protocol in enumerate(PROTOCOLS):
+            ax = axes[row][column]
+            curves = {label: results["lm"][(corpus, train_length, label)][protocol] for label in claim.models
+                      if (corpus, train_length, label) in results["lm"]}
+            plot_bands(curves, ax, train_length)
+            ax.set_title(f"{_corpus_key(corpus)}, trained at {train_length}, {protocol}", fontsize="medium")
+            ax.set_xlabel("evaluation length")
+    axes[0][-1].legend(fontsize="small")
+    fig.suptitle(f"{claim.key}: {claim.title}", fontsize="medium")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _che_figure(results: dict, path: Path) -> None:
+    fig, axes = plt.subplots(1, len(CHE_TASKS), figsize=(4.5 * len(CHE_TASKS), 3.6), squeeze=False)
+    for ax, task in zip(axes[0], CHE_TASKS):
+        curves = {label: {n: [100 * acc for acc in values] for n, values in results["che_curves"][(task, label)].items()}
+                  for label in CHE_MODELS}
+        plot_bands(curves, ax, CHE_MAX_TRAIN_LENGTH, ylabel="accuracy (%)", log_y=False)
+        ax.set_title(task, fontsize="medium")
+        ax.set_xlabel("input length")
+    axes[0][-1].legend(fontsize="small")
+    fig.suptitle("C6: accuracy by test length (mean ± std over seeds)", fontsize="medium")
+    fig.tight_layout()
+    save_figure(fig, path)
+    plt.close(fig)
+
+
+def _machine() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return f"{line.split(':', 1)[1].strip()}, {os.cpu_count()} cores"
+    except OSError:
+        pass
+    return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def _commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=10,
+                              cwd=Path(__file__).resolve().parent).stdout.strip() or "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def write_report(out: Path, results: dict, corpora: list[str], budget_name: str, budget: Budget, seeds: int,
+                 device: torch.device, command: str, wall_seconds: float) -> dict:
+    """REPRODUCTION.md, results.json and figures/ from the collected runs; returns the verdicts."""
+    figures = out / "figures"
+    sections, summary_rows, verdicts = [], [], {}
+    for claim in CLAIMS:
+        statement_verdicts, parts = [], []
+        for statement in claim.statements:
+            cells = (che_cells(statement, results) if claim.che
+                     else statement_cells(statement, results, corpora, budget.train_lengths))
+            outcome = verdict(cells)
+            statement_verdicts.append(outcome)
+            statuses = [cell.status for cell in cells]
+            counts = (f"{statuses.count('support')} of {len(cells)} cells support, "
+                      f"{statuses.count('contradict')} contradict")
+            verdicts.setdefault(claim.key, []).append(
+                {"statement": statement.text, "verdict": outcome, "cells": {
+                    cell.where: {"status": cell.status, "mean_difference": cell.test()[0], "p": cell.test()[1]}
+                    for cell in cells}})
+            parts.append(f"**{statement.text}** — *{outcome}* ({counts}).\n\n{_cells_table(cells)}")
+        overall = claim_verdict(statement_verdicts)
+        summary_rows.append(f"| {claim.key} | {claim.title} | {claim.source} | **{overall}** | "
+                            + "; ".join(f"{v}" for v in statement_verdicts) + " |")
+        if claim.che:
+            tables = _che_table(results)
+            _che_figure(results, figures / f"{claim.key}.png")
+        else:
+            places = sorted({place for statement in claim.statements
+                             for place in _scope_places(statement.scope, corpora, budget.train_lengths)},
+                            key=lambda place: (corpora.index(place[0]), -place[1]))
+            tables = "".join(f"*{_corpus_key(corpus)}, trained at {train_length}, {protocol}* (perplexity, mean ± "
+                             f"std over {seeds} seeds):\n\n{_curve_table(results, corpus, train_length, protocol, claim.models)}\n"
+                             for corpus, train_length in places for protocol in PROTOCOLS)
+            _claim_figure(claim, results, places, figures / f"{claim.key}.png")
+        extra = ""
+        if claim.key == "C4":
+            extra = _causality_note(budget)
+        sections.append(f"## {claim.key}: {claim.title}\n\nSource: {claim.source}. Verdict: **{overall}**.\n\n"
+                        f"**The paper.** {claim.paper}\n\n**Ours.**\n\n{tables}{extra}\n"
+                        f"![{claim.key}](figures/{claim.key}.png)\n\n**Tests** (✓ supports, ✗ contradicts, · "
+                        f"unclear; p of the paired two-sided t-test over seeds):\n\n" + "\n".join(parts))
+    summary = ("| claim | statement | source | verdict | statements |\n|---|---|---|---|---|\n"
+               + "\n".join(summary_rows) + "\n")
+    header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape commit {_commit()}) on "
+              f"{device.type} ({_machine()}). Wall time of the last invocation {_clock(wall_seconds)}; the "
+              f"runs' own training and evaluation time adds up to {_clock(results['run_seconds'])}.\n\n"
+              f"{_budget_text(budget_name, budget, seeds, corpora)}\n\n## Summary\n\n{summary}\n"
+              f"**Verdict rule.** {VERDICT_RULE}\n\n")
+    markdown = header + "\n\n".join(sections) + "\n"
+    with atomic_path(out / "REPRODUCTION.md") as tmp:
+        tmp.write_text(markdown)
+    payload = {"budget": budget_name, "settings": dataclasses.asdict(budget), "seeds": seeds, "corpora": corpora,
+               "device": device.type, "verdicts": verdicts,
+               "perplexity": {f"{corpus} T={train_length} {label}": curves
+                              for (corpus, train_length, label), curves in results["lm"].items()},
+               "che_accuracy_beyond_train": {f"{task} {label}": values
+                                             for (task, label), values in results["che"].items()}}
+    _write_json(out / "results.json", payload)
+    return {"summary": summary, "verdicts": verdicts, "markdown": markdown}
+
+
+def _budget_text(name: str, budget: Budget, seeds: int, corpora: list[str]) -> str:
+    lengths = ", ".join(str(length) for length in budget.train_lengths)
+    return (f"**Budget `{name}`.** {seeds} seeds; corpora {', '.join(corpora)} (byte-level). Language models: "
+            f"{budget.n_layer} layers, n_embd {budget.n_embd}, {budget.n_head} heads, refiner width 32; "
+            f"{budget.steps} AdamW steps of {budget.batch_size} windows, lr {budget.lr} (cosine, 5% warmup); "
+            f"training lengths {lengths} (the second only for C1, on the first corpus); evaluation at the "
+            f"training length x {', '.join(map(str, budget.eval_factors))}, protocols `last_k` (last "
+            f"{budget.last_k} tokens of {budget.eval_windows} fixed windows) and `nonoverlap` (the first "
+            f"{budget.nonoverlap_tokens} validation tokens cut into windows), the same windows for every model "
+            f"and seed. CHE encoders (C6): the same size, bidirectional, randomized positions drawn from "
+            f"[0, {budget.che_random_positions}), {budget.che_steps} Adam steps of {budget.che_batch_size}, "
+            f"training lengths 1–{CHE_MAX_TRAIN_LENGTH}, tested at lengths "
+            f"{', '.join(map(str, budget.che_test_lengths))} (a subsample of 41–500) with "
+            f"{budget.che_eval_samples} sequences each. The papers train 125M-parameter models for 50k steps "
+            f"(CHE: 200k steps): this is a far smaller study, and its verdicts are about this budget.")
+
+
+def _causality_note(budget: Budget) -> str:
+    cfg = dict(n_layer=1, n_embd=budget.n_embd, n_head=budget.n_head, block_size=64, pe="kerple_log")
+    leaky = not check_causal(GPTConfig(refiner=LEAKY_REFINER, **cfg))
+    causal = check_causal(GPTConfig(refiner="conv", **cfg))
+    return (f"\nCausality check (perturb every token after position t, compare the logits at positions ≤ t, "
+            f"fresh models): `conv` (with tril) reads no future: **{causal}**; `conv_no_tril` reads the "
+            f"future: **{leaky}**.\n")
+
+
+def _che_table(results: dict) -> str:
+    lines = ["| task | " + " | ".join(CHE_MODELS) + " |", "|---|" + "---:|" * len(CHE_MODELS)]
+    for task in CHE_TASKS:
+        lines.append(f"| {task} | " + " | ".join(format_mean_std([100 * v for v in results["che"][(task, label)]])
+                                                  for label in CHE_MODELS) + " |")
+    return ("Accuracy (%) beyond the training lengths (mean over the tested lengths, then mean ± std over "
+            "seeds):\n\n" + "\n".join(lines) + "\n\nThe encoder: bidirectional attention (`causal=False`), answer "
+            "placeholders appended to the input, the answer read at those positions. The refiner's input "
+            "mask is all-True in encoder mode, so minidape's conv refiner applies no tril there (the authors' "
+            "listing applies it unconditionally); C6 uses DAPE's MLP, for which tril plays no role.\n")
+
+
+# ----------------------------------------------------------------------------- compare
+
+_LOADED_FILES: dict[tuple[str, str], str] = {}   # (resolved file, class) -> the name it was registered under
+
+
+def resolve_pe(pe: str) -> tuple[str, str | None]:
+    """A registered PE name, or ``path/to/file.py:ClassName`` loaded and registered on the fly; returns
+    ``(name, sha256 of the file or None)``. The class must subclass ``md.AdditiveBias``."""
+    if ":" not in pe or pe in PE_NAMES:
+        if pe not in PE_NAMES:
+            raise ValueError(f"unknown pe {pe!r}; valid choices: {', '.join(PE_NAMES)}, or FILE.py:ClassName")
+        return pe, None
+    file_name, _, class_name = pe.rpartition(":")
+    path = Path(file_name).expanduser()
+    if not path.is_file():
+        raise FileNotFoundError(f"--pe {pe!r}: no file {str(path)!r}")
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    key = (str(path.resolve()), class_name)
+    if key in _LOADED_FILES:
+        return _LOADED_FILES[key], digest
+    spec = importlib.util.spec_from_file_location(f"minidape_user_{_slug(path.stem)}_{digest[:8]}", path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    try:
+        spec.loader.exec_module(module)
+    except Exception as err:  # the user's file: any error there is theirs, reported in one line
+        del sys.modules[spec.name]
+        raise ValueError(f"--pe {pe!r}: importing {path} failed: {type(err).__name__}: {err}") from err
+    cls = getattr(module, class_name, None)
+    if cls is None:
+        found = [name for name, value in vars(module).items() if isinstance(value, type)
+                 and issubclass(value, AdditiveBias) and value is not AdditiveBias]
+        raise ValueError(f"--pe {pe!r}: {path} defines no {class_name!r}; AdditiveBias classes there: "
+                         f"{', '.join(found) or 'none'}")
+    if not (isinstance(cls, type) and issubclass(cls, AdditiveBias)):
+        raise ValueError(f"--pe {pe!r}: {class_name} is not a subclass of md.AdditiveBias (a bias "
+                         f"(n_head, Tq, Tk) from positions); see the extension API in the README")
+    registered = [name for name, value in PE_REGISTRY.items() if value is cls]  # the file may register it itself
+    name = registered[0] if registered else f"{_slug(path.stem)}:{class_name}"
+    if not registered:
+        register_pe(name)(cls)
+    _LOADED_FILES[key] = name
+    return name, digest
+
+
+def _model_spec(name: str, what: str) -> dict:
+    """``pe`` or ``pe+refiner`` -> GPTConfig overrides, with errors naming the valid choices."""
+    pe, _, refiner = name.partition("+")
+    if pe not in PE_NAMES:
+        raise ValueError(f"unknown {what} {name!r}; valid choices: {', '.join(PE_NAMES)} (optionally +refiner)")
+    if refiner and refiner not in REFINER_NAMES:
+        raise ValueError(f"unknown refiner {refiner!r} in {what} {name!r}; valid choices: {', '.join(REFINER_NAMES)}")
+    return {"pe": pe, "refiner": refiner or "none"}
+
+
+def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), seeds: int = 3,
+            steps: int | None = None, corpus: str = "austen", out=None, *, budget: str = "default",
+            device: str | torch.device = "auto", progress: bool = True) -> dict:
+    """Put a bias through the study's protocol against baselines; returns the table and the statistics.
+
+    - ``pe``: a registered name or ``path/to/file.py:ClassName`` (an ``md.AdditiveBias`` subclass,
+      registered on the fly); ``refiner``: any registered refiner; ``against``: baselines, each ``pe`` or
+      ``pe+refiner``.
+    - Each model is trained ``seeds`` times at length 128 (``steps`` per run, default the budget's) on
+      ``corpus`` (a name or a .txt/.gz path) and evaluated at 128 x 1..16 with both protocols.
+    - Returns ``{"table": markdown, "perplexity": {label: {protocol: {length: [ppl per seed]}}},
+      "p_values": {baseline: {protocol: {length: p}}}}``; with ``out`` also writes ``compare.md``,
+      ``compare.json``, ``compare.png`` and the runs there (resumable; other settings are refused).
+    """
+    device = resolve_device(device)
+    budget_settings = resolve_budget(budget, device)
+    seeds = _check_seeds(seeds)
+    if steps is not None and (isinstance(steps, bool) or not isinstance(steps, int) or steps < 1):
+        raise ValueError(f"steps must be a positive integer; got {steps!r}")
+    if isinstance(against, str):
+        against = (against,)
+    pe_name, digest = resolve_pe(pe)
+    subject = pe_name if refiner == "none" else f"{pe_name}+{refiner}"
+    models = {subject: _model_spec(subject, "pe/refiner")}
+    for name in against:
+        models.setdefault(name, _model_spec(name, "baseline"))
+    baselines = [label for label in models if label != subject]
+    if not baselines:
+        raise ValueError(f"against must name at least one baseline other than {pe}; got {list(against)}")
+    train_length = budget_settings.train_lengths[0]
+    _check_corpus_fits(corpus, budget_settings, (train_length,))
+    steps = steps or budget_settings.steps
+    out = Path(out) if out is not None else None
+    if out is not None:
+        check_settings(out, {"command": "compare", "pe": pe, "pe_file_sha256": digest, "refiner": refiner,
+                             "corpus": str(corpus), "steps": steps, "budget": budget,
+                             "settings": dataclasses.asdict(budget_settings), "device": device.type})
+    meter = Progress(len(models) * seeds, progress)
+    perplexity: dict[str, dict[str, dict[int, list[float]]]] = {}
+    for label, overrides in models.items():
+        runs = []
+        for seed in range(seeds):
+            path = out / "runs" / _slug(label) / f"seed{seed}.json" if out is not None else None
+            if path is not None and path.is_file():
+                runs.append(_read_json(path))
+                meter.report(f"{label} seed {seed}", None)
+                continue
+            result = train_and_evaluate(_lm_config(budget_settings, train_length, overrides), str(corpus),
+                                        budget_settings, seed, device, steps=steps)
+            if path is not None:
+                _write_json(path, {"label": label, **result})
+            runs.append(_strict_json(result))
+            meter.report(f"{label} seed {seed}", result["train_seconds"] + result["eval_seconds"],
+                         _perplexity_summary(result))
+        perplexity[label] = {protocol: {int(length): [_nan(run["perplexity"][protocol][length]) for run in runs]
+                                        for length in runs[0]["perplexity"][protocol]} for protocol in PROTOCOLS}
+    # The subject against each baseline, paired by seed: "subject has the lower perplexity".
+    cells = {baseline: {protocol: {length: Cell(f"{protocol} {length}", perplexity[subject][protocol][length],
+                                                perplexity[baseline][protocol][length])
+                                   for length in perplexity[subject][protocol]} for protocol in PROTOCOLS}
+             for baseline in baselines}
+    p_values = {baseline: {protocol: {length: cell.test()[1] for length, cell in by_length.items()}
+                           for protocol, by_length in by_protocol.items()} for baseline, by_protocol in cells.items()}
+    table = _compare_table(perplexity, cells, subject, train_length, seeds)
+    if progress:
+        print(table)
+    if out is not None:
+        details = (f"Trained {seeds} seeds x {steps} steps at length {train_length} on {corpus} "
+                   f"({budget_settings.n_layer} layers, n_embd {budget_settings.n_embd}, {budget_settings.n_head} "
+                   f"heads, budget {budget}, {device.type}).\n")
+        with atomic_path(out / "compare.md") as tmp:
+            tmp.write_text(f"# {subject} against {', '.join(baselines)}\n\n{details}\n{table}")
+        _write_json(out / "compare.json", {"subject": subject, "baselines": baselines, "perplexity": perplexity,
+                                           "p_values": p_values, "steps": steps, "seeds": seeds,
+                                           "corpus": str(corpus), "budget": budget})
+        fig, axes = plt.subplots(1, len(PROTOCOLS), figsize=(12, 4), squeeze=False)
+        for ax, protocol in zip(axes[0], PROTOCOLS):
+            plot_bands({label: curves[protocol] for label, curves in perplexity.items()}, ax, train_length)
+            ax.set_title(f"{protocol} (mean ± std over {seeds} seeds)", fontsize="medium")
+            ax.set_xlabel("evaluation length")
+        axes[0][-1].legend(fontsize="small")
+        fig.tight_layout()
+        save_figure(fig, out / "compare.png")
+        plt.close(fig)
+        if progress:
+            print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and {out / 'compare.png'}")
+    return {"subject": subject, "table": table, "perplexity": perplexity, "p_values": p_values}
+
+
+def _compare_table(perplexity: dict, cells: dict, subject: str, train_length: int, seeds: int) -> str:
+    """Per protocol: mean ± std for every model at every length, then one row per baseline with the p-value
+    of the subject against it (✓ the subject is significantly better, ✗ significantly worse)."""
+    blocks = []
+    for protocol in PROTOCOLS:
+        lengths = list(perplexity[subject][protocol])
+        header = ["model"] + [f"{length}" + (" (train)" if length == train_length else "") for length in lengths]
+        lines = [f"**{protocol}** — perplexity, mean ± std over {seeds} seeds; p: {subject} against the baseline",
+                 "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * len(lengths)]
+        for label, curves in perplexity.items():
+            lines.append("| " + " | ".join([label] + [format_mean_std(curves[protocol][length])
+                                                     for length in lengths]) + " |")
+        for baseline, by_protocol in cells.items():
+            lines.append(f"| p vs {baseline} | " + " | ".join(by_protocol[protocol][length].mark()
+                                                              for length in lengths) + " |")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
