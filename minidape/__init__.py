@@ -15,15 +15,15 @@ from .model import (
     AdditiveBias,
     GPTConfig,
     RotaryEmbedding,
+    check_causal,
     register_pe,
     register_refiner,
 )
-from .model import check_causal
 from .train import train  # md.train is the function; `from minidape.train import ...` reaches the module
 
 # Submodules loaded on first access as md.NAME. `train` is imported above so that the name stays the function:
 # a submodule imported later would not replace it, as Python sets the package attribute on first import only.
-LAZY_MODULES = ("che", "data", "evaluate", "kernels", "plots", "tasks", "utils")
+LAZY_MODULES = ("che", "data", "evaluate", "exercises", "grade", "kernels", "plots", "study", "tasks", "utils")
 
 
 def __getattr__(name: str):
@@ -38,5 +38,5 @@ def __dir__():
 
 __all__ = [
     "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "AbsolutePositions", "RotaryEmbedding",
-    "register_pe", "register_refiner", "load_corpus", "train", *LAZY_MODULES,
+    "register_pe", "register_refiner", "check_causal", "load_corpus", "train", *LAZY_MODULES,
 ]

@@ -369,12 +369,14 @@ if not FAST:   # the worked answer's claims, checked on this run (fast mode trai
 # as `python -m minidape compare --pe my_bias.py:MyBias` on the command line).
 
 # %%
-# INTEGRATOR: this cell becomes, once minidape.study has landed on main,
-#     if "my_bias" in md.PE_NAMES:
-#         md.study.compare("my_bias", refiner="none", against=("alibi", "kerple_log"), seeds=3, steps=None,
-#                          corpus="austen", out=None)
-# (with a small `steps` in fast mode). Until then it says so instead of calling a function this branch lacks.
-print("minidape.study.compare: placeholder until the study lands (see the comment in this cell)")
+# The study's small budget (9 runs of 150 steps at length 128); fast mode uses its test-sized budget.
+if "my_bias" in md.PE_NAMES:
+    study = md.study.compare("my_bias", refiner="none", against=("alibi", "kerple_log"), seeds=3,
+                             corpus="austen", budget="tiny" if FAST else "small", device=DEVICE, progress=False)
+    display(Markdown(study["table"]))
+    assert set(study["p_values"]) == {"alibi", "kerple_log"}, study["p_values"]
+else:
+    print("register your bias as 'my_bias' (Task 2) to put it through the study")
 
 # %%
 exercises.summary("06")
