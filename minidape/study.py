@@ -49,7 +49,7 @@ from .model import (PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefi
                     register_pe, register_refiner)
 from .plots import save_figure
 from .train import train
-from .utils import atomic_path, resolve_device
+from .utils import atomic_path, json_ready, resolve_device
 
 ALPHA = 0.05
 VERDICT_RULE = (
@@ -381,20 +381,9 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9]+", "-", text).strip("-").lower()
 
 
-def _strict_json(value):
-    """NaN -> None, recursively (results.json is strict JSON)."""
-    if isinstance(value, float) and math.isnan(value):
-        return None
-    if isinstance(value, dict):
-        return {str(key): _strict_json(item) for key, item in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_strict_json(item) for item in value]
-    return value
-
-
 def _write_json(path: Path, payload) -> None:
     with atomic_path(path) as tmp:
-        tmp.write_text(json.dumps(_strict_json(payload), indent=1) + "\n")
+        tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n")
 
 
 def _read_json(path: Path):
@@ -408,7 +397,7 @@ def _nan(value) -> float:
 def check_settings(out: Path, settings: dict) -> None:
     """Record `settings` in ``out/manifest.json``, or refuse when the folder holds runs made with others."""
     manifest = out / "manifest.json"
-    settings = _strict_json(settings)
+    settings = json_ready(settings)
     if manifest.is_file():
         previous = _read_json(manifest)
         changed = sorted(key for key in set(previous) | set(settings) if previous.get(key) != settings.get(key))
@@ -1019,7 +1008,7 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
                                         budget_settings, seed, device, steps=steps)
             if path is not None:
                 _write_json(path, {"label": label, **result})
-            runs.append(_strict_json(result))
+            runs.append(json_ready(result))
             meter.report(f"{label} seed {seed}", result["train_seconds"] + result["eval_seconds"],
                          _perplexity_summary(result))
         perplexity[label] = {protocol: {int(length): [_nan(run["perplexity"][protocol][length]) for run in runs]
