@@ -757,30 +757,43 @@ class GPT(nn.Module):
         rotary = self.pe(pos, len(pos)) if isinstance(self.pe, RotaryEmbedding) else None
         if not isinstance(self.pe, AdditiveBias):
             return PositionalInputs(pos, rotary, None)
-        return PositionalInputs(pos, rotary, lambda q0, q1, k1: self.bias_rows(pos, q0, q1, k1))
+        checked = set()           # every layer asks for the same blocks of rows: check each block's values once
+
+        def bias_rows(q0: int, q1: int, k1: int):
+            bias = self.bias_rows(pos, q0, q1, k1)
+            if (q0, q1, k1) not in checked:
+                self.check_bias_values(bias, q0, q1, k1)
+                checked.add((q0, q1, k1))
+            return bias.to(self.wte.weight.dtype)
+        return PositionalInputs(pos, rotary, bias_rows)
 
     def bias_rows(self, pos, q0: int, q1: int, k1: int) -> torch.Tensor:
-        """Rows q0..q1-1 and keys 0..k1-1 of the bias, $B$[:, q0:q1, :k1] (nh, q1 - q0, k1), checked: its shape,
-        and no NaN or +inf where a query may attend (-inf there means "never attend": a hard window)."""
+        """Rows q0..q1-1 and keys 0..k1-1 of the bias, $B$[:, q0:q1, :k1] (nh, q1 - q0, k1), its shape checked."""
         bias = self.pe(pos[q0:q1], pos[:k1])
         expected = (self.cfg.n_head, q1 - q0, k1)
         if tuple(bias.shape) != expected:
             raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
                              f"(n_head, Tq, Tk) = {expected}")
+        return bias
+
+    @torch.no_grad()
+    def check_bias_values(self, bias, q0: int, q1: int, k1: int) -> None:
+        """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here")."""
         mask = attention_mask(q0, q1, k1, self.cfg.causal, bias.device)
+        # One pass for the usual case: each row's largest visible value is finite unless the row holds a NaN or
+        # +inf (both propagate through amax) or nothing but -inf. Only then look for the culprit.
+        if torch.isfinite(bias.masked_fill(~mask, float("-inf")).amax(dim=-1)).all():
+            return
         bad = mask & (bias.isnan() | (bias == float("inf")))
         if bad.any():
             head, i, j = bad.nonzero()[0].tolist()
             raise ValueError(f"pe={self.cfg.pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, "
                              f"query {q0 + i}, key {j}, a cell the query may attend to; a bias must be finite "
                              f"there, or -inf for 'never attend here' (a hard window)")
-        blind = (~mask | (bias == float("-inf"))).all(dim=-1)                   # (nh, Tq): no key left to see
-        if blind.any():
-            head, i = blind.nonzero()[0].tolist()
-            raise ValueError(f"pe={self.cfg.pe!r} returned -inf at every key that query {q0 + i} may attend to "
-                             f"(head {head}): its attention would be undefined; leave at least one key finite "
-                             f"(e.g. the query's own position)")
-        return bias.to(self.wte.weight.dtype)
+        head, i = (~mask | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
+        raise ValueError(f"pe={self.cfg.pe!r} returned -inf at every key that query {q0 + i} may attend to "
+                         f"(head {head}): its attention would be undefined; leave at least one key finite "
+                         f"(e.g. the query's own position)")
 
     def _check_idx(self, idx):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
