@@ -71,15 +71,19 @@ def running_mean(curve, width):
 
 
 class MyDAPE(nn.Module):
+    """Eq. (3) with the per-cell MLP written as contractions over the channel axis."""
+
     def __init__(self, cfg):
         super().__init__()
-        self.f = nn.Sequential(nn.Linear(2 * cfg.n_head, cfg.refiner_width), nn.LeakyReLU(0.01),
-                               nn.Linear(cfg.refiner_width, cfg.n_head))
+        self.first = nn.Linear(2 * cfg.n_head, cfg.refiner_width)
+        self.second = nn.Linear(cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        bias = bias.expand_as(scores)
-        features = torch.cat([scores, bias], dim=1).permute(0, 2, 3, 1)
-        return scores + bias + self.f(features).permute(0, 3, 1, 2)
+        both = torch.cat([scores, bias.expand_as(scores)], dim=1)                       # (B, 2h, T, T)
+        hidden = torch.einsum("wc,bcij->bwij", self.first.weight, both) + self.first.bias[:, None, None]
+        hidden = torch.nn.functional.leaky_relu(hidden, 0.01)
+        out = torch.einsum("hw,bwij->bhij", self.second.weight, hidden) + self.second.bias[:, None, None]
+        return scores + bias + out
 
 
 def dape_parameter_count(n_head, width):
