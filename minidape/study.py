@@ -356,7 +356,9 @@ class Cell:
             return "✓ cannot run" if side == "higher" else "✗ cannot run"
         _, p_value = self.test()
         symbol = {"support": "✓", "contradict": "✗", "unclear": "·"}[self.status]
-        return f"{symbol} p={p_value:.3f}" if not math.isnan(p_value) else f"{symbol} p=n/a"
+        if math.isnan(p_value):
+            return f"{symbol} p=n/a"
+        return f"{symbol} p<0.001" if p_value < 0.001 else f"{symbol} p={p_value:.3f}"
 
 
 def verdict(cells: list[Cell]) -> str:
