@@ -799,7 +799,7 @@ def _claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], pa
     axes[0][-1].legend(fontsize="small")
     fig.suptitle(f"{claim.key}: {claim.title}", fontsize="medium")
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -814,7 +814,7 @@ def _che_figure(results: dict, path: Path) -> None:
     axes[0][-1].legend(fontsize="small")
     fig.suptitle("C6: accuracy by test length (mean ± std over seeds)", fontsize="medium")
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -877,7 +877,7 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
                         f"**The paper.** {claim.paper}\n\n**Ours.**\n\n{tables}{extra}\n"
                         f"![{claim.key}](figures/{claim.key}.png)\n\n**Tests** (✓ supports, ✗ contradicts, · "
                         f"unclear; p of the paired two-sided t-test over seeds):\n\n" + "\n".join(parts))
-    summary = ("| claim | statement | source | verdict | statements |\n|---|---|---|---|---|\n"
+    summary = ("| claim | what it says | source | verdict | verdict of each statement |\n|---|---|---|---|---|\n"
                + "\n".join(summary_rows) + "\n")
     header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape commit {_commit()}) on "
               f"{device.type} ({_machine()}). Wall time of the last invocation {_clock(wall_seconds)}; the "
@@ -928,9 +928,13 @@ def _che_table(results: dict) -> str:
     for task in CHE_TASKS:
         lines.append(f"| {task} | " + " | ".join(format_mean_std([100 * v for v in results["che"][(task, label)]])
                                                   for label in CHE_MODELS) + " |")
+    untied = "tie_embeddings" in {f.name for f in dataclasses.fields(GPTConfig)}
+    classifier = ("a classifier separate from the input embedding (`tie_embeddings=False`), as in the original "
+                  "benchmark" if untied else "the classifier TIED to the input embedding, unlike the original "
+                  "benchmark's separate output layer: this minidape version has no `tie_embeddings` option")
     return ("Accuracy (%) beyond the training lengths (mean over the tested lengths, then mean ± std over "
             "seeds):\n\n" + "\n".join(lines) + "\n\nThe encoder: bidirectional attention (`causal=False`), answer "
-            "placeholders appended to the input, the answer read at those positions. The refiner's input "
+            f"placeholders appended to the input, the answer read at those positions, {classifier}. The refiner's input "
             "mask is all-True in encoder mode, so minidape's conv refiner applies no tril there (the authors' "
             "listing applies it unconditionally); C6 uses DAPE's MLP, for which tril plays no role.\n")
 
