@@ -777,7 +777,7 @@ def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int 
         ax.set_yscale("log")
         # Plain numbers: matplotlib's default 10^k labels go through mathtext, most of a figure's drawing time.
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))   # perplexities span less than a decade here
     ax.xaxis.set_minor_formatter(NullFormatter())
     if train_length is not None:
         ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
