@@ -105,7 +105,8 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m minidape", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    commands = parser.add_subparsers(dest="command", required=True, metavar="{demo,train,eval,che,bench,reproduce,compare}")
+    commands = parser.add_subparsers(dest="command", required=True,
+                                     metavar="{demo,train,eval,che,bench,reproduce,compare}")
 
     demo = commands.add_parser("demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
                                description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and "
@@ -376,7 +377,7 @@ COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_c
 
 
 def add_study_commands(commands) -> None:
-    from .study import BUDGET_NAMES, BUDGETS
+    from .study import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA
     budget_help = argparse.SUPPRESS  # "tiny" (tests only) is accepted but not advertised
     reproduce = commands.add_parser(
         "reproduce", help="test the papers' claims C1-C6 with seeds and paired t-tests",
@@ -389,8 +390,8 @@ def add_study_commands(commands) -> None:
                            help=f"small: under an hour on a 2-core CPU; default: the committed report's "
                                 f"(larger on CUDA by itself). Valid: {', '.join(BUDGET_NAMES)}")
     reproduce.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
-    reproduce.add_argument("--corpus", nargs="+", default=["austen", "python"],
-                           help="corpus names or .txt/.gz paths (default: austen python)")
+    reproduce.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPORA),
+                           help=f"corpus names or .txt/.gz paths (default: {' '.join(DEFAULT_CORPORA)})")
     reproduce.add_argument("--out", default="runs/reproduce", help="output directory (default runs/reproduce)")
     _add_device_flag(reproduce)
 
