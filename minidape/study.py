@@ -135,7 +135,9 @@ class Budget:
     che_random_positions: int       # randomized positions: sorted draws from [0, L), L as in the DAPE paper
 
 
-# CPU budgets, timed on a shared 2-core machine. "tiny" is for the tests only (every code path, no meaning).
+# CPU budgets, timed on the shared 2-core AMD EPYC machine of the committed report: "small" 21 min (one process,
+# load 2-3), "default" 66 min (two processes sharing the folder, load 3-6; its runs add up to 1 h 47 min).
+# "tiny" is for the tests only (every code path, no meaning).
 BUDGETS = {
     "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
                    eval_factors=(1, 2), last_k=8, eval_windows=1, nonoverlap_tokens=64, che_steps=2,
