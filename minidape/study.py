@@ -19,7 +19,8 @@ Table 3 does); the verdict rule is `VERDICT_RULE`.
 
 Runs are resumable: each (corpus, training length, model, seed) run writes one JSON file, atomically, under
 ``OUT/runs/``; a restart skips the files already there, and a restart with other settings into the same
-``OUT`` is refused (``OUT/manifest.json`` records them), so results of two budgets never mix.
+``OUT`` is refused (``OUT/manifest.json`` records them), so results of two budgets never mix. The same
+command started twice (two terminals) shares the runs between the two processes.
 """
 
 from __future__ import annotations
@@ -56,7 +57,7 @@ VERDICT_RULE = (
     "Each statement is tested in *cells* (one corpus, training length, protocol and evaluation length; one "
     "task for C6). A cell **supports** the statement when the mean over seeds goes the claimed way and the "
     f"paired two-sided t-test over seeds gives p < {ALPHA}; it **contradicts** it when the mean goes the other "
-    "way with p < 0.05; otherwise it is *unclear*. A statement is **reproduced** when at least half of its "
+    f"way with p < {ALPHA}; otherwise it is *unclear*. A statement is **reproduced** when at least half of its "
     "cells support it and none contradicts it, **not reproduced** when more cells contradict it than support "
     "it, and **inconclusive at this budget** otherwise. A claim is reproduced when all its statements are, "
     "not reproduced when none is, and otherwise *partly reproduced* (each statement's verdict is given).")
@@ -116,7 +117,9 @@ class Budget:
     che_random_positions: int       # randomized positions: sorted draws from [0, L), L as in the DAPE paper
 
 
-# CPU budgets, timed on a shared 2-core machine. "tiny" is for the tests only (every code path, no meaning).
+# CPU budgets, timed on the shared 2-core AMD EPYC machine of the committed report: "small" 21 min (one process,
+# load 2-3), "default" 66 min (two processes sharing the folder, load 3-6; its runs add up to 1 h 47 min).
+# "tiny" is for the tests only (every code path, no meaning).
 BUDGETS = {
     "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
                    eval_factors=(1, 2), last_k=8, eval_windows=1, nonoverlap_tokens=64, che_steps=2,
@@ -132,15 +135,17 @@ BUDGETS = {
                       che_eval_samples=32, che_random_positions=2048),
 }
 # On CUDA the same budget names pick a larger model and longer training by themselves.
+# (Not measured: this session had no GPU.)
 CUDA_OVERRIDES = {
-    "small": dict(n_layer=4, n_embd=256, n_head=8, steps=2000, batch_size=32, lr=1e-3, eval_windows=16,
-                  nonoverlap_tokens=32768, che_steps=2000, che_eval_samples=64),
-    "default": dict(n_layer=6, n_embd=384, n_head=8, steps=6000, batch_size=32, lr=1e-3, eval_windows=32,
-                    nonoverlap_tokens=65536, che_steps=10000, che_batch_size=64, che_eval_samples=128,
-                    che_test_lengths=tuple(range(41, 501, 10))),
+    "small": dict(n_layer=4, n_embd=256, n_head=8, steps=1000, batch_size=32, lr=1e-3, eval_windows=16,
+                  nonoverlap_tokens=32768, che_steps=1000, che_eval_samples=64),
+    "default": dict(n_layer=4, n_embd=256, n_head=8, steps=3000, batch_size=32, lr=1e-3, eval_windows=32,
+                    nonoverlap_tokens=65536, che_steps=5000, che_batch_size=64, che_eval_samples=128,
+                    che_test_lengths=tuple(range(41, 501, 20))),
 }
 BUDGET_NAMES = ("small", "default")   # the public ones; "tiny" is for tests
 CHE_MAX_TRAIN_LENGTH = 40             # the papers': train on 1..40, test on 41..500
+DEFAULT_CORPORA = ("austen", "python")
 
 
 def resolve_budget(name: str, device: torch.device) -> Budget:
@@ -338,7 +343,9 @@ class Cell:
             return "✓ cannot run" if side == "higher" else "✗ cannot run"
         _, p_value = self.test()
         symbol = {"support": "✓", "contradict": "✗", "unclear": "·"}[self.status]
-        return f"{symbol} p={p_value:.3f}" if not math.isnan(p_value) else f"{symbol} p=n/a"
+        if math.isnan(p_value):
+            return f"{symbol} p=n/a"
+        return f"{symbol} p<0.001" if p_value < 0.001 else f"{symbol} p={p_value:.3f}"
 
 
 def verdict(cells: list[Cell]) -> str:
@@ -478,8 +485,9 @@ class Progress:
             return
         left = (self.total - self.done) * self.timed_seconds / self.timed if self.timed else 0.0
         timing = "done before" if seconds is None else f"{seconds:.0f} s"
-        print(f"[{self.done}/{self.total}] {what}: {timing}{detail}  (elapsed {_clock(time.perf_counter() - self.started)}"
-              f", about {_clock(left)} left)", flush=True)
+        elapsed = _clock(time.perf_counter() - self.started)
+        print(f"[{self.done}/{self.total}] {what}: {timing}{detail}  (elapsed {elapsed}, about {_clock(left)} left)",
+              flush=True)
 
 
 def _clock(seconds: float) -> str:
@@ -541,7 +549,7 @@ def _che_run_path(out: Path, task: str, label: str, seed: int) -> Path:
     return out / "runs" / "che" / task / _slug(label) / f"seed{seed}.json"
 
 
-def reproduce(budget: str = "default", seeds: int = 3, corpora=("austen", "python"), out="runs/reproduce",
+def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, out="runs/reproduce",
               device: str | torch.device = "auto", progress: bool = True, command: str | None = None) -> dict:
     """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
     ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results."""
@@ -744,7 +752,7 @@ def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int 
         ax.set_yscale("log")
         # Plain numbers: matplotlib's default 10^k labels go through mathtext, most of a figure's drawing time.
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(NullFormatter())
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))   # perplexities span less than a decade here
     ax.xaxis.set_minor_formatter(NullFormatter())
     if train_length is not None:
         ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
@@ -766,22 +774,22 @@ def _claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], pa
     axes[0][-1].legend(fontsize="small")
     fig.suptitle(f"{claim.key}: {claim.title}", fontsize="medium")
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
 def _che_figure(results: dict, path: Path) -> None:
     fig, axes = plt.subplots(1, len(CHE_TASKS), figsize=(4.5 * len(CHE_TASKS), 3.6), squeeze=False)
     for ax, task in zip(axes[0], CHE_TASKS):
-        curves = {label: {n: [100 * acc for acc in values] for n, values in results["che_curves"][(task, label)].items()}
-                  for label in CHE_MODELS}
+        curves = {label: {n: [100 * acc for acc in values]
+                          for n, values in results["che_curves"][(task, label)].items()} for label in CHE_MODELS}
         plot_bands(curves, ax, CHE_MAX_TRAIN_LENGTH, ylabel="accuracy (%)", log_y=False)
         ax.set_title(task, fontsize="medium")
         ax.set_xlabel("input length")
     axes[0][-1].legend(fontsize="small")
     fig.suptitle("C6: accuracy by test length (mean ± std over seeds)", fontsize="medium")
     fig.tight_layout()
-    save_figure(fig, path)
+    save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
@@ -834,7 +842,8 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
                              for place in _scope_places(statement.scope, corpora, budget.train_lengths)},
                             key=lambda place: (corpora.index(place[0]), -place[1]))
             tables = "".join(f"*{_corpus_key(corpus)}, trained at {train_length}, {protocol}* (perplexity, mean ± "
-                             f"std over {seeds} seeds):\n\n{_curve_table(results, corpus, train_length, protocol, claim.models)}\n"
+                             f"std over {seeds} seeds):\n\n"
+                             f"{_curve_table(results, corpus, train_length, protocol, claim.models)}\n"
                              for corpus, train_length in places for protocol in PROTOCOLS)
             _claim_figure(claim, results, places, figures / f"{claim.key}.png")
         extra = ""
@@ -844,7 +853,7 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
                         f"**The paper.** {claim.paper}\n\n**Ours.**\n\n{tables}{extra}\n"
                         f"![{claim.key}](figures/{claim.key}.png)\n\n**Tests** (✓ supports, ✗ contradicts, · "
                         f"unclear; p of the paired two-sided t-test over seeds):\n\n" + "\n".join(parts))
-    summary = ("| claim | statement | source | verdict | statements |\n|---|---|---|---|---|\n"
+    summary = ("| claim | what it says | source | verdict | verdict of each statement |\n|---|---|---|---|---|\n"
                + "\n".join(summary_rows) + "\n")
     header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape commit {_commit()}) on "
               f"{device.type} ({_machine()}). Wall time of the last invocation {_clock(wall_seconds)}; the "
@@ -895,11 +904,13 @@ def _che_table(results: dict) -> str:
     for task in CHE_TASKS:
         lines.append(f"| {task} | " + " | ".join(format_mean_std([100 * v for v in results["che"][(task, label)]])
                                                   for label in CHE_MODELS) + " |")
+    classifier = "a classifier separate from the input embedding (`tie_embeddings=False`), as in the benchmark"
     return ("Accuracy (%) beyond the training lengths (mean over the tested lengths, then mean ± std over "
             "seeds):\n\n" + "\n".join(lines) + "\n\nThe encoder: bidirectional attention (`causal=False`), answer "
-            "placeholders appended to the input, the answer read at those positions. The refiner's input "
-            "mask is all-True in encoder mode, so minidape's conv refiner applies no tril there (the authors' "
-            "listing applies it unconditionally); C6 uses DAPE's MLP, for which tril plays no role.\n")
+            f"placeholders appended to the input, the answer read at those positions, {classifier}. The "
+            "refiner's input mask is all-True in encoder mode, so minidape's conv refiner applies no tril there "
+            "(the authors' listing applies it unconditionally); C6 uses DAPE's MLP, for which tril plays no "
+            "role.\n")
 
 
 # ----------------------------------------------------------------------------- compare

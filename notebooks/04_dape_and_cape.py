@@ -49,6 +49,7 @@
 # it for Kerple and DAPE-Kerple.
 
 # %%
+import dataclasses
 import os
 import time
 
@@ -125,29 +126,29 @@ print("same seed, same logits:", torch.equal(logits["dape"], logits["cape"]))
 #
 # `model.attention_maps(idx, layer)` returns the pieces of one layer's attention as plain full-size tensors:
 # `scores` $S$, `bias` $B$, `refined` $A$ (what reaches the causal mask and softmax) and `probs`. We rebuild $A$
-# from $S$ and $B$ with each refiner's own MLP `f.mlp`, applied over the head axis at every cell, and compare.
+# from $S$ and $B$ with each refiner's own MLP `f` (model.py's `HeadMLP`), applied over the head axis at every
+# cell, and compare; then the whole model's fast path against its paper form (`fast=False`).
 
 # %%
 # NBVAL_CHECK_OUTPUT
-def per_cell(mlp, channels):
-    """Apply an MLP over the channel axis of a (B, C, Tq, Tk) tensor, independently at every cell."""
-    return mlp(channels.permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
-
-
 for name in ("dape", "dape_concat", "dape_add"):
     torch.manual_seed(0)
     model = md.GPT(config(refiner=name)).to(DEVICE).eval()
     maps = model.attention_maps(window, layer=1)
     S, B, A = maps["scores"], maps["bias"].expand_as(maps["scores"]), maps["refined"]
-    mlp = model.blocks[1].attn.refiner.f.mlp
+    f = model.blocks[1].attn.refiner.f                # model.py's HeadMLP: the MLP over the head axis, per cell
     if name == "dape":
-        expected = S + B + per_cell(mlp, torch.cat([S, B], dim=1))
+        expected = S + B + f(torch.cat([S, B], dim=1))
     elif name == "dape_concat":
-        expected = S + per_cell(mlp, torch.cat([S, B], dim=1))
+        expected = S + f(torch.cat([S, B], dim=1))
     else:
-        expected = S + B + per_cell(mlp, S + B)
+        expected = S + B + f(S + B)
+    reference = md.GPT(dataclasses.replace(model.cfg, fast=False)).to(DEVICE).eval()
+    reference.load_state_dict(model.state_dict())     # same parameters: the fast path is the same function
+    same = torch.allclose(model(window)[0], reference(window)[0], atol=1e-5)
     print(f"{name:<12} A matches its equation: {torch.allclose(A, expected, atol=1e-5)}   "
-          f"(f has {sum(p.numel() for p in mlp.parameters())} parameters per layer)")
+          f"fast path == paper form (fast=False): {same}   "
+          f"(f has {sum(p.numel() for p in f.parameters())} parameters per layer)")
 
 # %% [markdown]
 # $f$ works **per cell, across heads**: the refined score of head 0 at cell $(i, j)$ reads the scores of all
