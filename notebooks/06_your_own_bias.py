@@ -358,6 +358,32 @@ if not FAST:   # the worked answer's claims, checked on this run (fast mode trai
     assert growth["dape-my_bias"] < growth["my_bias"], growth
 
 # %% [markdown]
+# ## Before you trust a refiner: `md.check_causal`
+#
+# A bias cannot leak the future (attention masks it), but a refiner you write can: a refiner that reads the
+# score one key to the right lets a decoder peek at the next token, trains beautifully, and reports a
+# perplexity that means nothing. `md.check_causal(cfg)` changes the tokens after a position and checks that
+# no earlier output moves. Here it catches such a refiner and passes your bias with DAPE.
+
+# %%
+@md.register_refiner("peeks_next_key") if "peeks_next_key" not in md.REFINER_NAMES else (lambda cls: cls)
+class PeeksNextKey(nn.Module):
+    """S + B, plus the score of the key one step to the right: a future key on the diagonal."""
+
+    def __init__(self, cfg):
+        super().__init__()
+
+    def forward(self, scores, bias, mask):
+        ahead = torch.roll(scores, shifts=-1, dims=-1)               # cell (i, j) reads key j + 1
+        return scores + ahead + (0 if bias is None else bias)
+
+
+leaky = md.check_causal(config("alibi", refiner="peeks_next_key"))
+ours = md.check_causal(config("my_bias" if "my_bias" in md.PE_NAMES else "kerple_log", refiner="dape"))
+print("peeks_next_key is causal:", leaky, "| your bias with DAPE is causal:", ours)
+assert not leaky and ours
+
+# %% [markdown]
 # **Going further.** Try the Gaussian kernel $a\,e^{-d^2/2s^2}$ (also PD); an unbounded variant such as
 # $-a \ln(1 + (d/s)^2)$ (CPD by Kerple's Corollary 1 with $p = 2$); `refiner="conv"` (notebook 05); or the
 # position-wise loss of notebook 03 to see *where* each model starts to fail.
