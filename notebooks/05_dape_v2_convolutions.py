@@ -38,8 +38,8 @@
 # read the curves for their shape, not for the third digit.
 #
 # **Cost.** Trains five models (Kerple, conv refiners with $k$ = 1, 3, 5, and the leaky conv; 400 steps of
-# 16 × 64 bytes each). Full mode takes about ⟨FULL-MODE TIME, 2-core CPU: the integrator fills this in after
-# `make notebooks`⟩ on a 2-core CPU; a GPU runs the same budget much faster.
+# 16 × 64 bytes each). Full mode takes about 3 min
+# (209 s measured on a 2-core AMD EPYC CPU shared with other jobs); a GPU runs the same budget much faster.
 #
 # **Exercises:** 5.1 derive which keys a refined cell reads; 5.2 implement the conv refiner and check it against
 # minidape's; 5.3 predict, then measure, what removing `tril` does to the validation loss (experiment).
