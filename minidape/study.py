@@ -112,7 +112,8 @@ class Budget:
     che_steps: int                  # Adam steps per Chomsky-hierarchy encoder
     che_batch_size: int
     che_lr: float
-    che_test_lengths: tuple[int, ...]   # a subsample of 41..500 (the papers test every length)
+    che_test_lengths: tuple[int, ...]   # a few lengths within 1..40 (did the model learn the task?), then a
+                                        # subsample of 41..500 (the papers test every length)
     che_eval_samples: int
     che_random_positions: int       # randomized positions: sorted draws from [0, L), L as in the DAPE paper
 
@@ -123,15 +124,16 @@ class Budget:
 BUDGETS = {
     "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
                    eval_factors=(1, 2), last_k=8, eval_windows=1, nonoverlap_tokens=64, che_steps=2,
-                   che_batch_size=2, che_lr=1e-3, che_test_lengths=(41, 44), che_eval_samples=2,
+                   che_batch_size=2, che_lr=1e-3, che_test_lengths=(20, 41, 44), che_eval_samples=2,
                    che_random_positions=128),
     "small": Budget(n_layer=2, n_embd=64, n_head=4, steps=150, batch_size=8, lr=3e-3, train_lengths=(128, 64),
                     eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=4, nonoverlap_tokens=4096,
-                    che_steps=150, che_batch_size=32, che_lr=1e-3, che_test_lengths=(41, 100, 250, 500),
+                    che_steps=500, che_batch_size=32, che_lr=1e-3, che_test_lengths=(20, 40, 41, 100, 250, 500),
                     che_eval_samples=16, che_random_positions=2048),
     "default": Budget(n_layer=2, n_embd=64, n_head=4, steps=300, batch_size=8, lr=3e-3, train_lengths=(128, 64),
                       eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=8, nonoverlap_tokens=8192,
-                      che_steps=300, che_batch_size=32, che_lr=1e-3, che_test_lengths=(41, 60, 100, 200, 300, 500),
+                      che_steps=1000, che_batch_size=32, che_lr=1e-3,
+                      che_test_lengths=(20, 40, 41, 60, 100, 200, 300, 500),
                       che_eval_samples=32, che_random_positions=2048),
 }
 # On CUDA the same budget names pick a larger model and longer training by themselves.
@@ -141,10 +143,11 @@ CUDA_OVERRIDES = {
                   nonoverlap_tokens=32768, che_steps=1000, che_eval_samples=64),
     "default": dict(n_layer=4, n_embd=256, n_head=8, steps=3000, batch_size=32, lr=1e-3, eval_windows=32,
                     nonoverlap_tokens=65536, che_steps=5000, che_batch_size=64, che_eval_samples=128,
-                    che_test_lengths=tuple(range(41, 501, 20))),
+                    che_test_lengths=(20, 40) + tuple(range(41, 501, 20))),
 }
 BUDGET_NAMES = ("small", "default")   # the public ones; "tiny" is for tests
 CHE_MAX_TRAIN_LENGTH = 40             # the papers': train on 1..40, test on 41..500
+LEARNED_MARGIN = 0.1                  # a CHE task counts as learned 10 points above chance within 1..40
 DEFAULT_CORPORA = ("austen", "python")
 
 
@@ -662,8 +665,9 @@ def _command_line(budget: str, seeds: int, corpora: list[str], out: Path) -> str
 
 def collect_results(out: Path, plan: dict, seeds: int) -> dict:
     """Every run's numbers, as lists over seeds: ``lm[(corpus, T, label)][protocol][length]`` and
-    ``che[(task, label)]`` (mean accuracy beyond training) plus ``che_curves[(task, label)][n]``."""
-    lm, che, che_curves, seconds = {}, {}, {}, []
+    ``che[(task, label)]`` (mean accuracy beyond training), ``che_within[(task, label)]`` (within it: did the
+    model learn the task?), ``che_curves[(task, label)][n]`` and ``che_chance[task]``."""
+    lm, che, che_within, che_curves, che_chance, seconds = {}, {}, {}, {}, {}, []
     for (corpus, train_length), labels in plan.items():
         for label in labels:
             runs = [_read_json(_lm_run_path(out, corpus, train_length, label, seed)) for seed in range(seeds)]
@@ -677,8 +681,11 @@ def collect_results(out: Path, plan: dict, seeds: int) -> dict:
             runs = [_read_json(_che_run_path(out, task, label, seed)) for seed in range(seeds)]
             seconds += [run["train_seconds"] + run["eval_seconds"] for run in runs]
             che[(task, label)] = [run["mean_beyond_train"] for run in runs]
+            che_within[(task, label)] = [_nan(run["mean_within_train"]) for run in runs]
             che_curves[(task, label)] = {int(n): [run["accuracy"][n] for run in runs] for n in runs[0]["accuracy"]}
-    return {"lm": lm, "che": che, "che_curves": che_curves, "run_seconds": sum(seconds)}
+            che_chance[task] = runs[0]["chance"]
+    return {"lm": lm, "che": che, "che_within": che_within, "che_curves": che_curves, "che_chance": che_chance,
+            "run_seconds": sum(seconds)}
 
 
 def statement_cells(statement: Statement, results: dict, corpora: list[str], train_lengths) -> list[Cell]:
@@ -868,7 +875,9 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
                "perplexity": {f"{corpus} T={train_length} {label}": curves
                               for (corpus, train_length, label), curves in results["lm"].items()},
                "che_accuracy_beyond_train": {f"{task} {label}": values
-                                             for (task, label), values in results["che"].items()}}
+                                             for (task, label), values in results["che"].items()},
+               "che_accuracy_within_train": {f"{task} {label}": values
+                                             for (task, label), values in results["che_within"].items()}}
     _write_json(out / "results.json", payload)
     return {"summary": summary, "verdicts": verdicts, "markdown": markdown}
 
@@ -885,9 +894,16 @@ def _budget_text(name: str, budget: Budget, seeds: int, corpora: list[str]) -> s
             f"and seed. CHE encoders (C6): the same size, bidirectional, randomized positions drawn from "
             f"[0, {budget.che_random_positions}), {budget.che_steps} Adam steps of {budget.che_batch_size}, "
             f"training lengths 1–{CHE_MAX_TRAIN_LENGTH}, tested at lengths "
-            f"{', '.join(map(str, budget.che_test_lengths))} (a subsample of 41–500) with "
+            f"{_che_lengths_text(budget.che_test_lengths)} with "
             f"{budget.che_eval_samples} sequences each. The papers train 125M-parameter models for 50k steps "
             f"(CHE: 200k steps): this is a far smaller study, and its verdicts are about this budget.")
+
+
+def _che_lengths_text(lengths: tuple[int, ...]) -> str:
+    within = [n for n in lengths if n <= CHE_MAX_TRAIN_LENGTH]
+    beyond = ", ".join(str(n) for n in lengths if n > CHE_MAX_TRAIN_LENGTH)
+    return (f"{', '.join(map(str, within))} (within training) and " if within else "") + \
+        f"{beyond} (a subsample of {CHE_MAX_TRAIN_LENGTH + 1}–500)"
 
 
 def _causality_note(budget: Budget) -> str:
@@ -900,13 +916,29 @@ def _causality_note(budget: Budget) -> str:
 
 
 def _che_table(results: dict) -> str:
-    lines = ["| task | " + " | ".join(CHE_MODELS) + " |", "|---|" + "---:|" * len(CHE_MODELS)]
+    columns = [(label, "che_within", f"{label} within 1–{CHE_MAX_TRAIN_LENGTH}") for label in CHE_MODELS] + \
+              [(label, "che", f"{label} beyond") for label in CHE_MODELS]
+    lines = ["| task | chance | " + " | ".join(title for _, _, title in columns) + " |",
+             "|---|" + "---:|" * (len(columns) + 1)]
     for task in CHE_TASKS:
-        lines.append(f"| {task} | " + " | ".join(format_mean_std([100 * v for v in results["che"][(task, label)]])
-                                                  for label in CHE_MODELS) + " |")
+        lines.append(f"| {task} | {100 * results['che_chance'][task]:.0f} | " + " | ".join(
+            format_mean_std([100 * v for v in results[key][(task, label)]]) for label, key, _ in columns) + " |")
+    # A task no model learned on the lengths it was trained on cannot tell which one extrapolates better.
+    unlearned = [task for task in CHE_TASKS
+                 if all(mean_std(results["che_within"][(task, label)])[0] < results["che_chance"][task] + LEARNED_MARGIN
+                        for label in CHE_MODELS)]
+    if unlearned:
+        learned = (f"Within the training lengths no model is {100 * LEARNED_MARGIN:.0f} points above chance on "
+                   f"{', '.join(unlearned)}: this budget did not learn {'that task' if len(unlearned) == 1 else 'those tasks'}, "
+                   "so the comparison there cannot show which model extrapolates better. ")
+    else:
+        learned = (f"Every task is learned within the training lengths ({100 * LEARNED_MARGIN:.0f} points above "
+                   "chance or more) by at least one model. ")
     classifier = "a classifier separate from the input embedding (`tie_embeddings=False`), as in the benchmark"
-    return ("Accuracy (%) beyond the training lengths (mean over the tested lengths, then mean ± std over "
-            "seeds):\n\n" + "\n".join(lines) + "\n\nThe encoder: bidirectional attention (`causal=False`), answer "
+    return ("Accuracy (%) within the training lengths (the tested lengths up to "
+            f"{CHE_MAX_TRAIN_LENGTH}) and beyond them (the papers' score), each the mean over the tested lengths, "
+            "then mean ± std over seeds:\n\n" + "\n".join(lines) + f"\n\n{learned}"
+            "The encoder: bidirectional attention (`causal=False`), answer "
             f"placeholders appended to the input, the answer read at those positions, {classifier}. The "
             "refiner's input mask is all-True in encoder mode, so minidape's conv refiner applies no tril there "
             "(the authors' listing applies it unconditionally); C6 uses DAPE's MLP, for which tril plays no "

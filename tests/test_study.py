@@ -212,6 +212,22 @@ def test_reproduce_errors_are_one_line(argv, message, tmp_path, corpus_file, cap
     assert not (tmp_path / "out" / "runs").exists()
 
 
+def che_results(within: dict[str, float]) -> dict:
+    """Results of the C6 table: every model at `within[task]` inside the training lengths, 0.6 beyond."""
+    keys = [(task, label) for task in study.CHE_TASKS for label in study.CHE_MODELS]
+    return {"che": {key: [0.6, 0.6] for key in keys}, "che_within": {key: [within[key[0]]] * 2 for key in keys},
+            "che_chance": {task: 0.5 for task in study.CHE_TASKS}}
+
+
+def test_che_table_names_the_tasks_no_model_learned_within_training():
+    first, *rest = study.CHE_TASKS
+    table = study._che_table(che_results({first: 0.52, **{task: 0.9 for task in rest}}))
+    assert f"above chance on {first}:" in table and "did not learn that task" in table
+    assert f"| {first} | 50 | 52.00 ± 0.00 |" in table
+    table = study._che_table(che_results({task: 0.9 for task in study.CHE_TASKS}))
+    assert "Every task is learned" in table and "did not learn" not in table
+
+
 # ----------------------------------------------------------------------------- compare
 
 
