@@ -607,7 +607,7 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, 
     results = collect_results(out, plan, seeds)
     report = write_report(out, results, corpora, budget, budget_settings, seeds, device,
                           command or _command_line(budget, seeds, corpora, out),
-                          time.perf_counter() - started)
+                          time.perf_counter() - started, trained=meter.timed)
     if progress:
         print(report["summary"])
         print(f"wrote {out / 'REPRODUCTION.md'}, {out / 'results.json'} and {out / 'figures'}/")
@@ -685,7 +685,7 @@ def collect_results(out: Path, plan: dict, seeds: int) -> dict:
             che_curves[(task, label)] = {int(n): [run["accuracy"][n] for run in runs] for n in runs[0]["accuracy"]}
             che_chance[task] = runs[0]["chance"]
     return {"lm": lm, "che": che, "che_within": che_within, "che_curves": che_curves, "che_chance": che_chance,
-            "run_seconds": sum(seconds)}
+            "runs": len(seconds), "run_seconds": sum(seconds)}
 
 
 def statement_cells(statement: Statement, results: dict, corpora: list[str], train_lengths) -> list[Cell]:
@@ -753,7 +753,11 @@ def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int 
         ax.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                         color=line.get_color(), alpha=0.2)
     ax.set_xscale("log", base=2)
-    ax.set_xticks(sorted({length for curve in curves.values() for length in curve}))
+    ticks = []
+    for length in sorted({length for curve in curves.values() for length in curve}):
+        if not ticks or length >= 1.15 * ticks[-1]:     # neighbours like 40 and 41 would print on each other
+            ticks.append(length)
+    ax.set_xticks(ticks)
     ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
     if log_y:
         ax.set_yscale("log")
@@ -819,7 +823,7 @@ def _commit() -> str:
 
 
 def write_report(out: Path, results: dict, corpora: list[str], budget_name: str, budget: Budget, seeds: int,
-                 device: torch.device, command: str, wall_seconds: float) -> dict:
+                 device: torch.device, command: str, wall_seconds: float, trained: int) -> dict:
     """REPRODUCTION.md, results.json and figures/ from the collected runs; returns the verdicts."""
     figures = out / "figures"
     sections, summary_rows, verdicts = [], [], {}
@@ -863,8 +867,10 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
     summary = ("| claim | what it says | source | verdict | verdict of each statement |\n|---|---|---|---|---|\n"
                + "\n".join(summary_rows) + "\n")
     header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape commit {_commit()}) on "
-              f"{device.type} ({_machine()}). Wall time of the last invocation {_clock(wall_seconds)}; the "
-              f"runs' own training and evaluation time adds up to {_clock(results['run_seconds'])}.\n\n"
+              f"{device.type} ({_machine()}). Wall time of this invocation {_clock(wall_seconds)}, in which it "
+              f"trained {trained} of the {results['runs']} runs (the others it found done, by an earlier or a "
+              f"concurrent invocation); the runs' own training and evaluation time adds up to "
+              f"{_clock(results['run_seconds'])}.\n\n"
               f"{_budget_text(budget_name, budget, seeds, corpora)}\n\n## Summary\n\n{summary}\n"
               f"**Verdict rule.** {VERDICT_RULE}\n\n")
     markdown = header + "\n\n".join(sections) + "\n"

@@ -3,6 +3,7 @@ end to end at the hidden tiny budget (every code path, no meaning)."""
 
 import json
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -16,26 +17,7 @@ TEXT = ("It is a truth universally acknowledged, that a single man in possession
         "want of a wife. However little known the feelings or views of such a man may be on his first entering "
         "a neighbourhood, this truth is so well fixed in the minds of the surrounding families. ") * 40
 
-BIAS_FILE = '''
-import torch
-import minidape as md
-
-
-class LinearBias(md.AdditiveBias):
-    """-slope * distance with one learnable slope per head."""
-
-    def __init__(self, cfg):
-        super().__init__()
-        self.slope = torch.nn.Parameter(torch.full((cfg.n_head,), 0.1))
-
-    def forward(self, q_pos, k_pos):
-        distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()
-        return -self.slope[:, None, None] * distance
-
-
-class NotABias(torch.nn.Module):
-    pass
-'''
+BIAS_FILE = (Path(__file__).parent / "files" / "my_bias.py").read_text()   # the README's example bias
 
 
 @pytest.fixture
@@ -183,12 +165,14 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     assert all(s["verdict"] in allowed for claim in results["verdicts"].values() for s in claim)
     runs = sorted(out.glob("runs/**/seed*.json"))
     assert len(runs) == stdout.count("] ") and stdout.count("done before") == 0
+    assert f"it trained {len(runs)} of the {len(runs)} runs" in report
 
     # A killed study restarted: only the missing run is trained again.
     runs[0].unlink()
     code, stdout, _ = run_cli(argv, capsys)
     assert code == 0 and runs[0].is_file()
     assert stdout.count("done before") == len(runs) - 1
+    assert f"it trained 1 of the {len(runs)} runs" in (out / "REPRODUCTION.md").read_text()
 
     # Other settings (here another corpus) into the same folder: refused in one line, nothing trained.
     other = corpus_file.with_name("other.txt")
@@ -235,14 +219,14 @@ def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
     bias_file = tmp_path / "my_bias.py"
     bias_file.write_text(BIAS_FILE)
     out = tmp_path / "compare"
-    code, stdout, _ = run_cli(["compare", "--pe", f"{bias_file}:LinearBias", "--against", "alibi", "kerple_log",
+    code, stdout, _ = run_cli(["compare", "--pe", f"{bias_file}:MyBias", "--against", "alibi", "kerple_log",
                                "--seeds", "2", "--steps", "2", "--budget", "tiny", "--corpus", corpus_file,
                                "--out", out], capsys)
     assert code == 0
     payload = json.loads((out / "compare.json").read_text())
     assert payload["baselines"] == ["alibi", "kerple_log"]
     subject = payload["subject"]
-    assert subject.endswith("LinearBias")
+    assert subject.endswith("MyBias")
     for baseline in payload["baselines"]:
         p_values = payload["p_values"][baseline]["last_k"]
         assert set(p_values) == {"16", "32"}
@@ -253,7 +237,7 @@ def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
 
     # Another bias file into the same folder would mix results: refused.
     bias_file.write_text(BIAS_FILE + "\n# changed\n")
-    code, _, stderr = run_cli(["compare", "--pe", f"{bias_file}:LinearBias", "--against", "alibi", "kerple_log",
+    code, _, stderr = run_cli(["compare", "--pe", f"{bias_file}:MyBias", "--against", "alibi", "kerple_log",
                                "--seeds", "2", "--steps", "2", "--budget", "tiny", "--corpus", corpus_file,
                                "--out", out], capsys)
     assert code == 2 and "pe_file_sha256" in stderr
