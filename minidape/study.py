@@ -118,8 +118,9 @@ class Budget:
     che_random_positions: int       # randomized positions: sorted draws from [0, L), L as in the DAPE paper
 
 
-# CPU budgets, timed on the shared 2-core AMD EPYC machine of the committed report: "small" 21 min (one process,
-# load 2-3), "default" 66 min (two processes sharing the folder, load 3-6; its runs add up to 1 h 47 min).
+# CPU budgets, timed on the project's 2-core Intel Xeon (session 7, nothing else running): "small" 14 min (one
+# process), "default" 15 min (two processes sharing the folder; its runs add up to about 30 min). On the shared
+# 2-core AMD EPYC of session 6 (load 2-6, CHE at 150/300 steps) they took 21 and 66 min.
 # "tiny" is for the tests only (every code path, no meaning).
 BUDGETS = {
     "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
