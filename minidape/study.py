@@ -119,7 +119,7 @@ class Budget:
 
 
 # CPU budgets, timed on the project's 2-core Intel Xeon (session 7, nothing else running): "small" 14 min (one
-# process), "default" 15 min (two processes sharing the folder; its runs add up to about 30 min). On the shared
+# process), "default" 14 min (two processes sharing the folder; its runs add up to 27 min). On the shared
 # 2-core AMD EPYC of session 6 (load 2-6, CHE at 150/300 steps) they took 21 and 66 min.
 # "tiny" is for the tests only (every code path, no meaning).
 BUDGETS = {
@@ -936,7 +936,8 @@ def _che_table(results: dict) -> str:
                         for label in CHE_MODELS)]
     if unlearned:
         learned = (f"Within the training lengths no model is {100 * LEARNED_MARGIN:.0f} points above chance on "
-                   f"{', '.join(unlearned)}: this budget did not learn {'that task' if len(unlearned) == 1 else 'those tasks'}, "
+                   f"{', '.join(unlearned)}: this budget did not learn "
+                   f"{'that task' if len(unlearned) == 1 else 'those tasks'}, "
                    "so the comparison there cannot show which model extrapolates better. ")
     else:
         learned = (f"Every task is learned within the training lengths ({100 * LEARNED_MARGIN:.0f} points above "
