@@ -29,6 +29,7 @@ import math
 import numbers
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -184,6 +185,32 @@ class DistributedContext:
         return self.rank == 0
 
 
+def ddp_device(device: str | torch.device, local_rank: int, local_world_size: int) -> tuple[torch.device, str | None]:
+    """The device of one DDP rank, and a line saying why CUDA was passed over (None when it was not).
+
+    CUDA only when every process on this machine has a GPU of its own (`LOCAL_WORLD_SIZE` <= the GPUs it sees):
+    the choice then agrees on every rank (one rank on CUDA and another on the CPU cannot share a process group),
+    and rank r never asks for a GPU that is not there. Else `auto` trains on the CPU with gloo, and an explicit
+    `cuda` is an error naming the counts. A launcher that shows each process one GPU of its own sets
+    `LOCAL_RANK=0 LOCAL_WORLD_SIZE=1` in each. MPS has no collective backend: DDP runs on CUDA or on the CPU.
+    """
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    wanted = str(device).split(":")[0]
+    if wanted not in ("auto", "cuda"):
+        return resolve_device(device), None
+    if local_world_size <= gpus:
+        return torch.device("cuda", local_rank), None
+    if wanted == "cuda":
+        raise ValueError(f"device {device!r} under DDP needs a GPU per process: {local_world_size} processes on "
+                         f"this machine, {gpus} GPU(s) visible; launch at most {gpus} (torchrun "
+                         f"--nproc_per_node={gpus}) or use device='cpu' (gloo)")
+    reason = None
+    if gpus:
+        reason = (f"DDP: {local_world_size} processes on this machine but {gpus} GPU(s): each rank needs its own, "
+                  f"so all ranks train on the CPU with gloo")
+    return torch.device("cpu"), reason
+
+
 def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, torch.device]:
     """Join the torchrun process group when `WORLD_SIZE > 1` (nccl on CUDA, gloo otherwise)."""
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
@@ -191,11 +218,12 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
         return DistributedContext(), resolve_device(device)
     context = DistributedContext(rank=int(os.environ["RANK"]), world_size=world_size,
                                  local_rank=int(os.environ.get("LOCAL_RANK", "0")))
-    if device == "auto":  # MPS has no collective backend: DDP runs on CUDA or on the CPU
-        device = "cuda" if torch.cuda.is_available() else "cpu"
-    device = resolve_device(device)
+    # a launcher that does not say how many processes share this machine: assume all of them (the safe side)
+    local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+    device, reason = ddp_device(device, context.local_rank, local_world_size)
+    if reason and context.is_main:
+        print(reason, file=sys.stderr)
     if device.type == "cuda":
-        device = torch.device("cuda", context.local_rank)
         torch.cuda.set_device(device)
     if not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")

@@ -401,6 +401,49 @@ def reference_weights(cfg: md.GPTConfig, tokens: torch.Tensor, ranks) -> dict:
     return model.state_dict()
 
 
+def fake_torchrun(monkeypatch, gpus: int, local_rank: int, processes: int = 2) -> dict:
+    """torchrun's environment for one rank on a machine showing `gpus` GPUs; records the backend and the GPU
+    that `setup_distributed` would join with, without joining anything."""
+    joined = {}
+    monkeypatch.setenv("WORLD_SIZE", str(processes))
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(processes))
+    monkeypatch.setenv("RANK", str(local_rank))
+    monkeypatch.setenv("LOCAL_RANK", str(local_rank))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: joined.setdefault("gpu", device))
+    monkeypatch.setattr(train_module.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(train_module.dist, "init_process_group", lambda backend: joined.setdefault("backend", backend))
+    return joined
+
+
+@pytest.mark.parametrize("local_rank", [0, 1])
+def test_ddp_on_a_one_gpu_machine_trains_every_rank_on_the_cpu_with_gloo(monkeypatch, capsys, local_rank):
+    """The README's `torchrun --nproc_per_node=2` on a machine with one GPU: rank 1 has no GPU of its own, and
+    the ranks must agree on one backend, so both use gloo on the CPU; rank 0 says why, in one line."""
+    joined = fake_torchrun(monkeypatch, gpus=1, local_rank=local_rank)
+    context, device = train_module.setup_distributed("auto")
+    assert (context.rank, context.world_size) == (local_rank, 2)
+    assert device == torch.device("cpu") and joined == {"backend": "gloo"}
+    said = capsys.readouterr().err.strip().splitlines()
+    if local_rank == 0:
+        assert len(said) == 1 and "2 processes" in said[0] and "1 GPU" in said[0] and "gloo" in said[0]
+    else:
+        assert said == []
+
+
+def test_ddp_with_a_gpu_per_rank_uses_nccl_and_an_explicit_cuda_without_one_is_refused(monkeypatch, capsys):
+    joined = fake_torchrun(monkeypatch, gpus=2, local_rank=1)
+    _, device = train_module.setup_distributed("auto")
+    assert device == torch.device("cuda", 1) and joined == {"gpu": device, "backend": "nccl"}
+    assert capsys.readouterr().err == ""
+    fake_torchrun(monkeypatch, gpus=1, local_rank=0)
+    with pytest.raises(ValueError, match=r"2 processes on this machine, 1 GPU\(s\) visible.*--nproc_per_node=1"):
+        train_module.setup_distributed("cuda")
+    joined = fake_torchrun(monkeypatch, gpus=0, local_rank=1)
+    assert train_module.setup_distributed("cpu")[1] == torch.device("cpu") and joined == {"backend": "gloo"}
+
+
 def test_ddp_two_cpu_processes_under_torchrun(tmp_path):
     # No refiner here: the last bias of a refiner shifts whole score rows, which softmax ignores, so its exact
     # gradient is 0 and Adam turns the rounding noise of two summation orders into full-size steps.
