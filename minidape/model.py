@@ -735,6 +735,7 @@ class GPT(nn.Module):
             self.lm_head.weight = self.wte.weight                      # weight tying (GPT-2)
         else:
             nn.init.normal_(self.lm_head.weight, std=0.02)
+        self._values_checked = set()                                   # see check_values
 
     @property
     def device(self) -> torch.device:
@@ -762,7 +763,7 @@ class GPT(nn.Module):
         def bias_rows(q0: int, q1: int, k1: int):
             bias = self.bias_rows(pos, q0, q1, k1)
             if (q0, q1, k1) not in checked:
-                self.check_bias_values(bias, q0, q1, k1)
+                self.check_values(("bias", len(pos), q0, q1, k1), lambda: self.check_bias_values(bias, q0, q1, k1))
                 checked.add((q0, q1, k1))
             return bias.to(self.wte.weight.dtype)
         return PositionalInputs(pos, rotary, bias_rows)
@@ -795,6 +796,16 @@ class GPT(nn.Module):
                          f"(head {head}): its attention would be undefined; leave at least one key finite "
                          f"(e.g. the query's own position)")
 
+    def check_values(self, shape: tuple, check: Callable[[], None]) -> None:
+        """Run ``check``, a check that reads tensor values on the host. On a GPU such a read waits for all the
+        work queued so far, so in training it runs on the first batch of each ``shape`` only (the training loop
+        checks its data's range up front and stops at the first non-finite loss); otherwise on every call."""
+        if self.training and shape in self._values_checked:
+            return
+        check()
+        if self.training:
+            self._values_checked.add(shape)
+
     def _check_idx(self, idx):
         if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
                                                                     torch.int8, torch.uint8):
@@ -805,9 +816,12 @@ class GPT(nn.Module):
         if idx.numel() == 0:
             raise ValueError(f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at "
                              f"least one token")
-        if idx.min() < 0 or idx.max() >= self.cfg.vocab_size:
-            raise ValueError(f"token ids must be in [0, vocab_size={self.cfg.vocab_size}); got values in "
-                             f"[{int(idx.min())}, {int(idx.max())}]")
+
+        def in_range():
+            if idx.min() < 0 or idx.max() >= self.cfg.vocab_size:
+                raise ValueError(f"token ids must be in [0, vocab_size={self.cfg.vocab_size}); got values in "
+                                 f"[{int(idx.min())}, {int(idx.max())}]")
+        self.check_values(("idx", *idx.shape), in_range)
 
     def _check_targets(self, targets, idx):
         if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.is_complex() \
@@ -817,9 +831,12 @@ class GPT(nn.Module):
         if targets.shape != idx.shape:
             raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)} (one target per input "
                              f"token); got shape {tuple(targets.shape)}")
-        if targets.min() < -1 or targets.max() >= self.cfg.vocab_size:
-            raise ValueError(f"targets must be in [0, vocab_size={self.cfg.vocab_size}) or -1 (ignored); got "
-                             f"values in [{int(targets.min())}, {int(targets.max())}]")
+
+        def in_range():
+            if targets.min() < -1 or targets.max() >= self.cfg.vocab_size:
+                raise ValueError(f"targets must be in [0, vocab_size={self.cfg.vocab_size}) or -1 (ignored); "
+                                 f"got values in [{int(targets.min())}, {int(targets.max())}]")
+        self.check_values(("targets", *targets.shape), in_range)
 
     def hidden_states(self, idx, upto_layer: int | None = None):
         """Embed idx (checked by the caller) and run the first ``upto_layer`` blocks (all by default):

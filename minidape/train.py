@@ -301,14 +301,28 @@ def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Mod
 
 def _optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float, device: torch.device):
     """AdamW with betas (0.9, 0.95), the GPT recipe; or Adam with betas (0.9, 0.999), the CHE benchmark's.
-    Weight decay on matrices only (not on biases, norms, per-head scalars)."""
+    Weight decay on matrices only (not on biases, norms, per-head scalars). Fused (one kernel for all
+    parameters, on CPU, CUDA and MPS alike): it also skips an update on the device when told to (`found_inf`),
+    which is how `train` keeps a non-finite gradient out of the weights without a host sync per step."""
     params = [p for p in model.parameters() if p.requires_grad]
     groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
               {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
-    fused = device.type == "cuda"
     if kind == "adamw":
-        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=fused)
-    return torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.999), fused=fused)
+        return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
+    return torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.999), fused=True)
+
+
+# How an optimizer computes, chosen for the device it runs on; not part of the training state.
+OPTIMIZER_IMPLEMENTATION = ("fused", "foreach", "capturable", "differentiable")
+
+
+def _load_optimizer_state(optim: torch.optim.Optimizer, saved: dict) -> None:
+    """Load a checkpoint's moments, step counts and hyperparameters into `optim`, keeping `optim`'s own
+    implementation: `load_state_dict` would restore the flags of the device the state was saved on (a state
+    saved by a per-tensor CPU optimizer would turn a fused CUDA one back into a per-tensor one)."""
+    groups = [{**saved_group, **{key: group[key] for key in OPTIMIZER_IMPLEMENTATION if key in group}}
+              for saved_group, group in zip(saved["param_groups"], optim.param_groups)]
+    optim.load_state_dict({**saved, "param_groups": groups})
 
 
 @torch.no_grad()
@@ -432,7 +446,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     optim = _optimizer(model, optimizer, lr, weight_decay, device)
     start, history, saved_step = 0, [], None
     if checkpoint is not None:
-        optim.load_state_dict(checkpoint["optimizer"])
+        _load_optimizer_state(optim, checkpoint["optimizer"])
         start = int(checkpoint["step"])
         history = [entry for entry in checkpoint["history"] if entry["step"] < start]
         if start > steps:
@@ -450,8 +464,29 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     if compile:
         step_model = torch.compile(step_model)
 
+    # A non-finite loss or gradient is caught without reading it on the host every step: `broken` turns 1 on the
+    # device at the first bad step, the fused optimizer then skips every update (`found_inf`, as under a
+    # GradScaler), and each step's (loss, gradient norm, health) waits in `unread` until the next logging step or
+    # checkpoint reads them all at once and raises at the first bad one.
+    broken = torch.zeros((), device=device)
+    optim.found_inf = broken
+    unread, last_loss = [], None
+
+    def read_health() -> None:
+        nonlocal last_loss
+        if not unread:
+            return
+        values = torch.stack([torch.stack(record) for _, record in unread]).tolist()    # the one host sync
+        for (step_done, _), (loss_value, norm_value, healthy) in zip(unread, values):
+            if not healthy:  # the same on every rank (all-reduced), so every rank stops here
+                raise FloatingPointError(_non_finite_message(step_done, loss_value, norm_value, last_loss, lr, out,
+                                                             saved_step))
+            last_loss = loss_value
+        unread.clear()
+
     def save(step_done: int) -> None:
         nonlocal saved_step
+        read_health()
         if out is not None and context.is_main:
             save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus)
             saved_step = step_done
@@ -460,7 +495,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     bar = tqdm(total=steps, initial=start, disable=not (progress and context.is_main), unit="step",
                desc=model_label(cfg), dynamic_ncols=True)
     generator = torch.Generator()
-    clock, eval_seconds, tokens_trained, postfix, last_loss = time.perf_counter(), 0.0, 0, {}, None
+    clock, eval_seconds, tokens_trained, postfix = time.perf_counter(), 0.0, 0, {}
     step = start
     try:
         for step in range(start, steps + 1):
@@ -487,15 +522,15 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
             healthy = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).float()
             if context.enabled:  # every rank stops together (gradients are shared, losses are not)
                 dist.all_reduce(healthy, op=dist.ReduceOp.MIN)
-            if not healthy.item():
-                raise FloatingPointError(_non_finite_message(step, loss.item(), grad_norm.item(), last_loss,
-                                                             lr, out, saved_step))
+            unread.append((step, (loss.detach().float(), grad_norm.float(), healthy)))
             if step < steps:
+                torch.maximum(broken, 1 - healthy, out=broken)
                 optim.step()
                 optim.zero_grad(set_to_none=True)
                 tokens_trained += x.numel() * context.world_size
                 bar.update(1)
             if step % log_every == 0 or step == steps:
+                read_health()
                 loss = loss.detach().float()
                 if context.enabled:  # SUM then divide: gloo has no AVG
                     dist.all_reduce(loss, op=dist.ReduceOp.SUM)
@@ -513,7 +548,6 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
                 rate = tokens_trained / max(time.perf_counter() - clock - eval_seconds, 1e-9)
                 postfix.update(loss=f"{entry['loss']:.3f}", tok_s=f"{rate:,.0f}")
                 bar.set_postfix(postfix, refresh=False)
-            last_loss = loss.item()
     except KeyboardInterrupt:
         raise TrainingInterrupted(_interrupted_message(step, out, saved_step)) from None
     finally:

@@ -620,6 +620,24 @@ def test_bad_targets():
     model(idx, torch.full((2, 6), -1).index_fill(1, torch.tensor([0]), 3))    # -1 is ignored, fine
 
 
+def test_value_checks_run_always_in_evaluation_and_on_each_new_shape_in_training():
+    """Checking token ranges reads them on the host (a sync on a GPU): a training step skips it for a shape
+    already seen, and the first batch of each shape is still checked."""
+    model = md.GPT(tiny()).eval()
+    bad = torch.full((2, 6), 64)
+    for _ in range(2):
+        with pytest.raises(ValueError, match=r"token ids must be in \[0, vocab_size=64\); got values in \[64, 64\]"):
+            model(bad)
+    model.train()
+    with pytest.raises(ValueError, match=r"token ids must be in"):
+        model(bad)                                             # a failed check does not mark its shape as seen
+    model(torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"targets must be in"):
+        model(torch.zeros(3, 6, dtype=torch.long), torch.full((3, 6), -2))         # a new shape: checked
+    with pytest.raises(ValueError, match=r"token ids must be in"):
+        model.eval()(bad)
+
+
 @pytest.mark.parametrize("field,value,error", [
     ("causal", "False", TypeError), ("causal", 0, TypeError), ("fast", None, TypeError),
     ("tie_embeddings", "yes", TypeError), ("n_layer", 2.0, TypeError), ("n_layer", True, TypeError),

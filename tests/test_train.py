@@ -101,6 +101,31 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
     assert final["step"] == 8 and state_equal(final["model"], whole.state_dict())
 
 
+def test_resume_rebuilds_the_optimizer_for_its_own_device(corpus, tmp_path, monkeypatch):
+    """An optimizer state records the implementation it ran with (`fused`, `foreach`), which belongs to the
+    device it was saved on: here a per-tensor optimizer's, as a CPU run of an earlier version saved it. The
+    resumed run keeps the implementation chosen for its own device and loads only the training state."""
+    train_tokens, _ = corpus
+    quick_run(tmp_path, train_tokens, steps=4)
+    saved = read_checkpoint(tmp_path)
+    for group in saved["optimizer"]["param_groups"]:
+        group.update(fused=None, foreach=True)
+    torch.save(saved, tmp_path / CHECKPOINT_NAME)
+
+    built, build = [], train_module._optimizer
+
+    def recording_build(*args, **kwargs):
+        optim = build(*args, **kwargs)
+        built.append((optim, [{key: group[key] for key in ("fused", "foreach")} for group in optim.param_groups]))
+        return optim
+
+    monkeypatch.setattr(train_module, "_optimizer", recording_build)
+    quick_run(tmp_path, train_tokens, steps=6, resume=True)
+    (optim, chosen), = built
+    assert [{key: group[key] for key in ("fused", "foreach")} for group in optim.param_groups] == chosen
+    assert {float(state["step"]) for state in optim.state.values()} == {6.0}    # 4 saved steps + 2 resumed
+
+
 def test_resume_refuses_a_different_model(corpus, tmp_path):
     train_tokens, _ = corpus
     md.train(md.GPTConfig(**TINY), train_tokens, steps=2, batch_size=2, out=tmp_path, device="cpu", progress=False)
@@ -311,6 +336,53 @@ def test_a_non_finite_gradient_stops_training_too(corpus):
     with pytest.raises(FloatingPointError, match="stopped at step 2: non-finite gradient norm"):
         quick_run(None, train_tokens, cfg=model, steps=5)
     assert all(torch.isfinite(p).all() for p in model.parameters())
+
+
+# ----------------------------------------------------------------------------- host synchronisations
+
+# What reads a tensor's value into Python. On a GPU each one waits for every queued kernel (a host sync); on the
+# CPU they cost nothing, but the same calls run on both, so counting them here counts the GPU's syncs.
+HOST_READS = ("item", "tolist", "__bool__", "__int__", "__float__", "__index__")
+
+
+def count_host_reads(monkeypatch) -> list[str]:
+    """A list that fills with `file:line name` for every host read made by minidape's own code (torch's
+    internals, e.g. a CPU optimizer's step counter, are not minidape's to change)."""
+    package = str(Path(md.__file__).resolve().parent)
+    reads = []
+    for name in HOST_READS:
+        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
+            caller = sys._getframe(1)
+            if caller.f_code.co_filename.startswith(package):
+                reads.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno} {_name}")
+            return _original(self, *args, **kwargs)
+        monkeypatch.setattr(torch.Tensor, name, counted)
+    return reads
+
+
+@pytest.mark.parametrize("pe, refiner", [("rope", "none"), ("kerple_log", "dape")])
+def test_training_steps_between_logs_read_nothing_on_the_host(corpus, monkeypatch, pe, refiner):
+    """No per-step sync: the checks that read values run on the first step (the data's range was checked up
+    front), the non-finite check is read at the next logging step. Logging steps (here 0 and the last) may
+    read; the steps between them read nothing."""
+    train_tokens, _ = corpus
+    reads = count_host_reads(monkeypatch)
+    reads_before_step = []
+    draw_batch = train_module._draw_batch
+
+    def counting_draw(*args, **kwargs):
+        reads_before_step.append(len(reads))
+        return draw_batch(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "_draw_batch", counting_draw)
+    steps = 6
+    md.train(md.GPTConfig(**TINY, pe=pe, refiner=refiner), train_tokens, steps=steps, batch_size=4,
+             log_every=steps, device="cpu", progress=False)
+    assert len(reads_before_step) == steps + 1
+    first, last = reads_before_step[2], reads_before_step[steps]    # from the start of step 2 to the final entry
+    per_step = (last - first) / (steps - 2)
+    print(f"{pe}+{refiner}: {per_step:g} host reads per step between logs")
+    assert reads[first:last] == [], f"{per_step:g} reads per step: {reads[first:last][:8]}"
 
 
 # ----------------------------------------------------------------------------- the corpus of a run
