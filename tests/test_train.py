@@ -323,6 +323,22 @@ def test_the_first_non_finite_loss_stops_training_before_the_checkpoint(corpus, 
     assert all(torch.isfinite(p).all() for p in model.parameters())  # the NaN never reached the weights
 
 
+def test_a_non_finite_loss_between_logging_steps_leaves_the_weights_as_they_were_before_it(corpus):
+    """Read at the next logging step (8), the NaN of step 5 is reported as step 5's; its update and the two
+    after it were skipped on the device, so the weights are those that step 5 started from."""
+    train_tokens, _ = corpus
+    torch.manual_seed(0)
+    model = NaNAfter(md.GPTConfig(**TINY), poisoned_call=5)
+    before_nan = {}
+    model.register_forward_pre_hook(lambda module, args: before_nan.update(
+        {} if module.calls != 5 else {key: value.clone() for key, value in module.state_dict().items()}))
+    with pytest.raises(FloatingPointError, match=r"stopped at step 5: non-finite loss nan; the last finite loss "
+                                                 r"was \d\.\d{4} at step 4"):
+        quick_run(None, train_tokens, cfg=model, steps=12, log_every=4)
+    assert model.calls == 9                    # steps 0-8 ran; step 8 logs, reads the health of 5-8, and stops
+    assert state_equal(model.state_dict(), before_nan)
+
+
 def test_a_non_finite_gradient_stops_training_too(corpus):
     train_tokens, _ = corpus
     model = md.GPT(md.GPTConfig(**TINY))
