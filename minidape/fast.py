@@ -191,8 +191,16 @@ def head_mlp(mlp, x, bias=None, residual=None):
     batch, h, Tq, Tk = x.shape
     offset = _hidden_offset(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
     out = _CellMLP.run(x.reshape(batch, h, -1), offset, first.weight[:, :h], last.weight).view(batch, h, Tq, Tk)
-    output_offset = last.bias[:, None, None] if residual is None else residual + last.bias[:, None, None]
-    return torch.add(x, out).add_(output_offset)   # two passes over the batch: the (h, Tq, Tk) terms summed first
+    return _residual_sum(x, out, last.bias, residual)
+
+
+def _residual_sum(x, out, out_bias, residual=None):
+    r"""$x + \mathrm{out} + b$ (+ the bias residual $R$ (h, Tq, Tk)) in the dtype of model.py's sum: x's, or with a
+    residual the promotion of both (under autocast bf16 scores plus the float32 bias are float32, so the reference
+    softmaxes float32 there, and so does this)."""
+    output_offset = out_bias[:, None, None] if residual is None else residual + out_bias[:, None, None]
+    dtype = x.dtype if residual is None else torch.promote_types(x.dtype, residual.dtype)
+    return torch.add(x, out).to(dtype).add_(output_offset)  # two passes over the batch: (h, Tq, Tk) terms summed first
 
 
 def dape(refiner, scores, bias, mask):
@@ -274,8 +282,7 @@ def conv(refiner, scores, bias, mask):
     w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (kernel * h, W), taps reversed
     taps = _CellMLP.run(copies(scores), offset, w1[..., :h].flatten(1), w2)  # (batch, kernel * h, Tq * Tk)
     convolved = _KeyShifts.apply(taps.view(batch, kernel, h, Tq, Tk), kernel, True)
-    output_offset = refiner.conv2.bias[:, None, None] if bias is None else bias + refiner.conv2.bias[:, None, None]
-    return torch.add(scores, convolved).add_(output_offset)
+    return _residual_sum(scores, convolved, refiner.conv2.bias, bias)
 
 
 # The fast kernel of each built-in refiner, by exact class; any other refiner runs its own forward in the blocks.

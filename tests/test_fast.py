@@ -61,6 +61,45 @@ def test_fast_equals_reference_forward_and_every_gradient(pe, refiner, causal):
         assert_same_forward_and_gradients(model, reference, idx)
 
 
+def assert_same_under_bf16(pe: str, refiner: str, device: str, monkeypatch):
+    """Fast path and reference under bfloat16 autocast on `device`: the same precision where softmax is taken
+    (the dtype of the refined scores, in every layer), and logits, loss and gradients within bf16 tolerances:
+    logits within 2e-2 (bf16 holds ~3 significant digits; the two paths round in different places, e.g. the
+    fast path scales q before the matmul), the loss within 1e-2, each gradient within 5% of itself plus 1% of
+    the model's largest gradient (a refiner's output bias has an exact gradient of 0: only rounding is left)."""
+    model, reference = (m.to(device) for m in fast_and_reference(tiny(pe=pe, refiner=refiner)))
+    idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
+    softmax_dtypes = {}                                 # the dtypes softmax receives, in every layer, per path
+    softmax = torch.nn.functional.softmax
+    outputs = []
+    for path, m in (("fast", model), ("reference", reference)):
+        seen = softmax_dtypes.setdefault(path, [])
+        monkeypatch.setattr(torch.nn.functional, "softmax",
+                            lambda x, *args, seen=seen, **kwargs: seen.append(x.dtype) or softmax(x, *args, **kwargs))
+        with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
+            logits, loss = m(idx, idx)
+        loss.backward()
+        outputs.append((logits.float(), loss.float()))
+    monkeypatch.undo()
+    fast_dtypes, reference_dtypes = softmax_dtypes["fast"], softmax_dtypes["reference"]
+    if refiner != "none":                              # without a refiner the fast path runs SDPA: no F.softmax
+        assert fast_dtypes == reference_dtypes, f"softmax over {fast_dtypes} (fast), {reference_dtypes} (reference)"
+    (logits, loss), (reference_logits, reference_loss) = outputs
+    torch.testing.assert_close(logits, reference_logits, atol=2e-2, rtol=0)
+    assert abs(loss.item() - reference_loss.item()) < 1e-2
+    named = dict(reference.named_parameters())
+    scale = max(p.grad.abs().max().item() for p in reference.parameters() if p.grad is not None)
+    for name, p in model.named_parameters():
+        if named[name].grad is not None:
+            torch.testing.assert_close(p.grad, named[name].grad, rtol=5e-2, atol=1e-2 * scale,
+                                       msg=lambda m: f"{name}: {m}")
+
+
+@pytest.mark.parametrize("pe,refiner", list(itertools.product(BUILTIN_PES, BUILTIN_REFINERS)))
+def test_fast_equals_reference_under_cpu_bf16_autocast(pe, refiner, monkeypatch):
+    assert_same_under_bf16(pe, refiner, "cpu", monkeypatch)
+
+
 @pytest.mark.parametrize("refiner", ["none", "dape", "conv"])
 def test_a_bias_too_large_to_precompute_is_computed_per_block_alike(refiner, monkeypatch):
     monkeypatch.setattr(fast, "FULL_BIAS_ELEMENTS", 0)    # as at T = 16k: the bias per block and layer
