@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
-.PHONY: demo test test-unit test-notebooks notebooks student lab bench clean
+.PHONY: demo test test-unit test-gpu test-notebooks notebooks student lab bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,13 @@ test: test-unit test-notebooks
 # the model tests took 7 s on one thread against 64 s on two.
 test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
+
+# On a machine with a CUDA GPU (and a CUDA build of torch: make test-gpu TORCH=torch): tests/test_gpu.py, which
+# MINIDAPE_EXPECT_GPU=1 makes fail instead of skip without a GPU (it also trains the demo in fast mode), then every
+# notebook in fast mode, where each picks CUDA by itself.
+test-gpu: $(STAMP)
+	MINIDAPE_EXPECT_GPU=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs tests/test_gpu.py
+	$(MAKE) test-notebooks
 
 # The .py files are the notebooks' source: convert each one, keeping the outputs of its executed .ipynb (the
 # cells marked NBVAL_CHECK_OUTPUT are compared with them), and run every cell in fast mode. nbval runs a
