@@ -3,6 +3,7 @@
     python benchmarks/bench_refiners.py              # the tables of RESULTS.md (CPU: ~10 min on 2 cores)
     python benchmarks/bench_refiners.py --quick      # fewer repeats and lengths
     python benchmarks/bench_refiners.py --size 125m --device cuda   # the papers' 125M model on a GPU
+    python benchmarks/bench_refiners.py --device cuda --cape-table  # only the comparison with CAPE's Table 1
     python -m minidape bench [same flags]
 
 Timing: warm-up steps, then the variants of one table run interleaved (A, B, C, A, B, C, ...) in the same
@@ -11,6 +12,11 @@ forward + backward of the language-model loss (no optimizer). With `--rounds R` 
 processes: a ratio moves between processes by more than within one (memory placement differs), so the table
 gives the median ratio of the rounds and their range. Peak memory is measured in a fresh process per case:
 peak RSS from `resource` on CPU, `torch.cuda.max_memory_allocated` on CUDA.
+
+**Against CAPE's Table 1** (every run; alone with `--cape-table`): forward and backward timed apart for the base
+PE, DAPE and conv at T=512 with a batch of 32 (the table's setting), bf16 autocast on CUDA as in training, tokens/s
+and peak memory, and DAPE's and conv's ratios to the base PE beside the table's 2.46x forward and 2.19x backward
+(CAPE-Kerple, D_CAPE = 32, against Kerple). On CUDA without `--size` both the tiny and the papers' 125M model.
 
 `dape (reference)` is the same model with `GPTConfig(fast=False)`: minidape/model.py's paper form (stack [S, B]
 on the head axis, the MLP over it channels last, over the full (batch, h, T, T) scores, plain autograd), so the
@@ -34,6 +40,12 @@ import torch.nn.functional as F
 import minidape as md
 from minidape.model import PE_REGISTRY, REFINER_REGISTRY
 from minidape.utils import import_file, resolve_device, source_file
+
+# CAPE (Zheng et al., NeurIPS 2024), Table 1: ms per step at length 512, batch 32, D_CAPE = 32 (their GPU).
+CAPE_TABLE_1 = {"Kerple": {"forward": 54.17, "backward": 145.95},
+                "CAPE-Kerple": {"forward": 133.36, "backward": 320.44}}
+# The goal on a GPU: a DAPE training step within this multiple of its base PE's.
+GPU_GOAL = 1.3
 
 SIZES = {  # the issue's default tiny model, and the papers' 125M configuration
     "tiny": dict(n_layer=4, n_head=4, n_embd=128),
@@ -95,26 +107,45 @@ def synchronize(device):
         torch.cuda.synchronize()
 
 
-def time_interleaved(cases: dict, T: int, B: int, size: str, device, repeats: int, warmup: int = 2,
-                     autocast: bool = False) -> dict[str, float]:
-    """Median seconds per training step of each case ({label: (pe, refiner, plain[, fast])}), run interleaved."""
+def precision(device, autocast: bool):
+    """bf16 autocast on CUDA when asked (as `train` does there), else full precision."""
+    if autocast and device.type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def time_phases(cases: dict, T: int, B: int, size: str, device, repeats: int, warmup: int = 2,
+                autocast: bool = False) -> dict[str, dict[str, float]]:
+    """Median seconds of the forward pass, the backward pass and the whole training step of each case
+    ({label: (pe, refiner, plain[, fast])}), the cases run interleaved."""
     torch.manual_seed(0)
     models = {label: build(size, pe, refiner, T, device, *flags) for label, (pe, refiner, *flags) in cases.items()}
     x = torch.randint(0, 256, (B, T), device=device)
     y = torch.randint(0, 256, (B, T), device=device)
-    times = {label: [] for label in models}
-    context = (torch.autocast("cuda", dtype=torch.bfloat16) if autocast and device.type == "cuda"
-               else torch.autocast("cpu", enabled=False))
-    with context:
-        for i in range(warmup + repeats):
-            for label, model in models.items():
-                synchronize(device)
-                start = time.perf_counter()
-                train_step(model, x, y)
-                synchronize(device)
-                if i >= warmup:
-                    times[label].append(time.perf_counter() - start)
-    return {label: statistics.median(t) for label, t in times.items()}
+    times = {label: {"forward": [], "backward": [], "step": []} for label in models}
+    for i in range(warmup + repeats):
+        for label, model in models.items():
+            model.zero_grad(set_to_none=True)
+            synchronize(device)
+            start = time.perf_counter()
+            with precision(device, autocast):
+                _, loss = model(x, y)
+            synchronize(device)
+            middle = time.perf_counter()
+            loss.backward()
+            synchronize(device)
+            if i >= warmup:
+                end = time.perf_counter()
+                for phase, seconds in (("forward", middle - start), ("backward", end - middle), ("step", end - start)):
+                    times[label][phase].append(seconds)
+    return {label: {phase: statistics.median(t) for phase, t in phases.items()} for label, phases in times.items()}
+
+
+def time_interleaved(cases: dict, T: int, B: int, size: str, device, repeats: int, warmup: int = 2,
+                     autocast: bool = False) -> dict[str, float]:
+    """Median seconds per training step of each case, run interleaved (see ``time_phases``)."""
+    phases = time_phases(cases, T, B, size, device, repeats, warmup, autocast)
+    return {label: medians["step"] for label, medians in phases.items()}
 
 
 def rss_mb(field: str) -> float:
@@ -148,12 +179,13 @@ def peak_memory_child(spec: dict) -> dict:
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     start = time.perf_counter()
-    if spec["train"]:
-        train_step(model, x, x)
-    else:
-        model.eval()
-        with torch.no_grad():
-            model(x)
+    with precision(device, spec.get("autocast", False)):
+        if spec["train"]:
+            train_step(model, x, x)
+        else:
+            model.eval()
+            with torch.no_grad():
+                model(x)
     synchronize(device)
     seconds = time.perf_counter() - start
     peak = rss_mb("VmHWM")
@@ -213,9 +245,95 @@ def memory_row(label: str, result: dict) -> str:
             f"{cuda} | {result['seconds']:.1f} s |")
 
 
+def cape_table(size: str, pe: str, T: int, B: int, device, repeats: int, memory: bool = True) -> str:
+    """Base PE, DAPE and conv at CAPE's Table 1 setting: forward and backward ms, tokens/s, peak memory, and the
+    ratios to the base PE beside the table's (CAPE-Kerple against Kerple)."""
+    autocast = device.type == "cuda"
+    cases = {label: (pe, refiner, False) for label, refiner in (("none", "none"), ("dape", "dape"), ("conv", "conv"))}
+    medians = time_phases(cases, T, B, size, device, repeats, autocast=autocast)
+    peaks = {}
+    if memory:  # a fresh process per case: on CUDA its max_memory_allocated, on CPU its resident-set growth
+        for label, (_, refiner, _) in cases.items():
+            result = run_child("memory", size=size, pe=pe, refiner=refiner, block_size=T, T=T, batch=B, train=True,
+                               device=str(device), fast=True, autocast=autocast)
+            peaks[label] = ("—" if "error" in result else f"{result['cuda_peak_mb']:,.0f}" if autocast
+                            else f"{result['peak_rss_mb'] - result['before_mb']:,.0f}")
+    base = medians["none"]
+    paper = {phase: CAPE_TABLE_1["CAPE-Kerple"][phase] / CAPE_TABLE_1["Kerple"][phase] for phase in ("forward", "backward")}
+    memory_name = "CUDA peak MB" if autocast else "RSS growth MB"
+    rows = [f"**Against CAPE's Table 1: {size} model, T={T}, B={B}, pe={pe}, "
+            f"{'bf16 autocast' if autocast else 'float32'} on {device_name(device)}** (median of {repeats})", "",
+            f"| variant | forward ms | backward ms | tokens/s | {memory_name} | forward × none | backward × none | "
+            f"step × none |", "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, phases in medians.items():
+        ratios = " | ".join(f"{phases[phase] / base[phase]:.2f}" for phase in ("forward", "backward", "step"))
+        rows.append(f"| {label} | {phases['forward'] * 1e3:.1f} | {phases['backward'] * 1e3:.1f} | "
+                    f"{B * T / phases['step']:,.0f} | {peaks.get(label, '—')} | {ratios} |")
+    paper_step = sum(CAPE_TABLE_1["CAPE-Kerple"].values()) / sum(CAPE_TABLE_1["Kerple"].values())
+    rows.append(f"| CAPE Table 1 (CAPE-Kerple, D=32) | | | | | {paper['forward']:.3f} | {paper['backward']:.3f} | "
+                f"{paper_step:.3f} |")
+    dape = medians["dape"]["step"] / base["step"]
+    goal = (f"goal on a GPU: dape ≤ {GPU_GOAL}× none per step: {'met' if dape <= GPU_GOAL else 'not met'} "
+            f"({dape:.2f}×)" if device.type == "cuda" else
+            f"(the goal, dape ≤ {GPU_GOAL}× none per step, is set for a GPU; here {dape:.2f}×)")
+    return "\n".join(rows + ["", goal])
+
+
+def device_name(device) -> str:
+    """The card's name on CUDA; the CPU's model name (from /proc/cpuinfo where there is one) otherwise."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            names = [line.split(":", 1)[1].strip() for line in cpuinfo if line.startswith("model name")]
+        return f"{names[0]} ({len(names)} cores)"
+    except (OSError, IndexError):
+        return str(device)
+
+
+def refiner_tables(size: str, pe: str, device, repeats: int, rounds: int, eval_length: int, memory: bool) -> None:
+    """The tables of RESULTS.md for one model size: step time against `none` and the reference form, RoPE against
+    a plain SDPA GPT, and peak memory; each printed as it is measured."""
+    sections = []
+    reference = {"dape (reference)": (pe, "dape", False, False)}     # model.py's paper form, fast=False
+    if size == "tiny":
+        configs = [(T, B, {"none": (pe, "none", False), "dape": (pe, "dape", False), "conv": (pe, "conv", False),
+                           **reference}) for T, B in ((128, 32), (512, 8))]
+    else:
+        configs = [(512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False), **reference})]
+    for T, B, cases in configs:
+        timings = timed_rounds(cases, T, B, size, device, repeats, rounds, autocast=size != "tiny")
+        sections.append(ratio_table(f"training step (fwd+bwd), T={T}, B={B}", timings, "none", B * T))
+        print(sections[-1] + "\n", flush=True)
+    T, B = (128, 32) if size == "tiny" else (512, 8)
+    timings = timed_rounds({"md.GPT rope": ("rope", "none", False), "plain SDPA GPT": ("rope", "none", True)},
+                           T, B, size, device, repeats, rounds)
+    sections.append(ratio_table(f"RoPE fast path vs a plain SDPA GPT, T={T}, B={B}", timings, "plain SDPA GPT", B * T))
+    print(sections[-1] + "\n", flush=True)
+    if not memory:
+        return
+
+    header = ["| case | peak RSS MB | RSS growth MB | CUDA peak MB | time |", "|---|---:|---:|---:|---:|"]
+    rows = []
+    for label, refiner, fast in (("none", "none", True), ("dape", "dape", True),
+                                 ("dape (reference)", "dape", False)):
+        result = run_child("memory", size=size, pe=pe, refiner=refiner, block_size=512, T=512, batch=8,
+                           train=True, device=str(device), fast=fast)
+        rows.append(memory_row(f"train step T=512 B=8, {label}", result))
+        print(rows[-1], flush=True)
+    for refiner in ("none", "dape"):
+        result = run_child("memory", size=size, pe=pe, refiner=refiner, block_size=128, T=eval_length,
+                           batch=1, train=False, device=str(device), fast=True)
+        rows.append(memory_row(f"eval forward T={eval_length} B=1, {refiner}", result))
+        print(rows[-1], flush=True)
+    sections.append("\n".join(["**peak memory (fresh process per case)**", "", *header, *rows]))
+    print("\n" + "\n\n".join(sections))
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--size", choices=list(SIZES), default="tiny", help="model size (default tiny)")
+    parser.add_argument("--size", choices=list(SIZES), nargs="+",
+                        help="model size(s) (default: tiny; on CUDA tiny and 125m)")
     parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
     parser.add_argument("--pe", default="kerple_log", help="the base PE (default kerple_log)")
     parser.add_argument("--repeats", type=int, default=10, help="timed steps per variant (default 10)")
@@ -224,6 +342,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
     parser.add_argument("--rounds", type=int, default=1,
                         help="time each table in this many fresh processes and report the spread (default 1)")
+    parser.add_argument("--cape-table", action="store_true", help="only the comparison with CAPE's Table 1")
+    parser.add_argument("--length", type=int, default=512, help="T of the CAPE-table comparison (default 512)")
+    parser.add_argument("--batch", type=int, default=32, help="B of the CAPE-table comparison (default 32)")
     parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -234,52 +355,23 @@ def main(argv: list[str] | None = None) -> None:
             import_file(path)
         print(json.dumps((timing_child if spec.pop("kind") == "timing" else peak_memory_child)(spec)))
         return
-    if args.rounds < 1 or args.repeats < 1:
-        parser.error(f"--rounds and --repeats must be at least 1; got {args.rounds} and {args.repeats}")
+    for name in ("rounds", "repeats", "length", "batch"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)
     repeats = 3 if args.quick else args.repeats
     eval_length = 4096 if args.quick else args.eval_length
-    pe = args.pe
-    print(f"# refiner benchmark: {args.size} model {SIZES[args.size]}, pe={pe}, refiner_width=32, device "
-          f"{device} ({torch.get_num_threads()} threads), torch {torch.__version__}, median of {repeats}"
-          + (f", {args.rounds} rounds" if args.rounds > 1 else "") + "\n")
-    sections = []
-    reference = {"dape (reference)": (pe, "dape", False, False)}     # model.py's paper form, fast=False
-    if args.size == "tiny":
-        configs = [(T, B, {"none": (pe, "none", False), "dape": (pe, "dape", False), "conv": (pe, "conv", False),
-                           **reference}) for T, B in ((128, 32), (512, 8))]
-    else:
-        configs = [(512, 8, {"none": (pe, "none", False), "dape": (pe, "dape", False), **reference})]
-    for T, B, cases in configs:
-        rounds = timed_rounds(cases, T, B, args.size, device, repeats, args.rounds, autocast=args.size != "tiny")
-        sections.append(ratio_table(f"training step (fwd+bwd), T={T}, B={B}", rounds, "none", B * T))
-        print(sections[-1] + "\n", flush=True)
-    T, B = (128, 32) if args.size == "tiny" else (512, 8)
-    rounds = timed_rounds({"md.GPT rope": ("rope", "none", False), "plain SDPA GPT": ("rope", "none", True)},
-                          T, B, args.size, device, repeats, args.rounds)
-    sections.append(ratio_table(f"RoPE fast path vs a plain SDPA GPT, T={T}, B={B}", rounds,
-                                "plain SDPA GPT", B * T))
-    print(sections[-1] + "\n", flush=True)
-    if args.no_memory:
-        return
-
-    header = ["| case | peak RSS MB | RSS growth MB | CUDA peak MB | time |", "|---|---:|---:|---:|---:|"]
-    rows = []
-    for label, refiner, fast in (("none", "none", True), ("dape", "dape", True),
-                                 ("dape (reference)", "dape", False)):
-        result = run_child("memory", size=args.size, pe=pe, refiner=refiner, block_size=512, T=512, batch=8,
-                           train=True, device=str(device), fast=fast)
-        rows.append(memory_row(f"train step T=512 B=8, {label}", result))
-        print(rows[-1], flush=True)
-    for refiner in ("none", "dape"):
-        result = run_child("memory", size=args.size, pe=pe, refiner=refiner, block_size=128, T=eval_length,
-                           batch=1, train=False, device=str(device), fast=True)
-        rows.append(memory_row(f"eval forward T={eval_length} B=1, {refiner}", result))
-        print(rows[-1], flush=True)
-    sections.append("\n".join(["**peak memory (fresh process per case)**", "", *header, *rows]))
-    print("\n" + "\n\n".join(sections))
+    sizes = args.size or (["tiny", "125m"] if device.type == "cuda" else ["tiny"])
+    for size in sizes:
+        print(f"# refiner benchmark: {size} model {SIZES[size]}, pe={args.pe}, refiner_width=32, device "
+              f"{device} ({device_name(device)}, {torch.get_num_threads()} threads), torch {torch.__version__}, "
+              f"median of {repeats}" + (f", {args.rounds} rounds" if args.rounds > 1 else "") + "\n", flush=True)
+        if not args.cape_table:
+            refiner_tables(size, args.pe, device, repeats, args.rounds, eval_length, not args.no_memory)
+        print("\n" + cape_table(size, args.pe, args.length, args.batch, device, repeats, not args.no_memory) + "\n",
+              flush=True)
 
 
 if __name__ == "__main__":

@@ -86,3 +86,40 @@ def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
     assert len(medians) == 2
     for round_medians in medians:
         assert set(round_medians) == {"bench_bias", "dape"} and all(s > 0 for s in round_medians.values())
+
+
+def table_rows(text: str) -> dict[str, list[str]]:
+    """The rows of the markdown tables in `text`: {first cell: the other cells}."""
+    cells = ([cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| "))
+    return {row[0]: row[1:] for row in cells}
+
+
+def test_cape_table_gives_each_phase_its_ratio_to_the_base_pe_beside_the_papers(monkeypatch):
+    bench = load_bench()
+    medians = {"none": {"forward": 0.010, "backward": 0.030, "step": 0.040},
+               "dape": {"forward": 0.025, "backward": 0.045, "step": 0.070},
+               "conv": {"forward": 0.020, "backward": 0.060, "step": 0.080}}
+    monkeypatch.setattr(bench, "time_phases", lambda cases, *args, **kwargs: {label: medians[label] for label in cases})
+    table = bench.cape_table("tiny", "kerple_log", 64, 2, torch.device("cpu"), repeats=1, memory=False)
+    rows = table_rows(table)
+    # 2 x 64 tokens per step; dape: 2.5x forward, 1.5x backward, 1.75x the step
+    assert rows["dape"] == ["25.0", "45.0", "1,829", "—", "2.50", "1.50", "1.75"]
+    assert rows["none"][4:] == ["1.00", "1.00", "1.00"] and rows["conv"][4:] == ["2.00", "2.00", "2.00"]
+    # the table's own numbers: CAPE-Kerple against Kerple 133.36 / 54.17 ms forward, 320.44 / 145.95 backward,
+    # (133.36 + 320.44) / (54.17 + 145.95) the step
+    assert rows["CAPE Table 1 (CAPE-Kerple, D=32)"][4:] == ["2.462", "2.196", "2.268"]
+    assert "set for a GPU; here 1.75×" in table
+
+
+def test_bench_cape_table_runs_on_the_cpu_at_the_tiny_shape():
+    """`bench --cape-table` end to end on the CPU, tiny model, a short sequence: every row measured."""
+    out = subprocess.run([sys.executable, "-m", "minidape", "bench", "--device", "cpu", "--cape-table", "--size",
+                          "tiny", "--length", "16", "--batch", "2", "--repeats", "1"], capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows = table_rows(out.stdout)
+    assert "T=16, B=2" in out.stdout and "float32 on " in out.stdout
+    for label in ("none", "dape", "conv"):
+        forward, backward, tokens, memory, *ratios = (float(cell.replace(",", "")) for cell in rows[label])
+        assert forward > 0 and backward > 0 and tokens > 0 and memory >= 0 and all(r > 0 for r in ratios)
+    assert rows["none"][4:] == ["1.00", "1.00", "1.00"]
