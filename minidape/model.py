@@ -270,7 +270,10 @@ class LearnedPositions(AbsolutePositions):
         nn.init.normal_(self.table.weight, std=0.02)
 
     def forward(self, pos):
-        if pos.max() >= self.table.num_embeddings:
+        # In training the positions are the model's own (0..T-1, or sorted draws below random_positions): their
+        # count tells whether they fit, without reading them on the host (which on a GPU waits for the queue).
+        rows = self.table.num_embeddings
+        if (len(pos) > rows) if self.training else (pos.max() >= rows):
             raise ValueError(f"pe='learned' has a table of {self.table.num_embeddings} positions but got a "
                              f"sequence of length {len(pos)} (largest position {int(pos.max())}); a learned "
                              f"table cannot extrapolate: evaluate at T <= {self.table.num_embeddings} "

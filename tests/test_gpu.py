@@ -23,6 +23,7 @@ import minidape as md
 from minidape.train import CHECKPOINT_NAME, read_checkpoint
 from test_fast import assert_same_under_bf16
 from test_model import BUILTIN_PES, BUILTIN_REFINERS
+from test_train import SYNC_FREE_MODELS
 
 train_module = sys.modules["minidape.train"]
 REPO = Path(__file__).resolve().parent.parent
@@ -113,7 +114,7 @@ def test_training_steps_between_logs_do_not_synchronise_the_gpu(tokens, monkeypa
 
     monkeypatch.setattr(train_module, "_draw_batch", draw)
     try:
-        for pe, refiner in (("rope", "none"), ("kerple_log", "dape"), ("alibi", "conv")):
+        for pe, refiner in SYNC_FREE_MODELS:
             md.train(md.GPTConfig(**SMALL, pe=pe, refiner=refiner), tokens, steps=steps, batch_size=8,
                      log_every=steps, device="cuda", progress=False)
     finally:

@@ -376,7 +376,11 @@ def count_host_reads(monkeypatch) -> list[str]:
     return reads
 
 
-@pytest.mark.parametrize("pe, refiner", [("rope", "none"), ("kerple_log", "dape")])
+# one of each kind of encoding (rotary, bias, absolute) and each fast kernel
+SYNC_FREE_MODELS = [("rope", "none"), ("kerple_log", "dape"), ("learned", "none"), ("t5", "conv"), ("fire", "dape_add")]
+
+
+@pytest.mark.parametrize("pe, refiner", SYNC_FREE_MODELS)
 def test_training_steps_between_logs_read_nothing_on_the_host(corpus, monkeypatch, pe, refiner):
     """No per-step sync: the checks that read values run on the first step (the data's range was checked up
     front), the non-finite check is read at the next logging step. Logging steps (here 0 and the last) may
