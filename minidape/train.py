@@ -18,8 +18,13 @@ continues exactly where the checkpoint left it (on CPU: bitwise), on one process
 saving any generator state.
 
 DDP: launch the same script with `torchrun --nproc_per_node=N`; `train` notices the torchrun environment,
-joins the process group (nccl on CUDA, gloo on CPU), gives each rank its own batches (`batch_size` is per
-rank), averages gradients, and lets rank 0 alone show progress and write checkpoints.
+joins the process group (nccl when each process has a GPU of its own, else gloo on the CPU), gives each rank its
+own batches (`batch_size` is per rank), averages gradients, and lets rank 0 alone show progress and write
+checkpoints.
+
+On a GPU a step queues its work without waiting for it: nothing is read back to the host between logging steps
+(the model's value checks run on the first batch of each shape only; a non-finite loss is read at the next
+logging step or checkpoint, its update and those after it skipped on the device).
 """
 
 from __future__ import annotations
@@ -401,7 +406,8 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
       already holding one is refused unless `resume` (continue it) or `overwrite` (replace it).
     - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file; the seed and
       step come from the checkpoint, and the same arguments continue the run exactly.
-    - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights;
+    - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights (at
+      the next logging step or checkpoint, naming the step it happened at; the updates in between are skipped);
       Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
