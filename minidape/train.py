@@ -349,12 +349,21 @@ def _draw_batch(data, step: int, generator: torch.Generator, batch_size: int, bl
                 device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of one step: random windows of token data, or whatever the batch function returns."""
     if not callable(data):
-        return get_batch(data, batch_size, block_size, generator=generator, device=device)
-    batch = data(step, generator)
-    if not (isinstance(batch, tuple) and len(batch) == 2 and all(torch.is_tensor(part) for part in batch)):
-        raise TypeError(f"the batch function must return a tuple (inputs, targets) of tensors, got "
-                        f"{type(batch).__name__}")
-    return batch[0].to(device), batch[1].to(device)
+        batch = get_batch(data, batch_size, block_size, generator=generator)
+    else:
+        batch = data(step, generator)
+        if not (isinstance(batch, tuple) and len(batch) == 2 and all(torch.is_tensor(part) for part in batch)):
+            raise TypeError(f"the batch function must return a tuple (inputs, targets) of tensors, got "
+                            f"{type(batch).__name__}")
+    return _to_device(batch[0], device), _to_device(batch[1], device)
+
+
+def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """`tensor` on `device`; from the CPU to a GPU through pinned memory, without waiting: a copy from ordinary
+    (pageable) memory makes the CPU wait until the GPU has done all the work queued before it."""
+    if tensor.device.type == "cpu" and device.type == "cuda":
+        return tensor.pin_memory().to(device, non_blocking=True)
+    return tensor.to(device)
 
 
 def _non_finite_message(step: int, loss: float, grad_norm: float, last_loss: float | None, lr: float,
