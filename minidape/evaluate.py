@@ -117,7 +117,7 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
         tokens = tokens[: _check_length(n_tokens, "n_tokens") + 1]
     results = {}
     from tqdm import tqdm  # here: `import minidape` stays free of tqdm
-    bar = tqdm(total=0, disable=not progress, unit="tok", unit_scale=True, desc="eval", dynamic_ncols=True)
+    bar = tqdm(total=0, disable=not progress, unit="tok", desc="eval", dynamic_ncols=True)
     with _evaluation_mode(model), bar:
         for length in lengths:
             if protocol == "last_k":

@@ -576,9 +576,9 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, 
     for corpus in corpora:
         _check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
     out = Path(out)
-    for label, overrides in MODELS.items():
-        check_no_leak(_lm_config(budget_settings, budget_settings.train_lengths[0], overrides),
-                      allow_leakage=overrides.get("refiner") == LEAKY_REFINER)
+    for overrides in MODELS.values():   # C4's leaky model reads the future on purpose: the report says it does
+        if overrides.get("refiner") != LEAKY_REFINER:
+            check_no_leak(_lm_config(budget_settings, budget_settings.train_lengths[0], overrides))
     check_settings(out, {"command": "reproduce", "budget": budget, "settings": dataclasses.asdict(budget_settings),
                          "corpora": corpora, "device": device.type})
     plan = study_plan(corpora, budget_settings)
