@@ -280,10 +280,12 @@ def write_results(out: str | os.PathLike, title: str, table: str, details: dict,
 
 
 def available_memory(device: torch.device) -> int | None:
-    """Bytes that new tensors on `device` may take: CUDA's free memory; on the CPU the kernel's MemAvailable
-    (/proc/meminfo), or psutil's figure where there is no /proc (macOS) and psutil is installed; else None."""
+    """Bytes that new tensors on `device` may take: on CUDA the free memory plus what PyTorch's allocator keeps
+    cached but unused; on the CPU the kernel's MemAvailable (/proc/meminfo), or psutil's figure where there is
+    no /proc (macOS) and psutil is installed; else None."""
     if device.type == "cuda":
-        return torch.cuda.mem_get_info(device)[0]
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
     if device.type != "cpu":
         return None
     try:
@@ -314,13 +316,12 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
       $W$ twice, in every layer for backward.
     Element size: 2 bytes under CUDA's bf16 autocast, else 4.
     """
-    from . import fast                           # here: fast imports model, which runs without this module
-    from .model import REFINER_REGISTRY
+    from .model import REFINER_REGISTRY         # here: model.py runs alone, without this module
     size = 2 if device.type == "cuda" else 4
     h, layers, tokens = cfg.n_head, cfg.n_layer, batch * T
     per_token = layers * 16 * cfg.n_embd + 3 * cfg.vocab_size if training else 8 * cfg.n_embd + cfg.vocab_size
     refiner = REFINER_REGISTRY[cfg.refiner]
-    if cfg.fast and (refiner is None or fast.runs_in_blocks(refiner)):
+    if not reference_form(cfg):
         cells = batch * T * T * (0.5 if cfg.causal else 1.0)            # query blocks: a decoder's lower half
         attention = layers * 4 * h * cells if training and refiner is not None else 0
     else:                                                                # the reference form: all cells at once
@@ -329,16 +330,28 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
     return int(size * (tokens * per_token + attention))
 
 
-def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device, available: int | None = None) -> None:
+def reference_form(cfg) -> bool:
+    """Whether attention of this config is computed over all T x T cells at once: `fast=False`, or a refiner
+    the fast path does not run in query blocks (`fast.runs_in_blocks`)."""
+    from . import fast                           # here: fast imports model, which runs without this module
+    from .model import REFINER_REGISTRY
+    refiner = REFINER_REGISTRY[cfg.refiner]
+    return not (cfg.fast and (refiner is None or fast.runs_in_blocks(refiner)))
+
+
+def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device) -> None:
     """Refuse, before it starts, a step that cannot fit: a MemoryError in one line with the estimate (see
     `memory_estimate`), the memory available and what to change."""
-    available = available_memory(device) if available is None else available
+    available = available_memory(device)
     needed = memory_estimate(cfg, batch, T, training, device)
     if available is None or needed <= available:
         return
     what = "a training step" if training else "evaluating"
     change = ("a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
               if training else "shorter --lengths")
+    if reference_form(cfg):
+        change += (" (this model computes all T x T attention cells at once: fast=False, or a refiner without "
+                   "row_local = True)")
     raise MemoryError(f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
                       f"heads) needs at least {needed / 2**30:.1f} GiB, but {device.type} has "
                       f"{available / 2**30:.1f} GiB available; use {change}")
