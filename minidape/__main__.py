@@ -16,6 +16,7 @@ A mistake in the command line is one line on stderr and exit code 2.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -35,8 +36,8 @@ from .evaluate import PROTOCOLS, perplexity_by_length
 from .model import PE_NAMES, REFINER_NAMES, GPTConfig
 from .tasks import TASK_NAMES, get_task
 from .train import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint, train
-from .utils import (DEVICE_CHOICES, atomic_path, check_writable_folder, fast_mode, import_file, model_label,
-                    resolve_device, write_results)
+from .utils import (DEVICE_CHOICES, RESULT_FILES, atomic_path, check_writable_folder, fast_mode, folder_lock,
+                    import_file, model_label, refuse_to_replace, resolve_device, write_results)
 
 # The demo's models: (name, GPTConfig overrides). Kerple-log is the bias both refiners build on.
 DEMO_MODELS = (
@@ -189,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     again = run.add_mutually_exclusive_group()
     again.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt")
     again.add_argument("--overwrite", action="store_true", help="replace the checkpoint in OUT with a new run")
+    run.add_argument("--allow-leakage", action="store_true",
+                     help="train a decoder that reads the future (refused otherwise): a deliberate leakage experiment")
     _add_device_flag(run)
 
     evaluate = add_command(commands, "eval", help="perplexity by length of checkpoints: table + plot",
@@ -204,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--corpus", help="corpus whose val split is scored (default: the checkpoint's, "
                                            "refused if its file has changed)")
     evaluate.add_argument("--out", help="directory for the results (default: the first checkpoint's)")
+    evaluate.add_argument("--overwrite", action="store_true", help="replace results already in --out")
     evaluate.add_argument("--seed", type=int, default=0)
     _add_device_flag(evaluate)
 
@@ -249,15 +253,6 @@ def run_directory(checkpoint_path: str | os.PathLike) -> Path:
     return path if path.is_dir() else path.parent
 
 
-def _refuse_to_replace(out: Path, earlier: list[Path], overwrite: bool) -> None:
-    """Before any work: `out` must be writable, and hold none of `earlier` unless `--overwrite`."""
-    check_writable_folder(out, "--out")
-    found = [path for path in earlier if path.exists()]
-    if found and not overwrite:
-        raise ValueError(f"{out} already holds an earlier run ({found[0]}); pass --overwrite to replace it, or "
-                         f"choose another --out")
-
-
 def write_extrapolation(out: Path, results: dict[str, dict[int, float]], train_length: int | None, title: str,
                         details: dict) -> str:
     """results.md, results.json and extrapolation.png of perplexity curves; returns the markdown table."""
@@ -273,9 +268,15 @@ def write_extrapolation(out: Path, results: dict[str, dict[int, float]], train_l
 
 
 def run_train(args: argparse.Namespace) -> None:
+    out = check_writable_folder(args.out, "--out")
+    main_process = int(os.environ.get("RANK", "0")) == 0
+    with folder_lock(out) if main_process else contextlib.nullcontext():   # history.json too, under the lock
+        _train_into(args, out, main_process)
+
+
+def _train_into(args: argparse.Namespace, out: Path, main_process: bool) -> None:
     fields = {f.name for f in dataclasses.fields(GPTConfig)}
     overrides = {name: value for name, value in vars(args).items() if name in fields}
-    out = Path(args.out)
     if args.resume:  # the checkpoint's config, with the flags given; train refuses any change
         checkpoint_path = out / CHECKPOINT_NAME
         cfg = dataclasses.replace(checkpoint_config(read_checkpoint(checkpoint_path), checkpoint_path), **overrides)
@@ -285,8 +286,9 @@ def run_train(args: argparse.Namespace) -> None:
                            min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
                            grad_clip=args.grad_clip, eval_every=args.eval_every,
                            checkpoint_every=args.checkpoint_every, device=args.device, seed=args.seed,
-                           compile=args.compile, out=out, resume=args.resume, overwrite=args.overwrite)
-    if int(os.environ.get("RANK", "0")) == 0:
+                           compile=args.compile, out=out, resume=args.resume, overwrite=args.overwrite,
+                           allow_leakage=args.allow_leakage)
+    if main_process:
         with atomic_path(out / "history.json") as tmp:
             tmp.write_text(json.dumps(history, indent=1) + "\n")
         last = history[-1]
@@ -306,6 +308,15 @@ def _eval_corpus(path: str, checkpoint: dict, corpus: str | None) -> str:
 
 
 def run_eval(args: argparse.Namespace) -> None:
+    if args.out:      # a folder of the user's choice: never over results already there, unless --overwrite
+        out = refuse_to_replace(args.out, RESULT_FILES, args.overwrite)
+    else:             # the first run's own folder: its results are updated
+        out = run_directory(args.checkpoints[0])
+    with folder_lock(out):
+        _evaluate_into(args, out)
+
+
+def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
     device = resolve_device(args.device)
     runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
     corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
@@ -318,9 +329,9 @@ def run_eval(args: argparse.Namespace) -> None:
             label = f"{label} ({run_directory(path).name})"
         results[label] = perplexity_by_length(model, load_corpus(corpora[path], "val"), lengths,
                                               last_k=args.last_k, protocol=args.protocol,
-                                              n_windows=args.n_windows, n_tokens=args.n_tokens, seed=args.seed)
+                                              n_windows=args.n_windows, n_tokens=args.n_tokens, seed=args.seed,
+                                              progress=True)
         train_lengths.add(block_size)
-    out = Path(args.out) if args.out else run_directory(args.checkpoints[0])
     train_length = train_lengths.pop() if len(train_lengths) == 1 else None
     details = {"protocol": args.protocol, "corpus": ", ".join(sorted(set(corpora.values()))), "seed": args.seed}
     details["last_k" if args.protocol == "last_k" else "n_tokens"] = (
@@ -340,9 +351,13 @@ def run_demo(args: argparse.Namespace) -> None:
     device = resolve_device(args.device)
     budget = demo_budget(device)
     steps = args.steps or budget.steps
-    out = Path(args.out)
-    _refuse_to_replace(out, [out / "results.json"] + [out / name / CHECKPOINT_NAME for name, _ in DEMO_MODELS],
-                       args.overwrite)
+    out = refuse_to_replace(args.out, RESULT_FILES + tuple(f"{name}/{CHECKPOINT_NAME}" for name, _ in DEMO_MODELS),
+                            args.overwrite)
+    with folder_lock(out):
+        _demo_into(args, out, device, budget, steps)
+
+
+def _demo_into(args: argparse.Namespace, out: Path, device: torch.device, budget: DemoBudget, steps: int) -> None:
     val_tokens = load_corpus(args.corpus, "val")
     print(f"minidape demo on {device}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
           f"wide, {steps} steps of {budget.batch_size} x {DEMO_TRAIN_LENGTH} tokens each, evaluated at "
@@ -384,8 +399,12 @@ def run_che(args: argparse.Namespace) -> None:
     if not lengths:
         raise ValueError(f"--length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
     label = model_label(cfg)
-    out = Path(args.out or Path("runs") / "che" / f"{task.name}-{label}")
-    _refuse_to_replace(out, [out / "results.json"], args.overwrite)
+    out = refuse_to_replace(args.out or Path("runs") / "che" / f"{task.name}-{label}", RESULT_FILES, args.overwrite)
+    with folder_lock(out):
+        _che_into(args, out, task, cfg, label, lengths)
+
+
+def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: str, lengths: range) -> None:
     _, history, results = train_task(task, cfg, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
                                      max_train_length=args.max_train_length, test_lengths=lengths,
                                      eval_samples=args.eval_samples, device=args.device, seed=args.seed)
@@ -462,6 +481,10 @@ def add_study_commands(commands) -> None:
     compare.add_argument("--steps", type=positive_int, help="training steps per run (default: the budget's)")
     compare.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")
     compare.add_argument("--out", help="output directory (default runs/compare/NAME)")
+    compare.add_argument("--overwrite", action="store_true",
+                         help="write into an --out holding other results (not an earlier compare's: that resumes)")
+    compare.add_argument("--allow-leakage", action="store_true",
+                         help="compare decoders that read the future (refused otherwise); the report says so")
     compare.add_argument("--budget", default="default", choices=list(BUDGETS), help=budget_help)
     _add_device_flag(compare)
 
@@ -478,7 +501,8 @@ def run_compare(args: argparse.Namespace) -> None:
     name = args.pe.rpartition(":")[2] if ":" in args.pe else args.pe
     out = args.out or Path("runs") / "compare" / name
     compare(args.pe, refiner=args.refiner, against=tuple(args.against), seeds=args.seeds, steps=args.steps,
-            corpus=args.corpus, out=out, budget=args.budget, device=args.device)
+            corpus=args.corpus, out=out, budget=args.budget, device=args.device, overwrite=args.overwrite,
+            allow_leakage=args.allow_leakage)
 
 
 COMMANDS.update(reproduce=run_reproduce, compare=run_compare)
@@ -526,7 +550,7 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt as interrupted:  # in training, the message says which checkpoint survives
         print(f"{prog}: {interrupted or 'interrupted'}", file=sys.stderr)
         sys.exit(130)
-    except (ValueError, TypeError, OSError, FloatingPointError) as err:  # the user's mistake: one line
+    except (ValueError, TypeError, OSError, FloatingPointError, MemoryError) as err:  # the user's mistake: one line
         print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)
 

@@ -24,6 +24,8 @@ from pathlib import Path
 
 import torch
 
+from .utils import user_path
+
 
 def _bundled_data():
     """The corpora: package data `minidape/corpora` when installed, the repository's `data/` in a checkout."""
@@ -58,7 +60,7 @@ def _read_corpus(name_or_path: str, file_state: tuple[int, int] | None) -> torch
     if name_or_path in CORPORA:
         text = b"".join(_read_bytes(DATA_DIR / file) for file in CORPORA[name_or_path])
     else:
-        text = _read_bytes(Path(name_or_path).expanduser())
+        text = _read_bytes(user_path(name_or_path, "corpus"))
     if len(text) < 2:
         raise ValueError(f"corpus {name_or_path!r} has {len(text)} bytes; at least 2 are needed for a split")
     return torch.frombuffer(bytearray(text), dtype=torch.uint8)
@@ -67,7 +69,10 @@ def _read_corpus(name_or_path: str, file_state: tuple[int, int] | None) -> torch
 def _corpus_tokens(name_or_path: str) -> torch.Tensor:
     if name_or_path in CORPORA:
         return _read_corpus(name_or_path, None)
-    path = Path(name_or_path).expanduser()
+    path = user_path(name_or_path, "corpus")
+    if path.is_dir():
+        raise ValueError(f"corpus {name_or_path!r} is a folder, not a file; valid corpora are {', '.join(CORPORA)}, "
+                         f"or a path to a .txt or .gz file")
     if not path.is_file():
         if path.suffix not in (".txt", ".gz"):
             raise ValueError(f"unknown corpus {name_or_path!r}: valid corpora are {', '.join(CORPORA)}, "
@@ -133,7 +138,7 @@ def corpus_identity(name_or_path: str | os.PathLike) -> dict:
     if name_or_path in CORPORA:
         return {"name": name_or_path}
     _corpus_tokens(name_or_path)  # the usual errors for an unknown name, a missing or unreadable file
-    path = Path(name_or_path).expanduser().resolve()
+    path = user_path(name_or_path, "corpus").resolve()
     digest = hashlib.sha256()
     with open(path, "rb") as file:
         for chunk in iter(lambda: file.read(1 << 20), b""):

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from .data import check_tokens, fixed_windows
-from .utils import autocast_for, model_device
+from .utils import autocast_for, check_memory, model_device
 
 PROTOCOLS = ("last_k", "nonoverlap")
 TOKENS_EXPECTED = "a 1-D integer tensor (e.g. md.load_corpus(name, 'val'))"
@@ -51,14 +51,18 @@ def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:
 
 
 @torch.inference_mode()
-def _token_losses(model: nn.Module, windows: torch.Tensor, score_last: int, max_batch_tokens: int) -> torch.Tensor:
+def _token_losses(model: nn.Module, windows: torch.Tensor, score_last: int, max_batch_tokens: int,
+                  bar=None) -> torch.Tensor:
     """Cross-entropy of the last `score_last` predictions of each window `(N, length + 1)`: `(N, score_last)`.
 
-    The model reads `window[:-1]` and predicts `window[1:]`; batches hold at most `max_batch_tokens` tokens.
+    The model reads `window[:-1]` and predicts `window[1:]`; batches hold at most `max_batch_tokens` tokens. A
+    batch that cannot fit in memory is refused before the first one runs; `bar` (tqdm) counts the tokens read.
     """
     device = model_device(model)
     length = windows.shape[1] - 1
     batch_size = max(1, max_batch_tokens // length)
+    if hasattr(model, "cfg"):
+        check_memory(model.cfg, min(batch_size, len(windows)), length, False, device)
     losses = []
     for batch in windows.split(batch_size):
         batch = batch.to(device=device, dtype=torch.long)
@@ -67,6 +71,8 @@ def _token_losses(model: nn.Module, windows: torch.Tensor, score_last: int, max_
         logits = logits[:, -score_last:].float()
         targets = batch[:, -score_last:]
         losses.append(F.cross_entropy(logits.transpose(1, 2), targets, reduction="none").cpu())
+        if bar is not None:
+            bar.update(batch.shape[0] * length)
     return torch.cat(losses)
 
 
@@ -83,7 +89,8 @@ def _evaluation_mode(model: nn.Module):
 
 def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k: int = 256,
                          protocol: str = "last_k", n_windows: int = 16, n_tokens: int | None = None,
-                         seed: int = 0, max_batch_tokens: int = MAX_BATCH_TOKENS) -> dict[int, float]:
+                         seed: int = 0, max_batch_tokens: int = MAX_BATCH_TOKENS,
+                         progress: bool = False) -> dict[int, float]:
     """Perplexity at each evaluation length: `{length: ppl}` (NaN where the model cannot run that length).
 
     - `protocol="last_k"`: `n_windows` seeded windows of `length + 1` tokens from `tokens`; the model reads
@@ -91,6 +98,8 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     - `protocol="nonoverlap"`: the first `n_tokens` tokens (default: all) cut into consecutive windows of
       `length` inputs (each window's targets are its inputs shifted by one); every prediction is scored.
       The same stretch of text is scored at every length, up to the remainder of the last window.
+    - `progress`: a progress bar of the tokens read (the CLI's `eval` shows one).
+    A length whose batch cannot fit in memory raises MemoryError before it runs (`utils.check_memory`).
     """
     if protocol not in PROTOCOLS:
         raise ValueError(f"unknown protocol {protocol!r}; valid choices: {', '.join(PROTOCOLS)}")
@@ -107,7 +116,9 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     if n_tokens is not None:
         tokens = tokens[: _check_length(n_tokens, "n_tokens") + 1]
     results = {}
-    with _evaluation_mode(model):
+    from tqdm import tqdm  # here: `import minidape` stays free of tqdm
+    bar = tqdm(total=0, disable=not progress, unit="tok", desc="eval", dynamic_ncols=True)
+    with _evaluation_mode(model), bar:
         for length in lengths:
             if protocol == "last_k":
                 windows = fixed_windows(tokens, length + 1, n_windows, seed)
@@ -120,8 +131,10 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
                 starts = torch.arange(count) * length
                 windows = tokens[starts[:, None] + torch.arange(length + 1)]
                 score_last = length
+            bar.total += windows.shape[0] * length
+            bar.set_description(f"eval at {length}")
             try:
-                losses = _token_losses(model, windows, score_last, max_batch_tokens)
+                losses = _token_losses(model, windows, score_last, max_batch_tokens, bar)
             except ValueError as err:  # a PE that cannot run this length, e.g. "learned" beyond its table
                 warnings.warn(f"length {length} skipped (reported as NaN): {err}", stacklevel=2)
                 results[length] = math.nan

@@ -6,9 +6,11 @@ parameters -- it reads the reference modules' ``nn.Linear`` and ``nn.Conv2d`` we
 checkpoints and initialisation do not depend on the path. ``GPTConfig(fast=True)`` (the default) uses it.
 
 How, in order of what it saves:
-  - **Query blocks** (``attend_blocks``): softmax is per query row and every refiner acts on each row alone, so
-    attention runs on blocks of rows, each against only the keys it can see; the causal upper triangle beyond a
-    block is never computed, and the refiner's hidden activations of one block fit a memory budget.
+  - **Query blocks** (``attend_blocks``): softmax is per query row and the built-in refiners act on each row
+    alone, so attention runs on blocks of rows, each against only the keys it can see; the causal upper
+    triangle beyond a block is never computed, and the refiner's hidden activations of one block fit a memory
+    budget. A user's refiner runs in blocks only when it declares ``row_local = True``; any other runs in the
+    reference form over the whole sequence (``runs_in_blocks``), so the fast path never computes another thing.
   - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls in the scores' channels-first layout (no
     permute copies), with its hidden activation recomputed in backward instead of stored.
   - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
@@ -25,6 +27,7 @@ import torch.nn.functional as F
 
 from .model import (ConvRefiner, DAPEAddRefiner, DAPEConcatRefiner, DAPERefiner, PositionalInputs,
                     attention_mask, refiner_view)
+from .model import attention as reference_attention
 
 # The refiner's hidden activations of one attention block are kept under this many elements (at least 16
 # query rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel
@@ -43,7 +46,18 @@ def attention(attn, q, k, v, positional: PositionalInputs):
     if attn.refiner is None and positional.bias_rows is None:
         # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
         return F.scaled_dot_product_attention(q, k, v, is_causal=attn.cfg.causal, dropout_p=dropout)
+    if attn.refiner is not None and not runs_in_blocks(type(attn.refiner)):
+        T = q.shape[2]              # a refiner that may read other query rows: the paper form, whole sequence
+        mask = attention_mask(0, T, T, attn.cfg.causal, q.device)
+        return reference_attention(q, k, v, positional.full_bias, mask, attn.refiner, dropout)[0]
     return torch.cat(attend_blocks(attn, q, k, v, positional, dropout), dim=2)
+
+
+def runs_in_blocks(refiner_cls: type) -> bool:
+    """Whether query blocks give a refiner's exact output: a built-in one (exact class, see ``KERNELS``), or
+    one that declares ``row_local = True`` (each output row reads only its own query row). Any other refiner,
+    a subclass of a built-in one included, runs over the whole sequence: blocks would cut what it reads."""
+    return refiner_cls in KERNELS or getattr(refiner_cls, "row_local", False) is True
 
 
 def block_rows(cfg, has_refiner: bool, batch: int, T: int, device: torch.device) -> int:
@@ -285,5 +299,5 @@ def conv(refiner, scores, bias, mask):
     return _residual_sum(scores, convolved, refiner.conv2.bias, bias)
 
 
-# The fast kernel of each built-in refiner, by exact class; any other refiner runs its own forward in the blocks.
+# The fast kernel of each built-in refiner, by exact class; a row-local refiner runs its own forward in the blocks.
 KERNELS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner: dape_add, ConvRefiner: conv}

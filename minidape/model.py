@@ -170,10 +170,14 @@ def register_refiner(name: str):
     is allowed. The result must include the bias (if any): it goes straight to the mask and softmax. The bias
     arrives as 0 at masked cells and where the encoding says ``-inf`` (attention is cut there after refining).
 
-    Each output row may depend only on its own query row (the fast path computes attention in query blocks); a
-    refiner that also reads masked keys just past the diagonal declares how many as ``key_margin``. A decoder's
-    refiner must not read the future: ``check_causal(GPTConfig(refiner=name, ...))`` tells whether any output
-    depends on later tokens (a perturbation test) -- run it on your refiner before you trust its perplexity.
+    The fast path (``fast.py``) runs a refiner it does not know in this file's form over the whole sequence.
+    A refiner whose output row $i$ reads only query row $i$ of its inputs may declare the class attribute
+    ``row_local = True``: the fast path then computes attention in blocks of query rows, in memory linear in T
+    (a row-mixing refiner, e.g. one reading the query row above, must not: the blocks would cut its input). A
+    row-local refiner that also reads masked keys just past the diagonal declares how many as ``key_margin``.
+    A decoder's refiner must not read the future: ``check_causal(GPTConfig(refiner=name, ...))`` tells whether
+    any output depends on later tokens (a perturbation test); ``train``, ``compare`` and ``reproduce`` run it
+    before the first step and refuse a decoder that fails it.
     """
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):

@@ -25,7 +25,6 @@ command started twice (two terminals) shares the runs between the two processes.
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -49,8 +48,9 @@ from .evaluate import PROTOCOLS, perplexity_by_length
 from .model import (PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefiner, GPTConfig, check_causal,
                     register_pe, register_refiner)
 from .plots import save_figure
-from .train import train
-from .utils import atomic_path, json_ready, resolve_device
+from .train import check_no_leak, train
+from .utils import (RESULT_FILES, atomic_path, file_lock, holds_out_folder, json_ready, refuse_to_replace,
+                    resolve_device, user_path)
 
 ALPHA = 0.05
 VERDICT_RULE = (
@@ -71,6 +71,8 @@ class ConvRefinerWithoutTril(ConvRefiner):
     run (§4.5, Figure 6). The masked (future) scores are NOT zeroed before the convolutions, so the score
     $q_i \\cdot k_{i+1}$, computed from the very token position $i$ must predict, is moved onto the diagonal
     cell by the 1 x k kernel. Never use it for a real model."""
+
+    row_local = True    # 1 x k convolutions along the keys: each row alone, so the fast path's blocks run it
 
     def __init__(self, cfg: GPTConfig):
         super().__init__(cfg)
@@ -441,13 +443,16 @@ def _check_corpus_fits(corpus: str, budget: Budget, train_lengths) -> None:
 
 
 def train_and_evaluate(cfg: GPTConfig, corpus: str, budget: Budget, seed: int, device: torch.device,
-                       steps: int | None = None) -> dict:
-    """Train one language model and measure its perplexity at every evaluation length, both protocols."""
+                       steps: int | None = None, allow_leakage: bool = False) -> dict:
+    """Train one language model and measure its perplexity at every evaluation length, both protocols.
+    `allow_leakage`: C4's leaky refiner (checked before the study starts), or `compare(allow_leakage=True)`."""
     steps = steps or budget.steps
     started = time.perf_counter()
-    model, history = train(cfg, load_corpus(corpus, "train"), val_data=load_corpus(corpus, "val"), steps=steps,
-                           batch_size=budget.batch_size, lr=budget.lr, device=device, seed=seed,
-                           eval_every=steps, eval_windows=8, progress=False)
+    with warnings.catch_warnings():    # the leak, when allowed, is named once in the report, not per run
+        warnings.filterwarnings("ignore", message=".* reads the future")
+        model, history = train(cfg, load_corpus(corpus, "train"), val_data=load_corpus(corpus, "val"), steps=steps,
+                               batch_size=budget.batch_size, lr=budget.lr, device=device, seed=seed,
+                               eval_every=steps, eval_windows=8, progress=False, allow_leakage=allow_leakage)
     train_seconds = time.perf_counter() - started
     lengths = [cfg.block_size * factor for factor in budget.eval_factors]
     val_tokens = load_corpus(corpus, "val")
@@ -553,13 +558,17 @@ def _che_run_path(out: Path, task: str, label: str, seed: int) -> Path:
     return out / "runs" / "che" / task / _slug(label) / f"seed{seed}.json"
 
 
+@holds_out_folder(shared=True)      # two `reproduce` into one folder share its runs; anything else is refused
 def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, out="runs/reproduce",
               device: str | torch.device = "auto", progress: bool = True, command: str | None = None) -> dict:
     """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
-    ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results."""
+    ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results.
+    Refused before any training: a folder holding another command's results, and a model that reads the future
+    (but C4's, which does so on purpose: the report's causality note says it does)."""
     device = resolve_device(device)
     budget_settings = resolve_budget(budget, device)
     seeds = _check_seeds(seeds)
+    _refuse_foreign_results(out, overwrite=False)
     register_leaky_refiner()
     corpora = [str(corpus) for corpus in corpora]
     if len(corpora) < 1 or len(set(corpora)) != len(corpora):
@@ -567,6 +576,9 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, 
     for corpus in corpora:
         _check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
     out = Path(out)
+    for overrides in MODELS.values():   # C4's leaky model reads the future on purpose: the report says it does
+        if overrides.get("refiner") != LEAKY_REFINER:
+            check_no_leak(_lm_config(budget_settings, budget_settings.train_lengths[0], overrides))
     check_settings(out, {"command": "reproduce", "budget": budget, "settings": dataclasses.asdict(budget_settings),
                          "corpora": corpora, "device": device.type})
     plan = study_plan(corpora, budget_settings)
@@ -593,8 +605,8 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, 
             if path.is_file():
                 meter.report(what, None)
                 continue
-            with _run_lock(path) as taken:
-                if not taken:
+            with file_lock(path.with_name(path.name + ".lock")) as holder:     # one process per run
+                if holder is not None:
                     held.append((seed, kind, where, label))
                     continue
                 result, detail = _run_one(kind, where, label, seed, budget_settings, device)
@@ -615,31 +627,6 @@ def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, 
     return report
 
 
-@contextlib.contextmanager
-def _run_lock(path: Path):
-    """Yield True when this process may train the run whose result goes to `path` (its lock file now names
-    this process), False when another live process holds it. A lock left by a dead process is taken over."""
-    lock = path.with_name(path.name + ".lock")
-    lock.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        descriptor = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-    except FileExistsError:
-        try:
-            holder = int(lock.read_text())
-            os.kill(holder, 0)             # signal 0: only asks whether the process exists
-            yield False
-            return
-        except (OSError, ValueError):      # gone, or an unreadable lock: take the run over
-            lock.unlink(missing_ok=True)
-            descriptor = os.open(lock, os.O_CREAT | os.O_WRONLY | os.O_TRUNC)
-    with os.fdopen(descriptor, "w") as file:
-        file.write(str(os.getpid()))
-    try:
-        yield True
-    finally:
-        lock.unlink(missing_ok=True)
-
-
 def _run_place(out: Path, kind: str, where, label: str, seed: int) -> tuple[Path, str]:
     """The result file of one run and its name in the progress lines."""
     if kind == "lm":
@@ -653,7 +640,8 @@ def _run_one(kind: str, where, label: str, seed: int, budget: Budget, device: to
     """Train and evaluate one run of the study: (its result, a progress detail)."""
     if kind == "lm":
         corpus, train_length = where
-        result = train_and_evaluate(_lm_config(budget, train_length, MODELS[label]), corpus, budget, seed, device)
+        result = train_and_evaluate(_lm_config(budget, train_length, MODELS[label]), corpus, budget, seed, device,
+                                    allow_leakage=MODELS[label].get("refiner") == LEAKY_REFINER)
         return {"train_length": train_length, **result}, _perplexity_summary(result)
     result = che_train_and_evaluate(where, _che_config(budget, CHE_MODELS[label]), budget, seed, device)
     return result, f", accuracy beyond training {100 * result['mean_beyond_train']:.1f}%"
@@ -966,7 +954,7 @@ def resolve_pe(pe: str) -> tuple[str, str | None]:
             raise ValueError(f"unknown pe {pe!r}; valid choices: {', '.join(PE_NAMES)}, or FILE.py:ClassName")
         return pe, None
     file_name, _, class_name = pe.rpartition(":")
-    path = Path(file_name).expanduser()
+    path = user_path(file_name, "--pe")
     if not path.is_file():
         raise FileNotFoundError(f"--pe {pe!r}: no file {str(path)!r}")
     digest = hashlib.sha256(path.read_bytes()).hexdigest()
@@ -1008,9 +996,18 @@ def _model_spec(name: str, what: str) -> dict:
     return {"pe": pe, "refiner": refiner or "none"}
 
 
+def _refuse_foreign_results(out, overwrite: bool) -> None:
+    """A folder holding results without this module's manifest (another command's, or a user's own files) is
+    not written into unless `overwrite`; an earlier compare or reproduce there (its manifest) is resumed."""
+    if out is not None and not (Path(out) / "manifest.json").is_file():
+        refuse_to_replace(out, RESULT_FILES, overwrite)
+
+
+@holds_out_folder()
 def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), seeds: int = 3,
             steps: int | None = None, corpus: str = "austen", out=None, *, budget: str = "default",
-            device: str | torch.device = "auto", progress: bool = True) -> dict:
+            device: str | torch.device = "auto", progress: bool = True, overwrite: bool = False,
+            allow_leakage: bool = False) -> dict:
     """Put a bias through the study's protocol against baselines; returns the table and the statistics.
 
     - ``pe``: a registered name or ``path/to/file.py:ClassName`` (an ``md.AdditiveBias`` subclass,
@@ -1020,7 +1017,10 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
       ``corpus`` (a name or a .txt/.gz path) and evaluated at 128 x 1..16 with both protocols.
     - Returns ``{"table": markdown, "perplexity": {label: {protocol: {length: [ppl per seed]}}},
       "p_values": {baseline: {protocol: {length: p}}}}``; with ``out`` also writes ``compare.md``,
-      ``compare.json``, ``compare.png`` and the runs there (resumable; other settings are refused).
+      ``compare.json``, ``compare.png`` and the runs there (resumable; other settings are refused). An ``out``
+      holding other results is refused unless ``overwrite``; another process writing there is refused.
+    - A model that reads the future (``md.check_causal``) is refused before any training, unless
+      ``allow_leakage=True``: then the report's header says which models leak.
     """
     device = resolve_device(device)
     budget_settings = resolve_budget(budget, device)
@@ -1038,13 +1038,17 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
     if not baselines:
         raise ValueError(f"against must name at least one baseline other than {pe}; got {list(against)}")
     train_length = budget_settings.train_lengths[0]
+    leaking = [label for label, overrides in models.items()
+               if check_no_leak(_lm_config(budget_settings, train_length, overrides), allow_leakage)]
+    _refuse_foreign_results(out, overwrite)
     _check_corpus_fits(corpus, budget_settings, (train_length,))
     steps = steps or budget_settings.steps
     out = Path(out) if out is not None else None
     if out is not None:
         check_settings(out, {"command": "compare", "pe": pe, "pe_file_sha256": digest, "refiner": refiner,
                              "corpus": str(corpus), "steps": steps, "budget": budget,
-                             "settings": dataclasses.asdict(budget_settings), "device": device.type})
+                             "settings": dataclasses.asdict(budget_settings), "device": device.type,
+                             **({"leaking": leaking} if leaking else {})})
     meter = Progress(len(models) * seeds, progress)
     perplexity: dict[str, dict[str, dict[int, list[float]]]] = {}
     for label, overrides in models.items():
@@ -1056,7 +1060,7 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
                 meter.report(f"{label} seed {seed}", None)
                 continue
             result = train_and_evaluate(_lm_config(budget_settings, train_length, overrides), str(corpus),
-                                        budget_settings, seed, device, steps=steps)
+                                        budget_settings, seed, device, steps=steps, allow_leakage=label in leaking)
             if path is not None:
                 _write_json(path, {"label": label, **result})
             runs.append(json_ready(result))
@@ -1078,9 +1082,14 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
         details = (f"Trained {seeds} seeds x {steps} steps at length {train_length} on {corpus} "
                    f"({budget_settings.n_layer} layers, n_embd {budget_settings.n_embd}, {budget_settings.n_head} "
                    f"heads, budget {budget}, {device.type}).\n")
+        if leaking:
+            details = (f"> **Leakage experiment (allow_leakage): {', '.join(leaking)} read{'s' if len(leaking) == 1 else ''}"
+                       f" the future** (md.check_causal fails): their perplexities and p-values do not measure "
+                       f"language modelling.\n\n{details}")
         with atomic_path(out / "compare.md") as tmp:
             tmp.write_text(f"# {subject} against {', '.join(baselines)}\n\n{details}\n{table}")
-        _write_json(out / "compare.json", {"subject": subject, "baselines": baselines, "perplexity": perplexity,
+        _write_json(out / "compare.json", {"subject": subject, "baselines": baselines, "leaking": leaking,
+                                           "perplexity": perplexity,
                                            "p_values": p_values, "steps": steps, "seeds": seeds,
                                            "corpus": str(corpus), "budget": budget})
         fig, axes = plt.subplots(1, len(PROTOCOLS), figsize=(12, 4), squeeze=False)

@@ -9,8 +9,13 @@ The same loop trains language models on a corpus (random windows, AdamW) and enc
 (`data` a batch function, e.g. the CHE tasks of `minidape.che`, with Adam).
 
 Runs are never lost: a folder that already holds a checkpoint is refused unless `resume=True` or
-`overwrite=True`; `out` is checked before the first step; the first non-finite loss or gradient stops the run
-before it reaches the weights, and Ctrl-C stops it with a message saying which checkpoint survives.
+`overwrite=True`, and so is a folder another process is training into (an OS lock held for the whole run);
+`out` is checked before the first step; the first non-finite loss or gradient stops the run before it reaches
+the weights, and Ctrl-C stops it with a message saying which checkpoint survives.
+
+Nothing is trained that cannot mean anything: a decoder whose refiner reads the future (`check_causal`) is
+refused unless `allow_leakage=True` (a deliberate leakage experiment), and a step that cannot fit in memory
+is refused before it starts (`utils.check_memory`).
 
 Reproducibility: every step re-seeds `random`, numpy and torch from `(seed, rank, step)`, so the batch and
 the dropout noise of step `s` do not depend on what ran before it. A run resumed from a checkpoint therefore
@@ -36,6 +41,7 @@ import os
 import random
 import sys
 import time
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -46,9 +52,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
 from .data import check_corpus, check_tokens, corpus_identity, fixed_windows, get_batch, load_corpus
-from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig
-from .utils import (atomic_path, autocast_for, check_number, check_writable_folder, model_label, resolve_device,
-                    source_file)
+from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
+from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
+                    holds_out_folder, model_label, resolve_device, source_file)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
@@ -387,13 +393,33 @@ def _interrupted_message(step: int, out: Path | None, saved_step: int | None) ->
             f"with resume=True (CLI: --resume)")
 
 
+def check_no_leak(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
+    """Refuse a decoder whose outputs depend on later tokens (``check_causal`` on a one-layer model of the same
+    PE and refiner, at up to 64 tokens: a few milliseconds), unless ``allow_leakage``, then only warn. Returns
+    whether it leaks; encoders (``causal=False``) see every token by design and are not checked."""
+    if not cfg.causal:
+        return False
+    small = dataclasses.replace(cfg, n_layer=1, block_size=min(cfg.block_size, 64), dropout=0.0)
+    if check_causal(small):
+        return False
+    message = (f"{model_label(cfg)} reads the future: with pe {cfg.pe!r} and refiner {cfg.refiner!r} a position's "
+               f"output changes when later tokens change (md.check_causal), so its losses and perplexities mean "
+               f"nothing")
+    if not allow_leakage:
+        raise ValueError(f"{message}; fix the refiner, or pass allow_leakage=True (CLI: --allow-leakage) for a "
+                         f"deliberate leakage experiment")
+    warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=3)
+    return True
+
+
+@holds_out_folder()
 def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int = 1000, batch_size: int = 32,
           lr: float = 1e-3, min_lr: float | None = None, warmup: int | None = None, weight_decay: float = 0.1,
           grad_clip: float = 1.0, optimizer: str = "adamw", val_data=None, eval_every: int | None = None,
           eval_windows: int = 32, log_every: int | None = None, metrics: Callable | None = None,
           device: str | torch.device = "auto", seed: int = 0, compile: bool = False,
           out: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-          resume: bool | str | os.PathLike = False, overwrite: bool = False,
+          resume: bool | str | os.PathLike = False, overwrite: bool = False, allow_leakage: bool = False,
           progress: bool = True) -> tuple[nn.Module, list[dict]]:
     """Train a GPT; returns `(model, history)`. The one training loop of the package.
 
@@ -415,6 +441,8 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
       already holding one is refused unless `resume` (continue it) or `overwrite` (replace it).
     - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file; the seed and
       step come from the checkpoint, and the same arguments continue the run exactly.
+    - A folder another process is training into is refused; so is a decoder that reads the future
+      (`check_no_leak`) unless `allow_leakage=True`, and a step that cannot fit in memory (`check_memory`).
     - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights (at
       the next logging step or checkpoint, naming the step it happened at; the updates in between are skipped);
       Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
@@ -443,6 +471,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     seed_everything(seed)
     model = _resolve_model(model_or_cfg, checkpoint, resume_from).to(device)
     cfg = model.cfg
+    check_no_leak(cfg, allow_leakage)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
     for name, tokens in (("data", train_data), ("val_data", val_data)):
         if tokens is None or callable(tokens):
@@ -454,6 +483,8 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
             raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
                              f"[0, vocab_size={cfg.vocab_size})")
 
+    if not callable(train_data):     # a batch function's batch size and lengths are its own business
+        check_memory(cfg, batch_size, cfg.block_size, True, device)
     warmup = max(1, steps // 20) if warmup is None else warmup
     min_lr = lr / 10 if min_lr is None else min_lr
     log_every = max(1, steps // 100) if log_every is None else log_every

@@ -1,5 +1,6 @@
-"""Small helpers shared by the modules: devices, precision, number checks, atomic writes, the results writer,
-model labels, and loading a user's registrations from a Python file.
+"""Small helpers shared by the modules: devices, precision, number checks, users' paths, folder locks, atomic
+writes, the results writer, memory estimates, model labels, and loading a user's registrations from a Python
+file.
 
 Torch only (no matplotlib, no tqdm), so that `evaluate`, `plots`, `train` and `che` can all use it without
 importing one another.
@@ -8,6 +9,7 @@ importing one another.
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import importlib.util
 import inspect
@@ -18,6 +20,11 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no flock; folders are then not locked
+    fcntl = None
 
 import torch
 from torch import nn
@@ -83,6 +90,110 @@ def check_number(name: str, value, minimum: float, integer: bool = True, allow_n
 # ----------------------------------------------------------------------------- files
 
 
+def user_path(path: str | os.PathLike, what: str) -> Path:
+    """`path` with `~` expanded; a `~user` that does not exist is a ValueError naming `what` and the path
+    (pathlib's own error names neither)."""
+    try:
+        return Path(path).expanduser()
+    except RuntimeError as err:
+        raise ValueError(f"{what} {str(path)!r}: cannot expand {str(path).split(os.sep)[0]!r}: no such user") from err
+
+
+LOCK_NAME = ".minidape.lock"
+_HELD_LOCKS: dict[Path, int] = {}      # lock files this process holds -> how many with-blocks hold each
+
+
+@contextlib.contextmanager
+def file_lock(lock: str | os.PathLike, shared: bool = False):
+    """Hold an OS lock (`flock`) on the file `lock` for the with-block; yields None when this process holds it,
+    else the PID written by the process that does (a string, "unknown" when it cannot be read), without
+    waiting. The OS releases the lock when its holder dies, so a killed run never leaves its folder locked.
+    Shared locks (`shared=True`) coexist with each other and exclude an exclusive one. The lock file is
+    removed by the last holder; a process that locked a file just removed tries again on the new one. A lock
+    this process holds already is held again (`train` inside a command that holds its folder)."""
+    lock = Path(lock).resolve()
+    if fcntl is None or lock in _HELD_LOCKS:
+        _HELD_LOCKS[lock] = _HELD_LOCKS.get(lock, 0) + 1
+        try:
+            yield None
+        finally:
+            _HELD_LOCKS[lock] -= 1
+            if not _HELD_LOCKS[lock]:
+                del _HELD_LOCKS[lock]
+        return
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    while True:
+        descriptor = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(descriptor, (fcntl.LOCK_SH if shared else fcntl.LOCK_EX) | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(descriptor, 32).decode(errors="replace").strip() or "unknown"
+            os.close(descriptor)
+            yield holder
+            return
+        try:
+            same_file = os.stat(lock).st_ino == os.fstat(descriptor).st_ino
+        except FileNotFoundError:
+            same_file = False
+        if same_file:
+            break
+        os.close(descriptor)                    # removed by its last holder while we waited: lock the new one
+    _HELD_LOCKS[lock] = 1
+    try:
+        os.ftruncate(descriptor, 0)
+        os.pwrite(descriptor, str(os.getpid()).encode(), 0)
+        yield None
+    finally:
+        del _HELD_LOCKS[lock]
+        try:                                    # the last holder (no other shared one) removes the file
+            fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            lock.unlink(missing_ok=True)
+        except BlockingIOError:
+            pass
+        os.close(descriptor)
+
+
+@contextlib.contextmanager
+def folder_lock(folder: str | os.PathLike, what: str = "--out", shared: bool = False):
+    """Hold `folder` (created if needed) for the with-block, so that no other minidape process writes a run or
+    results into it meanwhile; a folder another process holds is a one-line ValueError naming it and that
+    process. `shared=True`: processes sharing their work in one folder (`reproduce`) hold it together. A folder
+    created here and left empty (the command failed before writing) is removed again."""
+    folder = Path(folder)
+    created = not folder.exists()
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        with file_lock(folder / LOCK_NAME, shared) as holder:
+            if holder is not None:
+                raise ValueError(f"{what} {str(folder)!r} is in use by another minidape process (PID {holder}); "
+                                 f"wait for it to finish or choose another {what}")
+            yield folder
+    finally:
+        if created:
+            with contextlib.suppress(OSError):   # not empty (the run wrote files), or taken by another process
+                folder.rmdir()
+
+
+def holds_out_folder(shared: bool = False):
+    """Decorator: a call's `out` folder (its argument `out`, when not None) is held with `folder_lock` for the
+    whole call, so a second process writing there is refused before any work. Under torchrun only rank 0,
+    the one that writes, holds it."""
+    def decorate(function):
+        signature = inspect.signature(function)
+
+        @functools.wraps(function)
+        def holding(*args, **options):
+            bound = signature.bind(*args, **options)
+            bound.apply_defaults()
+            out = bound.arguments["out"]
+            if out is None or int(os.environ.get("RANK", "0")) != 0:
+                return function(*args, **options)
+            with folder_lock(check_writable_folder(out), "out", shared):
+                return function(*args, **options)
+        return holding
+    return decorate
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
     """Yield a temporary path beside `path`; on success move it over `path` in one step (`os.replace`).
@@ -110,7 +221,7 @@ def check_writable_folder(folder: str | os.PathLike, what: str = "out") -> Path:
     Nothing is created: the nearest existing ancestor must be a folder in which a file can be made (tried with
     a temporary file, removed at once), so a path under a file, or in a read-only place, is named here.
     """
-    folder = Path(folder).expanduser()
+    folder = user_path(folder, what)
     if folder.exists() and not folder.is_dir():
         raise ValueError(f"{what}={str(folder)!r} is a file, not a folder; give a folder for the run")
     existing = folder
@@ -125,6 +236,21 @@ def check_writable_folder(folder: str | os.PathLike, what: str = "out") -> Path:
         raise ValueError(f"{what}={str(folder)!r} is not writable: cannot create files in {str(existing)!r} "
                          f"({err.strerror or err})") from err
     return folder
+
+
+# Every command's results: a folder holding any of them is not written into without --overwrite.
+RESULT_FILES = ("results.md", "results.json", "compare.md", "compare.json", "REPRODUCTION.md")
+
+
+def refuse_to_replace(out: str | os.PathLike, earlier, overwrite: bool, what: str = "--out") -> Path:
+    """Before any work: `out` must be a folder we can write, holding none of the files `earlier` (names in it)
+    unless `overwrite`; returns `out` as a Path."""
+    out = check_writable_folder(out, what)
+    found = [name for name in earlier if (out / name).exists()]
+    if found and not overwrite:
+        raise ValueError(f"{what} {str(out)!r} already holds earlier results ({', '.join(found)}); pass "
+                         f"--overwrite to replace them, or choose another {what}")
+    return out
 
 
 def json_ready(value):
@@ -150,6 +276,87 @@ def write_results(out: str | os.PathLike, title: str, table: str, details: dict,
     return out
 
 
+# ----------------------------------------------------------------------------- memory
+
+
+def available_memory(device: torch.device) -> int | None:
+    """Bytes that new tensors on `device` may take: on CUDA the free memory plus what PyTorch's allocator keeps
+    cached but unused; on the CPU the kernel's MemAvailable (/proc/meminfo), or psutil's figure where there is
+    no /proc (macOS) and psutil is installed; else None."""
+    if device.type == "cuda":
+        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+        return torch.cuda.mem_get_info(device)[0] + cached
+    if device.type != "cpu":
+        return None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024                   # the file gives kB
+    except OSError:
+        pass
+    try:
+        import psutil
+    except ImportError:
+        return None
+    return psutil.virtual_memory().available
+
+
+def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.device) -> int:
+    r"""Bytes one step of `batch` sequences of `T` tokens needs at least, from its largest tensors: a lower
+    bound, so that only a step that cannot fit is refused.
+
+    - Per token: training keeps about $16\,C$ activations per layer for backward and the logits (3 copies:
+      logits, softmax, gradient); evaluation holds one layer's $8\,C$ and the logits.
+    - Attention cells $T^2$ (half of them in a decoder's query blocks): a refiner the fast path runs in blocks
+      keeps, in training, $S$, the refined scores, the probabilities and the refiner's input, about $4h$ values
+      per cell and layer; evaluation holds one block at a time (``fast.BLOCK_ELEMENTS``, counted as nothing),
+      and so does the fused kernel without a refiner. The reference form (``fast=False``, or a refiner the fast
+      path does not run in blocks) holds all $T^2$ cells at once: $3h$ of scores, the refiner's hidden width
+      $W$ twice, in every layer for backward.
+    Element size: 2 bytes under CUDA's bf16 autocast, else 4.
+    """
+    from .model import REFINER_REGISTRY         # here: model.py runs alone, without this module
+    size = 2 if device.type == "cuda" else 4
+    h, layers, tokens = cfg.n_head, cfg.n_layer, batch * T
+    per_token = layers * 16 * cfg.n_embd + 3 * cfg.vocab_size if training else 8 * cfg.n_embd + cfg.vocab_size
+    refiner = REFINER_REGISTRY[cfg.refiner]
+    if not reference_form(cfg):
+        cells = batch * T * T * (0.5 if cfg.causal else 1.0)            # query blocks: a decoder's lower half
+        attention = layers * 4 * h * cells if training and refiner is not None else 0
+    else:                                                                # the reference form: all cells at once
+        width = 3 * h + (2 * cfg.refiner_width if refiner is not None else 0)
+        attention = (layers if training else 1) * width * batch * T * T
+    return int(size * (tokens * per_token + attention))
+
+
+def reference_form(cfg) -> bool:
+    """Whether attention of this config is computed over all T x T cells at once: `fast=False`, or a refiner
+    the fast path does not run in query blocks (`fast.runs_in_blocks`)."""
+    from . import fast                           # here: fast imports model, which runs without this module
+    from .model import REFINER_REGISTRY
+    refiner = REFINER_REGISTRY[cfg.refiner]
+    return not (cfg.fast and (refiner is None or fast.runs_in_blocks(refiner)))
+
+
+def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device) -> None:
+    """Refuse, before it starts, a step that cannot fit: a MemoryError in one line with the estimate (see
+    `memory_estimate`), the memory available and what to change."""
+    available = available_memory(device)
+    needed = memory_estimate(cfg, batch, T, training, device)
+    if available is None or needed <= available:
+        return
+    what = "a training step" if training else "evaluating"
+    change = ("a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
+              if training else "shorter --lengths")
+    if reference_form(cfg):
+        change += (" (this model computes all T x T attention cells at once: fast=False, or a refiner without "
+                   "row_local = True)")
+    raise MemoryError(f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
+                      f"heads) needs at least {needed / 2**30:.1f} GiB, but {device.type} has "
+                      f"{available / 2**30:.1f} GiB available; use {change}")
+
+
 # ----------------------------------------------------------------------------- names and users' code
 
 
@@ -165,7 +372,9 @@ def import_file(path: str | os.PathLike):
     The module is named after the file's resolved path, so importing the same file again (a second command
     in one process, or `--import` given twice) does not register its names twice.
     """
-    path = Path(path).expanduser()
+    path = user_path(path, "--import")
+    if path.is_dir():
+        raise ValueError(f"--import {str(path)!r} is a folder; give a Python file ending in .py")
     if path.suffix != ".py":
         raise ValueError(f"--import needs a Python file ending in .py, got {str(path)!r}")
     if not path.is_file():
