@@ -408,7 +408,7 @@ def check_no_leak(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
     if not allow_leakage:
         raise ValueError(f"{message}; fix the refiner, or pass allow_leakage=True (CLI: --allow-leakage) for a "
                          f"deliberate leakage experiment")
-    warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=3)
+    warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=4)   # the line that called train/compare
     return True
 
 

@@ -84,7 +84,7 @@ def test_two_trainings_into_one_folder_one_trains_the_other_is_refused(tmp_path,
     first = cli_process("train", *TINY, "--steps", steps, "--corpus", str(corpus_file), "--out", str(out),
                         cwd=tmp_path)
     deadline = time.monotonic() + 60
-    while not (out / utils.LOCK_NAME).exists() and first.poll() is None and time.monotonic() < deadline:
+    while not (out / ".minidape.lock").exists() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
     second = cli_process("train", *TINY, "--steps", "5", "--seed", "1", "--corpus", str(corpus_file), "--out",
                          str(out), cwd=tmp_path)
