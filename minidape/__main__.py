@@ -198,9 +198,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--lengths", type=positive_int, nargs="+",
                           help="evaluation lengths (default: training length x 1, 2, 4, 8, 16)")
     evaluate.add_argument("--protocol", choices=PROTOCOLS, default="last_k")
-    evaluate.add_argument("--last-k", type=positive_int, default=256, help="tokens scored per window with last_k")
-    evaluate.add_argument("--n-windows", type=positive_int, default=16, help="windows per length with last_k")
-    evaluate.add_argument("--n-tokens", type=positive_int, help="tokens scored with nonoverlap (default: all)")
+    evaluate.add_argument("--last-k", type=positive_int, default=256,
+                          help="tokens scored per window with last_k (at most the shortest length; default 256)")
+    evaluate.add_argument("--n-windows", type=positive_int, default=32,
+                          help="windows per length with last_k, the same scored tokens at every length (default 32)")
+    evaluate.add_argument("--n-tokens", type=positive_int,
+                          help="predictions scored with nonoverlap (default: all of the validation split)")
     evaluate.add_argument("--corpus", help="corpus whose val split is scored (default: the checkpoint's, "
                                            "refused if its file has changed)")
     evaluate.add_argument("--out", help="directory for the results (default: the first checkpoint's)")
