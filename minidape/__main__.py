@@ -431,26 +431,27 @@ COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_c
 
 
 def add_study_commands(commands) -> None:
-    from .study import BUDGET_NAMES, BUDGETS
+    from .study import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
     budget_help = argparse.SUPPRESS  # "tiny" (tests only) is accepted but not advertised
     reproduce = add_command(
-        commands, "reproduce", help="test the papers' claims C1-C6 with seeds and paired t-tests",
+        commands, "reproduce", help="test the papers' claims C1-C6 with seeds, intervals and Holm-adjusted tests",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train and evaluate the claim study (KERPLE, DAPE, DAPE-V2: claims C1-C6) and write "
                     "REPRODUCTION.md, results.json and figures/ into --out. Resumable: the same command "
                     "skips the runs already done; other settings into the same --out are refused.\n\n"
                     "example:\n  python -m minidape reproduce --budget small --out runs/reproduce-small")
     reproduce.add_argument("--budget", default="default", choices=list(BUDGETS), metavar="{small,default}",
-                           help=f"small: under an hour on a 2-core CPU; default: the committed report's "
+                           help=f"small: fewer steps and a lighter evaluation; default: the committed report's "
                                 f"(larger on CUDA by itself). Valid: {', '.join(BUDGET_NAMES)}")
-    reproduce.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
-    reproduce.add_argument("--corpus", nargs="+", default=["austen", "python"],
-                           help="corpus names or .txt/.gz paths (default: austen python)")
+    reproduce.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                           help=f"seeds per model (default {DEFAULT_SEEDS}, at least 2)")
+    reproduce.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPORA),
+                           help=f"corpus names or .txt/.gz paths (default: {' '.join(DEFAULT_CORPORA)})")
     reproduce.add_argument("--out", default="runs/reproduce", help="output directory (default runs/reproduce)")
     _add_device_flag(reproduce)
 
     compare = add_command(
-        commands, "compare", help="a bias against baselines: mean ± std over seeds and paired t-tests",
+        commands, "compare", help="a bias against baselines: mean ± std over seeds, differences with intervals",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias "
                     "subclass registered on the fly) and its baselines with several seeds at length 128, "
