@@ -215,6 +215,7 @@ SCOPES = ("everywhere", "main", "first")
 KINDS = {"lower": "below", "degrades": "above", "flat": "within", "higher": "above", "near": "within"}
 FLAT_MARGIN = 0.10        # "stays near its perplexity per byte at the training length": within ±10 % (as a ratio)
 NEAR_MARGIN = 5.0         # C6 "near-equal": accuracies within ±5 points
+UNIGRAM_SHARE = 0.9       # a model above 90 % of the byte-frequency perplexity learned (almost) no context
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1079,7 +1080,8 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
                              f"{_curve_table(results, corpus, train_length, protocol, claim.models)}\n"
                              for corpus, train_length in places for protocol in PROTOCOLS)
             _claim_figure(claim, results, places, figures / f"{claim.key}.png")
-        extra = {"C1": _learned_ape_note(budget), "C4": _causality_note(budget)}.get(claim.key, "")
+        extra = {"C1": _learned_ape_note(budget) + _unigram_note(results, claim, corpora, budget),
+                 "C4": _causality_note(budget)}.get(claim.key, "")
         sections.append(f"## {claim.key}: {claim.title}\n\nSource: {claim.source}. Verdict: **{overall}**.\n\n"
                         f"**The paper.** {claim.paper}\n\n**Ours.**\n\n{tables}{extra}\n"
                         f"![{claim.key}](figures/{claim.key}.png)\n\n**Tests.**\n\n" + "\n".join(parts))
@@ -1150,6 +1152,35 @@ def _learned_ape_note(budget: Budget) -> str:
     return (f"\n**learned APE: cannot run** past the training length, so it is not tested (a model with a "
             f"position table of {train_length} entries, asked for {2 * train_length} tokens: {outcome}). "
             f"Sinusoidal APE, which runs at any length, stands for absolute positions in the tests.\n")
+
+
+def unigram_perplexity(corpus: str) -> float:
+    """Perplexity per byte on the validation split of byte frequencies alone (counted on the training split,
+    add-one smoothed): the level of a model that has learned no context at all."""
+    counts = torch.bincount(load_corpus(corpus, "train").long(), minlength=256).double() + 1
+    log_probs = (counts / counts.sum()).log()
+    return math.exp(-log_probs[load_corpus(corpus, "val").long()].mean().item())
+
+
+def _unigram_note(results: dict, claim: Claim, corpora: list[str], budget: Budget) -> str:
+    """Which of the claim's models ended training no better than byte frequencies (a flat curve there is no
+    evidence of extrapolation: the model reads no context at any length)."""
+    train_length = budget.train_lengths[0]
+    levels, stuck = [], []
+    for corpus in corpora:
+        unigram = unigram_perplexity(corpus)
+        levels.append(f"{_corpus_key(corpus)} {unigram:.2f}")
+        for label in claim.models:
+            curves = results["lm"].get((corpus, train_length, label))
+            if curves and mean_std(curves["nonoverlap"][train_length])[0] > UNIGRAM_SHARE * unigram:
+                level = format_mean_std(curves["nonoverlap"][train_length])
+                stuck.append(f"{label} on {_corpus_key(corpus)} ({level})")
+    verdict = (f"At the training length (`nonoverlap`) these stay above {UNIGRAM_SHARE:.0%} of it, i.e. learned little "
+               f"more than byte frequencies at this budget, so their curves say little about extrapolation: "
+               f"{'; '.join(stuck)}." if stuck else
+               f"Every model here ends training below {UNIGRAM_SHARE:.0%} of it.")
+    return (f"\nReference: byte frequencies alone (no context) give a perplexity per byte of "
+            f"{', '.join(levels)} on the validation split. {verdict}\n")
 
 
 def _causality_note(budget: Budget) -> str:

@@ -345,3 +345,13 @@ def test_compare_errors_are_one_line(pe, message, tmp_path, corpus_file, capsys)
     code, _, stderr = run_cli(["compare", "--pe", pe, "--budget", "tiny", "--corpus", corpus_file,
                                "--out", tmp_path / "out"], capsys)
     assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file):
+    train, val = md.load_corpus(corpus_file, "train"), md.load_corpus(corpus_file, "val")
+    counts = {byte: 1 for byte in range(256)}                  # add-one smoothing
+    for byte in train.tolist():
+        counts[byte] += 1
+    total = sum(counts.values())
+    expected = math.exp(-sum(math.log(counts[byte] / total) for byte in val.tolist()) / len(val))
+    assert study.unigram_perplexity(str(corpus_file)) == pytest.approx(expected, rel=1e-9)
