@@ -50,6 +50,7 @@ DEMO_MODELS = (
     ("conv-Kerple", {"pe": "kerple_log", "refiner": "conv"}),
 )
 DEMO_TRAIN_LENGTH = 128
+DEMO_LAST_K = 256            # DAPE's k; the demo's shortest length (128) caps it
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,13 +67,14 @@ class DemoBudget:
     eval_windows: int
 
 
-# CPU: about a minute of training per model on 2 cores, so the 7 models and their evaluation fit in 10 min.
+# CPU: about half a minute of training per model on 2 cores, so the 7 models and their evaluation fit in 10 min.
+# 32 windows: last_k scores the same 32 x 128 = 4,096 tokens at every length.
 CPU_BUDGET = DemoBudget(n_layer=2, n_embd=64, n_head=4, steps=500, batch_size=16, lr=3e-3,
-                        eval_lengths=(128, 256, 512, 1024, 2048), eval_windows=8)
+                        eval_lengths=(128, 256, 512, 1024, 2048), eval_windows=32)
 CUDA_BUDGET = DemoBudget(n_layer=4, n_embd=256, n_head=8, steps=4000, batch_size=64, lr=1e-3,
-                         eval_lengths=(128, 256, 512, 1024, 2048, 4096, 8192), eval_windows=16)
+                         eval_lengths=(128, 256, 512, 1024, 2048, 4096, 8192), eval_windows=32)
 # MINIDAPE_FAST=1 (tests, CI): the same code paths with a token budget.
-FAST_BUDGET = dataclasses.replace(CPU_BUDGET, steps=4, batch_size=4, eval_windows=1)
+FAST_BUDGET = dataclasses.replace(CPU_BUDGET, steps=4, batch_size=4, eval_windows=2)
 
 
 
@@ -201,9 +203,12 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--lengths", type=positive_int, nargs="+",
                           help="evaluation lengths (default: training length x 1, 2, 4, 8, 16)")
     evaluate.add_argument("--protocol", choices=PROTOCOLS, default="last_k")
-    evaluate.add_argument("--last-k", type=positive_int, default=256, help="tokens scored per window with last_k")
-    evaluate.add_argument("--n-windows", type=positive_int, default=16, help="windows per length with last_k")
-    evaluate.add_argument("--n-tokens", type=positive_int, help="tokens scored with nonoverlap (default: all)")
+    evaluate.add_argument("--last-k", type=positive_int, default=256,
+                          help="tokens scored per window with last_k (at most the shortest length; default 256)")
+    evaluate.add_argument("--n-windows", type=positive_int, default=32,
+                          help="windows per length with last_k, the same scored tokens at every length (default 32)")
+    evaluate.add_argument("--n-tokens", type=positive_int,
+                          help="predictions scored with nonoverlap (default: all of the validation split)")
     evaluate.add_argument("--corpus", help="corpus whose val split is scored (default: the checkpoint's, "
                                            "refused if its file has changed)")
     evaluate.add_argument("--out", help="directory for the results (default: the first checkpoint's)")
@@ -359,9 +364,12 @@ def run_demo(args: argparse.Namespace) -> None:
 
 def _demo_into(args: argparse.Namespace, out: Path, device: torch.device, budget: DemoBudget, steps: int) -> None:
     val_tokens = load_corpus(args.corpus, "val")
+    scored = min(DEMO_LAST_K, min(budget.eval_lengths))
+    what_is_scored = (f"last_k: the same {budget.eval_windows} x {scored} = {budget.eval_windows * scored} tokens "
+                      f"scored at every length, only their context grows")
     print(f"minidape demo on {device}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
           f"wide, {steps} steps of {budget.batch_size} x {DEMO_TRAIN_LENGTH} tokens each, evaluated at "
-          f"{', '.join(map(str, budget.eval_lengths))} (last 256 tokens of {budget.eval_windows} windows)")
+          f"{', '.join(map(str, budget.eval_lengths))} ({what_is_scored})")
     results, seconds, started = {}, {}, time.perf_counter()
     for name, overrides in DEMO_MODELS:
         clock = time.perf_counter()
@@ -369,14 +377,14 @@ def _demo_into(args: argparse.Namespace, out: Path, device: torch.device, budget
                         block_size=DEMO_TRAIN_LENGTH, **overrides)
         model, _ = train(cfg, args.corpus, steps=steps, batch_size=budget.batch_size, lr=budget.lr, device=device,
                          seed=args.seed, out=out / name, overwrite=args.overwrite, eval_every=steps)
-        results[name] = perplexity_by_length(model, val_tokens, budget.eval_lengths, last_k=256,
+        results[name] = perplexity_by_length(model, val_tokens, budget.eval_lengths, last_k=DEMO_LAST_K,
                                              protocol="last_k", n_windows=budget.eval_windows, seed=args.seed)
         seconds[name] = round(time.perf_counter() - clock, 1)
         print(f"{name}: {seconds[name]:.0f} s, perplexity " +
               ", ".join(f"{length}: {ppl:.2f}" for length, ppl in results[name].items()), flush=True)
     details = {"corpus": args.corpus, "device": str(device), "steps": steps, "batch_size": budget.batch_size,
                "model": f"{budget.n_layer} layers, n_embd {budget.n_embd}, {budget.n_head} heads",
-               "protocol": "last_k (last 256 tokens)", "windows per length": budget.eval_windows,
+               "protocol": what_is_scored, "windows per length": budget.eval_windows,
                "seed": args.seed, "fast mode": fast_mode(),
                "wall time (s)": round(time.perf_counter() - started, 1), "seconds per model": seconds}
     table = write_extrapolation(out, results, DEMO_TRAIN_LENGTH,
@@ -447,26 +455,27 @@ COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_c
 
 
 def add_study_commands(commands) -> None:
-    from .study import BUDGET_NAMES, BUDGETS
+    from .study import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
     budget_help = argparse.SUPPRESS  # "tiny" (tests only) is accepted but not advertised
     reproduce = add_command(
-        commands, "reproduce", help="test the papers' claims C1-C6 with seeds and paired t-tests",
+        commands, "reproduce", help="test the papers' claims C1-C6 with seeds, intervals and Holm-adjusted tests",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train and evaluate the claim study (KERPLE, DAPE, DAPE-V2: claims C1-C6) and write "
                     "REPRODUCTION.md, results.json and figures/ into --out. Resumable: the same command "
                     "skips the runs already done; other settings into the same --out are refused.\n\n"
                     "example:\n  python -m minidape reproduce --budget small --out runs/reproduce-small")
     reproduce.add_argument("--budget", default="default", choices=list(BUDGETS), metavar="{small,default}",
-                           help=f"small: under an hour on a 2-core CPU; default: the committed report's "
+                           help=f"small: fewer steps and a lighter evaluation; default: the committed report's "
                                 f"(larger on CUDA by itself). Valid: {', '.join(BUDGET_NAMES)}")
-    reproduce.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
-    reproduce.add_argument("--corpus", nargs="+", default=["austen", "python"],
-                           help="corpus names or .txt/.gz paths (default: austen python)")
+    reproduce.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                           help=f"seeds per model (default {DEFAULT_SEEDS}, at least 2)")
+    reproduce.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPORA),
+                           help=f"corpus names or .txt/.gz paths (default: {' '.join(DEFAULT_CORPORA)})")
     reproduce.add_argument("--out", default="runs/reproduce", help="output directory (default runs/reproduce)")
     _add_device_flag(reproduce)
 
     compare = add_command(
-        commands, "compare", help="a bias against baselines: mean ± std over seeds and paired t-tests",
+        commands, "compare", help="a bias against baselines: mean ± std over seeds, differences with intervals",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias "
                     "subclass registered on the fly) and its baselines with several seeds at length 128, "

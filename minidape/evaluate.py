@@ -1,16 +1,26 @@
 r"""Length-extrapolation protocols and per-position loss.
 
-Perplexity is $\exp$ of the mean next-token cross-entropy over the scored tokens,
-$\mathrm{ppl} = \exp\big(-\frac{1}{N}\sum_t \ln p(x_{t+1} \mid x_{\le t})\big)$.
+Perplexity (per byte, for the bundled byte-level corpora) is $\exp$ of the mean next-token cross-entropy over
+the scored tokens, $\mathrm{ppl} = \exp\big(-\frac{1}{N}\sum_t \ln p(x_{t+1} \mid x_{\le t})\big)$.
 
-- `last_k` (DAPE's protocol): run the model on whole windows of `length` tokens and score only the final
-  `min(last_k, length)` predictions, so every length is judged on the same number of tokens, each of which
-  sees a long context.
-- `nonoverlap` (ALiBi's and Kerple's protocol): cut the token stream into consecutive, non-overlapping
-  windows of `length` tokens and score every prediction (early tokens of each window see little context).
+A curve across lengths must show length, not text: both protocols score **the same tokens at every length**
+of one call, and only the context before them changes.
 
-Windows are fixed by a seed (`data.fixed_windows`), so curves of different models are comparable. A model
-that cannot run at some length (`pe="learned"` beyond its table) gets NaN there and a warning, not a crash.
+- `last_k` (DAPE's protocol): `n_windows` scored stretches of $k = \min(\text{last\_k}, \text{shortest
+  length})$ tokens, disjoint, at positions drawn once (by `seed`) from the whole token stream. At every length
+  $T$ the model reads the $T$ tokens that end at a stretch's last token and the stretch's $k$ predictions are
+  scored: the same targets at every length, with $T - k \ldots T - 1$ tokens of context each. (At lengths
+  above `last_k` DAPE scores the last `last_k`; when the shortest length is below it, all lengths score its
+  $k$, so the training length does not add short-context tokens that the longer lengths lack.)
+- `nonoverlap` (ALiBi's and Kerple's protocol): the first `n_tokens` predictions (default: all) cut into
+  consecutive windows of `length` tokens and every prediction scored (early tokens of each window see little
+  context). A length that does not divide the stretch ends with one shorter window holding the remainder, so
+  nothing is dropped and every length scores exactly the same predictions.
+
+So curves of different models, and of one model at different lengths, compare like with like. The scored
+positions depend on the longest length of the call (the first `max(lengths)` tokens cannot end a window):
+compare numbers from calls with the same lengths, `seed` and tokens. A model that cannot run at some length
+(`pe="learned"` beyond its table) gets NaN there and a warning, not a crash.
 """
 
 from __future__ import annotations
@@ -87,17 +97,36 @@ def _evaluation_mode(model: nn.Module):
         model.train(was_training)
 
 
+def scored_ends(n_tokens: int, longest: int, scored: int, n_windows: int, seed: int = 0) -> torch.Tensor:
+    """End positions of `last_k`'s scored stretches: `n_windows` sorted indices `e` into a stream of `n_tokens`
+    tokens, drawn by `seed` alone. Stretch `tokens[e - scored + 1 : e + 1]` is scored; every window, of any
+    length up to `longest`, ends at `e`. The candidates lie `scored` apart, so the stretches never overlap."""
+    if n_tokens < longest + 1:
+        raise ValueError(f"need windows of {longest + 1} tokens (length {longest} plus its next-token target) but "
+                         f"the tokens number only {n_tokens}; use shorter lengths or more tokens")
+    candidates = (n_tokens - 1 - longest) // scored + 1      # e = longest + j * scored, j < candidates
+    if n_windows > candidates:
+        raise ValueError(f"{n_tokens} tokens hold {candidates} disjoint stretches of {scored} scored tokens after "
+                         f"a context of {longest}; ask for n_windows <= {candidates}, shorter lengths or more tokens")
+    generator = torch.Generator().manual_seed(seed)
+    chosen = torch.randperm(candidates, generator=generator)[:n_windows].sort().values
+    return longest + chosen * scored
+
+
 def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k: int = 256,
-                         protocol: str = "last_k", n_windows: int = 16, n_tokens: int | None = None,
+                         protocol: str = "last_k", n_windows: int = 32, n_tokens: int | None = None,
                          seed: int = 0, max_batch_tokens: int = MAX_BATCH_TOKENS,
                          progress: bool = False) -> dict[int, float]:
     """Perplexity at each evaluation length: `{length: ppl}` (NaN where the model cannot run that length).
+    Every length scores the same tokens (see the module docstring); only their context grows with the length.
 
-    - `protocol="last_k"`: `n_windows` seeded windows of `length + 1` tokens from `tokens`; the model reads
-      `length` tokens and the last `min(last_k, length)` predictions are scored.
-    - `protocol="nonoverlap"`: the first `n_tokens` tokens (default: all) cut into consecutive windows of
-      `length` inputs (each window's targets are its inputs shifted by one); every prediction is scored.
-      The same stretch of text is scored at every length, up to the remainder of the last window.
+    - `protocol="last_k"`: `n_windows` disjoint stretches of `k = min(last_k, min(lengths))` tokens, placed by
+      `seed` anywhere in `tokens` after its first `max(lengths)` tokens (`scored_ends`); at each length the
+      window of `length` inputs ending at a stretch is run and the stretch's `k` predictions are scored:
+      `n_windows * k` scored tokens per length (32 x 128 = 4,096 with the defaults and lengths from 128).
+    - `protocol="nonoverlap"`: the first `n_tokens` predictions (default: all `len(tokens) - 1`) cut into
+      consecutive windows of `length` inputs, the remainder in one shorter last window; every prediction is
+      scored. `n_windows`, `last_k` and `seed` play no part.
     - `progress`: a progress bar of the tokens read (the CLI's `eval` shows one).
     A length whose batch cannot fit in memory raises MemoryError before it runs (`utils.check_memory`).
     """
@@ -113,28 +142,38 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     _check_length(last_k, "last_k")
     _check_length(n_windows, "n_windows")
     _check_length(max_batch_tokens, "max_batch_tokens")
-    if n_tokens is not None:
-        tokens = tokens[: _check_length(n_tokens, "n_tokens") + 1]
+    longest = max(lengths)
+    if protocol == "last_k":
+        if n_tokens is not None:    # last_k draws from the whole stream: a cut-off would go unnoticed
+            raise ValueError(f"n_tokens={n_tokens!r} applies to protocol='nonoverlap' only; last_k places its "
+                             f"windows over all of tokens (pass tokens[:n] to restrict it)")
+        scored = min(last_k, min(lengths))
+        ends = scored_ends(len(tokens), longest, scored, n_windows, seed)
+    else:
+        n_scored = len(tokens) - 1 if n_tokens is None else _check_length(n_tokens, "n_tokens")
+        if n_scored > len(tokens) - 1:
+            raise ValueError(f"n_tokens={n_scored} predictions asked for, but {len(tokens)} tokens hold "
+                             f"{len(tokens) - 1}")
+        if n_scored < longest:
+            raise ValueError(f"{n_scored + 1} tokens hold no window of length {longest} plus its next-token "
+                             f"target; use shorter lengths or more tokens")
     results = {}
     from tqdm import tqdm  # here: `import minidape` stays free of tqdm
     bar = tqdm(total=0, disable=not progress, unit="tok", desc="eval", dynamic_ncols=True)
     with _evaluation_mode(model), bar:
         for length in lengths:
             if protocol == "last_k":
-                windows = fixed_windows(tokens, length + 1, n_windows, seed)
-                score_last = min(last_k, length)
+                batches = [(tokens[ends[:, None] - length + torch.arange(length + 1)], scored)]
             else:
-                count = (len(tokens) - 1) // length
-                if count == 0:
-                    raise ValueError(f"{len(tokens)} tokens hold no window of length {length} plus its "
-                                     f"next-token target; use shorter lengths or more tokens")
-                starts = torch.arange(count) * length
-                windows = tokens[starts[:, None] + torch.arange(length + 1)]
-                score_last = length
-            bar.total += windows.shape[0] * length
+                count, remainder = divmod(n_scored, length)
+                batches = [(tokens[(torch.arange(count) * length)[:, None] + torch.arange(length + 1)], length)]
+                if remainder:
+                    batches.append((tokens[count * length: n_scored + 1][None], remainder))
+            bar.total += sum(windows.numel() - len(windows) for windows, _ in batches)
             bar.set_description(f"eval at {length}")
             try:
-                losses = _token_losses(model, windows, score_last, max_batch_tokens, bar)
+                losses = torch.cat([_token_losses(model, windows, score_last, max_batch_tokens, bar).flatten()
+                                    for windows, score_last in batches])
             except ValueError as err:  # a PE that cannot run this length, e.g. "learned" beyond its table
                 warnings.warn(f"length {length} skipped (reported as NaN): {err}", stacklevel=2)
                 results[length] = math.nan

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import math
 import os
+import zlib
 from pathlib import Path
 
 import matplotlib.pyplot as plt
@@ -16,6 +17,42 @@ import torch
 from matplotlib.figure import Figure
 
 from .utils import atomic_path
+
+
+# One colour and line style per model in every figure (demo, notebooks, study, compare). A PE has one colour,
+# a refiner one line style, so "DAPE-X" is drawn in X's colour, dashed; the study's models that share a PE and a
+# refiner (kernel sizes, widths) get their own colours below.
+PE_COLORS = {"none": "#7f7f7f", "rope": "#d62728", "yarn": "#ff9896", "sinusoidal": "#8c564b",
+             "learned": "#e377c2", "t5": "#17becf", "alibi": "#1f77b4", "kerple_log": "#2ca02c",
+             "kerple_power": "#bcbd22", "fire": "#ff7f0e"}
+REFINER_LINESTYLES = {"none": "-", "dape": "--", "cape": "--", "dape_concat": (0, (6, 2, 1, 2)),
+                      "dape_add": ":", "conv": "-.", "conv_no_tril": (0, (1, 1))}
+# The names the demo and the study give their models: (pe, refiner) or an explicit colour and style.
+MODEL_STYLES = {
+    "NoPE": ("none", "none"), "RoPE": ("rope", "none"), "sinusoidal APE": ("sinusoidal", "none"),
+    "learned APE": ("learned", "none"), "ALiBi": ("alibi", "none"), "Kerple-log": ("kerple_log", "none"),
+    "Kerple-power": ("kerple_power", "none"), "FIRE": ("fire", "none"), "DAPE-ALiBi": ("alibi", "dape"),
+    "DAPE-Kerple": ("kerple_log", "dape"), "DAPE-Kerple-power": ("kerple_power", "dape"),
+    "DAPE-FIRE": ("fire", "dape"), "DAPE-Kerple Concat": ("kerple_log", "dape_concat"),
+    "DAPE-Kerple Add_Residual": ("kerple_log", "dape_add"), "DAPE1x3-Kerple": ("kerple_log", "conv"),
+    "conv-Kerple": ("kerple_log", "conv"), "DAPE1x5-Kerple": {"color": "#9467bd", "linestyle": "-."},
+    "DAPE-Kerple, 1x3's parameters": {"color": "#004d00", "linestyle": "--"},
+    "DAPE1x3-Kerple without tril": {"color": "black", "linestyle": (0, (1, 1))},
+}
+_OTHER_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
+
+
+def model_style(label: str) -> dict:
+    """`{"color": ..., "linestyle": ...}` of a model in every figure: by the study's and demo's names, by
+    `pe` or `pe+refiner` (as `md.utils.model_label` writes it), and for any other name a colour fixed by the
+    name itself (dash-dotted), so a model looks the same in every figure that draws it."""
+    style = MODEL_STYLES.get(label)
+    if isinstance(style, dict):
+        return dict(style)
+    pe, refiner = style if style else (label.partition("+")[0], label.partition("+")[2].split("+")[0] or "none")
+    if pe in PE_COLORS and refiner in REFINER_LINESTYLES:
+        return {"color": PE_COLORS[pe], "linestyle": REFINER_LINESTYLES[refiner]}
+    return {"color": _OTHER_COLORS[zlib.crc32(label.encode()) % len(_OTHER_COLORS)], "linestyle": (0, (4, 1, 1, 1))}
 
 
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 150) -> Path:
@@ -59,9 +96,9 @@ def plot_extrapolation(results: dict[str, dict[int, float]], train_length: int |
     for name, curve in results.items():
         points = sorted((length, ppl) for length, ppl in curve.items() if not math.isnan(ppl))
         if points:
-            ax.plot(*zip(*points), marker="o", markersize=4, label=name)
+            ax.plot(*zip(*points), marker="o", markersize=4, label=name, **model_style(name))
     ax.set_yscale("log")
-    return _finish_curves(fig, ax, train_length, "evaluation length (tokens)", "perplexity",
+    return _finish_curves(fig, ax, train_length, "evaluation length (tokens)", "perplexity per byte",
                           title or "Length extrapolation", path)
 
 
@@ -72,7 +109,7 @@ def plot_loss_by_position(losses: dict[str, torch.Tensor], train_length: int | N
     fig, ax = _axes(ax, (7, 4.5))
     for name, curve in losses.items():
         curve = torch.as_tensor(curve).detach().float().cpu().numpy()
-        ax.plot(range(1, len(curve) + 1), curve, linewidth=1, label=name)
+        ax.plot(range(1, len(curve) + 1), curve, linewidth=1, label=name, **model_style(name))
     return _finish_curves(fig, ax, train_length, "position (tokens of context)", "next-token loss (nats)",
                           title or "Loss by position", path)
 
@@ -139,7 +176,7 @@ def plot_accuracy(curves: dict[str, dict[int, float]], train_length: int | None 
     for label, curve in curves.items():
         points = sorted((int(n), 100 * acc) for n, acc in curve.items())
         ax.plot(*zip(*points), marker="o" if len(points) <= 30 else None, markersize=3, linewidth=1.2,
-                label=label)
+                label=label, **model_style(label))
     if train_length is not None:
         ax.axvline(train_length, color="gray", linestyle="--", linewidth=1,
                    label=f"longest training input ({train_length})")

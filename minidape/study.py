@@ -11,11 +11,12 @@ compare("my_bias.py:MyBias", out="runs/compare/my_bias")       # or a class in a
 
 The protocol. Every model of a comparison is trained with the same budget once per seed (seed ``s`` fixes
 the initialisation and the batches, so seed ``s`` of two models saw the same data), then evaluated at the
-training length ``T`` times 1, 2, 4, 8, 16 with both protocols of `md.evaluate.perplexity_by_length`
-(``last_k``: the last 256 tokens of fixed windows; ``nonoverlap``: one stretch of text cut into windows),
-always on the same windows of the validation split. A statement "A is better than B" is then tested at
-each evaluation length with a paired two-sided t-test over seeds (`scipy.stats.ttest_rel`, as KERPLE's
-Table 3 does); the verdict rule is `VERDICT_RULE`.
+training length ``T`` times 1, 2, 4, 8, 16 with both protocols of `md.evaluate.perplexity_by_length`, which
+score the same tokens at every length (``last_k``: fixed disjoint stretches placed over the whole validation
+split, each length reading the window that ends at them; ``nonoverlap``: one stretch cut into windows), for
+every model and seed. Each statement of a claim is judged by one endpoint per unit (a corpus and seed): its
+mean over the units with a 95 % confidence interval, a t-test and an exact sign-flip permutation test
+(`scipy.stats`), Holm's adjustment across the report's statements; the verdict rule is `VERDICT_RULE`.
 
 Runs are resumable: each (corpus, training length, model, seed) run writes one JSON file, atomically, under
 ``OUT/runs/``; a restart skips the files already there, and a restart with other settings into the same
@@ -45,22 +46,35 @@ from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
 from .data import load_corpus
 from .evaluate import PROTOCOLS, perplexity_by_length
-from .model import (PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefiner, GPTConfig, check_causal,
-                    register_pe, register_refiner)
-from .plots import save_figure
+from .model import (GPT, PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, ConvRefiner, GPTConfig,
+                    check_causal, register_pe, register_refiner)
+from .plots import model_style, save_figure
 from .train import check_no_leak, train
 from .utils import (RESULT_FILES, atomic_path, file_lock, holds_out_folder, json_ready, refuse_to_replace,
                     resolve_device, user_path)
 
 ALPHA = 0.05
 VERDICT_RULE = (
-    "Each statement is tested in *cells* (one corpus, training length, protocol and evaluation length; one "
-    "task for C6). A cell **supports** the statement when the mean over seeds goes the claimed way and the "
-    f"paired two-sided t-test over seeds gives p < {ALPHA}; it **contradicts** it when the mean goes the other "
-    f"way with p < {ALPHA}; otherwise it is *unclear*. A statement is **reproduced** when at least half of its "
-    "cells support it and none contradicts it, **not reproduced** when more cells contradict it than support "
-    "it, and **inconclusive at this budget** otherwise. A claim is reproduced when all its statements are, "
-    "not reproduced when none is, and otherwise *partly reproduced* (each statement's verdict is given).")
+    "Each statement is judged by one endpoint per unit — a corpus and seed for perplexity (units pooled over "
+    "corpora), a seed for C6 — defined with the statement: for a comparison of two models, their log ratio of "
+    "perplexity per byte averaged over both protocols and the statement's evaluation lengths; for "
+    "\"degrades\" and \"stays within\" statements, the log ratio of a model's perplexity per byte at 16x the "
+    "training length to that at 1x (both protocols); for C6, the accuracy difference in points averaged over the "
+    "test lengths beyond training. The estimate is the mean over the units with its 95 % t confidence interval, "
+    "shown as a ratio minus 1 (or in points). The test (`scipy.stats.ttest_1samp`) is two-sided against 0 for "
+    "directional statements; for \"stays within\" / \"near-equal\" statements it is an equivalence test (TOST, "
+    "the larger of two one-sided p) against the stated margin when the estimate lies inside it, and the one-sided "
+    "test that the mean lies beyond the margin when the estimate lies outside. Beside it, an exact sign-flip "
+    "permutation test of the same hypothesis (`scipy.stats.permutation_test`, all 2^n sign flips), a check that "
+    f"does not assume normally distributed units. The t-test p-values of all the report's statements are "
+    f"adjusted together by Holm's method. A statement is **reproduced** when its Holm-adjusted p < {ALPHA} and "
+    "the estimate lies on the claimed side (inside the margin); **not reproduced** when its Holm-adjusted p < "
+    f"{ALPHA} and the estimate lies on the other side (beyond the margin): the data favour the opposite; "
+    "**inconclusive at this budget** otherwise. The sign-flip p does not enter the verdict: with 5 units it "
+    "cannot go below 2/2^5 = 0.0625 (two-sided). A claim is reproduced when all its statements are, not "
+    "reproduced when all are not, partly reproduced when some are, inconclusive otherwise. The per-cell numbers "
+    "under each statement (signed difference and an unadjusted paired t-test per corpus, protocol and length) "
+    "describe where an effect comes from; they do not vote.")
 
 
 # ----------------------------------------------------------------------------- the leaky refiner of C4
@@ -106,52 +120,56 @@ class Budget:
     steps: int                      # AdamW steps per language model (cosine schedule, 5% warmup)
     batch_size: int
     lr: float
-    train_lengths: tuple[int, ...]  # the first is the main one; the others train C1's models on the first corpus
+    train_lengths: tuple[int, ...]  # the first is the main one; any others train C1's models on the first corpus
     eval_factors: tuple[int, ...]   # evaluation lengths = training length x these
-    last_k: int                     # tokens scored per window by the last_k protocol
-    eval_windows: int               # windows per length of the last_k protocol
-    nonoverlap_tokens: int          # tokens scored per length by the nonoverlap protocol
+    last_k: int                     # last_k scores min(last_k, training length) tokens per window
+    eval_windows: int               # scored stretches (windows per length) of the last_k protocol
+    nonoverlap_tokens: int          # predictions scored at every length by the nonoverlap protocol
     che_steps: int                  # Adam steps per Chomsky-hierarchy encoder
     che_batch_size: int
     che_lr: float
-    che_test_lengths: tuple[int, ...]   # a few lengths within 1..40 (did the model learn the task?), then a
-                                        # subsample of 41..500 (the papers test every length)
+    che_test_lengths: tuple[int, ...]   # a few lengths within 1..40 (did the model learn the task?), then
+                                        # lengths spread evenly over 41..500 (the papers test every length)
     che_eval_samples: int
     che_random_positions: int       # randomized positions: sorted draws from [0, L), L as in the DAPE paper
 
 
-# CPU budgets, timed on the project's 2-core Intel Xeon (session 7, nothing else running): "small" 14 min (one
-# process), "default" 14 min (two processes sharing the folder; its runs add up to 27 min). On the shared
-# 2-core AMD EPYC of session 6 (load 2-6, CHE at 150/300 steps) they took 21 and 66 min.
-# "tiny" is for the tests only (every code path, no meaning).
+def _spread(first: int, last: int, count: int) -> tuple[int, ...]:
+    """`count` lengths evenly spread over first..last, both included (the papers average over every length)."""
+    return tuple(round(first + i * (last - first) / (count - 1)) for i in range(count))
+
+
+# CPU budgets: "default" MEASURE; "small" MEASURE. "tiny" is for the tests only (every code path, no meaning).
 BUDGETS = {
     "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
-                   eval_factors=(1, 2), last_k=8, eval_windows=1, nonoverlap_tokens=64, che_steps=2,
+                   eval_factors=(1, 2), last_k=8, eval_windows=2, nonoverlap_tokens=64, che_steps=2,
                    che_batch_size=2, che_lr=1e-3, che_test_lengths=(20, 41, 44), che_eval_samples=2,
                    che_random_positions=128),
-    "small": Budget(n_layer=2, n_embd=64, n_head=4, steps=150, batch_size=8, lr=3e-3, train_lengths=(128, 64),
-                    eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=4, nonoverlap_tokens=4096,
-                    che_steps=500, che_batch_size=32, che_lr=1e-3, che_test_lengths=(20, 40, 41, 100, 250, 500),
+    "small": Budget(n_layer=2, n_embd=64, n_head=4, steps=150, batch_size=8, lr=3e-3, train_lengths=(128,),
+                    eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=8, nonoverlap_tokens=4096,
+                    che_steps=500, che_batch_size=32, che_lr=1e-3, che_test_lengths=(20, 40) + _spread(41, 500, 6),
                     che_eval_samples=16, che_random_positions=2048),
-    "default": Budget(n_layer=2, n_embd=64, n_head=4, steps=300, batch_size=8, lr=3e-3, train_lengths=(128, 64),
-                      eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=8, nonoverlap_tokens=8192,
+    "default": Budget(n_layer=2, n_embd=64, n_head=4, steps=300, batch_size=8, lr=3e-3, train_lengths=(128,),
+                      eval_factors=(1, 2, 4, 8, 16), last_k=256, eval_windows=24, nonoverlap_tokens=8192,
                       che_steps=1000, che_batch_size=32, che_lr=1e-3,
-                      che_test_lengths=(20, 40, 41, 60, 100, 200, 300, 500),
+                      che_test_lengths=(20, 40) + _spread(41, 500, 12),
                       che_eval_samples=32, che_random_positions=2048),
 }
-# On CUDA the same budget names pick a larger model and longer training by themselves.
+# On CUDA the same budget names pick a larger model, longer training and evaluation to 64x by themselves.
 # (Not measured: this session had no GPU.)
 CUDA_OVERRIDES = {
-    "small": dict(n_layer=4, n_embd=256, n_head=8, steps=1000, batch_size=32, lr=1e-3, eval_windows=16,
+    "small": dict(n_layer=4, n_embd=256, n_head=8, steps=1000, batch_size=32, lr=1e-3, eval_windows=32,
                   nonoverlap_tokens=32768, che_steps=1000, che_eval_samples=64),
-    "default": dict(n_layer=4, n_embd=256, n_head=8, steps=3000, batch_size=32, lr=1e-3, eval_windows=32,
-                    nonoverlap_tokens=65536, che_steps=5000, che_batch_size=64, che_eval_samples=128,
-                    che_test_lengths=(20, 40) + tuple(range(41, 501, 20))),
+    "default": dict(n_layer=4, n_embd=256, n_head=8, steps=3000, batch_size=32, lr=1e-3,
+                    eval_factors=(1, 2, 4, 8, 16, 32, 64), eval_windows=32, nonoverlap_tokens=65536,
+                    che_steps=5000, che_batch_size=64, che_eval_samples=128,
+                    che_test_lengths=(20, 40) + _spread(41, 500, 24)),
 }
 BUDGET_NAMES = ("small", "default")   # the public ones; "tiny" is for tests
 CHE_MAX_TRAIN_LENGTH = 40             # the papers': train on 1..40, test on 41..500
 LEARNED_MARGIN = 0.1                  # a CHE task counts as learned 10 points above chance within 1..40
-DEFAULT_CORPORA = ("austen", "python")
+DEFAULT_CORPORA = ("austen", "python", "latex")
+DEFAULT_SEEDS = 5
 
 
 def resolve_budget(name: str, device: torch.device) -> Budget:
@@ -165,47 +183,70 @@ def resolve_budget(name: str, device: torch.device) -> Budget:
 
 # ----------------------------------------------------------------------------- the study: models and claims
 
+MATCHED_WIDTH = "matched to the 1x3 conv"   # refiner_width placeholder: resolved by `_lm_config`
+
 # label -> GPTConfig overrides. "DAPE1x1" is DAPE itself: a 1 x 1 convolution over the head channels is the
 # per-cell MLP of DAPE, which is why DAPE-V2's Table 4 labels DAPE-Kerple "kernel size 1x1".
 MODELS = {
     "NoPE": {"pe": "none"},
     "RoPE": {"pe": "rope"},
-    "learned APE": {"pe": "learned"},
+    "sinusoidal APE": {"pe": "sinusoidal"},
     "ALiBi": {"pe": "alibi"},
     "Kerple-log": {"pe": "kerple_log"},
     "Kerple-power": {"pe": "kerple_power"},
     "FIRE": {"pe": "fire"},
     "DAPE-ALiBi": {"pe": "alibi", "refiner": "dape"},
     "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"},
+    "DAPE-Kerple-power": {"pe": "kerple_power", "refiner": "dape"},
     "DAPE-FIRE": {"pe": "fire", "refiner": "dape"},
     "DAPE-Kerple Concat": {"pe": "kerple_log", "refiner": "dape_concat"},
     "DAPE-Kerple Add_Residual": {"pe": "kerple_log", "refiner": "dape_add"},
     "DAPE1x3-Kerple": {"pe": "kerple_log", "refiner": "conv", "refiner_kernel": 3},
     "DAPE1x5-Kerple": {"pe": "kerple_log", "refiner": "conv", "refiner_kernel": 5},
+    "DAPE-Kerple, 1x3's parameters": {"pe": "kerple_log", "refiner": "dape", "refiner_width": MATCHED_WIDTH},
     "DAPE1x3-Kerple without tril": {"pe": "kerple_log", "refiner": LEAKY_REFINER, "refiner_kernel": 3},
 }
 CHE_MODELS = {"Kerple-log": {"pe": "kerple_log"}, "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"}}
 CHE_TASKS = ("missing_duplicate_string", "even_pairs", "reverse_string", "bucket_sort")
 
 # Where a statement is tested: "everywhere" = every corpus at the main training length and the first corpus at
-# the other training lengths; "main" = every corpus at the main length; "first" = the first corpus, main length.
+# the budget's other training lengths (none in the CPU budgets); "main" = every corpus at the main length;
+# "first" = the first corpus, main length.
 SCOPES = ("everywhere", "main", "first")
+# What a statement claims about its endpoint (see `Statement`): the claimed side of zero, or within a margin.
+KINDS = {"lower": "below", "degrades": "above", "flat": "within", "higher": "above", "near": "within"}
+FLAT_MARGIN = 0.10        # "stays near its perplexity per byte at the training length": within ±10 % (as a ratio)
+NEAR_MARGIN = 5.0         # C6 "near-equal": accuracies within ±5 points
+UNIGRAM_SHARE = 0.9       # a model above 90 % of the byte-frequency perplexity learned (almost) no context
 
 
 @dataclasses.dataclass(frozen=True)
 class Statement:
-    """``better`` beats ``worse``: a perplexity below ``factor`` x the other's (C6: a higher accuracy). Each
-    side is a model read at the cell's evaluation length (``"L"``) or at the training length (``"T"``), so
-    "X degrades beyond T" is "X@T beats X@L" and "X stays within 10%" is "X@L beats 1.1 x X@T"."""
+    """One claim, tested by one endpoint per unit (a corpus and seed; a seed for C6):
+
+    - ``lower``: ``model``'s perplexity per byte is below ``factor`` x ``other``'s. Endpoint: the mean over
+      both protocols and the statement's lengths of ``log ppl(model) - log ppl(other)``, minus ``log factor``;
+      claimed below 0.
+    - ``degrades``: ``model`` is worse at 16 x its training length than at it. Endpoint: ``log ppl(16 T) - log
+      ppl(T)`` (mean over both protocols): the gap at 16 x against 1 x, claimed above 0.
+    - ``flat``: the same endpoint, claimed within ``±log(1 + FLAT_MARGIN)`` (an equivalence test).
+    - ``higher`` / ``near`` (C6, ``task``): accuracy of ``model`` minus ``other``'s, in points, averaged over
+      the test lengths beyond training: claimed above 0 / within ``±NEAR_MARGIN``.
+    """
 
     text: str
-    better: str
-    worse: str
-    better_at: str = "L"
-    worse_at: str = "L"
+    kind: str
+    model: str
+    other: str | None = None
     factor: float = 1.0
     lengths: str = "all"            # "all" evaluation lengths, or only those "beyond" the training length
     scope: str = "main"
+    task: str | None = None         # C6: the Chomsky-hierarchy task
+
+    @property
+    def margin(self) -> float:
+        """Half-width of the equivalence band of a ``flat`` / ``near`` statement (log ratio / points)."""
+        return math.log1p(FLAT_MARGIN) if self.kind == "flat" else NEAR_MARGIN
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,149 +261,181 @@ class Claim:
 
 
 def _degrades(model: str) -> Statement:
-    return Statement(f"{model} is worse beyond the training length than at it", better=model, worse=model,
-                     better_at="T", lengths="beyond", scope="everywhere")
-
-
-def _stays_near(model: str, tolerance: float = 0.10) -> Statement:
-    return Statement(f"{model} stays within {tolerance:.0%} of its perplexity at the training length",
-                     better=model, worse=model, worse_at="T", factor=1 + tolerance, lengths="beyond",
+    return Statement(f"{model} is worse at 16x the training length than at it", "degrades", model,
                      scope="everywhere")
 
 
-def _better(better: str, worse: str, scope: str = "main", **options) -> Statement:
-    return Statement(f"{better} has a lower perplexity than {worse}", better=better, worse=worse, scope=scope,
+def _stays_near(model: str) -> Statement:
+    return Statement(f"{model} at 16x the training length stays within ±{FLAT_MARGIN:.0%} of its perplexity per "
+                     f"byte at the training length", "flat", model, scope="everywhere")
+
+
+def _lower(model: str, other: str, scope: str = "main", **options) -> Statement:
+    return Statement(f"{model} has a lower perplexity per byte than {other}", "lower", model, other, scope=scope,
                      **options)
 
 
+def _che(task: str, kind: str) -> Statement:
+    text = (f"{task}: DAPE-Kerple has a higher accuracy beyond the training lengths than Kerple-log" if kind == "higher"
+            else f"{task}: DAPE-Kerple and Kerple-log are within ±{NEAR_MARGIN:.0f} points beyond the training "
+                 "lengths")
+    return Statement(text, kind, "DAPE-Kerple", "Kerple-log", task=task)
+
+
 CLAIMS = (
-    Claim("C1", "NoPE, RoPE and learned APE fail past the training length; ALiBi and Kerple stay near their "
-                "in-length perplexity up to 16x",
+    Claim("C1", "NoPE, RoPE and sinusoidal APE degrade past the training length; ALiBi and Kerple stay near their "
+                "in-length perplexity up to 16x (learned APE cannot run there)",
           "KERPLE Table 3; DAPE Table 5 (appendix E); DAPE-V2 Table 2 (appendix B)",
-          "KERPLE Table 3 (train 512, 5 seeds, non-overlapping windows), OpenWebText2: Rotary 24.2 → 33.2 (1024) → "
-          "269 (16384); Sinusoidal 33 → 30046 (16384); ALiBi 23.9 → 22.5 (16384); Kerple-log 23.9 → 21.4 "
-          "(16384). DAPE Table 5 (arXiv, train 512, 3 seeds, last 256 tokens): RoPE 4.58 → 45.2 (1024) → 265 "
-          "(8192); ALiBi 4.61 → 4.77; Kerple 4.58 → 13.35 (8192: Kerple degrades slowly in this protocol). "
-          "DAPE-V2 Table 2 (arXiv, train 1024): NoPE 4.16 → 42.27 (2048) → 17167 (8192). Learned absolute "
-          "positions have no embedding past the training length (minidape raises an error there, reported "
-          "as n/a: the model *cannot run*).",
-          ("NoPE", "RoPE", "learned APE", "ALiBi", "Kerple-log"),
-          (_degrades("NoPE"), _degrades("RoPE"), _degrades("learned APE"),
-           _stays_near("ALiBi"), _stays_near("Kerple-log"))),
-    Claim("C2", "DAPE-X beats X for X in ALiBi, Kerple-log, FIRE, at and beyond the training length; the three "
-                "DAPE variants against each other",
+          "KERPLE Table 3 (train 512, 5 seeds, non-overlapping windows), OpenWebText2, perplexity per token: "
+          "Rotary 24.2 → 32.8 (1024) → 269 (16384); Sinusoidal 33 → 30046 (16384); ALiBi 23.9 → 22.5 (16384); "
+          "Kerple-log 23.9 → 21.4 (16384). DAPE Table 5 (arXiv, train 512, 3 seeds, last 256 tokens): RoPE "
+          "4.58 → 45.2 (1024) → 265 (8192); ALiBi 4.61 → 4.77; Kerple 4.58 → 13.35 (8192: Kerple degrades "
+          "slowly in this protocol). DAPE-V2 Table 2 (arXiv, train 1024): NoPE 4.16 → 42.27 (2048) → 17167 "
+          "(8192). Learned absolute positions have no embedding past the training length: such a model cannot "
+          "run there at all, so it is reported apart (below), not tested.",
+          ("NoPE", "RoPE", "sinusoidal APE", "ALiBi", "Kerple-log"),
+          (_degrades("NoPE"), _degrades("RoPE"), _degrades("sinusoidal APE"), _stays_near("ALiBi"),
+           _stays_near("Kerple-log"))),
+    Claim("C2", "DAPE-X beats X for X in ALiBi, Kerple, FIRE, at and beyond the training length; the three DAPE "
+                "variants against each other",
           "DAPE Table 5 (appendix E) and Figure 5",
-          "DAPE Table 5 (arXiv, train 512, 3 seeds, mean at 512 / 2048 / 8192): ALiBi 4.61 / 4.87 / 4.77 vs "
-          "DAPE-ALiBi 4.53 / 4.11 / 4.00; Kerple 4.58 / 5.44 / 13.35 vs DAPE-Kerple 4.51 / 4.05 / 3.86; FIRE "
-          "4.57 / 30.12 / 308.6 vs DAPE-FIRE 4.49 / 4.28 / 6.16; \"all with p-values less than 0.05\". Figure 5 "
-          "(DAPE-Kerple, train 128, at 8192): Concat_Residual 5.00, Concat 5.03, Add_Residual 5.17; \"all "
-          "variants of DAPE surpass the baseline performance of Kerple\" and the concatenating ones beat "
-          "Add_Residual.",
-          ("ALiBi", "DAPE-ALiBi", "Kerple-log", "DAPE-Kerple", "FIRE", "DAPE-FIRE", "DAPE-Kerple Concat",
-           "DAPE-Kerple Add_Residual"),
-          (_better("DAPE-ALiBi", "ALiBi", "first"), _better("DAPE-Kerple", "Kerple-log"),
-           _better("DAPE-FIRE", "FIRE", "first"),
-           _better("DAPE-Kerple Concat", "Kerple-log", "first"),
-           _better("DAPE-Kerple Add_Residual", "Kerple-log", "first"),
-           _better("DAPE-Kerple", "DAPE-Kerple Add_Residual", "first"),
-           _better("DAPE-Kerple Concat", "DAPE-Kerple Add_Residual", "first"))),
-    Claim("C3", "The 1x3 conv refiner (DAPE-V2) is at least as good as DAPE (1x1); kernel sizes 1, 3, 5",
-          "DAPE-V2 Table 4 (appendix F)",
-          "DAPE-V2 Table 4 (train 128; perplexity at 128 / 1024 / 8192), arXiv: Kerple 8.30 / 6.91 / 12.59, "
-          "DAPE-Kerple (1x1) 8.21 / 5.20 / 4.97, 1x3 8.15 / 5.05 / 4.60, 1x5 8.13 / 5.04 / 4.57; Books3: Kerple "
-          "32.10 / 35.75 / 66.23, 1x1 31.49 / 24.31 / 25.01, 1x3 31.07 / 23.57 / 23.52, 1x5 31.02 / 23.57 / "
-          "23.71. \"The optimal kernel size may not always be the largest one\" (1x5 vs 1x3 is not claimed).",
-          ("Kerple-log", "DAPE-Kerple", "DAPE1x3-Kerple", "DAPE1x5-Kerple"),
-          (_better("DAPE1x3-Kerple", "DAPE-Kerple", "first"), _better("DAPE1x5-Kerple", "DAPE-Kerple", "first"))),
+          "DAPE Table 5 (arXiv, train 512, 3 seeds, perplexity per token at 512 / 2048 / 8192): ALiBi 4.61 / "
+          "4.87 / 4.77 vs DAPE-ALiBi 4.53 / 4.11 / 4.00; Kerple 4.58 / 5.44 / 13.35 vs DAPE-Kerple 4.51 / 4.05 / "
+          "3.86; FIRE 4.57 / 30.12 / 308.6 vs DAPE-FIRE 4.49 / 4.28 / 6.16; \"all with p-values less than "
+          "0.05\". Figure 5 (DAPE-Kerple, train 128, at 8192): Concat_Residual 5.00, Concat 5.03, Add_Residual "
+          "5.17; \"all variants of DAPE surpass the baseline performance of Kerple\" and the concatenating ones "
+          "beat Add_Residual. The papers' Kerple is the log variant; since Kerple-power beats Kerple-log at "
+          "this budget (C5), DAPE on Kerple-power is tested beside it as a control.",
+          ("ALiBi", "DAPE-ALiBi", "Kerple-log", "DAPE-Kerple", "Kerple-power", "DAPE-Kerple-power", "FIRE",
+           "DAPE-FIRE", "DAPE-Kerple Concat", "DAPE-Kerple Add_Residual"),
+          (_lower("DAPE-Kerple", "Kerple-log"), _lower("DAPE-Kerple-power", "Kerple-power"),
+           _lower("DAPE-ALiBi", "ALiBi", "first"), _lower("DAPE-FIRE", "FIRE", "first"),
+           _lower("DAPE-Kerple Concat", "Kerple-log", "first"),
+           _lower("DAPE-Kerple Add_Residual", "Kerple-log", "first"),
+           _lower("DAPE-Kerple", "DAPE-Kerple Add_Residual", "first"),
+           _lower("DAPE-Kerple Concat", "DAPE-Kerple Add_Residual", "first"))),
+    Claim("C3", "The 1x3 conv refiner (DAPE-V2) beats DAPE (1x1), also at a matched parameter count; kernel "
+                "sizes 1, 3, 5",
+          "DAPE-V2 Table 4 (appendix F) and §4.6",
+          "DAPE-V2 Table 4 (train 128; perplexity per token at 128 / 1024 / 8192), arXiv: Kerple 8.30 / 6.91 / "
+          "12.59, DAPE-Kerple (1x1) 8.21 / 5.20 / 4.97, 1x3 8.15 / 5.05 / 4.60, 1x5 8.13 / 5.04 / 4.57; Books3: "
+          "Kerple 32.10 / 35.75 / 66.23, 1x1 31.49 / 24.31 / 25.01, 1x3 31.07 / 23.57 / 23.52, 1x5 31.02 / "
+          "23.57 / 23.71. \"The optimal kernel size may not always be the largest one\" (1x5 vs 1x3 is not "
+          "claimed). §4.6: DAPE1x3-Kerple with hidden width 10 (8.16 at 128, 4.74 at 8192) beats DAPE-Kerple "
+          "with width 64 (8.21, 4.87) \"at a lower computational cost\". Our control: a DAPE-Kerple whose MLP is "
+          "widened to the 1x3 refiner's parameter count.",
+          ("Kerple-log", "DAPE-Kerple", "DAPE-Kerple, 1x3's parameters", "DAPE1x3-Kerple", "DAPE1x5-Kerple"),
+          (_lower("DAPE1x3-Kerple", "DAPE-Kerple", "first"), _lower("DAPE1x5-Kerple", "DAPE-Kerple", "first"),
+           _lower("DAPE1x3-Kerple", "DAPE-Kerple, 1x3's parameters", "first"))),
     Claim("C4", "Without tril the conv refiner reads the future and its perplexity collapses toward 1; with tril "
                 "it does not",
           "DAPE-V2 §4.5 and Figure 6",
           "DAPE-V2 §4.5: \"their cheating version can all achieve about zero loss within evaluation length 1024\", "
-          "\"DAPE_1x3-Kerple can even achieve zero loss when the evaluation length is extended to 8096\" "
+          "\"the DAPE_{1×3}-Kerple can even achieve zero loss when the evaluation length is extended to 8096\" "
           "(perplexity about 1; the tril version trains normally).",
           ("Kerple-log", "DAPE1x3-Kerple", "DAPE1x3-Kerple without tril"),
-          (Statement("DAPE1x3-Kerple without tril has less than half the perplexity of DAPE1x3-Kerple",
-                     better="DAPE1x3-Kerple without tril", worse="DAPE1x3-Kerple", factor=0.5, scope="first"),)),
+          (Statement("DAPE1x3-Kerple without tril has less than half the perplexity per byte of DAPE1x3-Kerple",
+                     "lower", "DAPE1x3-Kerple without tril", "DAPE1x3-Kerple", factor=0.5, scope="first"),)),
     Claim("C5", "Kerple-log against Kerple-power",
           "KERPLE Table 3",
-          "KERPLE Table 3 (train 512, 5 seeds, log / power at 2048 and 16384): OpenWebText2 21.6 / 21.9* and "
-          "21.4 / 21.6; GitHub 2.86 / 2.90* and 2.75 / 2.76; arXiv 5.22 / 5.26* and 5.07 / 5.07 (* = the log "
-          "variant significantly better, paired two-sided t-test, α = 0.05). The log variant is better or equal "
-          "everywhere, significantly at about half the lengths.",
+          "KERPLE Table 3 (train 512, 5 seeds, log / power at 2048 and 16384, perplexity per token): "
+          "OpenWebText2 21.6 / 21.9* and 21.4 / 21.6; GitHub 2.86 / 2.90* and 2.75 / 2.76; arXiv 5.22 / 5.26* "
+          "and 5.07 / 5.07 (* = the log variant significantly better, paired two-sided t-test, α = 0.05). The "
+          "log variant is better or equal everywhere, significantly at about half the lengths.",
           ("Kerple-log", "Kerple-power"),
-          (_better("Kerple-log", "Kerple-power", lengths="beyond"),)),
-    Claim("C6", "DAPE-Kerple beats Kerple on Chomsky-hierarchy tasks (train lengths 1-40, test 41-500)",
+          (_lower("Kerple-log", "Kerple-power", lengths="beyond"),)),
+    Claim("C6", "DAPE-Kerple against Kerple on Chomsky-hierarchy tasks, with the paper's signs (train lengths "
+                "1-40, test 41-500)",
           "DAPE Table 2 (randomized positions, 200k steps)",
-          "DAPE Table 2 (accuracy %, Kerple → DAPE-Kerple): missing_duplicate 79.06 → 87.57, even_pairs 57.50 → "
-          "99.58, reverse_string 71.54 → 70.74 (DAPE slightly *worse*), bucket_sort 99.38 → 98.81 (slightly "
-          "*worse*; a permutation-invariant task).",
+          "DAPE Table 2 (accuracy %, Kerple → DAPE-Kerple, averaged over test lengths 41–500): "
+          "missing_duplicate 79.06 → 87.57 and even_pairs 57.50 → 99.58 (gains); reverse_string 71.54 → 70.74 "
+          "and bucket_sort 99.38 → 98.81 (near-equal, DAPE slightly *worse*; bucket_sort is permutation-"
+          "invariant).",
           tuple(CHE_MODELS),
-          (Statement("DAPE-Kerple has a higher accuracy beyond the training lengths than Kerple-log",
-                     better="DAPE-Kerple", worse="Kerple-log"),),
+          (_che("missing_duplicate_string", "higher"), _che("even_pairs", "higher"),
+           _che("reverse_string", "near"), _che("bucket_sort", "near")),
           che=True),
 )
 
 
 # ----------------------------------------------------------------------------- statistics
 
+def _sign_flip_p(values, alternative: str) -> float:
+    """Exact sign-flip permutation test of "the values are symmetric about 0" (all 2^n flips)."""
+    import numpy as np
+    from scipy.stats import permutation_test
+    return float(permutation_test((np.asarray(values, dtype=float),), lambda x, axis: np.mean(x, axis=axis),
+                                  permutation_type="samples", vectorized=True, n_resamples=np.inf,
+                                  alternative=alternative).pvalue)
+
 
 @dataclasses.dataclass
-class Cell:
-    """One paired comparison: the claim is ``lower < factor * higher``, values paired by seed."""
+class Endpoint:
+    """One statement's endpoint over its units, and the test of what the statement claims.
 
-    where: str
-    lower: list[float]
-    higher: list[float]
-    factor: float = 1.0
+    ``estimate`` and the 95 % confidence interval (``low``, ``high``) are those of the mean (Student's t over
+    the units). ``p`` is the t-test of the conclusion the estimate points to, ``p_sign_flip`` the exact
+    sign-flip permutation test of the same hypothesis; ``supports`` says whether that conclusion is the claim.
+    - side ``below``/``above``: two-sided ``H0: mean = 0``; it supports the claim when the mean lies on the
+      claimed side.
+    - side ``within`` (an equivalence band ``±margin``): with the mean inside the band, TOST (two one-sided
+      tests, ``p`` the larger), which supports the claim; with the mean outside, the one-sided test that the
+      mean lies beyond that edge, which goes against it.
+    """
 
-    @property
-    def cannot_run(self) -> str | None:
-        """'higher' / 'lower' when that side is NaN for every seed (a model that cannot run this length)."""
-        for side in ("higher", "lower"):
-            if all(math.isnan(value) for value in getattr(self, side)):
-                return side
-        return None
+    values: list[float]
+    side: str
+    margin: float = 0.0
+    estimate: float = math.nan
+    low: float = math.nan
+    high: float = math.nan
+    p: float = math.nan
+    p_sign_flip: float = math.nan
+    supports: bool = False
 
-    def test(self) -> tuple[float, float]:
-        """(mean of lower - factor * higher, two-sided p of the paired t-test over seeds)."""
-        from scipy.stats import ttest_rel
-        lower = torch.tensor(self.lower, dtype=torch.float64)
-        higher = self.factor * torch.tensor(self.higher, dtype=torch.float64)
-        with warnings.catch_warnings():               # zero variance gives p = NaN: "unclear", not a warning
+    def __post_init__(self):
+        import numpy as np
+        from scipy.stats import ttest_1samp
+        data = np.asarray(self.values, dtype=float)
+        if len(data) < 2 or np.isnan(data).any():          # too few units, or a model that cannot run
+            return
+        self.estimate = float(data.mean())
+        with warnings.catch_warnings():                      # identical values: no spread, p and CI are NaN
             warnings.simplefilter("ignore", RuntimeWarning)
-            p_value = float(ttest_rel(lower.numpy(), higher.numpy()).pvalue)
-        return float((lower - higher).mean()), p_value
-
-    @property
-    def status(self) -> str:
-        side = self.cannot_run
-        if side is not None:
-            return "support" if side == "higher" else "contradict"
-        difference, p_value = self.test()
-        if not p_value < ALPHA:                       # NaN p counts as unclear
-            return "unclear"
-        return "support" if difference < 0 else "contradict"
-
-    def mark(self) -> str:
-        side = self.cannot_run
-        if side is not None:
-            return "✓ cannot run" if side == "higher" else "✗ cannot run"
-        _, p_value = self.test()
-        symbol = {"support": "✓", "contradict": "✗", "unclear": "·"}[self.status]
-        if math.isnan(p_value):
-            return f"{symbol} p=n/a"
-        return f"{symbol} p<0.001" if p_value < 0.001 else f"{symbol} p={p_value:.3f}"
+            interval = ttest_1samp(data, 0.0).confidence_interval(1 - ALPHA)
+            self.low, self.high = float(interval.low), float(interval.high)
+            if self.side != "within":
+                self.p = float(ttest_1samp(data, 0.0).pvalue)
+                self.p_sign_flip = _sign_flip_p(data, "two-sided")
+                self.supports = self.estimate < 0 if self.side == "below" else self.estimate > 0
+            elif abs(self.estimate) < self.margin:
+                self.p = max(float(ttest_1samp(data, -self.margin, alternative="greater").pvalue),
+                             float(ttest_1samp(data, self.margin, alternative="less").pvalue))
+                self.p_sign_flip = max(_sign_flip_p(data + self.margin, "greater"),
+                                       _sign_flip_p(data - self.margin, "less"))
+                self.supports = True
+            else:
+                edge, alternative = (self.margin, "greater") if self.estimate > 0 else (-self.margin, "less")
+                self.p = float(ttest_1samp(data, edge, alternative=alternative).pvalue)
+                self.p_sign_flip = _sign_flip_p(data - edge, alternative)
 
 
-def verdict(cells: list[Cell]) -> str:
+def holm(p_values: list[float]) -> list[float]:
+    """Holm's step-down adjustment: the i-th smallest of m p-values times (m - i + 1), kept monotone, at most 1.
+    NaN (no test) stays NaN and does not count in m."""
+    order = sorted((p, i) for i, p in enumerate(p_values) if not math.isnan(p))
+    adjusted, running = [math.nan] * len(p_values), 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p))
+        adjusted[i] = running
+    return adjusted
+
+
+def verdict(endpoint: Endpoint, p_holm: float) -> str:
     """The statement's verdict by `VERDICT_RULE`."""
-    statuses = [cell.status for cell in cells]
-    support, contradict = statuses.count("support"), statuses.count("contradict")
-    if cells and support >= len(cells) / 2 and contradict == 0:
-        return "reproduced"
-    if contradict > support:
-        return "not reproduced"
-    return "inconclusive at this budget"
+    if not p_holm < ALPHA:                                   # NaN counts as no evidence
+        return "inconclusive at this budget"
+    return "reproduced" if endpoint.supports else "not reproduced"
 
 
 def claim_verdict(verdicts: list[str]) -> str:
@@ -371,6 +444,46 @@ def claim_verdict(verdicts: list[str]) -> str:
     if not any(v == "reproduced" for v in verdicts):
         return "not reproduced" if all(v == "not reproduced" for v in verdicts) else "inconclusive at this budget"
     return "partly reproduced"
+
+
+@dataclasses.dataclass
+class Cell:
+    """One descriptive comparison shown in a claim's table (one corpus, protocol and length; one test length
+    for C6): ``a`` against ``b``, paired by seed. For perplexities the signed difference is ``a / b - 1`` of the
+    geometric means (%) and the paired t-test is on log perplexity; for accuracies it is in points."""
+
+    where: str
+    a: list[float]
+    b: list[float]
+    log: bool = True
+
+    def difference(self) -> float:
+        if self.log:
+            return 100 * math.expm1(sum(math.log(x) - math.log(y) for x, y in zip(self.a, self.b)) / len(self.a))
+        return 100 * sum(x - y for x, y in zip(self.a, self.b)) / len(self.a)
+
+    def p(self) -> float:
+        import numpy as np
+        from scipy.stats import ttest_rel
+        a, b = np.asarray(self.a, dtype=float), np.asarray(self.b, dtype=float)
+        if np.isnan(a).any() or np.isnan(b).any():
+            return math.nan
+        with warnings.catch_warnings():               # zero variance gives p = NaN: shown as n/a
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return float(ttest_rel(np.log(a), np.log(b)).pvalue if self.log else ttest_rel(a, b).pvalue)
+
+    def text(self) -> str:
+        difference = self.difference()
+        if math.isnan(difference):
+            return "n/a"
+        unit = " %" if self.log else " pt"
+        return f"{difference:+.1f}{unit} ({_format_p(self.p())})"
+
+
+def _format_p(p: float) -> str:
+    if math.isnan(p):
+        return "p=n/a"
+    return "p<0.001" if p < 0.001 else f"p={p:.3f}"
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
@@ -435,11 +548,13 @@ def _check_corpus_fits(corpus: str, budget: Budget, train_lengths) -> None:
     if len(train_tokens) <= max(train_lengths) + 1:
         raise ValueError(f"corpus {corpus!r} has {len(train_tokens)} training tokens; the budget trains on "
                          f"windows of {max(train_lengths) + 1}: use a larger corpus or the tiny budget")
-    needed = max(longest + 1, budget.nonoverlap_tokens + 1)
+    scored = min(budget.last_k, min(train_lengths))
+    needed = max(longest + budget.eval_windows * scored, budget.nonoverlap_tokens + 1, longest + 1)
     if len(val_tokens) < needed:
         raise ValueError(f"corpus {corpus!r} has {len(val_tokens)} validation tokens (its last 10%); the budget "
-                         f"evaluates up to length {longest} and scores {budget.nonoverlap_tokens} tokens, which "
-                         f"needs {needed}: use a larger corpus or a smaller budget")
+                         f"evaluates up to length {longest}, scores {budget.eval_windows} disjoint stretches of "
+                         f"{scored} tokens after that much context and {budget.nonoverlap_tokens} tokens in one "
+                         f"stretch, which needs {needed}: use a larger corpus or a smaller budget")
 
 
 def train_and_evaluate(cfg: GPTConfig, corpus: str, budget: Budget, seed: int, device: torch.device,
@@ -458,10 +573,10 @@ def train_and_evaluate(cfg: GPTConfig, corpus: str, budget: Budget, seed: int, d
     val_tokens = load_corpus(corpus, "val")
     with warnings.catch_warnings():    # learned APE beyond its table: NaN, as the report says
         warnings.filterwarnings("ignore", message="length .* skipped")
-        perplexity = {protocol: perplexity_by_length(model, val_tokens, lengths, last_k=budget.last_k,
-                                                     protocol=protocol, n_windows=budget.eval_windows,
-                                                     n_tokens=budget.nonoverlap_tokens, seed=0)
-                      for protocol in PROTOCOLS}
+        perplexity = {"last_k": perplexity_by_length(model, val_tokens, lengths, last_k=budget.last_k,
+                                                     n_windows=budget.eval_windows, seed=0),
+                      "nonoverlap": perplexity_by_length(model, val_tokens, lengths, protocol="nonoverlap",
+                                                         n_tokens=budget.nonoverlap_tokens)}
     return {"config": dataclasses.asdict(cfg), "corpus": corpus, "seed": seed, "steps": steps,
             "final_loss": history[-1]["loss"], "val_loss": history[-1].get("val_loss"),
             "perplexity": perplexity, "train_seconds": round(train_seconds, 1),
@@ -504,7 +619,16 @@ def _clock(seconds: float) -> str:
     return f"{minutes // 60}:{minutes % 60:02d}:{seconds:02d}"
 
 
+def matched_dape_width(n_head: int, conv_width: int = 32, kernel: int = 3) -> int:
+    """The DAPE MLP width with (nearly) the parameters of a conv refiner of `conv_width` and `kernel`, both over
+    the 2h channels [S, B]: conv W(2h k + 1) + h(W k + 1), MLP D(2h + 1) + h(D + 1)."""
+    conv = conv_width * (2 * n_head * kernel + 1) + n_head * (conv_width * kernel + 1)
+    return round((conv - n_head) / (3 * n_head + 1))
+
+
 def _lm_config(budget: Budget, train_length: int, overrides: dict) -> GPTConfig:
+    if overrides.get("refiner_width") == MATCHED_WIDTH:
+        overrides = {**overrides, "refiner_width": matched_dape_width(budget.n_head)}
     return GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head, block_size=train_length,
                      **overrides)
 
@@ -542,7 +666,7 @@ def study_plan(corpora: list[str], budget: Budget) -> dict[tuple[str, int], list
         for statement in claim.statements:
             for place in _scope_places(statement.scope, corpora, budget.train_lengths):
                 labels = plan.setdefault(place, [])
-                labels.extend(label for label in (statement.better, statement.worse) if label not in labels)
+                labels.extend(label for label in (statement.model, statement.other) if label and label not in labels)
     return plan
 
 
@@ -559,7 +683,7 @@ def _che_run_path(out: Path, task: str, label: str, seed: int) -> Path:
 
 
 @holds_out_folder(shared=True)      # two `reproduce` into one folder share its runs; anything else is refused
-def reproduce(budget: str = "default", seeds: int = 3, corpora=DEFAULT_CORPORA, out="runs/reproduce",
+def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAULT_CORPORA, out="runs/reproduce",
               device: str | torch.device = "auto", progress: bool = True, command: str | None = None) -> dict:
     """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
     ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results.
@@ -677,27 +801,103 @@ def collect_results(out: Path, plan: dict, seeds: int) -> dict:
             "runs": len(seconds), "run_seconds": sum(seconds)}
 
 
+def _endpoint_lengths(statement: Statement, train_length: int, lengths) -> list[int]:
+    """The evaluation lengths a perplexity statement averages over (``degrades``/``flat``: 16 x only, or the
+    longest length of a budget that stops before it)."""
+    if statement.kind in ("degrades", "flat"):
+        return [16 * train_length if 16 * train_length in lengths else max(lengths)]
+    return [length for length in lengths if statement.lengths == "all" or length > train_length]
+
+
+def statement_units(statement: Statement, results: dict, corpora: list[str], train_lengths) -> dict[str, float]:
+    """The endpoint of `statement` in each unit: ``{unit: value}`` (see `Statement`)."""
+    if statement.task is not None:
+        model = results["che"][(statement.task, statement.model)]
+        other = results["che"][(statement.task, statement.other)]
+        return {f"seed {seed}": 100 * (a - b) for seed, (a, b) in enumerate(zip(model, other))}
+    units = {}
+    for corpus, train_length in _scope_places(statement.scope, corpora, train_lengths):
+        model = results["lm"][(corpus, train_length, statement.model)]
+        other = results["lm"][(corpus, train_length, statement.other or statement.model)]
+        lengths = _endpoint_lengths(statement, train_length, model[PROTOCOLS[0]])
+        for seed in range(len(model[PROTOCOLS[0]][train_length])):
+            differences = [math.log(model[protocol][length][seed])
+                           - math.log(other[protocol][length if statement.other else train_length][seed])
+                           for protocol in PROTOCOLS for length in lengths]
+            units[f"{_corpus_key(corpus)} T={train_length} seed {seed}"] = (
+                sum(differences) / len(differences) - math.log(statement.factor))
+    return units
+
+
 def statement_cells(statement: Statement, results: dict, corpora: list[str], train_lengths) -> list[Cell]:
-    """The cells in which a perplexity statement is tested."""
+    """The cells shown under a statement: every corpus, protocol and length (``degrades``/``flat``: each length
+    beyond training against the training length); C6: each test length beyond training."""
+    if statement.task is not None:
+        model = results["che_curves"][(statement.task, statement.model)]
+        other = results["che_curves"][(statement.task, statement.other)]
+        return [Cell(f"accuracy {n}", model[n], other[n], log=False) for n in model if n > CHE_MAX_TRAIN_LENGTH]
     cells = []
     for corpus, train_length in _scope_places(statement.scope, corpora, train_lengths):
-        better_runs = results["lm"][(corpus, train_length, statement.better)]
-        worse_runs = results["lm"][(corpus, train_length, statement.worse)]
+        model = results["lm"][(corpus, train_length, statement.model)]
+        other = results["lm"][(corpus, train_length, statement.other or statement.model)]
         for protocol in PROTOCOLS:
-            for length in better_runs[protocol]:
-                if statement.lengths == "beyond" and length <= train_length:
+            for length in model[protocol]:
+                if (statement.lengths == "beyond" or not statement.other) and length <= train_length:
                     continue
-                better = better_runs[protocol][length if statement.better_at == "L" else train_length]
-                worse = worse_runs[protocol][length if statement.worse_at == "L" else train_length]
+                against = other[protocol][length if statement.other else train_length]
                 cells.append(Cell(f"{_corpus_key(corpus)} T={train_length} {protocol} {length // train_length}xT",
-                                  better, worse, statement.factor))
+                                  model[protocol][length], against))
     return cells
 
 
-def che_cells(statement: Statement, results: dict) -> list[Cell]:
-    """C6: one cell per task; accuracy is higher-better, so the claimed-worse model is the cell's lower side."""
-    return [Cell(f"accuracy {task}", results["che"][(task, statement.worse)], results["che"][(task, statement.better)])
-            for task in CHE_TASKS]
+def judge(results: dict, corpora: list[str], train_lengths) -> list[dict]:
+    """Every statement of the report: its units, endpoint, Holm-adjusted p and verdict (in `CLAIMS` order)."""
+    judged = []
+    for claim in CLAIMS:
+        for statement in claim.statements:
+            units = statement_units(statement, results, corpora, train_lengths)
+            judged.append({"claim": claim.key, "statement": statement, "units": units,
+                           "endpoint": Endpoint(list(units.values()), KINDS[statement.kind], statement.margin)})
+    for item, p_holm in zip(judged, holm([item["endpoint"].p for item in judged])):
+        item["p_holm"] = p_holm
+        item["verdict"] = verdict(item["endpoint"], p_holm)
+    return judged
+
+
+def _estimate_text(statement: Statement, endpoint: Endpoint) -> str:
+    """The endpoint and its 95 % CI in the statement's units: % of perplexity per byte, or accuracy points."""
+    if statement.task is not None:
+        return f"{endpoint.estimate:+.1f} [{endpoint.low:+.1f}, {endpoint.high:+.1f}] points"
+    return _ratio_text(endpoint, math.log(statement.factor))   # the plain ratio; the threshold is in the statement
+
+
+def _ratio_text(endpoint: Endpoint, shift: float = 0.0) -> str:
+    """A log-ratio endpoint as "ratio - 1" in %, with its 95 % CI."""
+    if math.isnan(endpoint.estimate):
+        return "n/a"
+    estimate, low, high = (100 * math.expm1(value + shift)
+                           for value in (endpoint.estimate, endpoint.low, endpoint.high))
+    return f"{estimate:+.1f} % [{low:+.1f}, {high:+.1f}]"
+
+
+def _endpoint_text(statement: Statement) -> str:
+    """What the endpoint is and what the statement claims about it, with units."""
+    if statement.task is not None:
+        what = (f"accuracy of {statement.model} minus {statement.other}, points, mean over the test lengths "
+                f"beyond {CHE_MAX_TRAIN_LENGTH}, per seed")
+        claimed = "above 0" if statement.kind == "higher" else f"within ±{NEAR_MARGIN:.0f} points"
+        return f"{what}; claimed {claimed}"
+    per = "per (corpus, seed)"
+    if statement.kind in ("degrades", "flat"):
+        claimed = "above 0 %" if statement.kind == "degrades" else (
+            f"within ±{FLAT_MARGIN:.0%} (a log ratio within ±log {1 + FLAT_MARGIN:g}, i.e. "
+            f"{100 * (1 / (1 + FLAT_MARGIN) - 1):+.1f} % to {FLAT_MARGIN:+.0%})")
+        return (f"perplexity per byte of {statement.model} at 16x the training length over it at 1x, minus 1 "
+                f"(geometric mean of both protocols), {per}; claimed {claimed}")
+    lengths = "lengths beyond the training length" if statement.lengths == "beyond" else "all evaluation lengths"
+    threshold = "below 0 %" if statement.factor == 1 else f"below {100 * (statement.factor - 1):+.0f} %"
+    return (f"perplexity per byte of {statement.model} over {statement.other}, minus 1 (geometric mean over both "
+            f"protocols and {lengths}), {per}; claimed {threshold}")
 
 
 # ----------------------------------------------------------------------------- report: tables and figures
@@ -715,32 +915,34 @@ def _curve_table(results: dict, corpus: str, train_length: int, protocol: str, l
 
 
 def _cells_table(cells: list[Cell]) -> str:
-    """Rows: corpus / training length / protocol; columns: evaluation lengths; entries: ✓ ✗ · with p."""
+    """Rows: corpus / training length / protocol; columns: evaluation lengths; entries: signed difference, p."""
     rows: dict[str, dict[str, str]] = {}
     columns: list[str] = []
     for cell in cells:
         row, _, column = cell.where.rpartition(" ")
-        rows.setdefault(row or "task", {})[column] = cell.mark()
+        rows.setdefault(row, {})[column] = cell.text()
         if column not in columns:
             columns.append(column)
-    lines = ["| where | " + " | ".join(columns) + " |", "|---|" + "---|" * len(columns)]
+    lines = ["| where | " + " | ".join(columns) + " |", "|---|" + "---:|" * len(columns)]
     for row, entries in rows.items():
         lines.append(f"| {row} | " + " | ".join(entries.get(column, "") for column in columns) + " |")
     return "\n".join(lines) + "\n"
 
 
 def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int | None = None,
-               ylabel: str = "perplexity", log_y: bool = True) -> None:
-    """Mean over seeds as a line and mean ± std as a shaded band, one per model; NaN points left out."""
+               ylabel: str = "perplexity per byte", log_y: bool = True) -> None:
+    """Mean over seeds as a line and mean ± std as a shaded band, one per model in its fixed style
+    (`md.plots.model_style`); NaN points left out."""
     for label, curve in curves.items():
         points = [(length, *mean_std(values)) for length, values in sorted(curve.items())]
         points = [point for point in points if not math.isnan(point[1])]
         if not points:
             continue
         lengths, means, stds = zip(*points)
-        line, = ax.plot(lengths, means, marker="o", markersize=3, label=label)
+        style = model_style(label)
+        ax.plot(lengths, means, marker="o", markersize=3, label=label, **style)
         ax.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                        color=line.get_color(), alpha=0.2)
+                        color=style["color"], alpha=0.15)
     ax.set_xscale("log", base=2)
     ticks = []
     for length in sorted({length for curve in curves.values() for length in curve}):
@@ -760,9 +962,19 @@ def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int 
     ax.grid(True, which="both", alpha=0.3)
 
 
+def _figure_legend(fig, axes) -> None:
+    """One legend for the whole figure, every model drawn in any panel once (its style is the same in all)."""
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=min(len(handles), 5),
+               fontsize="small")
+
+
 def _claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], path: Path) -> None:
-    fig, axes = plt.subplots(len(places), len(PROTOCOLS), figsize=(6 * len(PROTOCOLS), 3.6 * len(places)),
-                             squeeze=False)
+    fig, axes = plt.subplots(len(places), len(PROTOCOLS), figsize=(6 * len(PROTOCOLS), 3.6 * len(places) + 0.8),
+                             squeeze=False, layout="constrained")
     for row, (corpus, train_length) in enumerate(places):
         for column, protocol in enumerate(PROTOCOLS):
             ax = axes[row][column]
@@ -771,24 +983,23 @@ def _claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], pa
             plot_bands(curves, ax, train_length)
             ax.set_title(f"{_corpus_key(corpus)}, trained at {train_length}, {protocol}", fontsize="medium")
             ax.set_xlabel("evaluation length")
-    axes[0][-1].legend(fontsize="small")
+    _figure_legend(fig, axes.flat)
     fig.suptitle(f"{claim.key}: {claim.title}", fontsize="medium")
-    fig.tight_layout()
     save_figure(fig, path, dpi=100)
     plt.close(fig)
 
 
 def _che_figure(results: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, len(CHE_TASKS), figsize=(4.5 * len(CHE_TASKS), 3.6), squeeze=False)
+    fig, axes = plt.subplots(1, len(CHE_TASKS), figsize=(4.5 * len(CHE_TASKS), 4.2), squeeze=False,
+                             layout="constrained")
     for ax, task in zip(axes[0], CHE_TASKS):
         curves = {label: {n: [100 * acc for acc in values]
                           for n, values in results["che_curves"][(task, label)].items()} for label in CHE_MODELS}
         plot_bands(curves, ax, CHE_MAX_TRAIN_LENGTH, ylabel="accuracy (%)", log_y=False)
         ax.set_title(task, fontsize="medium")
         ax.set_xlabel("input length")
-    axes[0][-1].legend(fontsize="small")
+    _figure_legend(fig, axes.flat)
     fig.suptitle("C6: accuracy by test length (mean ± std over seeds)", fontsize="medium")
-    fig.tight_layout()
     save_figure(fig, path, dpi=100)
     plt.close(fig)
 
@@ -811,29 +1022,40 @@ def _commit() -> str:
         return "unknown"
 
 
+def _statement_block(item: dict) -> str:
+    statement, endpoint = item["statement"], item["endpoint"]
+    return (f"**{statement.text}** — *{item['verdict']}*. Endpoint: {_endpoint_text(statement)}. "
+            f"Estimate {_estimate_text(statement, endpoint)} (95 % CI, {len(item['units'])} units); "
+            f"t-test {_format_p(endpoint.p)}, sign-flip {_format_p(endpoint.p_sign_flip)}, Holm-adjusted "
+            f"{_format_p(item['p_holm'])}.\n\n")
+
+
 def write_report(out: Path, results: dict, corpora: list[str], budget_name: str, budget: Budget, seeds: int,
                  device: torch.device, command: str, wall_seconds: float, trained: int) -> dict:
     """REPRODUCTION.md, results.json and figures/ from the collected runs; returns the verdicts."""
     figures = out / "figures"
-    sections, summary_rows, verdicts = [], [], {}
+    judged = judge(results, corpora, budget.train_lengths)
+    sections, claim_rows, statement_rows, verdicts = [], [], [], {}
     for claim in CLAIMS:
-        statement_verdicts, parts = [], []
-        for statement in claim.statements:
-            cells = (che_cells(statement, results) if claim.che
-                     else statement_cells(statement, results, corpora, budget.train_lengths))
-            outcome = verdict(cells)
-            statement_verdicts.append(outcome)
-            statuses = [cell.status for cell in cells]
-            counts = (f"{statuses.count('support')} of {len(cells)} cells support, "
-                      f"{statuses.count('contradict')} contradict")
+        items = [item for item in judged if item["claim"] == claim.key]
+        overall = claim_verdict([item["verdict"] for item in items])
+        claim_rows.append(f"| {claim.key} | {claim.title} | {claim.source} | **{overall}** |")
+        parts = []
+        for item in items:
+            statement, endpoint = item["statement"], item["endpoint"]
+            cells = statement_cells(statement, results, corpora, budget.train_lengths)
+            statement_rows.append(f"| {claim.key} | {statement.text} | {_estimate_text(statement, endpoint)} | "
+                                  f"{_format_p(endpoint.p)} | {_format_p(endpoint.p_sign_flip)} | "
+                                  f"{_format_p(item['p_holm'])} | {item['verdict']} |")
             verdicts.setdefault(claim.key, []).append(
-                {"statement": statement.text, "verdict": outcome, "cells": {
-                    cell.where: {"status": cell.status, "mean_difference": cell.test()[0], "p": cell.test()[1]}
-                    for cell in cells}})
-            parts.append(f"**{statement.text}** — *{outcome}* ({counts}).\n\n{_cells_table(cells)}")
-        overall = claim_verdict(statement_verdicts)
-        summary_rows.append(f"| {claim.key} | {claim.title} | {claim.source} | **{overall}** | "
-                            + "; ".join(f"{v}" for v in statement_verdicts) + " |")
+                {"statement": statement.text, "kind": statement.kind, "verdict": item["verdict"],
+                 "units": item["units"], "estimate": endpoint.estimate, "ci95": [endpoint.low, endpoint.high],
+                 "p_t": endpoint.p, "p_sign_flip": endpoint.p_sign_flip, "p_holm": item["p_holm"],
+                 "cells": {cell.where: {"difference": cell.difference(), "p": cell.p()} for cell in cells}})
+            unit = "accuracy points" if claim.che else "% of perplexity per byte"
+            against = f"against {statement.other}" if statement.other else "at each length against the training length"
+            parts.append(_statement_block(item) + f"Per cell ({unit}, {statement.model} {against}, mean over seeds; p "
+                         f"of the paired t-test over seeds, not adjusted, descriptive):\n\n" + _cells_table(cells))
         if claim.che:
             tables = _che_table(results)
             _che_figure(results, figures / f"{claim.key}.png")
@@ -841,20 +1063,19 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
             places = sorted({place for statement in claim.statements
                              for place in _scope_places(statement.scope, corpora, budget.train_lengths)},
                             key=lambda place: (corpora.index(place[0]), -place[1]))
-            tables = "".join(f"*{_corpus_key(corpus)}, trained at {train_length}, {protocol}* (perplexity, mean ± "
-                             f"std over {seeds} seeds):\n\n"
+            tables = "".join(f"*{_corpus_key(corpus)}, trained at {train_length}, {protocol}* (perplexity per "
+                             f"byte, mean ± std over {seeds} seeds):\n\n"
                              f"{_curve_table(results, corpus, train_length, protocol, claim.models)}\n"
                              for corpus, train_length in places for protocol in PROTOCOLS)
             _claim_figure(claim, results, places, figures / f"{claim.key}.png")
-        extra = ""
-        if claim.key == "C4":
-            extra = _causality_note(budget)
+        extra = {"C1": _learned_ape_note(budget) + _unigram_note(results, claim, corpora, budget),
+                 "C4": _causality_note(budget)}.get(claim.key, "")
         sections.append(f"## {claim.key}: {claim.title}\n\nSource: {claim.source}. Verdict: **{overall}**.\n\n"
                         f"**The paper.** {claim.paper}\n\n**Ours.**\n\n{tables}{extra}\n"
-                        f"![{claim.key}](figures/{claim.key}.png)\n\n**Tests** (✓ supports, ✗ contradicts, · "
-                        f"unclear; p of the paired two-sided t-test over seeds):\n\n" + "\n".join(parts))
-    summary = ("| claim | what it says | source | verdict | verdict of each statement |\n|---|---|---|---|---|\n"
-               + "\n".join(summary_rows) + "\n")
+                        f"![{claim.key}](figures/{claim.key}.png)\n\n**Tests.**\n\n" + "\n".join(parts))
+    summary = ("| claim | what it says | source | verdict |\n|---|---|---|---|\n" + "\n".join(claim_rows) + "\n\n"
+               "| claim | statement | estimate [95 % CI] | p (t) | p (sign-flip) | p (Holm) | verdict |\n"
+               "|---|---|---|---|---|---|---|\n" + "\n".join(statement_rows) + "\n")
     header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape commit {_commit()}) on "
               f"{device.type} ({_machine()}). Wall time of this invocation {_clock(wall_seconds)}, in which it "
               f"trained {trained} of the {results['runs']} runs (the others it found done, by an earlier or a "
@@ -879,26 +1100,75 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
 
 def _budget_text(name: str, budget: Budget, seeds: int, corpora: list[str]) -> str:
     lengths = ", ".join(str(length) for length in budget.train_lengths)
-    return (f"**Budget `{name}`.** {seeds} seeds; corpora {', '.join(corpora)} (byte-level). Language models: "
-            f"{budget.n_layer} layers, n_embd {budget.n_embd}, {budget.n_head} heads, refiner width 32; "
-            f"{budget.steps} AdamW steps of {budget.batch_size} windows, lr {budget.lr} (cosine, 5% warmup); "
-            f"training lengths {lengths} (the second only for C1, on the first corpus); evaluation at the "
-            f"training length x {', '.join(map(str, budget.eval_factors))}, protocols `last_k` (last "
-            f"{budget.last_k} tokens of {budget.eval_windows} fixed windows) and `nonoverlap` (the first "
-            f"{budget.nonoverlap_tokens} validation tokens cut into windows), the same windows for every model "
-            f"and seed. CHE encoders (C6): the same size, bidirectional, randomized positions drawn from "
-            f"[0, {budget.che_random_positions}), {budget.che_steps} Adam steps of {budget.che_batch_size}, "
-            f"training lengths 1–{CHE_MAX_TRAIN_LENGTH}, tested at lengths "
-            f"{_che_lengths_text(budget.che_test_lengths)} with "
-            f"{budget.che_eval_samples} sequences each. The papers train 125M-parameter models for 50k steps "
-            f"(CHE: 200k steps): this is a far smaller study, and its verdicts are about this budget.")
+    extra = " (the others only for C1, on the first corpus)" if len(budget.train_lengths) > 1 else ""
+    scored = min(budget.last_k, budget.train_lengths[-1])
+    return (f"**Budget `{name}`.** {seeds} seeds; corpora {', '.join(corpora)} (byte-level: every perplexity "
+            f"here is per byte). Language models: {budget.n_layer} layers, n_embd {budget.n_embd}, "
+            f"{budget.n_head} heads, refiner width 32; {budget.steps} AdamW steps of {budget.batch_size} windows, "
+            f"lr {budget.lr} (cosine, 5% warmup); training length{'s' if extra else ''} {lengths}{extra}; "
+            f"evaluation at the training length x {', '.join(map(str, budget.eval_factors))}. The same tokens "
+            f"are scored at every length, for every model and seed: `last_k` scores {budget.eval_windows} "
+            f"disjoint stretches of {scored} tokens (min(last_k = {budget.last_k}, the training length)), "
+            f"placed once over the whole validation split, each length reading the window that ends at them; "
+            f"`nonoverlap` scores the first {budget.nonoverlap_tokens} predictions of the validation split, cut "
+            f"into windows of the length. CHE encoders (C6): the same size, bidirectional, randomized positions "
+            f"drawn from [0, {budget.che_random_positions}), {budget.che_steps} Adam steps of "
+            f"{budget.che_batch_size}, training lengths 1–{CHE_MAX_TRAIN_LENGTH}, tested at lengths "
+            f"{_che_lengths_text(budget.che_test_lengths)} with {budget.che_eval_samples} sequences each. The "
+            f"papers train 125M-parameter models for 50k steps (CHE: 200k steps): this is a far smaller study, "
+            f"and its verdicts are about this budget.")
 
 
 def _che_lengths_text(lengths: tuple[int, ...]) -> str:
     within = [n for n in lengths if n <= CHE_MAX_TRAIN_LENGTH]
     beyond = ", ".join(str(n) for n in lengths if n > CHE_MAX_TRAIN_LENGTH)
     return (f"{', '.join(map(str, within))} (within training) and " if within else "") + \
-        f"{beyond} (a subsample of {CHE_MAX_TRAIN_LENGTH + 1}–500)"
+        f"{beyond} (spread over {CHE_MAX_TRAIN_LENGTH + 1}–500, as the paper averages them)"
+
+
+def _learned_ape_note(budget: Budget) -> str:
+    """Learned APE past its table, shown by trying: no statistic, it cannot run."""
+    train_length = budget.train_lengths[0]
+    model = GPT(GPTConfig(n_layer=1, n_embd=budget.n_embd, n_head=budget.n_head, block_size=train_length,
+                          pe="learned")).eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 2 * train_length, dtype=torch.long))
+        outcome = "it ran (unexpected: the table should end at the training length)"
+    except ValueError as err:
+        outcome = f"minidape refuses: \"{err}\""
+    return (f"\n**learned APE: cannot run** past the training length, so it is not tested (a model with a "
+            f"position table of {train_length} entries, asked for {2 * train_length} tokens: {outcome}). "
+            f"Sinusoidal APE, which runs at any length, stands for absolute positions in the tests.\n")
+
+
+def unigram_perplexity(corpus: str) -> float:
+    """Perplexity per byte on the validation split of byte frequencies alone (counted on the training split,
+    add-one smoothed): the level of a model that has learned no context at all."""
+    counts = torch.bincount(load_corpus(corpus, "train").long(), minlength=256).double() + 1
+    log_probs = (counts / counts.sum()).log()
+    return math.exp(-log_probs[load_corpus(corpus, "val").long()].mean().item())
+
+
+def _unigram_note(results: dict, claim: Claim, corpora: list[str], budget: Budget) -> str:
+    """Which of the claim's models ended training no better than byte frequencies (a flat curve there is no
+    evidence of extrapolation: the model reads no context at any length)."""
+    train_length = budget.train_lengths[0]
+    levels, stuck = [], []
+    for corpus in corpora:
+        unigram = unigram_perplexity(corpus)
+        levels.append(f"{_corpus_key(corpus)} {unigram:.2f}")
+        for label in claim.models:
+            curves = results["lm"].get((corpus, train_length, label))
+            if curves and mean_std(curves["nonoverlap"][train_length])[0] > UNIGRAM_SHARE * unigram:
+                level = format_mean_std(curves["nonoverlap"][train_length])
+                stuck.append(f"{label} on {_corpus_key(corpus)} ({level})")
+    verdict = (f"At the training length (`nonoverlap`) these stay above {UNIGRAM_SHARE:.0%} of it, i.e. learned little "
+               f"more than byte frequencies at this budget, so their curves say little about extrapolation: "
+               f"{'; '.join(stuck)}." if stuck else
+               f"Every model here ends training below {UNIGRAM_SHARE:.0%} of it.")
+    return (f"\nReference: byte frequencies alone (no context) give a perplexity per byte of "
+            f"{', '.join(levels)} on the validation split. {verdict}\n")
 
 
 def _causality_note(budget: Budget) -> str:
@@ -1068,14 +1338,18 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
                          _perplexity_summary(result))
         perplexity[label] = {protocol: {int(length): [_nan(run["perplexity"][protocol][length]) for run in runs]
                                         for length in runs[0]["perplexity"][protocol]} for protocol in PROTOCOLS}
-    # The subject against each baseline, paired by seed: "subject has the lower perplexity".
+    # The subject against each baseline, paired by seed: one cell per protocol and length, and one endpoint (the
+    # mean log ratio over both protocols and all lengths, per seed) with Holm's adjustment across the baselines.
     cells = {baseline: {protocol: {length: Cell(f"{protocol} {length}", perplexity[subject][protocol][length],
                                                 perplexity[baseline][protocol][length])
                                    for length in perplexity[subject][protocol]} for protocol in PROTOCOLS}
              for baseline in baselines}
-    p_values = {baseline: {protocol: {length: cell.test()[1] for length, cell in by_length.items()}
+    p_values = {baseline: {protocol: {length: cell.p() for length, cell in by_length.items()}
                            for protocol, by_length in by_protocol.items()} for baseline, by_protocol in cells.items()}
-    table = _compare_table(perplexity, cells, subject, train_length, seeds)
+    endpoints = {baseline: Endpoint([_mean_log_ratio(perplexity[subject], perplexity[baseline], seed)
+                                     for seed in range(seeds)], "below") for baseline in baselines}
+    adjusted = dict(zip(endpoints, holm([endpoint.p for endpoint in endpoints.values()])))
+    table = _compare_table(perplexity, cells, endpoints, adjusted, subject, train_length, seeds)
     if progress:
         print(table)
     if out is not None:
@@ -1090,7 +1364,8 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
             tmp.write_text(f"# {subject} against {', '.join(baselines)}\n\n{details}\n{table}")
         _write_json(out / "compare.json", {"subject": subject, "baselines": baselines, "leaking": leaking,
                                            "perplexity": perplexity,
-                                           "p_values": p_values, "steps": steps, "seeds": seeds,
+                                           "p_values": p_values, "endpoints": _endpoints_json(endpoints, adjusted),
+                                           "steps": steps, "seeds": seeds,
                                            "corpus": str(corpus), "budget": budget})
         fig, axes = plt.subplots(1, len(PROTOCOLS), figsize=(12, 4), squeeze=False)
         for ax, protocol in zip(axes[0], PROTOCOLS):
@@ -1103,23 +1378,50 @@ def compare(pe: str, refiner: str = "none", against=("alibi", "kerple_log"), see
         plt.close(fig)
         if progress:
             print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and {out / 'compare.png'}")
-    return {"subject": subject, "table": table, "perplexity": perplexity, "p_values": p_values}
+    return {"subject": subject, "table": table, "perplexity": perplexity, "p_values": p_values,
+            "endpoints": _endpoints_json(endpoints, adjusted)}
 
 
-def _compare_table(perplexity: dict, cells: dict, subject: str, train_length: int, seeds: int) -> str:
-    """Per protocol: mean ± std for every model at every length, then one row per baseline with the p-value
-    of the subject against it (✓ the subject is significantly better, ✗ significantly worse)."""
+def _mean_log_ratio(curves: dict, other: dict, seed: int) -> float:
+    """Mean over both protocols and every length of log(ppl) - log(other's ppl), for one seed."""
+    ratios = [math.log(curves[protocol][length][seed]) - math.log(other[protocol][length][seed])
+              for protocol in PROTOCOLS for length in curves[protocol]]
+    return sum(ratios) / len(ratios)
+
+
+def _endpoints_json(endpoints: dict, adjusted: dict) -> dict:
+    return {baseline: {"ratio_minus_1": math.expm1(endpoint.estimate),
+                       "ci95": [math.expm1(endpoint.low), math.expm1(endpoint.high)], "p_t": endpoint.p,
+                       "p_sign_flip": endpoint.p_sign_flip, "p_holm": adjusted[baseline]}
+            for baseline, endpoint in endpoints.items()}
+
+
+def _compare_table(perplexity: dict, cells: dict, endpoints: dict, adjusted: dict, subject: str, train_length: int,
+                   seeds: int) -> str:
+    """Per protocol: mean ± std for every model at every length and, per baseline, the subject's signed
+    difference with the paired t-test's p; then one endpoint per baseline over both protocols and all lengths."""
     blocks = []
     for protocol in PROTOCOLS:
         lengths = list(perplexity[subject][protocol])
         header = ["model"] + [f"{length}" + (" (train)" if length == train_length else "") for length in lengths]
-        lines = [f"**{protocol}** — perplexity, mean ± std over {seeds} seeds; p: {subject} against the baseline",
-                 "", "| " + " | ".join(header) + " |", "|---|" + "---:|" * len(lengths)]
+        lines = [f"**{protocol}** — perplexity per byte, mean ± std over {seeds} seeds; then {subject} against each "
+                 "baseline: signed difference (% of perplexity per byte, geometric mean over seeds) and the p of the "
+                 "paired t-test on log perplexity (not adjusted)", "",
+                 "| " + " | ".join(header) + " |", "|---|" + "---:|" * len(lengths)]
         for label, curves in perplexity.items():
             lines.append("| " + " | ".join([label] + [format_mean_std(curves[protocol][length])
                                                      for length in lengths]) + " |")
         for baseline, by_protocol in cells.items():
-            lines.append(f"| p vs {baseline} | " + " | ".join(by_protocol[protocol][length].mark()
-                                                              for length in lengths) + " |")
+            lines.append(f"| vs {baseline} | " + " | ".join(by_protocol[protocol][length].text()
+                                                           for length in lengths) + " |")
         blocks.append("\n".join(lines) + "\n")
+    rows = [f"| {baseline} | {_ratio_text(endpoint)} | {_format_p(endpoint.p)} | {_format_p(endpoint.p_sign_flip)} | "
+            f"{_format_p(adjusted[baseline])} |" for baseline, endpoint in endpoints.items()]
+    blocks.append(f"**Endpoint** — {subject}'s perplexity per byte over the baseline's, minus 1: geometric mean over "
+                  f"both protocols and all lengths, per seed; mean over {seeds} seeds with its 95 % CI, two-sided "
+                  "t-test, exact sign-flip test, Holm-adjusted t-test p across the baselines\n\n"
+                  "| baseline | ratio − 1 [95 % CI] | p (t) | p (sign-flip) | p (Holm) |\n|---|---|---|---|---|\n"
+                  + "\n".join(rows) + "\n")
     return "\n".join(blocks)
+
+

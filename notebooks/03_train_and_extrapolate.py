@@ -157,14 +157,16 @@ plt.show()
 #
 # ## 3. Extrapolation curves (`last_k`, DAPE's protocol)
 #
-# For each evaluation length $T$, `perplexity_by_length(..., protocol="last_k")` feeds `EVAL_WINDOWS`
-# windows of $T$ tokens and scores the **last** $k = \min(256, T)$ predictions only:
+# `perplexity_by_length(..., protocol="last_k")` scores the **same tokens at every length**: `EVAL_WINDOWS`
+# disjoint stretches of $k = \min(256, \text{shortest length})$ tokens ($k = 64$ here), placed once over the
+# validation split. At length $T$ the model reads the $T$ tokens that end at each stretch, and only the
+# stretch's $k$ predictions (the **last** $k$ of the window) are scored:
 #
 # $$\mathrm{ppl}_{\text{last-}k}(T) = \exp\Big(-\frac{1}{Nk}\sum_{\text{windows}}\ \sum_{t=T-k}^{T-1}
 #   \ln p(x_{t+1} \mid x_{\le t})\Big).$$
 #
-# Every length is judged on the same number of tokens, and every scored token sits at position $\ge T - k$,
-# far beyond $L$ once $T \gg L$. `learned` cannot run beyond its table: the function reports NaN there
+# Every length is judged on the same tokens, only their context grows, and every scored token sits at position
+# $\ge T - k$, far beyond $L$ once $T \gg L$: a rise from one length to the next is the model's, not the text's. `learned` cannot run beyond its table: the function reports NaN there
 # (with a warning, silenced here) and the plot leaves those points out.
 
 # %%
@@ -251,15 +253,15 @@ for pe in PES:
 # Two effects pull the protocols apart, in opposite directions:
 #
 # 1. **Short contexts inside each window.** `nonoverlap` scores the first tokens of every window, which
-#    see almost no context and are hard to predict. Up to $T = k = 256$ the two protocols score the same
-#    positions (whole windows) and differ only in which stretch of text they read: the table shows close
-#    numbers there (the differences of a few percent are sampling noise: the "from curve" columns below read
-#    yet other windows and scatter as much). Beyond, every token `last_k` scores has at least $T - 256$ tokens of context, so a
-#    model that can *use* long context comes out better under `last_k`. Our tiny models gain little from
+#    see almost no context and are hard to predict. At $T = k$ (64 here) the two protocols score the same
+#    positions (whole windows) and differ only in which text they read (`last_k` its stretches, `nonoverlap`
+#    the first `NONOVERLAP_TOKENS` tokens): the table shows close numbers there. Beyond, every token `last_k`
+#    scores has at least $T - k$ tokens of context, so a model that can *use* long context comes out better
+#    under `last_k`. Our tiny models gain little from
 #    context beyond a few dozen bytes, so this effect is small here.
 # 2. **Most scored tokens are near the start.** For a model that breaks beyond $L$, `nonoverlap` at
 #    $T = 16L$ still scores the first $L$ positions of each window, where the model works fine, and averages
-#    them with the broken ones; `last_k` scores only positions $T - 256 \ldots T - 1$, all far beyond $L$.
+#    them with the broken ones; `last_k` scores only positions $T - k \ldots T - 1$, all far beyond $L$.
 #    So failures look milder under `nonoverlap`, which is DAPE's point in §5 (and one reason why the ALiBi
 #    and Kerple papers, both "non-overlapping", still report very different numbers for the same baseline).
 #

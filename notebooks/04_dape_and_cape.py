@@ -334,9 +334,8 @@ for name in list(runs)[1:]:
 # give each variant's gain over Kerple (the range over all lengths) and its training time relative to Kerple's.
 # The paper's large gaps at 8192 (DAPE §4.1) come from 125M models and 50k steps; at our budget, expect a
 # modest gain at most, for a higher cost per step, and treat differences of a few percent between the variants
-# as the noise of one seed (the next section measures that noise). The curves zig-zag together because each
-# length reads its own windows of text and some stretches are simply harder than others: compare models at
-# the same length, not one length with the next.
+# as the noise of one seed (the next section measures that noise). Every length scores the same tokens (only
+# their context grows), so a change from one length to the next is the model's doing, not the text's.
 #
 # ### Three seeds: is DAPE's gain larger than the noise?
 #

@@ -6,6 +6,7 @@ import matplotlib.pyplot as plt
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import nn
 
 import minidape as md
 from minidape.data import fixed_windows
@@ -36,33 +37,84 @@ def losses_of(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tenso
     return F.cross_entropy(logits.transpose(1, 2), targets.long(), reduction="none")
 
 
-def test_last_k_scores_the_last_k_tokens_of_seeded_windows(tokens):
+def last_k_by_hand(model, tokens, lengths, last_k, n_windows, seed):
+    """The last_k protocol written out: windows ending at the same drawn positions, their last k scored."""
+    scored = min(last_k, min(lengths))
+    ends = md.evaluate.scored_ends(len(tokens), max(lengths), scored, n_windows, seed)
+    result = {}
+    for length in lengths:
+        windows = torch.stack([tokens[end - length:end + 1] for end in ends.tolist()])
+        result[length] = losses_of(model, windows[:, :-1], windows[:, 1:])[:, -scored:].mean().exp().item()
+    return result
+
+
+def test_last_k_scores_the_same_tokens_at_every_length(tokens):
     model = tiny_model()
-    result = md.evaluate.perplexity_by_length(model, tokens, [8, 40], last_k=10, n_windows=5, seed=3)
-    for length, scored in ((8, 8), (40, 10)):  # a window shorter than last_k is scored whole
-        windows = fixed_windows(tokens, length + 1, 5, seed=3)
-        expected = losses_of(model, windows[:, :-1], windows[:, 1:])[:, -scored:].mean().exp().item()
-        assert result[length] == pytest.approx(expected, rel=1e-5)
+    lengths = [8, 40, 24]
+    result = md.evaluate.perplexity_by_length(model, tokens, lengths, last_k=10, n_windows=5, seed=3)
+    assert result == pytest.approx(last_k_by_hand(model, tokens, lengths, 10, 5, 3), rel=1e-5)
+    # k = min(last_k, shortest length): 8 here; with longer lengths all of last_k is scored
+    result = md.evaluate.perplexity_by_length(model, tokens, [16, 32], last_k=10, n_windows=5, seed=3)
+    assert result == pytest.approx(last_k_by_hand(model, tokens, [16, 32], 10, 5, 3), rel=1e-5)
 
 
-def test_nonoverlap_scores_every_token_of_consecutive_windows(tokens):
+def test_scored_stretches_are_disjoint_seeded_and_leave_room_for_the_longest_window():
+    ends = md.evaluate.scored_ends(1000, longest=100, scored=30, n_windows=12, seed=1)
+    assert torch.equal(ends, md.evaluate.scored_ends(1000, 100, 30, 12, seed=1))
+    assert not torch.equal(ends, md.evaluate.scored_ends(1000, 100, 30, 12, seed=2))
+    assert len(set(ends.tolist())) == 12 and ends.min() >= 100 and ends.max() <= 999
+    assert bool((ends.diff() >= 30).all())                 # no token is scored twice
+    assert md.evaluate.scored_ends(131, 100, 30, 2, seed=0).tolist() == [100, 130]   # every candidate taken
+    with pytest.raises(ValueError, match="hold 2 disjoint stretches of 30 scored tokens"):
+        md.evaluate.scored_ends(131, 100, 30, 3)
+
+
+class ContextFree(nn.Module):
+    """A bigram model: its prediction depends only on the current token (log bigram frequencies of Austen's
+    training split), so its perplexity over a fixed set of scored tokens cannot depend on the context length."""
+
+    def __init__(self):
+        super().__init__()
+        train = md.load_corpus("austen", "train")[:200_000].long()
+        counts = torch.ones(256, 256).index_put_((train[:-1], train[1:]), torch.ones(len(train) - 1), accumulate=True)
+        self.log_probs = nn.Parameter((counts / counts.sum(1, keepdim=True)).log())
+
+    def forward(self, idx, targets=None):
+        return self.log_probs[idx], None
+
+
+@pytest.mark.parametrize("protocol", md.evaluate.PROTOCOLS)
+def test_a_context_free_model_has_a_flat_curve(protocol):
+    """Every length scores the same tokens, so a model that ignores its context gives one number at every
+    length: a curve shows length, not which text was scored."""
+    tokens = md.load_corpus("austen", "val")
+    lengths = [64, 128, 256, 512, 1024]
+    options = dict(n_tokens=20_000) if protocol == "nonoverlap" else dict(n_windows=32)
+    curve = md.evaluate.perplexity_by_length(ContextFree(), tokens, lengths, protocol=protocol, **options)
+    assert 2 < curve[64] < 50                              # a real (bigram) model, not a constant
+    assert max(curve.values()) == pytest.approx(min(curve.values()), rel=1e-6)
+
+
+def test_nonoverlap_scores_every_token_of_one_stretch_at_every_length(tokens):
     model = tiny_model()
     result = md.evaluate.perplexity_by_length(model, tokens, [20, 64], protocol="nonoverlap", n_tokens=1000)
     for length in (20, 64):
         losses = []
-        for start in range(0, 1000 - length + 1, length):  # windows of `length` inputs within the first 1000 tokens
-            window = tokens[start:start + length + 1][None]
+        for start in range(0, 1000, length):  # windows of `length` inputs; 64 ends with one of 1000 % 64 = 40
+            window = tokens[start:min(start + length, 1000) + 1][None]
             losses.append(losses_of(model, window[:, :-1], window[:, 1:]))
-        assert result[length] == pytest.approx(torch.cat(losses, dim=1).mean().exp().item(), rel=1e-5)
+        scored = torch.cat(losses, dim=1)
+        assert scored.shape == (1, 1000)
+        assert result[length] == pytest.approx(scored.mean().exp().item(), rel=1e-5)
 
 
 def test_protocols_differ_and_batching_changes_nothing(tokens):
     model = tiny_model(pe="kerple_log", refiner="dape", refiner_width=8)
     lengths = [16, 48]
-    for protocol in ("last_k", "nonoverlap"):
-        settings = dict(lengths=lengths, protocol=protocol, last_k=8, n_windows=6, n_tokens=500)
-        one_big = md.evaluate.perplexity_by_length(model, tokens, **settings)
-        many_small = md.evaluate.perplexity_by_length(model, tokens, **settings, max_batch_tokens=20)
+    for protocol, options in (("last_k", dict(last_k=8, n_windows=6)), ("nonoverlap", dict(n_tokens=500))):
+        one_big = md.evaluate.perplexity_by_length(model, tokens, lengths, protocol=protocol, **options)
+        many_small = md.evaluate.perplexity_by_length(model, tokens, lengths, protocol=protocol, **options,
+                                                      max_batch_tokens=20)
         assert many_small == pytest.approx(one_big, rel=1e-5)
     last_k = md.evaluate.perplexity_by_length(model, tokens, lengths, last_k=8, n_windows=6)
     nonoverlap = md.evaluate.perplexity_by_length(model, tokens, lengths, protocol="nonoverlap", n_tokens=500)
@@ -76,19 +128,14 @@ def test_loss_by_position_is_the_mean_loss_at_each_position(tokens):
     expected = losses_of(model, windows[:, :-1], windows[:, 1:]).mean(dim=0)
     assert curve.shape == (24,)
     assert torch.allclose(curve, expected, atol=1e-5)
-    # its average is the last_k perplexity when all positions are scored
-    ppl = md.evaluate.perplexity_by_length(model, tokens, [24], last_k=24, n_windows=7, seed=2)[24]
-    assert math.exp(curve.mean().item()) == pytest.approx(ppl, rel=1e-5)
 
 
 def test_sixteen_times_the_training_length(tokens):
     model = tiny_model(pe="kerple_log", refiner="conv", refiner_width=8)
-    length = 16 * model.cfg.block_size
-    result = md.evaluate.perplexity_by_length(model, tokens, [length], last_k=32, n_windows=2)
-    windows = fixed_windows(tokens, length + 1, 2, seed=0)
-    expected = losses_of(model, windows[:, :-1], windows[:, 1:])[:, -32:].mean().exp().item()
-    assert result[length] == pytest.approx(expected, rel=1e-5)
-    assert md.evaluate.loss_by_position(model, tokens, length, n_windows=1).shape == (length,)
+    lengths = [model.cfg.block_size, 16 * model.cfg.block_size]
+    result = md.evaluate.perplexity_by_length(model, tokens, lengths, last_k=32, n_windows=2)
+    assert result == pytest.approx(last_k_by_hand(model, tokens, lengths, 32, 2, 0), rel=1e-5)
+    assert md.evaluate.loss_by_position(model, tokens, lengths[-1], n_windows=1).shape == (lengths[-1],)
 
 
 def test_learned_positions_give_nan_beyond_their_table(tokens):
@@ -122,7 +169,11 @@ def test_bad_input_is_named(tokens):
         evaluate(model, torch.full((100,), 999), [16])
     with pytest.raises(ValueError, match="hold no window of length 64"):
         evaluate(model, tokens[:50], [64], protocol="nonoverlap")
-    with pytest.raises(ValueError, match="windows of 65 tokens"):
+    with pytest.raises(ValueError, match="n_tokens=6000 predictions asked for, but 6000 tokens hold 5999"):
+        evaluate(model, tokens, [64], protocol="nonoverlap", n_tokens=6000)
+    with pytest.raises(ValueError, match="n_tokens=500 applies to protocol='nonoverlap' only"):
+        evaluate(model, tokens, [64], n_tokens=500)
+    with pytest.raises(ValueError, match="need windows of 65 tokens"):
         evaluate(model, tokens[:50], [64])
     with pytest.raises(ValueError, match="length must be a positive integer"):
         md.evaluate.loss_by_position(model, tokens, 0)

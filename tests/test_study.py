@@ -1,10 +1,14 @@
 """The claim study and the bias comparison: statistics, verdict rule, the leaky refiner of C4, and both commands
 end to end at the hidden tiny budget (every code path, no meaning)."""
 
+import dataclasses
+import itertools
 import json
 import math
+import re
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from scipy import stats
@@ -41,62 +45,128 @@ def run_cli(argv, capsys):
 # ----------------------------------------------------------------------------- statistics and the verdict rule
 
 
-def test_cell_is_the_paired_t_test_of_the_differences():
-    lower, higher = [5.0, 6.5, 5.5, 7.0], [6.0, 7.0, 6.8, 7.2]
-    factor = 1.05
-    differences = torch.tensor(lower, dtype=torch.float64) - factor * torch.tensor(higher, dtype=torch.float64)
-    n = len(lower)
-    t = differences.mean() / (differences.std() / math.sqrt(n))           # the paired t statistic by hand
-    expected_p = 2 * stats.t.sf(abs(float(t)), df=n - 1)
-    mean_difference, p_value = study.Cell("x", lower, higher, factor).test()
-    assert mean_difference == pytest.approx(float(differences.mean()))
-    assert p_value == pytest.approx(expected_p, rel=1e-6)
+def test_endpoint_is_scipys_one_sample_t_test_with_its_interval():
+    rng = np.random.default_rng(0)
+    values = rng.normal(-0.05, 0.02, size=15)               # a known effect: 15 units, mean -0.05
+    endpoint = study.Endpoint(list(values), "below")
+    expected = stats.ttest_1samp(values, 0.0)
+    n = len(values)
+    half_width = stats.t.ppf(0.975, n - 1) * values.std(ddof=1) / math.sqrt(n)
+    assert endpoint.estimate == pytest.approx(values.mean())
+    assert (endpoint.low, endpoint.high) == pytest.approx((values.mean() - half_width, values.mean() + half_width))
+    assert endpoint.p == pytest.approx(expected.pvalue) and endpoint.p < 1e-6 and endpoint.supports
+    assert endpoint.low < -0.05 < endpoint.high                 # the interval covers the true effect
+    # the sign-flip test counts the flips whose mean is at least as extreme: 1 of 2^15 here (all values negative)
+    assert (values < 0).all() and endpoint.p_sign_flip == pytest.approx(2 / 2 ** n)
+    assert not study.Endpoint(list(values), "above").supports   # the same data against the other direction
 
 
-def test_cell_status_follows_direction_and_significance():
-    consistent = [1.0, 2.0, 3.0, 4.0]
-    shifted = [value + 1.0 + 0.01 * i for i, value in enumerate(consistent)]
-    assert study.Cell("x", consistent, shifted).status == "support"
-    assert study.Cell("x", shifted, consistent).status == "contradict"
-    assert study.Cell("x", [1.0, 3.0, 2.0], [2.0, 2.0, 2.1]).status == "unclear"
-    assert study.Cell("x", [1.0, 1.0], [1.0, 1.0]).status == "unclear"        # p is NaN: no evidence either way
-    nan = math.nan
-    assert study.Cell("x", [5.0, 6.0], [nan, nan]).status == "support"       # the claimed-worse model cannot run
-    assert study.Cell("x", [nan, nan], [5.0, 6.0]).status == "contradict"
+def test_sign_flip_test_is_exact():
+    values = [0.3, -0.1, 0.5, 0.2, 0.4]
+    flips = np.array(list(itertools.product([1, -1], repeat=len(values)))) * values
+    expected = np.mean(np.abs(flips.mean(axis=1)) >= abs(np.mean(values)) - 1e-12)
+    assert study.Endpoint(values, "above").p_sign_flip == pytest.approx(expected)
+
+
+def test_a_null_effect_is_not_declared():
+    """Many studies of pure noise: the verdict rule calls few of them (at most about 5 %) reproduced or not."""
+    rng = np.random.default_rng(1)
+    decided = 0
+    for _ in range(400):
+        endpoint = study.Endpoint(list(rng.normal(0, 0.03, size=10)), "below")
+        decided += study.verdict(endpoint, endpoint.p) != "inconclusive at this budget"
+    assert decided <= 0.08 * 400
+
+
+def test_equivalence_test_is_tost_and_a_departure_beyond_the_margin_is_named():
+    margin = math.log(1.1)
+    rng = np.random.default_rng(2)
+    flat = rng.normal(0.01, 0.01, size=15)
+    endpoint = study.Endpoint(list(flat), "within", margin)
+    tost = max(stats.ttest_1samp(flat, -margin, alternative="greater").pvalue,
+               stats.ttest_1samp(flat, margin, alternative="less").pvalue)
+    assert endpoint.supports and endpoint.p == pytest.approx(tost) and endpoint.p < 0.05
+    assert study.verdict(endpoint, endpoint.p) == "reproduced"
+    drifting = rng.normal(0.3, 0.02, size=15)                   # clearly more than 10 % worse
+    endpoint = study.Endpoint(list(drifting), "within", margin)
+    assert not endpoint.supports
+    assert endpoint.p == pytest.approx(stats.ttest_1samp(drifting, margin, alternative="greater").pvalue)
+    assert study.verdict(endpoint, endpoint.p) == "not reproduced"
+    noisy = rng.normal(0.0, 0.3, size=5)                         # inside on average, but too uncertain to say
+    endpoint = study.Endpoint(list(noisy), "within", margin)
+    assert study.verdict(endpoint, endpoint.p) == "inconclusive at this budget"
+
+
+def test_holm_adjustment():
+    p_values = [0.01, 0.04, 0.03, 0.005, math.nan]
+    # sorted: 0.005 x 4, 0.01 x 3, 0.03 x 2, 0.04 x 1, each at least the previous one; NaN is not a test
+    assert study.holm(p_values)[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert math.isnan(study.holm(p_values)[4])
+    assert study.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])   # capped at 1
+    assert study.holm([0.001, 0.04]) == pytest.approx([0.002, 0.04])
 
 
 def test_verdict_rule():
-    support = study.Cell("s", [1.0, 2.0, 3.0], [2.0, 3.1, 4.0])
-    contradict = study.Cell("c", [2.0, 3.1, 4.0], [1.0, 2.0, 3.0])
-    unclear = study.Cell("u", [1.0, 3.0, 2.0], [2.0, 2.0, 2.1])
-    assert [c.status for c in (support, contradict, unclear)] == ["support", "contradict", "unclear"]
-    assert study.verdict([support, support, unclear, unclear]) == "reproduced"
-    assert study.verdict([support, unclear, unclear]) == "inconclusive at this budget"
-    assert study.verdict([support, support, support, contradict]) == "inconclusive at this budget"
-    assert study.verdict([contradict, contradict, support]) == "not reproduced"
+    support = study.Endpoint([-0.1, -0.12, -0.09, -0.11], "below")
+    against = study.Endpoint([0.1, 0.12, 0.09, 0.11], "below")
+    assert study.verdict(support, 0.01) == "reproduced"
+    assert study.verdict(against, 0.01) == "not reproduced"
+    assert study.verdict(support, 0.06) == "inconclusive at this budget"      # significant only before Holm
+    assert study.verdict(study.Endpoint([1.0, 1.0], "below"), math.nan) == "inconclusive at this budget"
     assert study.claim_verdict(["reproduced", "reproduced"]) == "reproduced"
     assert study.claim_verdict(["reproduced", "not reproduced"]) == "partly reproduced"
     assert study.claim_verdict(["not reproduced", "inconclusive at this budget"]) == "inconclusive at this budget"
     assert study.claim_verdict(["not reproduced"]) == "not reproduced"
 
 
-def test_statements_read_the_right_lengths():
-    """'X degrades' compares X at the training length with X at each longer length, paired by seed."""
-    curve = {128: [10.0, 11.0], 256: [12.0, 13.0], 512: [20.0, 21.0]}
-    results = {"lm": {("austen", 128, "RoPE"): {protocol: curve for protocol in md.evaluate.PROTOCOLS}}}
-    statement = study._degrades("RoPE")
-    cells = study.statement_cells(statement, results, ["austen"], (128,))
-    assert [cell.where for cell in cells] == [f"austen T=128 {p} {f}xT" for p in md.evaluate.PROTOCOLS for f in (2, 4)]
-    assert cells[0].lower == curve[128] and cells[0].higher == curve[256]
-    assert cells[1].lower == curve[128] and cells[1].higher == curve[512]
+def curves(values_by_length):
+    return {protocol: values_by_length for protocol in md.evaluate.PROTOCOLS}
+
+
+def test_statement_endpoints_are_mean_log_ratios_per_corpus_and_seed():
+    a = {128: [10.0, 11.0], 256: [12.0, 13.0], 512: [20.0, 21.0]}
+    b = {128: [11.0, 11.0], 256: [13.0, 14.0], 512: [20.0, 25.0]}
+    results = {"lm": {(corpus, 128, label): curves(values) for corpus in ("austen", "python")
+                      for label, values in (("DAPE-Kerple", a), ("Kerple-log", b))}}
+    statement = study._lower("DAPE-Kerple", "Kerple-log")
+    units = study.statement_units(statement, results, ["austen", "python"], (128,))
+    assert list(units) == [f"{corpus} T=128 seed {seed}" for corpus in ("austen", "python") for seed in (0, 1)]
+    seed1 = (math.log(11 / 11) + math.log(13 / 14) + math.log(21 / 25)) / 3
+    assert units["python T=128 seed 1"] == pytest.approx(seed1)
+    beyond = study.statement_units(dataclasses.replace(statement, lengths="beyond"), results, ["austen"], (128,))
+    assert beyond["austen T=128 seed 0"] == pytest.approx((math.log(12 / 13) + math.log(20 / 20)) / 2)
+    half = study.statement_units(dataclasses.replace(statement, factor=0.5), results, ["austen"], (128,))
+    assert half["austen T=128 seed 0"] == pytest.approx(units["austen T=128 seed 0"] - math.log(0.5))
+    # "degrades": the model at 16x (here the longest length) against itself at the training length
+    degrades = study.statement_units(study._degrades("DAPE-Kerple"), results, ["austen"], (128,))
+    assert degrades == pytest.approx({"austen T=128 seed 0": math.log(20 / 10),
+                                      "austen T=128 seed 1": math.log(21 / 11)})
+    cells = study.statement_cells(study._degrades("DAPE-Kerple"), results, ["austen"], (128,))
+    assert [cell.where for cell in cells] == [f"austen T=128 {protocol} {factor}xT"
+                                              for protocol in md.evaluate.PROTOCOLS for factor in (2, 4)]
+    assert cells[1].a == a[512] and cells[1].b == a[128]
+    p_value = stats.ttest_rel(np.log(a[512]), np.log(a[128])).pvalue
+    assert cells[1].text() == f"{100 * (math.sqrt(20 / 10 * 21 / 11) - 1):+.1f} % (p={p_value:.3f})"
+
+
+def test_matched_dape_has_the_parameters_of_the_conv_refiner():
+    for n_head in (2, 4, 8):
+        cfg = dict(n_layer=1, n_embd=8 * n_head, n_head=n_head, block_size=16, pe="kerple_log")
+        plain = md.GPT(md.GPTConfig(**cfg)).num_params()
+        conv = md.GPT(md.GPTConfig(refiner="conv", refiner_kernel=3, **cfg)).num_params() - plain
+        width = study.matched_dape_width(n_head)
+        dape = md.GPT(md.GPTConfig(refiner="dape", refiner_width=width, **cfg)).num_params() - plain
+        step = 3 * n_head + 1                                  # one more hidden unit
+        assert abs(dape - conv) <= step / 2
 
 
 def test_every_statement_names_study_models_and_a_known_scope():
     for claim in study.CLAIMS:
         models = study.CHE_MODELS if claim.che else study.MODELS
         for statement in claim.statements:
-            assert statement.better in models and statement.worse in models
-            assert statement.scope in study.SCOPES
+            assert statement.model in models and (statement.other is None or statement.other in models)
+            assert statement.scope in study.SCOPES and statement.kind in study.KINDS
+            assert (statement.task is not None) == claim.che
         assert set(claim.models) <= set(models)
 
 
@@ -164,7 +234,8 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     allowed = {"reproduced", "not reproduced", "inconclusive at this budget"}
     assert all(s["verdict"] in allowed for claim in results["verdicts"].values() for s in claim)
     runs = sorted(out.glob("runs/**/seed*.json"))
-    assert len(runs) == stdout.count("] ") and stdout.count("done before") == 0
+    progress = [line for line in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]   # one line per run
+    assert len(runs) == len(progress) and stdout.count("done before") == 0
     assert f"it trained {len(runs)} of the {len(runs)} runs" in report
 
     # A killed study restarted: only the missing run is trained again.
@@ -230,7 +301,9 @@ def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
     for baseline in payload["baselines"]:
         p_values = payload["p_values"][baseline]["last_k"]
         assert set(p_values) == {"16", "32"}
-        assert "p vs " + baseline in stdout
+        assert f"| vs {baseline} | " in stdout and f"| {baseline} | " in stdout   # cells, then the endpoint row
+        endpoint = payload["endpoints"][baseline]
+        assert endpoint["ci95"][0] <= endpoint["ratio_minus_1"] <= endpoint["ci95"][1]
     for protocol in md.evaluate.PROTOCOLS:
         assert all(len(values) == 2 for values in payload["perplexity"][subject][protocol].values())
     assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").is_file()
@@ -250,8 +323,13 @@ def test_compare_function_returns_the_statistics(corpus_file):
     curves = result["perplexity"]
     assert set(curves) == {"rope", "alibi"}
     rope, alibi = curves["rope"]["nonoverlap"][32], curves["alibi"]["nonoverlap"][32]
-    expected = stats.ttest_rel(rope, alibi).pvalue
+    expected = stats.ttest_rel(np.log(rope), np.log(alibi)).pvalue          # on log perplexity
     assert result["p_values"]["alibi"]["nonoverlap"][32] == pytest.approx(expected, nan_ok=True)
+    per_seed = [np.mean([math.log(curves["rope"][protocol][length][seed] / curves["alibi"][protocol][length][seed])
+                         for protocol in md.evaluate.PROTOCOLS for length in (16, 32)]) for seed in (0, 1)]
+    endpoint = result["endpoints"]["alibi"]
+    assert endpoint["ratio_minus_1"] == pytest.approx(math.expm1(np.mean(per_seed)))
+    assert endpoint["p_t"] == pytest.approx(stats.ttest_1samp(per_seed, 0.0).pvalue, nan_ok=True)
 
 
 @pytest.mark.parametrize("pe, message", [
@@ -267,3 +345,13 @@ def test_compare_errors_are_one_line(pe, message, tmp_path, corpus_file, capsys)
     code, _, stderr = run_cli(["compare", "--pe", pe, "--budget", "tiny", "--corpus", corpus_file,
                                "--out", tmp_path / "out"], capsys)
     assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
+
+
+def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file):
+    train, val = md.load_corpus(corpus_file, "train"), md.load_corpus(corpus_file, "val")
+    counts = {byte: 1 for byte in range(256)}                  # add-one smoothing
+    for byte in train.tolist():
+        counts[byte] += 1
+    total = sum(counts.values())
+    expected = math.exp(-sum(math.log(counts[byte] / total) for byte in val.tolist()) / len(val))
+    assert study.unigram_perplexity(str(corpus_file)) == pytest.approx(expected, rel=1e-9)
