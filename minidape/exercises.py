@@ -15,14 +15,20 @@ Implementations are compared by behaviour, never by the names of minidape's inte
 are built from the same config and handed minidape's weights in the order of their parameters.
 
 :func:`summary` ends each notebook: a table of the verdicts, and an error if an answer is wrong (so a broken
-worked solution fails ``make test``, which also sets ``MINIDAPE_EXPECT_EXERCISES`` to ``all`` or ``none``). The grader (:mod:`minidape.grade`) reads the verdicts from the file named
-by the environment variable ``MINIDAPE_GRADE_LOG`` (one JSON object per line), which every check appends to.
+worked solution fails ``make test``, which also sets ``MINIDAPE_EXPECT_EXERCISES`` to ``all`` or ``none``).
+
+Grading (:mod:`minidape.grade`) uses the same checks, but never in the student's process: there
+:func:`check` only records its answer in :data:`answers`, and the grader later runs :func:`verdict` in its own
+process with the answers as :class:`minidape.sandbox.Remote` handles. A check must therefore touch an answer
+only by calling it with data (tensors, numbers, strings, configs, picklable objects) and through the helpers
+below for anything else: :func:`_is_module`, :func:`_is_class`, :func:`_subclass_of`, :func:`_type_name`,
+:func:`_parameter_shapes`, :func:`_hand_over`, :func:`_gradients`. What an answer returns comes back as data.
 """
 from __future__ import annotations
 
-import json
 import math
 import os
+import secrets
 from dataclasses import dataclass
 from typing import Callable
 
@@ -30,7 +36,6 @@ import torch
 from torch import nn
 
 PASSED, FAILED, NOT_DONE = "passed", "failed", "not done yet"
-GRADE_LOG = "MINIDAPE_GRADE_LOG"
 EXPECT = "MINIDAPE_EXPECT_EXERCISES"     # "all" (worked solutions) or "none" (student edition): see summary()
 
 
@@ -40,6 +45,15 @@ class NotDone(NotImplementedError):
 
 class Wrong(Exception):
     """Raised by a check: the answer runs, but does not do what the exercise asks. The message says how."""
+
+
+class Partial(Wrong):
+    """Raised by a check whose exercise has parts: ``fraction`` of its points are earned, the message says
+    what is still wrong."""
+
+    def __init__(self, fraction: float, message: str):
+        super().__init__(message)
+        self.fraction = min(1.0, max(0.0, float(fraction)))
 
 
 class ExerciseFailed(AssertionError):
@@ -59,17 +73,42 @@ class Exercise:
     title: str
     hint: str
     checker: Callable
+    points: int = 1
 
 
 EXERCISES: dict[str, Exercise] = {}
 results: dict[str, str] = {}     # this session's verdicts, by exercise name
+answers: dict | None = None      # the grader's worker sets {}: check() then records (answer, options) by name
 
 
-def _exercise(notebook: str, kind: str, title: str, hint: str):
+def _exercise(notebook: str, kind: str, title: str, hint: str, points: int = 1):
     def register(checker):
-        EXERCISES[checker.__name__] = Exercise(checker.__name__, notebook, kind, title, hint, checker)
+        EXERCISES[checker.__name__] = Exercise(checker.__name__, notebook, kind, title, hint, checker, points)
         return checker
     return register
+
+
+# Per exercise, minidape's own implementation of what it asks for (functions, classes: all their methods).
+# While the grader calls an answer, entering any of these makes the exercise fail with a message naming it.
+LIBRARY: dict[str, tuple[str, ...]] = {
+    "sinusoidal_table": ("minidape.model.SinusoidalPositions",),
+    "rope_ones_score": ("minidape.model.RotaryEmbedding", "minidape.model.apply_rotary"),
+    "alibi_bias": ("minidape.model.ALiBiBias", "minidape.model.alibi_slopes"),
+    "square_quadratic_form": ("minidape.kernels.gram",),
+    "find_shift": ("minidape.kernels.pd_shift",),
+    "kerple_log_bias": ("minidape.model.KerpleLogBias",),
+    "dape_refiner": ("minidape.model.DAPERefiner", "minidape.model.DAPEConcatRefiner", "minidape.model.HeadMLP",
+                     "minidape.fast.dape", "minidape.fast.head_mlp"),
+    "dape_parameter_count": ("minidape.model.DAPERefiner", "minidape.model.HeadMLP"),
+    "receptive_keys": ("minidape.model.ConvRefiner",),
+    "conv_refiner": ("minidape.model.ConvRefiner",),
+    "my_bias": ("minidape.model.ALiBiBias", "minidape.model.T5Bias", "minidape.model.KerpleLogBias",
+                "minidape.model.KerplePowerBias", "minidape.model.FIREBias"),
+    "parity_sample": ("minidape.tasks.ParityCheck",),
+    "output_length": ("minidape.tasks.get_task", "minidape.tasks.ReverseString", "minidape.tasks.DuplicateString",
+                      "minidape.tasks.ComputeSqrt", "minidape.tasks.BinaryAddition"),
+    "masked_accuracy": ("minidape.tasks.accuracy", "minidape.tasks.output_mask"),
+}
 
 
 def exercises_of(notebook: str) -> list[Exercise]:
@@ -77,28 +116,37 @@ def exercises_of(notebook: str) -> list[Exercise]:
     return [exercise for exercise in EXERCISES.values() if exercise.notebook == notebook]
 
 
-def check(name: str, *answer, **options) -> bool:
-    """Check the answer to exercise ``name``; print the verdict and return True when it passed."""
-    if name not in EXERCISES:
-        raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(EXERCISES)}")
+def verdict(name: str, *answer, **options) -> tuple[str, str, float]:
+    """Run exercise ``name``'s check on an answer: (status, message, points earned). Random inputs are drawn
+    afresh on every call (a seed nobody chose), and the caller's random stream is left as it was."""
     exercise = EXERCISES[name]
+    earned = 0.0
     try:
-        # The check's own random draws leave the notebook's random stream as it was, whether it passes or not.
         with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(secrets.randbits(63))
             note = exercise.checker(*answer, **options)
-        status, message = PASSED, "passed" + (f". {note}" if note else "")
+        status, message, earned = PASSED, "passed" + (f". {note}" if note else ""), float(exercise.points)
     except NotImplementedError:
         status, message = NOT_DONE, "not done yet (the stub is still there)"
     except Wrong as wrong:
         status, message = FAILED, f"not yet right: {wrong}\n    hint: {exercise.hint}"
+        if isinstance(wrong, Partial):
+            earned = round(wrong.fraction * exercise.points, 2)
     except Exception as error:  # the student's code itself failed: say where, never stop the notebook
         status, message = FAILED, (f"your code raised {type(error).__name__}: {error}\n"
                                    f"    hint: {exercise.hint}")
+    return status, message, earned
+
+
+def check(name: str, *answer, **options) -> bool:
+    """Check the answer to exercise ``name``; print the verdict and return True when it passed."""
+    if name not in EXERCISES:
+        raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(EXERCISES)}")
+    if answers is not None:             # graded: the grader judges this answer in its own process
+        answers[name] = (answer, options)
+    exercise = EXERCISES[name]
+    status, message, _ = verdict(name, *answer, **options)
     results[name] = status
-    log = os.environ.get(GRADE_LOG)
-    if log:
-        with open(log, "a") as file:
-            file.write(json.dumps({"exercise": name, "status": status}) + "\n")
     mark = {PASSED: "✓", FAILED: "✗", NOT_DONE: "…"}[status]
     print(f"{mark} exercise {exercise.notebook}·{name} ({exercise.kind}): {message}")
     return status == PASSED
@@ -139,10 +187,54 @@ def _given(value, what: str):
     return value
 
 
+def _type_name(value) -> str:
+    """The name of an answer's type, whether it lives here or in the grader's worker."""
+    from .sandbox import Remote
+    return value.describe().type_name if isinstance(value, Remote) else type(value).__name__
+
+
+def _is_class(value) -> bool:
+    from .sandbox import Remote
+    return value.describe().is_class if isinstance(value, Remote) else isinstance(value, type)
+
+
+def _is_module(value) -> bool:
+    """Whether an answer is an ``nn.Module`` instance."""
+    from .sandbox import Remote
+    return value.describe().is_module if isinstance(value, Remote) else isinstance(value, nn.Module)
+
+
+def _subclass_of(value, base: type) -> bool:
+    """Whether an answer is a class that subclasses ``base`` (one of minidape's classes)."""
+    from .sandbox import Remote
+    if isinstance(value, Remote):
+        described = value.describe()
+        return described.is_class and f"{base.__module__}.{base.__qualname__}" in described.bases
+    return isinstance(value, type) and issubclass(value, base)
+
+
+def _parameter_shapes(module) -> list[tuple[int, ...]]:
+    """The shapes of a module's parameters, in the order it registers them."""
+    from .sandbox import Remote
+    if isinstance(module, Remote):
+        return [tuple(shape) for shape in module.describe().parameter_shapes]
+    return [tuple(p.shape) for p in module.parameters()]
+
+
+def _gradients(module, *inputs) -> list[torch.Tensor | None]:
+    """The gradient of ``module(*inputs).sum()`` with respect to each parameter (None where none flows)."""
+    from .sandbox import Remote
+    if isinstance(module, Remote):
+        return module._session.request("gradients", module._ref, inputs)
+    module.zero_grad(set_to_none=True)
+    module(*inputs).sum().backward()
+    return [p.grad for p in module.parameters()]
+
+
 def _tensor(value, what: str, shape: tuple | None = None) -> torch.Tensor:
     _given(value, what)
     if not isinstance(value, torch.Tensor):
-        raise Wrong(f"{what} should be a torch.Tensor, got {type(value).__name__}")
+        raise Wrong(f"{what} should be a torch.Tensor, got {_type_name(value)}")
     if shape is not None and tuple(value.shape) != tuple(shape):
         raise Wrong(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
     if not torch.isfinite(value).all():
@@ -188,12 +280,16 @@ def _pe_module(**overrides):
 
 def _hand_over(source: nn.Module, target: nn.Module, what: str) -> None:
     """Copy ``source``'s parameters into ``target``'s, in the order the modules register them."""
-    theirs, yours = list(source.parameters()), list(target.parameters())
-    if [tuple(p.shape) for p in theirs] != [tuple(p.shape) for p in yours]:
-        raise Wrong(f"{what}'s parameters have shapes {[tuple(p.shape) for p in yours]}; minidape's, in the same "
+    from .sandbox import Remote
+    theirs, yours = list(source.parameters()), _parameter_shapes(target)
+    if [tuple(p.shape) for p in theirs] != yours:
+        raise Wrong(f"{what}'s parameters have shapes {yours}; minidape's, in the same "
                     f"order, are {[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over")
+    if isinstance(target, Remote):
+        target._session.request("load_parameters", target._ref, [p.detach().clone() for p in theirs])
+        return
     with torch.no_grad():
-        for mine, own in zip(theirs, yours):
+        for mine, own in zip(theirs, target.parameters()):
             own.copy_(mine)
 
 
@@ -213,8 +309,8 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
     torch.manual_seed(0)
     theirs = REFINER_REGISTRY[name](cfg)
     yours = _given(your_class, what)(cfg)
-    if not isinstance(yours, nn.Module):
-        raise Wrong(f"{what}(cfg) should build an nn.Module, got {type(yours).__name__}")
+    if not _is_module(yours):
+        raise Wrong(f"{what}(cfg) should build an nn.Module, got {_type_name(yours)}")
     _hand_over(theirs, yours, what)
     for seed, T in ((1, 7), (2, 12)):
         scores, bias, mask = _refiner_inputs(cfg, 2, T, seed)
@@ -479,7 +575,7 @@ def my_kernel(your_kernel):
 def my_bias(your_class):
     from .model import AdditiveBias
     your_class = _given(your_class, "MyBias")
-    if not (isinstance(your_class, type) and issubclass(your_class, AdditiveBias)):
+    if not _subclass_of(your_class, AdditiveBias):
         raise Wrong("MyBias should be a class that subclasses md.AdditiveBias")
     n_head = 4
     module = your_class(_config(n_head=n_head))
@@ -487,11 +583,9 @@ def my_bias(your_class):
     bias = _tensor(module(q_pos, k_pos), "MyBias()(q_pos, k_pos)", (n_head, len(q_pos), len(k_pos)))
     if not torch.allclose(module(q_pos + 100, k_pos + 100), bias, atol=1e-5):
         raise Wrong("the bias changes when every position is shifted by 100: it is not relative")
-    parameters = list(module.parameters())
-    if not parameters:
+    if not _parameter_shapes(module):
         raise Wrong("MyBias has no learnable parameters (nn.Parameter)")
-    bias.sum().backward()
-    if any(p.grad is None or not torch.isfinite(p.grad).all() for p in parameters):
+    if any(g is None or not torch.isfinite(g).all() for g in _gradients(module, q_pos, k_pos)):
         raise Wrong("some parameters get no (finite) gradient from the bias")
 
 
