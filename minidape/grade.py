@@ -104,7 +104,7 @@ def read_cells(path: Path) -> list[dict]:
     except ValueError as error:
         raise NotANotebook(f"the file is not a notebook: invalid JSON ({error})") from None
     if not isinstance(content, dict) or not isinstance(content.get("cells"), list):
-        keys = ", ".join(map(str, content)) if isinstance(content, dict) else type(content).__name__
+        keys = (", ".join(map(str, content)) or "no keys") if isinstance(content, dict) else type(content).__name__
         raise NotANotebook(f"the file is JSON but not a notebook: no list of cells (found: {keys})")
     cells = []
     for number, cell in enumerate(content["cells"], 1):
@@ -266,14 +266,17 @@ class Grader:
             submission.rows = [Row(e.name, 0, e.points, False, unreadable) for e in edition.roster]
             return
         submission.cells = restore(edition, cells)
+        answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
             submission.problem = self._run(submission.cells, worker)
-            answers = self._answers(worker)
+            channel = sandbox.Channel(worker, time.monotonic() + self.timeout)    # the checks' time starts
+            if worker.alive:
+                answers = channel.request("answers")
         except sandbox.WorkerGone as gone:
             submission.problem = submission.problem or f"the worker {gone}"
+        if not isinstance(answers, dict):
             answers = None
-        channel = sandbox.Channel(worker, time.monotonic() + self.timeout)
         for exercise in edition.roster:
             submission.rows.append(self._judge(exercise, answers, channel, submission.problem))
 
@@ -303,16 +306,9 @@ class Grader:
                 return stopped
         return f"{len(errors)} cell(s) raised, first {errors[0]}" if errors else ""
 
-    def _answers(self, worker: sandbox.Worker) -> dict:
-        if not worker.alive:
-            return {}
-        channel = sandbox.Channel(worker, time.monotonic() + self.timeout)
-        answers = channel.request("answers")
-        return answers if isinstance(answers, dict) else {}
-
-    def _judge(self, exercise, answers, channel: sandbox.Channel, problem: str) -> Row:
+    def _judge(self, exercise, answers: dict | None, channel, problem: str) -> Row:
         name, points = exercise.name, exercise.points
-        if answers is None or not channel.worker.alive and name not in (answers or {}):
+        if answers is None:
             return Row(name, 0, points, False, f"not graded: {problem or 'the worker ended'}")
         answer = answers.get(name)
         if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], (tuple, list))
