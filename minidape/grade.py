@@ -59,6 +59,15 @@ class Edition:
     checks: dict[str, int] = field(default_factory=dict)   # exercise name -> index of its check cell
 
 
+def exercise_names(notebook) -> list[str]:
+    """The exercises a notebook's code cells check (solution cells aside), in order of first appearance."""
+    names = []
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and "solution" not in cell.metadata.get("tags", []):
+            names += [n for n in CHECK_CALL.findall(cell.source) if n in exercises.EXERCISES and n not in names]
+    return names
+
+
 def editions(folder: Path = TEACHER) -> dict[str, Edition]:
     """The teacher's notebooks by number; an error if one's check cells disagree with the exercises' registry."""
     import jupytext
@@ -70,13 +79,13 @@ def editions(folder: Path = TEACHER) -> dict[str, Edition]:
         cells = [{"cell_type": c.cell_type, "source": c.source, "tags": list(c.metadata.get("tags", []))}
                  for c in notebook.cells]
         edition = Edition(path.stem, path.name[:2], cells, exercises.exercises_of(path.name[:2]))
-        for index, cell in enumerate(cells):
-            if cell["cell_type"] == "code" and "solution" not in cell["tags"]:
-                for name in CHECK_CALL.findall(cell["source"]):
-                    edition.checks.setdefault(name, index)
-        if set(edition.checks) != {e.name for e in edition.roster}:
-            raise RuntimeError(f"{path}: its check cells ({sorted(edition.checks)}) differ from the registered "
-                               f"exercises of {edition.number} ({sorted(e.name for e in edition.roster)})")
+        for name in exercise_names(notebook):
+            edition.checks[name] = next(i for i, c in enumerate(notebook.cells) if c.cell_type == "code" and
+                                        "solution" not in c.metadata.get("tags", []) and name in
+                                        CHECK_CALL.findall(c.source))
+        if list(edition.checks) != [e.name for e in edition.roster]:
+            raise RuntimeError(f"{path}: its check cells ({list(edition.checks)}) differ from the registered "
+                               f"exercises of {edition.number} ({[e.name for e in edition.roster]})")
         found[edition.number] = edition
     return found
 
@@ -240,6 +249,12 @@ class Grader:
         start = time.monotonic()
         try:
             self._grade(submission, worker)
+        except Exception as error:          # a bug of the grader's own: this submission's rows say so, the rest go on
+            problem = f"the grader failed on this submission ({type(error).__name__}: {error}); grade it again"
+            edition = self.known.get(submission.notebook[:2])
+            submission.problem = problem
+            submission.rows = [Row(e.name, 0, e.points, False, problem) for e in edition.roster] if edition else [
+                Row("", 0, 0, False, problem)]
         finally:
             worker.close()
             submission.seconds = time.monotonic() - start

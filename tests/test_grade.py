@@ -1,80 +1,163 @@
-"""The grader: crafted notebooks that pass, raise, loop forever or delete their folder, and the CLI's errors.
+"""The grader's parts: the teacher's roster, restored check cells, unreadable files, student folders, the
+worker's data-only answers, the CLI; and one real notebook graded in both editions.
 
-Grading the real notebooks (student edition: 0 passed; worked solutions: every exercise passed) runs in
-`make test-notebooks`, which executes both editions anyway and sets MINIDAPE_EXPECT_EXERCISES; here one
-cheap real notebook (02, no training) is graded in both editions to show the whole path.
+The hostile class (one `grade` run over many hostile submissions) is in test_grade_hostile.py.
 """
 import csv
-import os
+import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
+import torch
 
-from minidape import exercises
-from minidape.grade import exercise_names, grade, grade_notebook
+from minidape import exercises, grade, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-ANSWER = ("lambda name, n: {'reverse_string': n, 'duplicate_string': 2 * n, 'compute_sqrt': (n + 1) // 2, "
-          "'binary_addition': n + 1}[name]")
+EDITIONS = grade.editions()
 
 
-def notebook(path, *sources):
-    nb = new_notebook(cells=[new_code_cell("from minidape import exercises"), *map(new_code_cell, sources)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
+def cells(*sources, kind="code"):
+    return [{"cell_type": kind, "source": source} for source in sources]
+
+
+def notebook_file(path, cell_list):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cells": [{**c, "metadata": {}, **({"outputs": [], "execution_count": None}
+                                                                   if c["cell_type"] == "code" else {})}
+                                          for c in cell_list], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
     return path
 
 
-@pytest.fixture(autouse=True)
-def kernel_sees_this_checkout(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.delenv(exercises.EXPECT, raising=False)
+def test_the_roster_of_every_notebook_is_the_registry_and_its_check_cells():
+    assert sorted(EDITIONS) == sorted({e.notebook for e in exercises.EXERCISES.values()})
+    for number, edition in EDITIONS.items():
+        assert [e.name for e in edition.roster] == [e.name for e in exercises.exercises_of(number)]
+        for name, index in edition.checks.items():
+            assert f'exercises.check("{name}"' in edition.cells[index]["source"]
 
 
-def test_exercise_names_come_from_the_check_calls():
-    nb = new_notebook(cells=[new_code_cell('exercises.check("running_mean", f)\nexercises.check( "alibi_bias", g)'),
-                             new_code_cell('exercises.check("not_an_exercise", h)  # ignored'),
-                             new_code_cell("exercises.check('running_mean', f)")])
-    assert exercise_names(nb) == ["running_mean", "alibi_bias"]
+def test_library_names_exist_and_belong_to_exercises():
+    assert set(exercises.LIBRARY) <= set(exercises.EXERCISES)
+    for names in exercises.LIBRARY.values():
+        assert all(sandbox._code_objects([name]) for name in names), names
 
 
-def test_bad_submissions_cost_only_their_own_grade(tmp_path, capsys):
-    folder = tmp_path / "submissions"
-    folder.mkdir()
-    good = notebook(folder / "a_good.ipynb", f'exercises.check("output_length", {ANSWER})',
-                    'exercises.check("running_mean", None)')
-    raises = notebook(folder / "b_raises.ipynb", 'raise RuntimeError("oops")',
-                      f'exercises.check("output_length", {ANSWER})')
-    loops = notebook(folder / "c_loops.ipynb", f'exercises.check("output_length", {ANSWER})',
-                     "while True:\n    pass", f'exercises.check("masked_accuracy", None)')
-    deletes = notebook(folder / "d_deletes.ipynb",
-                       "import os, shutil\nfor name in os.listdir('.'):\n    os.remove(name)",
-                       f'exercises.check("output_length", {ANSWER})')
-    out = tmp_path / "grades.csv"
-    grades = grade([folder], csv_path=out, timeout=30)
+def student_cells(edition, answers=None, drop=()):
+    """The student edition of ``edition`` (solutions out), each exercise's stub replaced by answers[name]."""
+    answers = answers or {}
+    out = []
+    for index, cell in enumerate(edition.cells):
+        if "solution" in cell["tags"] or index in drop:
+            continue
+        source = cell["source"]
+        for name, answer in answers.items():
+            if f"def {name}(" in source and "todo(" in source:
+                source = answer
+        out.append({"cell_type": cell["cell_type"], "source": source})
+    return out
 
-    by_name = {Path(g.notebook).name: g for g in grades}
-    assert by_name["a_good.ipynb"].exercises == {"output_length": True, "running_mean": False}
-    assert by_name["b_raises.ipynb"].exercises == {"output_length": True}
-    assert "RuntimeError" in by_name["b_raises.ipynb"].problem
-    assert by_name["c_loops.ipynb"].exercises == {"output_length": True, "masked_accuracy": False}
-    assert "time limit" in by_name["c_loops.ipynb"].problem
-    assert by_name["d_deletes.ipynb"].exercises == {"output_length": True}
-    assert all(path.exists() for path in (good, raises, loops, deletes))      # graded in scratch copies
-    with open(out) as file:
-        rows = list(csv.DictReader(file))
-    assert [(Path(r["notebook"]).name, r["exercise"], r["passed"]) for r in rows] == [
-        ("a_good.ipynb", "output_length", "1"), ("a_good.ipynb", "running_mean", "0"),
-        ("b_raises.ipynb", "output_length", "1"),
-        ("c_loops.ipynb", "output_length", "1"), ("c_loops.ipynb", "masked_accuracy", "0"),
-        ("d_deletes.ipynb", "output_length", "1")]
-    table = capsys.readouterr().out
-    assert "a_good.ipynb" in table and " 1 / 2" in table
+
+def test_restore_puts_the_teachers_checks_back_where_the_teacher_has_them():
+    edition = EDITIONS["02"]
+    honest = student_cells(edition)
+    assert [c["source"] for c in grade.restore(edition, honest)] == [c["source"] for c in honest]
+    check = edition.checks["find_shift"]
+    # the check deleted, another one rewritten, a dead check call added: the teacher's three come back in place
+    tampered = student_cells(edition, drop={check})
+    rewritten = next(c for c in tampered if 'check("kerple_log_bias"' in c["source"])
+    rewritten["source"] = 'exercises.check("kerple_log_bias", lambda *a: None)'
+    tampered.insert(3, {"cell_type": "code", "source": 'if False:\n    exercises.check("find_shift", print)'})
+    restored = grade.restore(edition, tampered)
+    assert [c["source"] for c in restored] == [c["source"] for c in honest]
+    assert [c.get("checks") for c in restored if c.get("checks")] == list(edition.checks)
+
+
+def test_restore_appends_checks_whose_surroundings_are_gone():
+    edition = EDITIONS["02"]
+    restored = grade.restore(edition, cells("x = 1"))
+    assert [c.get("checks") for c in restored] == [None, *edition.checks]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "the file is empty"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "binary"),
+    (b'{"cells": [', "invalid JSON"),
+    (b'{"hello": 1}', r"no list of cells \(found: hello\)"),
+    (b'{"cells": [{"cell_type": "code"}]}', "cell 1 has no cell_type or source"),
+])
+def test_unreadable_files_are_described_in_words(tmp_path, content, message):
+    path = tmp_path / "02_x.ipynb"
+    path.write_bytes(content)
+    with pytest.raises(grade.NotANotebook, match=message):
+        grade.read_cells(path)
+
+
+def test_a_file_deleted_before_its_turn_gets_its_rows(tmp_path):
+    submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb")
+    grader = grade.Grader(EDITIONS, "none", [], {}, timeout=10)
+    grader._grade(submission, worker=None)
+    assert [(r.exercise, r.passed, r.message) for r in submission.rows] == [
+        (name, False, "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks]
+
+
+def test_a_notebook_is_known_by_its_name_or_by_the_teachers_cells_it_holds(tmp_path):
+    edition = EDITIONS["05"]
+    assert grade.identify(tmp_path / "05_mine.ipynb", None, EDITIONS) is edition
+    assert grade.identify(tmp_path / "homework.ipynb", student_cells(edition), EDITIONS) is edition
+    assert grade.identify(tmp_path / "homework.ipynb", cells("print(1)"), EDITIONS) is None
+
+
+def test_student_folders_name_the_students(tmp_path):
+    notebook_file(tmp_path / "class" / "ann" / "02_kerple_cpd_kernels.ipynb", [])
+    notebook_file(tmp_path / "class" / "ann" / "sub" / "07_chomsky_hierarchy.ipynb", [])
+    notebook_file(tmp_path / "class" / "bob.ipynb", [])
+    (tmp_path / "class" / "cem").mkdir()
+    (tmp_path / "class" / ".hidden").mkdir()
+    found = grade.submissions([tmp_path / "class"])
+    assert [(s.student, s.path.name) for s in found] == [
+        ("ann", "02_kerple_cpd_kernels.ipynb"), ("ann", "07_chomsky_hierarchy.ipynb"), ("bob", "bob.ipynb"),
+        ("cem", "cem")]
+    assert "no notebook (.ipynb)" in found[-1].rows[0].message
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with sandbox.Worker(sandbox.isolation(), 200, [], grade.worker_env()) as started:
+        started.wait_ready(grade.START_TIMEOUT)
+        yield started
+
+
+def test_the_worker_answers_with_data_and_handles_only(worker):
+    worker.request("run", 0, "import torch\nclass Sneaky:\n    def __reduce__(self):\n"
+                             "        return (print, ('pwned',))\n"
+                             "def answer(x):\n    return x * 2, Sneaky(), torch.nn.Linear(2, 3), {'k': [1.5, 'a']}",
+                   timeout=60)
+    worker.request("run", 1, "from minidape import exercises\nexercises.answers = {'f': ((answer,), {})}",
+                   timeout=60)
+    channel = sandbox.Channel(worker, time.monotonic() + 60)
+    answer = channel.request("answers")["f"][0][0]
+    assert isinstance(answer, sandbox.Remote)
+    doubled, sneaky, linear, plain = answer(torch.arange(3))
+    assert torch.equal(doubled, torch.arange(3) * 2) and plain == {"k": [1.5, "a"]}
+    assert isinstance(sneaky, sandbox.Remote) and isinstance(linear, sandbox.Remote)
+    assert exercises._is_module(linear) and not exercises._is_module(sneaky)
+    assert exercises._parameter_shapes(linear) == [(3, 2), (3,)]
+    exercises._hand_over(torch.nn.Linear(2, 3), linear, "it")
+    assert all(g is not None and torch.isfinite(g).all() for g in exercises._gradients(linear, torch.ones(4, 2)))
+
+
+def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
+    worker.request("run", 0, "def apply(f, n):\n    return f(n) / (n - 3)", timeout=60)
+    worker.request("run", 1, "from minidape import exercises\nexercises.answers = {'g': ((apply,), {})}", timeout=60)
+    apply = sandbox.Channel(worker, time.monotonic() + 60).request("answers")["g"][0][0]
+    offset = 10
+    assert apply(lambda n: n + offset, 5) == 7.5
+    with pytest.raises(sandbox.StudentError, match="ZeroDivisionError"):
+        apply(lambda n: n, 3)
 
 
 def run_cli(*args):
@@ -86,7 +169,9 @@ def run_cli(*args):
     (["missing.ipynb"], "no such notebook or folder: missing.ipynb"),
     (["README.md"], "is not a notebook"),
     (["notebooks", "--timeout", "0"], "argument --timeout: must be a number > 0"),
+    (["notebooks", "--jobs", "0"], "argument --jobs"),
     (["notebooks", "--csv", "no/such/folder/g.csv"], "does not exist"),
+    (["notebooks", "--feedback", "README.md"], "--feedback README.md is a file"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
     result = run_cli(*args)
@@ -96,7 +181,8 @@ def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
 
 def student_edition(source, folder):
     """What `make student` does for one notebook: jupytext, then nbconvert's tag and output preprocessors."""
-    full = folder / f"{source.stem}.ipynb"
+    full = folder / "teacher" / f"{source.stem}.ipynb"
+    full.parent.mkdir()
     subprocess.run([BIN / "jupytext", "--quiet", "--to", "ipynb", "-o", full, source], check=True)
     subprocess.run([BIN / "jupyter-nbconvert", "--to", "notebook", "--log-level", "WARN",
                     "--TagRemovePreprocessor.enabled=True", "--TagRemovePreprocessor.remove_cell_tags=solution",
@@ -107,10 +193,13 @@ def student_edition(source, folder):
 
 def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edition_none(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIDAPE_FAST", "1")
-    full, student = student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
-    names = [exercise.name for exercise in exercises.exercises_of("02")]
-    solution_cells = [cell for cell in nbformat.read(full, 4).cells if "solution" in cell.metadata.get("tags", [])]
-    assert solution_cells and not any("solution" in cell.metadata.get("tags", [])
-                                      for cell in nbformat.read(student, 4).cells)
-    assert grade_notebook(full, timeout=300).exercises == {name: True for name in names}
-    assert grade_notebook(student, timeout=300).exercises == {name: False for name in names}
+    student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
+    out = tmp_path / "grades.csv"
+    graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)
+    names = list(EDITIONS["02"].checks)
+    with open(out) as file:
+        rows = [(r["student"], r["exercise"], r["points"], r["passed"]) for r in csv.DictReader(file)]
+    # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
+    assert rows == [("02_kerple_cpd_kernels", name, "1", "1") for name in names] + [
+        ("02_kerple_cpd_kernels", name, "0", "0") for name in names]
+    assert [g.problem for g in graded] == ["", ""]
