@@ -251,6 +251,12 @@ def _close(got: torch.Tensor, want: torch.Tensor, what: str, atol: float = 1e-5,
                     f"expected {want[index].item():.6g}")
 
 
+def _generator() -> torch.Generator:
+    """A generator for a check's random inputs, seeded from the stream :func:`verdict` seeds afresh: derive
+    checks run on new inputs every time, so a table of answers to fixed inputs cannot pass."""
+    return torch.Generator().manual_seed(int(torch.randint(0, 2**62, ())))
+
+
 def _number(value, what: str) -> float:
     _given(value, what)
     if isinstance(value, torch.Tensor) and value.numel() == 1:
@@ -342,14 +348,14 @@ def sinusoidal_table(your_function):
 def rope_ones_score(your_function):
     for head_size in (8, 32):
         rope = _pe_module(pe="rope", n_embd=4 * head_size, n_head=4)
-        for distance in (0, 1, 5, 40, 333):
+        for distance in [0, *torch.randint(1, 1000, (4,), generator=_generator()).tolist()]:
             cos, sin = rope(torch.tensor([distance, 0]), T=distance + 1)
             want = 2 * (cos[0] * cos[1] + sin[0] * sin[1]).sum()      # Σ_i 2 cos(mθ_i - nθ_i), from minidape's angles
             got = _number(_given(your_function, "rope_ones_score")(distance, head_size),
                           "rope_ones_score(t, head_size)")
             if abs(got - want.item()) > 1e-3 * max(1.0, abs(want.item())):
-                raise Wrong(f"rope_ones_score({distance}, {head_size}) = {got:.5g}, but rotating two all-ones "
-                            f"vectors with minidape's RoPE gives {want.item():.5g}")
+                raise Wrong(f"rope_ones_score({distance}, {head_size}) = {got:.5g} is not the score of two all-ones "
+                            f"vectors rotated by minidape's RoPE ({'too high' if got > want else 'too low'})")
 
 
 @_exercise("01", "implement", "ALiBi's bias for any query and key positions",
@@ -370,7 +376,7 @@ def alibi_bias(your_function):
 @_exercise("02", "derive", "cᵀKc for the kernel -|m-n|² and zero-sum c, in closed form",
            "expand (x_i - x_j)² = x_i² - 2x_i x_j + x_j²; the terms with x_i² alone vanish when Σ_j c_j = 0")
 def square_quadratic_form(your_function):
-    generator = torch.Generator().manual_seed(0)
+    generator = _generator()
     for n in (3, 8, 20):
         x = torch.randn(n, generator=generator, dtype=torch.float64) * 5
         c = torch.randn(n, generator=generator, dtype=torch.float64)
@@ -379,7 +385,8 @@ def square_quadratic_form(your_function):
         want = (c @ K @ c).item()
         got = _number(_given(your_function, "square_quadratic_form")(x, c), "square_quadratic_form(x, c)")
         if abs(got - want) > 1e-8 * max(1.0, abs(want)):
-            raise Wrong(f"for {n} random points your form gives {got:.6g}, cᵀKc is {want:.6g}")
+            raise Wrong(f"for {n} random points your form gives {got:.6g}, which is not cᵀKc "
+                        f"({'too high' if got > want else 'too low'})")
 
 
 @_exercise("02", "implement", "the geometric search for Kerple's shift c",
@@ -439,7 +446,7 @@ def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
            "last_k averages the k entries that end at T - 1, nonoverlap all T entries from 0; perplexity is "
            "exp of the mean loss")
 def protocols_from_curve(your_function):
-    generator = torch.Generator().manual_seed(0)
+    generator = _generator()
     curve = 1 + torch.rand(300, generator=generator, dtype=torch.float64) * 3
     for T, k in ((300, 256), (64, 256), (200, 50)):
         answer = _given(your_function, "protocols_from_curve")(curve, T, k)
@@ -449,7 +456,8 @@ def protocols_from_curve(your_function):
         for got, expected, label in zip(answer, want, ("last_k", "nonoverlap")):
             got = _number(got, f"the {label} perplexity")
             if abs(got - expected) > 1e-6 * expected:
-                raise Wrong(f"T = {T}, k = {k}: your {label} perplexity is {got:.6g}, expected {expected:.6g}")
+                raise Wrong(f"T = {T}, k = {k}: your {label} perplexity {got:.6g} is not exp of the mean loss of "
+                            f"the entries it should average ({'too high' if got > expected else 'too low'})")
 
 
 @_exercise("03", "implement", "a running mean that does not invent values before position 0",
@@ -482,12 +490,16 @@ def dape_refiner(your_class):
            "two Linear layers with biases: (2h inputs -> W) then (W -> h); count weights and biases")
 def dape_parameter_count(your_function):
     from .model import REFINER_REGISTRY
-    for n_head, width in ((4, 32), (12, 32), (8, 5)):
+    generator = _generator()
+    for n_head, width in zip(torch.randint(1, 17, (3,), generator=generator).tolist(),
+                             torch.randint(1, 65, (3,), generator=generator).tolist()):
         cfg = _config(n_head=n_head, n_embd=4 * n_head, refiner="dape", refiner_width=width)
         want = sum(p.numel() for p in REFINER_REGISTRY["dape"](cfg).parameters())
         got = _number(_given(your_function, "dape_parameter_count")(n_head, width), "dape_parameter_count(h, W)")
         if got != want:
-            raise Wrong(f"dape_parameter_count({n_head}, {width}) = {got:g}; minidape's refiner has {want}")
+            raise Wrong(f"dape_parameter_count({n_head}, {width}) = {got:g} is not the number of parameters of "
+                        f"minidape's refiner with {n_head} heads and width {width} "
+                        f"({'too many' if got > want else 'too few'})")
 
 
 @_exercise("04", "implement", "attention mass beyond one training length",
@@ -513,7 +525,10 @@ def far_attention(your_function):
            "each 1×k layer reaches k // 2 keys to each side, two layers reach 2·(k // 2); tril removes keys > i")
 def receptive_keys(your_function):
     from .model import REFINER_REGISTRY
-    for kernel, i, j in ((1, 9, 4), (3, 10, 5), (3, 10, 10), (5, 11, 9), (5, 6, 0), (7, 15, 2)):
+    generator = _generator()
+    for kernel in (1, 3, 5, 7, 3, 5):
+        i = int(torch.randint(0, 16, (), generator=generator))
+        j = int(torch.randint(0, i + 1, (), generator=generator))
         cfg = _config(pe="none", refiner="conv", refiner_kernel=kernel, refiner_width=8)
         torch.manual_seed(0)
         refiner = REFINER_REGISTRY["conv"](cfg)
@@ -523,8 +538,10 @@ def receptive_keys(your_function):
         want = scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
         got = _given(your_function, "receptive_keys")(i, j, kernel)
         if sorted(int(key) for key in got) != want:
-            raise Wrong(f"receptive_keys({i}, {j}, k={kernel}) = {sorted(got)}; the gradient of minidape's conv "
-                        f"refiner says A[{i}, {j}] reads keys {want}")
+            extra, missing = set(map(int, got)) - set(want), set(want) - set(map(int, got))
+            raise Wrong(f"receptive_keys({i}, {j}, k={kernel}) = {sorted(got)}: by the gradient of minidape's conv "
+                        f"refiner, {len(extra)} of these keys are not read and {len(missing)} keys that are read "
+                        f"are missing")
 
 
 @_exercise("05", "implement", "DAPE-V2's conv refiner: A = S + B + Conv(tril([S, B]))",
@@ -646,10 +663,11 @@ def output_length(your_function):
     from . import tasks
     for name in ("reverse_string", "duplicate_string", "compute_sqrt", "binary_addition"):
         task = tasks.get_task(name)
-        for n in (1, 2, 7, 8, 40, 101):
+        for n in [1, 2, *torch.randint(3, 200, (4,), generator=_generator()).tolist()]:
             got = _given(your_function, "output_length")(name, n)
             if got != task.output_length(n):
-                raise Wrong(f"output_length({name!r}, {n}) = {got!r}; md.tasks says {task.output_length(n)}")
+                raise Wrong(f"output_length({name!r}, {n}) = {got!r} is not the length of the answer to an "
+                            f"input of length {n}")
 
 
 @_exercise("07", "implement", "per-token accuracy with the END mask",

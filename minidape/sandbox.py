@@ -28,7 +28,6 @@ from __future__ import annotations
 import ast
 import base64
 import builtins
-import copyreg
 import ctypes
 import io
 import json
@@ -299,8 +298,7 @@ class Worker:
         self.level, self.uid = level, UID_BASE + (os.getpid() % 1_000_000) * 256 + slot
         requests_r, self._requests = os.pipe()
         self._answers, answers_w = os.pipe()
-        setup = {"level": level, "uid": self.uid, "hide": hide, "limits": LIMITS, "fds": [requests_r, answers_w]}
-        command = [sys.executable, "-m", "minidape.sandbox", json.dumps(setup)]
+        command = [sys.executable, "-m", "minidape.sandbox", str(requests_r), str(answers_w)]
         if level != "none":
             command = ["unshare", *(["--user", "--map-root-user"] if level == "userns" else []),
                        "--mount", "--pid", "--net", "--ipc", "--fork", "--kill-child", "--mount-proc", *command]
@@ -309,6 +307,8 @@ class Worker:
                                         start_new_session=True, env=env)
         os.close(requests_r)
         os.close(answers_w)
+        # The set-up travels through the pipe, not the command line that `ps` shows to everyone.
+        send(self._requests, json.dumps({"level": level, "uid": self.uid, "hide": hide, "limits": LIMITS}).encode())
         os.set_blocking(self._requests, False)
         self.alive = True
 
@@ -320,10 +320,10 @@ class Worker:
 
     def wait_ready(self, timeout: float) -> None:
         try:
-            self.read(timeout)
-        except WorkerGone as gone:
+            self.unpack(self.read(timeout))
+        except (WorkerGone, StudentError) as gone:
             self.close()
-            raise WorkerGone(f"the sandboxed worker did not start: it {gone}") from None
+            raise WorkerGone(f"did not start ({gone})") from None
 
     def request(self, op: str, *args, timeout: float):
         """Send one request and wait for its answer: data, handles decoded; raises what the worker reports."""
@@ -687,9 +687,19 @@ def _ancestors(path: str) -> list[str]:
 
 
 def main() -> None:
-    setup = json.loads(sys.argv[1])
-    requests, answers = setup["fds"]
+    requests, answers = int(sys.argv[1]), int(sys.argv[2])
+    try:
+        session = _start(json.loads(receive(requests)))
+    except BaseException as error:      # before any student code: the grader's problem, reported in words
+        send(answers, to_bytes({"error": ("start", f"{type(error).__name__}: {error}"[:2000]), "value": None}))
+        raise
+    send(answers, to_bytes({"error": None, "value": "ready"}))
+    _serve(session, requests, answers)
+
+
+def _start(setup: dict) -> _Session:
     _isolate(setup)
+    del setup                           # the hidden paths are none of the student's business
     os.environ["HOME"] = os.getcwd()
     os.environ["MPLCONFIGDIR"] = os.path.join(os.getcwd(), ".matplotlib")
     os.environ["MPLBACKEND"] = "Agg"
@@ -698,9 +708,11 @@ def main() -> None:
     import matplotlib.pyplot  # noqa: F401  (the notebooks' imports, loaded before the clock of the first cell)
     import torch  # noqa: F401
     import minidape  # noqa: F401
-    session = _Session()
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    send(answers, to_bytes({"error": None, "value": "ready"}))
+    return _Session()
+
+
+def _serve(session: _Session, requests: int, answers: int) -> None:
     while True:
         try:
             message = receive(requests)
@@ -722,7 +734,6 @@ def main() -> None:
         send(answers, payload)
 
 
-copyreg.pickle(types.CodeType, lambda code: (marshal.loads, (marshal.dumps(code),)))
 
 if __name__ == "__main__":
     main()
