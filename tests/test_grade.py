@@ -203,3 +203,28 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
     assert rows == [("02_kerple_cpd_kernels", name, "1", "1") for name in names] + [
         ("02_kerple_cpd_kernels", name, "0", "0") for name in names]
     assert [g.problem for g in graded] == ["", ""]
+
+
+def test_partial_credit_is_a_fraction_of_the_points(monkeypatch):
+    def two_parts(answer):
+        if answer != (1, 2):
+            raise exercises.Partial(0.5 * (answer[0] == 1), "the second part is wrong")
+    monkeypatch.setitem(exercises.EXERCISES, "two_parts",
+                        exercises.Exercise("two_parts", "02", "derive", "two parts", "hint", two_parts, points=4))
+    assert exercises.verdict("two_parts", (1, 2))[::2] == ("passed", 4.0)
+    status, message, earned = exercises.verdict("two_parts", (1, 3))
+    assert (status, earned) == ("failed", 2.0) and "second part" in message
+    assert exercises.verdict("two_parts", (0, 3))[2] == 0.0
+
+
+def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sandbox, "isolation", lambda: "none")
+    path = notebook_file(tmp_path / "ann" / "07_chomsky_hierarchy.ipynb", cells(
+        "from minidape import exercises",
+        "def output_length(name, n):\n    return {'reverse_string': n, 'duplicate_string': 2 * n, "
+        "'compute_sqrt': (n + 1) // 2, 'binary_addition': n + 1}[name]",
+        'exercises.check("output_length", output_length)'))
+    graded = grade.grade([path.parent.parent], timeout=120, jobs=1)
+    assert "warning: no namespaces available" in capsys.readouterr().err
+    assert [(r.exercise, r.passed) for r in graded[0].rows] == [
+        ("parity_sample", False), ("output_length", True), ("masked_accuracy", False)]
