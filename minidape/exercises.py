@@ -133,8 +133,10 @@ def verdict(name: str, *answer, **options) -> tuple[str, str, float]:
         if isinstance(wrong, Partial):
             earned = round(wrong.fraction * exercise.points, 2)
     except Exception as error:  # the student's code itself failed: say where, never stop the notebook
-        status, message = FAILED, (f"your code raised {type(error).__name__}: {error}\n"
-                                   f"    hint: {exercise.hint}")
+        from .sandbox import StudentError, WorkerGone
+        raised = (f"your code's worker {error}" if isinstance(error, WorkerGone) else
+                  f"your code raised {error if isinstance(error, StudentError) else f'{type(error).__name__}: {error}'}")
+        status, message = FAILED, f"{raised}\n    hint: {exercise.hint}"
     return status, message, earned
 
 

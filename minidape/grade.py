@@ -290,6 +290,9 @@ class Grader:
                 answers = channel.request("answers")
         except sandbox.WorkerGone as gone:
             submission.problem = submission.problem or f"the worker {gone}"
+        except Exception:                   # an error where the protocol has none: a forged answer
+            worker.close()
+            submission.problem = submission.problem or "the worker broke the protocol"
         if not isinstance(answers, dict):
             answers = None
         for exercise in edition.roster:
@@ -310,11 +313,12 @@ class Grader:
                     worker.interrupt()              # a KeyboardInterrupt in the cell, so the answers survive
                     outputs = worker.unpack(worker.read(10))
                     stopped = f"stopped at the time limit of {self.timeout:g} s"
-            except sandbox.WorkerGone as gone:
+            except Exception as gone:           # WorkerGone, or an error where the protocol has none
                 worker.close()
+                what = gone if isinstance(gone, sandbox.WorkerGone) else "broke the protocol"
                 cell["outputs"] = [{"output_type": "stream", "name": "stderr",
-                                    "text": f"[grader] the worker {gone} while running this cell\n"}]
-                return f"the worker {gone} while running a cell"
+                                    "text": f"[grader] the worker {what} while running this cell\n"}]
+                return f"the worker {what} while running a cell"
             cell["outputs"] = _outputs(outputs)
             errors += [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"]
             if stopped:
@@ -331,7 +335,7 @@ class Grader:
             why = f" ({problem})" if problem else ""
             return Row(name, 0, points, False, f"no answer: its check cell did not run{why}")
         if not channel.worker.alive:
-            return Row(name, 0, points, False, f"not graded: the worker ended earlier ({problem})")
+            return Row(name, 0, points, False, "not graded: the worker ended while an earlier exercise was checked")
         channel.forbidden = exercises.LIBRARY.get(name, ())
         status, message, earned = exercises.verdict(name, *answer[0], **answer[1])
         return Row(name, earned, points, status == exercises.PASSED, message)
