@@ -458,7 +458,7 @@ class _Session:
     # -- cells
     def display(self, *objects, **_):
         for obj in objects:
-            data = {"text/plain": repr(obj)}
+            data = {"text/plain": repr(obj)[:MAX_CELL_OUTPUT]}
             for method, mime in (("_repr_markdown_", "text/markdown"), ("_repr_png_", "image/png")):
                 try:
                     value = getattr(obj, method)() if hasattr(obj, method) else None
@@ -482,7 +482,7 @@ class _Session:
             if last is not None:
                 value = eval(compile(ast.Expression(last.value), f"<cell {index}>", "eval"), self.namespace)
                 if value is not None:
-                    outputs.append({"output_type": "execute_result", "data": {"text/plain": repr(value)},
+                    outputs.append({"output_type": "execute_result", "data": {"text/plain": repr(value)[:MAX_CELL_OUTPUT]},
                                     "metadata": {}, "execution_count": index})
         except BaseException as raised:     # SystemExit and KeyboardInterrupt (the grader's time limit) too
             frames = traceback.format_exception(raised)
@@ -718,6 +718,8 @@ def _serve(session: _Session, requests: int, answers: int) -> None:
             message = receive(requests)
         except WorkerGone:
             os._exit(0)
+        except KeyboardInterrupt:           # the grader's time limit struck just after a cell ended
+            continue
         try:
             op, *args = pickle.loads(message)
             answer = {"error": None, "value": session.serve(op, *args)}

@@ -145,7 +145,7 @@ def test_the_worker_answers_with_data_and_handles_only(worker):
     assert torch.equal(doubled, torch.arange(3) * 2) and plain == {"k": [1.5, "a"]}
     assert isinstance(sneaky, sandbox.Remote) and isinstance(linear, sandbox.Remote)
     assert exercises._is_module(linear) and not exercises._is_module(sneaky)
-    assert exercises._parameter_shapes(linear) == [(3, 2), (3,)]
+    assert exercises._parameter_shapes(linear) == [(3, 2), (3,)] and linear.in_features == 2
     exercises._hand_over(torch.nn.Linear(2, 3), linear, "it")
     assert all(g is not None and torch.isfinite(g).all() for g in exercises._gradients(linear, torch.ones(4, 2)))
 
