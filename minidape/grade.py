@@ -242,7 +242,8 @@ class Grader:
     timeout: float
 
     def start(self, slot: int) -> sandbox.Worker:
-        return sandbox.Worker(self.level, slot, self.hide, self.env)
+        # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
+        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT)
 
     def grade(self, submission: Submission, worker: sandbox.Worker) -> Submission:
         """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes), judge."""

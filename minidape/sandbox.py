@@ -294,7 +294,7 @@ def _processes_of(uid: int) -> list[int]:
 class Worker:
     """One sandboxed worker process for one submission (see the module doc); a context manager."""
 
-    def __init__(self, level: str, slot: int, hide: list[str], env: dict[str, str]):
+    def __init__(self, level: str, slot: int, hide: list[str], env: dict[str, str], cpu_seconds: int = 3600):
         self.level, self.uid = level, UID_BASE + (os.getpid() % 1_000_000) * 256 + slot
         requests_r, self._requests = os.pipe()
         self._answers, answers_w = os.pipe()
@@ -308,7 +308,8 @@ class Worker:
         os.close(requests_r)
         os.close(answers_w)
         # The set-up travels through the pipe, not the command line that `ps` shows to everyone.
-        send(self._requests, json.dumps({"level": level, "uid": self.uid, "hide": hide, "limits": LIMITS}).encode())
+        limits = {**LIMITS, "cpu_seconds": int(cpu_seconds)}
+        send(self._requests, json.dumps({"level": level, "uid": self.uid, "hide": hide, "limits": limits}).encode())
         os.set_blocking(self._requests, False)
         self.alive = True
 
@@ -645,7 +646,8 @@ def _isolate(setup: dict) -> None:
                       f"size={setup['limits']['scratch_bytes']},mode=0700,uid={owner},gid={owner}")
         os.chdir("/tmp")
     limits = setup["limits"]
-    for name, value in ((resource.RLIMIT_AS, limits["memory_bytes"]), (resource.RLIMIT_NPROC, limits["processes"]),
+    for name, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]), (resource.RLIMIT_AS, limits["memory_bytes"]),
+                        (resource.RLIMIT_NPROC, limits["processes"]),
                         (resource.RLIMIT_NOFILE, limits["open_files"]), (resource.RLIMIT_FSIZE, limits["file_bytes"]),
                         (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(name, (value, value))
