@@ -19,6 +19,8 @@ Isolation (:func:`isolation` says which level this machine gets, :data:`LIMITS` 
   any student code. It cannot see or signal the grader, other workers or their files, and it has no network.
   When it ends, the kernel ends every process it started (the end of a PID namespace's first process ends
   them all); the grader then also kills whatever still runs under its user id.
+* ``uid``: root, but namespaces are not permitted (e.g. a container without CAP_SYS_ADMIN): a user id of its
+  own, a scratch folder of its own (mode 0700), the limits; no hidden folders, no PID or network namespace.
 * ``userns``: not root, but unprivileged user namespaces work: the same namespaces and mounts, but the worker
   keeps the grader's user id, so files outside the hidden folders stay readable and writable to it.
 * ``none``: resource limits and a process group only.
@@ -41,6 +43,7 @@ import signal
 import struct
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 import types
@@ -233,7 +236,7 @@ def isolation() -> str:
     """``root``, ``userns`` or ``none``: what :class:`Worker` can do on this machine (see the module doc)."""
     unshare = shutil.which("unshare")
     if unshare is None:
-        return "none"
+        return "uid" if os.geteuid() == 0 else "none"
     probe = [unshare, "--mount", "--pid", "--net", "--ipc", "--fork", "--mount-proc", "true"]
     if os.geteuid() != 0:
         probe[1:1] = ["--user", "--map-root-user"]
@@ -243,7 +246,7 @@ def isolation() -> str:
             return "root" if os.geteuid() == 0 else "userns"
     except (OSError, subprocess.TimeoutExpired):
         pass
-    return "none"
+    return "uid" if os.geteuid() == 0 else "none"
 
 
 WARNINGS = {
@@ -251,6 +254,9 @@ WARNINGS = {
               "resource limits, but as your own user, so files your user can write outside the hidden folders "
               "(submissions, teacher's edition, /tmp) are writable by the submissions. Grade as root (a "
               "container, CI) for a user id of its own per submission.",
+    "uid": "namespaces are not permitted here (a container without CAP_SYS_ADMIN?): each submission runs as a "
+           "user id of its own with resource limits, but it can read world-readable files (other submissions, "
+           "the teacher's edition if their permissions allow), see other processes and use the network.",
     "none": "no namespaces available (util-linux unshare missing or not permitted): submissions run as your "
             "own user with resource limits only; they can read and write your files, see other processes "
             "and signal the grader. Grade as root on Linux for isolation.",
@@ -299,7 +305,11 @@ class Worker:
         requests_r, self._requests = os.pipe()
         self._answers, answers_w = os.pipe()
         command = [sys.executable, "-m", "minidape.sandbox", str(requests_r), str(answers_w)]
-        if level != "none":
+        self.scratch = None
+        if level == "uid":                  # no tmpfs of its own: a folder only its user may enter
+            self.scratch = tempfile.mkdtemp(prefix="minidape-worker-")
+            os.chown(self.scratch, self.uid, self.uid)
+        if level in ("root", "userns"):
             command = ["unshare", *(["--user", "--map-root-user"] if level == "userns" else []),
                        "--mount", "--pid", "--net", "--ipc", "--fork", "--kill-child", "--mount-proc", *command]
         self.process = subprocess.Popen(command, pass_fds=(requests_r, answers_w), stdin=subprocess.DEVNULL,
@@ -309,7 +319,8 @@ class Worker:
         os.close(answers_w)
         # The set-up travels through the pipe, not the command line that `ps` shows to everyone.
         limits = {**LIMITS, "cpu_seconds": int(cpu_seconds)}
-        send(self._requests, json.dumps({"level": level, "uid": self.uid, "hide": hide, "limits": limits}).encode())
+        send(self._requests, json.dumps({"level": level, "uid": self.uid, "hide": hide, "limits": limits,
+                                         "scratch": self.scratch}).encode())
         os.set_blocking(self._requests, False)
         self.alive = True
 
@@ -372,7 +383,7 @@ class Worker:
     def interrupt(self) -> None:
         """SIGINT to the worker itself (a KeyboardInterrupt in the cell it runs)."""
         pid = self.process.pid
-        if self.level != "none":            # the worker is unshare's child
+        if self.level in ("root", "userns"):            # the worker is unshare's child
             try:
                 with open(f"/proc/{pid}/task/{pid}/children") as children:
                     pid = int(children.read().split()[0])
@@ -409,8 +420,10 @@ class Worker:
             pass
         self.process.kill()
         self.process.wait()
-        if self.level == "root":
+        if self.level in ("root", "uid"):
             kill_user(self.uid)
+        if self.scratch:
+            shutil.rmtree(self.scratch, ignore_errors=True)
 
 
 # ---------------------------------------------------------------------------------- the worker's side
@@ -624,7 +637,9 @@ def _code_objects(names: list[str]) -> dict:
 
 def _isolate(setup: dict) -> None:
     """Before any student code: hide folders, a scratch tmpfs, limits, then (root) an unprivileged user id."""
-    if setup["level"] != "none":
+    if setup["scratch"]:
+        os.chdir(setup["scratch"])
+    if setup["level"] in ("root", "userns"):
         libc = ctypes.CDLL(None, use_errno=True)
 
         def mount(source, target, fstype, flags, data=""):
@@ -651,7 +666,7 @@ def _isolate(setup: dict) -> None:
                         (resource.RLIMIT_NOFILE, limits["open_files"]), (resource.RLIMIT_FSIZE, limits["file_bytes"]),
                         (resource.RLIMIT_CORE, 0)):
         resource.setrlimit(name, (value, value))
-    if setup["level"] == "root":
+    if setup["level"] in ("root", "uid"):
         uid = setup["uid"]
         os.setgroups([])
         os.setresgid(uid, uid, uid)

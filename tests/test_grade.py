@@ -228,3 +228,11 @@ def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monk
     assert "warning: no namespaces available" in capsys.readouterr().err
     assert [(r.exercise, r.passed) for r in graded[0].rows] == [
         ("parity_sample", False), ("output_length", True), ("masked_accuracy", False)]
+
+
+def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    assert sandbox.isolation() == "uid" and "user id of its own" in sandbox.WARNINGS["uid"]
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    assert sandbox.isolation() == "none"
