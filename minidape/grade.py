@@ -471,13 +471,19 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
     if not timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds; got {timeout}")
     jobs = os.cpu_count() or 1 if jobs is None else jobs
-    if not 1 <= jobs <= 128:
-        raise ValueError(f"--jobs must be between 1 and 128; got {jobs}")
+    if not 1 <= jobs <= 127:
+        raise ValueError(f"--jobs must be between 1 and 127; got {jobs}")
     check_output_paths(csv_path, feedback)
     todo = submissions(paths)
     grader = Grader(editions(), sandbox.isolation(), _hidden(paths, csv_path, feedback), worker_env(), timeout)
     if grader.level in sandbox.WARNINGS:
         print(f"warning: {sandbox.WARNINGS[grader.level]}", file=sys.stderr)
+    with grader.start(255) as probe:        # a worker that cannot start is this machine's problem, not a student's
+        try:
+            probe.wait_ready(START_TIMEOUT)
+        except sandbox.WorkerGone as gone:
+            raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
+                          f"user, who must be able to read Python and minidape") from None
     if feedback is not None:
         Path(feedback).mkdir(mode=0o700, parents=True, exist_ok=True)
     done: dict[int, Submission] = {}

@@ -236,3 +236,14 @@ def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
     assert sandbox.isolation() == "uid" and "user id of its own" in sandbox.WARNINGS["uid"]
     monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
     assert sandbox.isolation() == "none"
+
+
+def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path, monkeypatch):
+    def broken(self, timeout):
+        self.close()
+        raise sandbox.WorkerGone("did not start (ModuleNotFoundError: No module named 'shlex')")
+    monkeypatch.setattr(sandbox.Worker, "wait_ready", broken)
+    path = notebook_file(tmp_path / "02_kerple_cpd_kernels.ipynb", cells("x = 1"))
+    with pytest.raises(OSError, match="did not start .*No module named 'shlex'.*must be able to read Python"):
+        grade.grade([path], csv_path=tmp_path / "g.csv", jobs=1)
+    assert not (tmp_path / "g.csv").exists()
