@@ -400,12 +400,14 @@ def write_csv(graded: list[Submission], path: str | os.PathLike) -> None:
     _write_atomically(Path(path), buffer.getvalue())
 
 
-def write_feedback(submission: Submission, folder: Path) -> Path | None:
-    """The executed notebook with the grader's verdict (a markdown cell) under each exercise's check cell."""
-    if not submission.cells:
-        return None
+def write_feedback(submission: Submission, folder: Path) -> Path:
+    """The executed notebook with the grader's verdict (a markdown cell) under each exercise's check cell,
+    after a first cell with the total and what stopped the run (alone when the file could not be run)."""
     rows = {row.exercise: row for row in submission.rows}
-    cells = []
+    summary = f"**Grader · {submission.notebook}: {submission.points:g} / {submission.max_points:g} points**"
+    if submission.problem:
+        summary += f"\n\n{submission.problem}"
+    cells = [{"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source": summary}]
     for cell in submission.cells:
         if cell["cell_type"] == "code":
             cells.append({"cell_type": "code", "execution_count": None, "metadata": {},
@@ -420,7 +422,8 @@ def write_feedback(submission: Submission, folder: Path) -> Path | None:
                           f"**Grader · {row.exercise}: {mark} {row.points:g} / {row.max_points:g}**\n\n{message}\n"})
     notebook = {"cells": cells, "nbformat": 4, "nbformat_minor": 4, "metadata": {"kernelspec": {
         "name": "python3", "display_name": "Python 3", "language": "python"}}}
-    target = folder / submission.student / submission.path.name
+    target = folder / submission.student / (submission.path.name if submission.path.suffix == ".ipynb"
+                                             else f"{submission.path.name}.ipynb")
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     _write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
     return target

@@ -303,8 +303,12 @@ def test_no_process_of_any_submission_survives(graded):
 def test_feedback_holds_the_verdicts_under_the_checks_and_bounded_output(graded):
     feedback = graded["out"] / "feedback"
     notebook = json.loads((feedback / "honest" / "02_kerple_cpd_kernels.ipynb").read_text())
-    verdicts = [c["source"] for c in notebook["cells"] if "grader" in c["metadata"].get("tags", [])]
+    total, *verdicts = [c["source"] for c in notebook["cells"] if "grader" in c["metadata"].get("tags", [])]
+    assert total == "**Grader · 02_kerple_cpd_kernels: 3 / 3 points**"
     assert [v.split(":")[0] for v in verdicts] == [f"**Grader · {name}" for name in NAMES]
     assert all("✓ 1 / 1" in v for v in verdicts)
+    empty = json.loads((feedback / "empty" / "02_kerple_cpd_kernels.ipynb").read_text())
+    assert [c["source"] for c in empty["cells"]] == [
+        "**Grader · 02_kerple_cpd_kernels: 0 / 3 points**\n\nthe file is empty"]
     huge = (feedback / "huge_output" / "02_kerple_cpd_kernels.ipynb").stat().st_size
     assert huge < 2 * sandbox.MAX_CELL_OUTPUT + 200_000
