@@ -56,7 +56,7 @@ LIMITS = {"memory_bytes": 6 << 30, "processes": 256, "open_files": 256, "file_by
           "scratch_bytes": 256 << 20}
 MAX_MESSAGE = 256 << 20         # the most the grader reads from a worker in one answer
 MAX_CELL_OUTPUT = 200_000       # characters of printed output kept per cell
-UID_BASE = 2_000_000_000        # workers' user ids (root mode): far above any real account
+UID_BASE = 2_000_000_000        # workers' user ids (levels root and uid): far above any real account
 REMOTE, CONFIG = "__minidape_remote__", "__minidape_config__"
 HEADER = struct.Struct("<Q")
 
