@@ -23,7 +23,7 @@ Isolation (:func:`isolation` says which level this machine gets, :data:`LIMITS` 
   own, a scratch folder of its own (mode 0700), the limits; no hidden folders, no PID or network namespace.
 * ``userns``: not root, but unprivileged user namespaces work: the same namespaces and mounts, but the worker
   keeps the grader's user id, so files outside the hidden folders stay readable and writable to it.
-* ``none``: resource limits and a process group only.
+* ``none``: resource limits, a process group and a scratch folder only.
 """
 from __future__ import annotations
 
@@ -306,9 +306,10 @@ class Worker:
         self._answers, answers_w = os.pipe()
         command = [sys.executable, "-m", "minidape.sandbox", str(requests_r), str(answers_w)]
         self.scratch = None
-        if level == "uid":                  # no tmpfs of its own: a folder only its user may enter
+        if level in ("uid", "none"):        # no tmpfs of its own: a folder only its user may enter
             self.scratch = tempfile.mkdtemp(prefix="minidape-worker-")
-            os.chown(self.scratch, self.uid, self.uid)
+            if level == "uid":
+                os.chown(self.scratch, self.uid, self.uid)
         if level in ("root", "userns"):
             command = ["unshare", *(["--user", "--map-root-user"] if level == "userns" else []),
                        "--mount", "--pid", "--net", "--ipc", "--fork", "--kill-child", "--mount-proc", *command]
