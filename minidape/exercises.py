@@ -333,7 +333,7 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
            "column 2i is sin(p·ω_i) and column 2i+1 is cos(p·ω_i), interleaved, with ω_i = 10000^(-2i/d)")
 def sinusoidal_table(your_function):
     for d in (8, 64):
-        positions = torch.tensor([0, 1, 2, 7, 63, 300])
+        positions = torch.cat([torch.tensor([0, 1]), torch.randint(2, 512, (4,), generator=_generator())])
         got = _tensor(_given(your_function, "sinusoidal_table")(positions, d), "sinusoidal_table(positions, d)",
                       (len(positions), d))
         want = _pe_module(pe="sinusoidal", n_embd=d, n_head=2)(positions)
@@ -363,7 +363,8 @@ def rope_ones_score(your_function):
            "slope of head h (1-based) is 2^(-8h/H) for H heads; the bias is -slope·(i - j) on keys j <= i")
 def alibi_bias(your_function):
     for n_head in (4, 8):
-        q_pos, k_pos = torch.arange(20, 30), torch.arange(0, 30)
+        start = int(torch.randint(0, 100, (), generator=_generator()))
+        q_pos, k_pos = torch.arange(start + 20, start + 30), torch.arange(start, start + 30)
         got = _tensor(_given(your_function, "alibi_bias")(n_head, q_pos, k_pos), "alibi_bias(n_head, q_pos, k_pos)",
                       (n_head, len(q_pos), len(k_pos)))
         want = _pe_module(pe="alibi", n_head=n_head, n_embd=8 * n_head)(q_pos, k_pos)
@@ -395,9 +396,10 @@ def square_quadratic_form(your_function):
            "md.kernels.gram and md.kernels.smallest_eigenvalue do the linear algebra")
 def find_shift(your_function):
     from . import kernels
-    cases = [("-|m-n| on 0..31", lambda m, n: -(m - n).abs(), 32),
-             ("-log(1+|m-n|) on 0..63", kernels.log_kernel(), 64),
-             ("-|m-n|^1.5 on 0..15", kernels.power_kernel(p=1.5), 16)]
+    sizes = torch.randint(8, 65, (3,), generator=_generator()).tolist()
+    cases = [(f"-|m-n| on 0..{sizes[0] - 1}", lambda m, n: -(m - n).abs(), sizes[0]),
+             (f"-log(1+|m-n|) on 0..{sizes[1] - 1}", kernels.log_kernel(), sizes[1]),
+             (f"-|m-n|^1.5 on 0..{sizes[2] - 1}", kernels.power_kernel(p=1.5), sizes[2])]
     for label, kernel, n in cases:
         got = _number(_given(your_function, "find_shift")(kernel, n), "find_shift(kernel, n)")
         want = kernels.pd_shift(kernel, n)
