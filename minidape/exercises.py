@@ -611,6 +611,19 @@ def square_quadratic_form(your_function):
         raise Wrong(f"{where}, which is not cᵀKc")
 
 
+# Kernels handed to answers: module-level functions, so that they travel to another process (pickle) as they are.
+def _triangle_kernel(m, n):
+    return -(m - n).abs()
+
+
+def _log_kernel(m, n):
+    return -torch.log1p((m - n).abs())
+
+
+def _power_kernel_1_5(m, n):
+    return -(m - n).abs() ** 1.5
+
+
 @_exercise("02", "implement", "the geometric search for Kerple's shift c",
            "start at c = 1 and double until the smallest eigenvalue of c + K is >= -1e-10·max|c + K|; "
            "md.kernels.gram and md.kernels.smallest_eigenvalue do the linear algebra", points=2)
@@ -618,8 +631,8 @@ def find_shift(your_function):
     from . import kernels
     generator = _fresh_generator()
     n = lambda low, high: int(torch.randint(low, high, (1,), generator=generator))       # noqa: E731
-    cases = [("-|m-n|", lambda m, k: -(m - k).abs(), n(8, 48)), ("-log(1+|m-n|)", kernels.log_kernel(), n(16, 96)),
-             ("-|m-n|^1.5", kernels.power_kernel(p=1.5), n(8, 24))]
+    cases = [("-|m-n|", _triangle_kernel, n(8, 48)), ("-log(1+|m-n|)", _log_kernel, n(16, 96)),
+             ("-|m-n|^1.5", _power_kernel_1_5, n(8, 24))]
     for label, kernel, size in cases:
         got = _number(_given(your_function, "find_shift")(kernel, size), "find_shift(kernel, n)")
         want = kernels.pd_shift(kernel, size)
@@ -645,17 +658,13 @@ def find_shift(your_function):
 SHIFT_POINTS = 512
 
 
-def _shift_kernels():
-    from . import kernels
-    return {"triangle": lambda m, n: -(m - n).abs(), "log": kernels.log_kernel()}
-
-
 @_exercise("02", "experiment", "predict, then measure, how Kerple's shift c grows with the number of points",
            "measured = {'triangle': find_shift(triangle, 512), 'log': find_shift(md.kernels.log_kernel(), 512)}",
            points=3)
 def shift_growth(prediction, measured):
     from . import kernels
-    want = {name: kernels.pd_shift(kernel, SHIFT_POINTS) for name, kernel in _shift_kernels().items()}
+    want = {name: kernels.pd_shift(kernel, SHIFT_POINTS) for name, kernel in (("triangle", _triangle_kernel),
+                                                                              ("log", _log_kernel))}
     for value, what in ((prediction, "shift_prediction (your prediction)"), (measured, "shift_measured")):
         if _given(value, what) is not None and (not isinstance(value, dict) or set(value) != set(want)):
             raise Wrong(f"{what} should be a dict with the keys {sorted(want)}, got {value!r}")
@@ -923,8 +932,11 @@ def receptive_keys(your_function):
         if got == list(range(j - reach, min(i, j + reach) + 1)):
             raise Wrong(f"{where} has negative keys", hint="keys start at 0: the padding is zeros, not scores")
         if got and min(got) >= 0 and max(got) <= i:
-            raise Wrong(f"{where}, but the gradient of minidape's conv refiner says A[{i}, {j}] reads "
-                        f"{len(want)} keys, from {want[0]} to {want[-1]}")
+            extra, missing = set(got) - set(want), set(want) - set(got)
+            raise Wrong(f"{where}, but the gradient of minidape's conv refiner disagrees: your list "
+                        + ("holds keys A[i, j] does not read" if extra else "")
+                        + (" and " if extra and missing else "")
+                        + ("misses keys it reads" if missing else ""))
         raise Wrong(f"{where}: keys outside 0..{i} cannot be read by query {i}'s row after tril")
 
 
