@@ -6,14 +6,19 @@ Every exercise of notebooks 01-07 has a name and one check here. A notebook cell
 
 which prints one verdict:
 
-* ``passed`` — the answer behaves like minidape's own implementation (or like the maths) on random inputs;
+* ``passed`` — the answer behaves like minidape's own implementation (or like the maths) on random inputs
+  (derive exercises: drawn afresh at every check, so a table of answers cannot pass); an experiment whose
+  measurement is right passes even when its recorded prediction missed, without the prediction's point;
 * ``failed`` — which mistake the check recognises (or where the answer differs), and a hint for that mistake;
 * ``partly right`` — some parts of an exercise with parts earned their points, others did not;
 * ``not done yet`` — the answer is still the stub (it calls :func:`todo` or is ``None``). A check never passes
   on a stub, and a stub never stops the notebook, so the student edition runs from top to bottom.
 
-Implementations are compared by behaviour, never by the names of minidape's internal parameters: modules
-are built from the same config and handed minidape's weights in the order of their parameters.
+Each verdict comes with points (``Exercise.points``; a checker returns a :class:`Credit` for less).
+Implementations are compared by behaviour, never by the names or order of minidape's internal parameters:
+modules are built from the same config and handed minidape's weights by role (:func:`_hand_over`), and a
+difference is named as a known mistake when the check recognises it (:func:`_compare`). A check touches an
+answer only by calling it with data and through the small helpers of "how a check touches an answer" below.
 
 :func:`summary` ends each notebook: a table of the verdicts, and an error if an answer is wrong (so a broken
 worked solution fails ``make test``, which also sets ``MINIDAPE_EXPECT_EXERCISES`` to ``all`` or ``none``). The grader (:mod:`minidape.grade`) reads the verdicts from the file named
@@ -140,7 +145,8 @@ def summary(notebook: str) -> dict[str, str]:
     print(f"notebook {notebook}: {sum(v == PASSED for v in verdicts.values())} of {len(verdicts)} exercises passed, "
           f"{sum(earned.get(name, 0) for name in verdicts):g} of {total} points")
     for name, verdict in verdicts.items():
-        print(f"  {name:<{width}}  {EXERCISES[name].kind:<10}  {earned.get(name, 0):g}/{EXERCISES[name].points}  {verdict}")
+        score = f"{earned.get(name, 0):g}/{EXERCISES[name].points}"
+        print(f"  {name:<{width}}  {EXERCISES[name].kind:<10}  {score:>5}  {verdict}")
     wrong = [name for name, verdict in verdicts.items() if verdict == FAILED]
     if wrong:
         raise ExerciseFailed(f"exercises with a wrong answer: {', '.join(wrong)} (see their check cells above)")
@@ -173,15 +179,6 @@ def _tensor(value, what: str, shape: tuple | None = None) -> torch.Tensor:
     if not torch.isfinite(value).all():
         raise Wrong(f"{what} holds NaN or infinite values")
     return value
-
-
-def _close(got: torch.Tensor, want: torch.Tensor, what: str, atol: float = 1e-5, rtol: float = 1e-4) -> None:
-    got, want = got.detach().double().cpu(), want.detach().double().cpu()
-    if not torch.allclose(got, want, atol=atol, rtol=rtol):
-        where = ((got - want).abs() - atol - rtol * want.abs()).argmax()
-        index = tuple(int(i) for i in torch.unravel_index(where, want.shape))
-        raise Wrong(f"{what} differs from minidape's at index {index}: yours {got[index].item():.6g}, "
-                    f"expected {want[index].item():.6g}")
 
 
 def _number(value, what: str) -> float:
@@ -352,8 +349,8 @@ def _choice(value, choices, what: str):
 
 def _prediction_credit(points: int, held: bool, note: str) -> Credit:
     """An experiment's credit: a right measurement earns ``points - 1``, a prediction that held one more."""
-    return Credit(points if held else points - 1,
-                  f"{note}; your prediction {'held' if held else 'did not hold (no point for it): what did you expect, and why did it not happen? (answer in the written cell)'}")
+    missed = "did not hold (no point for it): what did you expect, and why did it not happen?"
+    return Credit(points if held else points - 1, f"{note}; your prediction {'held' if held else missed}")
 
 
 def _mlp(linear1: nn.Module, linear2: nn.Module, x: torch.Tensor, activation=None) -> torch.Tensor:
@@ -441,7 +438,8 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
 
 
 @_exercise("01", "implement", "the sinusoidal table P (Vaswani et al.)",
-           "column 2i is sin(p·ω_i) and column 2i+1 is cos(p·ω_i), interleaved, with ω_i = 10000^(-2i/d)", points=2)
+           "column 2i is sin(p·ω_i) and column 2i+1 is cos(p·ω_i), interleaved, with ω_i = 10000^(-2i/d)",
+           points=2)
 def sinusoidal_table(your_function):
     generator = _fresh_generator()
     for d in (8, 64):
@@ -607,7 +605,8 @@ def square_quadratic_form(your_function):
         shifted = _number(answer(x + 3.0, c.clone()), "square_quadratic_form(x + 3, c)")
         if abs(shifted - got) > 1e-8 * max(1.0, abs(got)):
             raise Wrong(f"{where}; it changes to {shifted:.6g} when every x_i moves by 3, but K depends on "
-                        f"differences only, so cᵀKc cannot", hint="terms like Σ c_i x_i² must cancel: use Σ c_i = 0")
+                        f"differences only, so cᵀKc cannot",
+                        hint="terms like Σ c_i x_i² must cancel: use Σ c_i = 0")
         raise Wrong(f"{where}, which is not cᵀKc")
 
 
@@ -1025,6 +1024,7 @@ def far_mass(your_function):
         T = int(torch.randint(L + 2, 4097, (1,), generator=generator))
         d = torch.arange(T, dtype=torch.float64)
         bias = a / (1 + (d / s) ** 2)
+        shifted = a / (1 + ((d + 1) / s) ** 2)                       # distances 1 .. T instead of 0 .. T - 1
 
         def mass(weights, first=L):
             return (weights[first:].sum() / weights.sum()).item()
@@ -1039,9 +1039,8 @@ def far_mass(your_function):
                         mass(bias), "p_d = exp(b(d)) / Σ_d' exp(b(d'))"),
                     "you start the far keys at d = L + 1": (mass(bias.exp(), L + 1), "d >= L: keys 0 .. T - 1 - L"),
                     "you start the far keys at d = L - 1": (mass(bias.exp(), L - 1), "d >= L: keys 0 .. T - 1 - L"),
-                    "your distances run 1 .. T, not 0 .. T - 1": (
-                        ((a / (1 + ((d + 1) / s) ** 2)).exp()[L:].sum() / (a / (1 + ((d + 1) / s) ** 2)).exp().sum()).item(),
-                        "the query's own key is at distance 0")}
+                    "your distances run 1 .. T, not 0 .. T - 1": (mass(shifted.exp()),
+                                                                  "the query's own key is at distance 0")}
         for description, (value, hint) in mistakes.items():
             if abs(got - value) <= 1e-9 + 1e-6 * abs(value):
                 raise Wrong(f"{where}: {description}", hint=hint)

@@ -207,7 +207,8 @@ exercises.check("dape_cost", dape_cost)
 # ### The equations, checked on a model
 #
 # Now that you have written $f$ yourself, the equations on a real model. `model.attention_maps(idx, layer)`
-# returns the pieces of one layer's attention as plain full-size tensors: `scores` $S$, `bias` $B$, `refined` $A$ (what reaches the causal mask and softmax) and `probs`. We rebuild $A$
+# returns the pieces of one layer's attention as plain full-size tensors: `scores` $S$, `bias` $B$, `refined`
+# $A$ (what reaches the causal mask and softmax) and `probs`. We rebuild $A$
 # from $S$ and $B$ with each refiner's own MLP `f` (model.py's `HeadMLP`), applied over the head axis at every
 # cell, and compare; then the whole model's fast path against its paper form (`fast=False`).
 

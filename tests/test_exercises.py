@@ -280,7 +280,8 @@ def receptive_keys(i, j, k):
     return list(range(max(0, j - reach), min(i, j + reach) + 1))
 
 
-HISTORIES = {"conv k=3": [{"val_loss": 3.0}, {"val_loss": 2.0}], "leaky_conv k=3": [{"val_loss": 3.0}, {"val_loss": 0.5}]}
+HISTORIES = {"conv k=3": [{"val_loss": 3.0}, {"val_loss": 2.0}],
+             "leaky_conv k=3": [{"val_loss": 3.0}, {"val_loss": 0.5}]}
 FINAL = {"conv k=3": 2.0, "leaky_conv k=3": 0.5}
 
 
@@ -370,6 +371,18 @@ def cycle_sample_by_states(batch, n, generator):
     for t in range(n):
         state = (state + moves[:, t:t + 1] - 1).remainder(5)
     return moves, state
+
+
+def final_state(moves):
+    return (moves - 1).sum(dim=1, keepdim=True) % 5
+
+
+def cycle_with(targets_of, ids=lambda b, n, g: torch.randint(0, 3, (b, n), generator=g)):
+    """A cycle_navigation sampler from the ids it draws and the targets it computes (to build wrong ones)."""
+    def sample(batch, n, generator):
+        moves = ids(batch, n, generator)
+        return moves, targets_of(moves)
+    return sample
 
 
 def output_length(name, n):
@@ -462,7 +475,8 @@ EQUIVALENT = [
 
 # (name, the wrong answer's argument list, words its message must contain): the mistakes students make
 MISTAKES = [
-    ("sinusoidal_table", (lambda p, d: torch.cat([sinusoidal_table(p, d)[:, 0::2], sinusoidal_table(p, d)[:, 1::2]], 1),),
+    ("sinusoidal_table", (lambda p, d: torch.cat([sinusoidal_table(p, d)[:, 0::2],
+                                                  sinusoidal_table(p, d)[:, 1::2]], 1),),
      "all the sines come first"),
     ("sinusoidal_table", (lambda p, d: sinusoidal_table(p, d).reshape(-1, d // 2, 2).flip(-1).reshape(-1, d),),
      "sin and cos are swapped"),
@@ -552,9 +566,9 @@ MISTAKES = [
     ("far_mass", (lambda a, s, L, T: far_mass(a, s, L + 1, T),), "d = L + 1"),
     ("my_bias", (bias_class(lambda self, q, k: CauchyBias.forward(self, q, k) + q[:, None].float() / 100),),
      "not relative"),
-    ("my_bias", (bias_class(lambda self, q, k: 0.1 * distance(q, k).expand(self.n_head, -1, -1) * self.width[:, None, None]),),
+    ("my_bias", (bias_class(lambda self, q, k: 0.1 * distance(q, k) * self.width[:, None, None]),),
      "grows with distance"),
-    ("my_bias", (bias_class(lambda self, q, k: 0 * distance(q, k).expand(self.n_head, -1, -1) * self.width[:, None, None]),),
+    ("my_bias", (bias_class(lambda self, q, k: 0 * distance(q, k) * self.width[:, None, None]),),
      "same at every distance"),
     ("my_bias", (bias_class(lambda self, q, k: -(distance(q, k) ** 3).expand(self.n_head, -1, -1)
                             * self.width[:, None, None]),), "not CPD"),
@@ -567,18 +581,15 @@ MISTAKES = [
     ("my_runs", (Runs(drop="kerple"),), "no reference run"),
     ("best_run", ("dape-mine", "mine", RUN_CURVES, 256), "use min, not max"),
     ("best_run", ("dape-mine", "kerple", RUN_CURVES, 256), "not the run with the lowest"),
-    ("cycle_sample", (lambda b, n, g: (lambda x: (x, x.sum(1, keepdim=True) % 5))(torch.randint(0, 3, (b, n), generator=g)),),
-     "(sum of ids) mod 5"),
-    ("cycle_sample", (lambda b, n, g: (lambda x: (x, torch.fmod((x - 1).sum(1, keepdim=True), 5)))(
-        torch.randint(0, 3, (b, n), generator=g)),), "negative"),
-    ("cycle_sample", (lambda b, n, g: (lambda x: (x, (x - 1).sum(1) % 5))(torch.randint(0, 3, (b, n), generator=g)),),
-     "one answer token"),
-    ("cycle_sample", (lambda b, n, g: (lambda x: (x, (x - 1).sum(1, keepdim=True) % 5))(torch.randint(0, 3, (b, n))),),
+    ("cycle_sample", (cycle_with(lambda x: x.sum(1, keepdim=True) % 5),), "(sum of ids) mod 5"),
+    ("cycle_sample", (cycle_with(lambda x: torch.fmod((x - 1).sum(1, keepdim=True), 5)),), "negative"),
+    ("cycle_sample", (cycle_with(lambda x: (x - 1).sum(1) % 5),), "one answer token"),
+    ("cycle_sample", (cycle_with(final_state, ids=lambda b, n, g: torch.randint(0, 3, (b, n))),),
      "generator you are given"),
-    ("cycle_sample", (lambda b, n, g: (lambda x: (x, x.sum(1, keepdim=True) % 5))(torch.randint(-1, 2, (b, n), generator=g)),),
-     "ids outside"),
-    ("cycle_sample", (lambda b, n, g: (lambda x: (x, (x - 1).sum(1, keepdim=True) % 5))(
-        (torch.rand(b, n, generator=g) < 0.2).long() * 2),), "not uniform"),
+    ("cycle_sample", (cycle_with(lambda x: x.sum(1, keepdim=True) % 5,
+                                 ids=lambda b, n, g: torch.randint(-1, 2, (b, n), generator=g)),), "ids outside"),
+    ("cycle_sample", (cycle_with(final_state, ids=lambda b, n, g: (torch.rand(b, n, generator=g) < 0.2).long() * 2),),
+     "not uniform"),
     ("output_length", (lambda name, n: n // 2 if name == "compute_sqrt" else output_length(name, n),), "round up"),
     ("output_length", (lambda name, n: n - 1 if name == "binary_multiplication" else output_length(name, n),), "END"),
     ("output_length", (lambda name, n: n,), "input twice"),
@@ -639,7 +650,7 @@ def test_the_worked_answer_passes_with_full_points(name):
     assert points(name) == exercises.EXERCISES[name].points
 
 
-@pytest.mark.parametrize("name, answer", EQUIVALENT, ids=[f"{name}-{answer[0].__name__}" for name, answer in EQUIVALENT])
+@pytest.mark.parametrize("name, answer", EQUIVALENT, ids=[f"{name}-{a[0].__name__}" for name, a in EQUIVALENT])
 def test_a_correct_answer_written_differently_passes(name, answer, capsys):
     assert verdict(name, *answer) == PASSED, capsys.readouterr().out
 
@@ -650,7 +661,8 @@ def test_a_known_mistake_fails_with_a_message_naming_it(name, answer, words, cap
     status = verdict(name, *resolved(answer))
     out = capsys.readouterr().out
     assert words in out and "hint:" in out, out
-    assert status == FAILED and points(name) == 0 or status == PARTLY and points(name) < exercises.EXERCISES[name].points
+    full = exercises.EXERCISES[name].points
+    assert status == FAILED and points(name) == 0 or status == PARTLY and points(name) < full
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))
