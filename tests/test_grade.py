@@ -20,7 +20,7 @@ from minidape.grade import exercise_names, grade, grade_notebook
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 ANSWER = ("lambda name, n: {'reverse_string': n, 'duplicate_string': 2 * n, 'compute_sqrt': (n + 1) // 2, "
-          "'binary_addition': n + 1}[name]")
+          "'binary_multiplication': n, 'parity_check': 1}[name]")
 
 
 def notebook(path, *sources):
