@@ -31,6 +31,7 @@ import math
 import os
 import secrets
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import torch
@@ -222,6 +223,11 @@ def _refiner_inputs(cfg, batch: int, T: int, generator: torch.Generator):
 CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # where answers' modules run: the models' device
 
 
+def _draw(generator: torch.Generator, low: int, high: int) -> int:
+    """One integer of low .. high - 1."""
+    return int(torch.randint(low, high, (1,), generator=generator))
+
+
 def _fresh_generator() -> torch.Generator:
     """A generator seeded from the operating system: derive exercises get new inputs at every check."""
     return torch.Generator().manual_seed(secrets.randbits(62))
@@ -309,8 +315,8 @@ def _where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
     return ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
 
 
-def _first_difference(got: torch.Tensor, want: torch.Tensor, visible: torch.Tensor | None, axes: tuple[str, ...],
-                      atol: float, rtol: float) -> tuple[int, ...] | None:
+def _first_difference(got: torch.Tensor, want: torch.Tensor, visible: torch.Tensor | None, atol: float,
+                      rtol: float) -> tuple[int, ...] | None:
     """The index, in the student's own tensor, of the cell that differs most (among the visible ones)."""
     excess = (got - want).abs() - atol - rtol * want.abs()
     if visible is not None:
@@ -328,13 +334,13 @@ def _compare(got, want: torch.Tensor, what: str, axes: tuple[str, ...], visible:
     got = _tensor(got, what, tuple(want.shape)).detach().double().cpu()
     want = want.detach().double().cpu()
     visible = None if visible is None else visible.cpu()
-    if _first_difference(got, want, visible, axes, atol, rtol) is None:
+    if _first_difference(got, want, visible, atol, rtol) is None:
         return
     for description, (output, hint) in (mistakes or {}).items():
         output = output.detach().double().cpu()
-        if output.shape == got.shape and _first_difference(got, output, visible, axes, atol, rtol) is None:
+        if output.shape == got.shape and _first_difference(got, output, visible, atol, rtol) is None:
             raise Wrong(f"{what}: {description}", hint=hint)
-    index = _first_difference(got, want, visible, axes, atol, rtol)
+    index = _first_difference(got, want, visible, atol, rtol)
     raise Wrong(f"{what} differs from minidape's at {_where(index, axes)}: yours {got[index].item():.6g}, "
                 f"minidape's {want[index].item():.6g}")
 
@@ -366,7 +372,10 @@ def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
     B = bias.expand_as(scores)
     if name == "dape":
         first, second = theirs.f.mlp[0], theirs.f.mlp[2]
-        f = lambda x, act=None: _mlp(first, second, x, act)                               # noqa: E731
+
+        def f(x, activation=None):
+            return _mlp(first, second, x, activation)
+
         SB = torch.cat([scores, B], dim=1)
         return {
             "your refined scores are S + f([S, B]): the residual + B is missing": (
@@ -382,23 +391,26 @@ def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
             "f has no activation between its two layers": (
                 scores + B + f(SB, lambda h: h), "put LeakyReLU(0.01) between the two linear layers"),
         }
-    F_conv = lambda x, act=None: theirs.conv2((act or (lambda h: F.leaky_relu(h, 0.01)))(theirs.conv1(x)))  # noqa
+
+    def conv(x, activation=None):
+        return theirs.conv2((activation or (lambda h: F.leaky_relu(h, 0.01)))(theirs.conv1(x)))
+
     SB = torch.cat([scores, B], dim=1)
     lower = SB.masked_fill(~mask, 0)
     return {
         "your convolution reads the future: the masked cells of [S, B] are not zeroed before it (no tril)": (
-            scores + B + F_conv(SB), "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)"),
+            scores + B + conv(SB), "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)"),
         "your refined scores are S + Conv(tril([S, B])): the residual + B is missing": (
-            scores + F_conv(lower), "DAPE-V2 adds B back: A = S + B + Conv(tril([S, B]))"),
+            scores + conv(lower), "DAPE-V2 adds B back: A = S + B + Conv(tril([S, B]))"),
         "your refined scores are B + Conv(tril([S, B])): the residual + S is missing": (
-            B + F_conv(lower), "DAPE-V2 keeps the scores: A = S + B + Conv(tril([S, B]))"),
+            B + conv(lower), "DAPE-V2 keeps the scores: A = S + B + Conv(tril([S, B]))"),
         "the convolution reads [B, S]: the bias channels come first": (
-            scores + B + F_conv(torch.cat([B, scores], 1).masked_fill(~mask, 0)),
+            scores + B + conv(torch.cat([B, scores], 1).masked_fill(~mask, 0)),
             "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)"),
-        "the convolutions use ReLU, not LeakyReLU(0.01)": (scores + B + F_conv(lower, F.relu),
+        "the convolutions use ReLU, not LeakyReLU(0.01)": (scores + B + conv(lower, F.relu),
                                                           "DAPE-V2's Conv uses LeakyReLU(0.01) between the layers"),
         "there is no activation between the two convolutions": (
-            scores + B + F_conv(lower, lambda h: h), "put LeakyReLU(0.01) between the two convolutions"),
+            scores + B + conv(lower, lambda h: h), "put LeakyReLU(0.01) between the two convolutions"),
     }
 
 
@@ -629,7 +641,8 @@ def _power_kernel_1_5(m, n):
 def find_shift(your_function):
     from . import kernels
     generator = _fresh_generator()
-    n = lambda low, high: int(torch.randint(low, high, (1,), generator=generator))       # noqa: E731
+
+    n = partial(_draw, generator)
     cases = [("-|m-n|", _triangle_kernel, n(8, 48)), ("-log(1+|m-n|)", _log_kernel, n(16, 96)),
              ("-|m-n|^1.5", _power_kernel_1_5, n(8, 24))]
     for label, kernel, size in cases:
@@ -771,7 +784,10 @@ def running_mean(your_function):
     for width in (1, 4, 16):
         got = _given(your_function, "running_mean")(curve.clone(), width)
         want = torch.stack([curve[max(0, t - width + 1):t + 1].mean() for t in range(len(curve))])
-        windows = lambda padded: padded.unfold(0, width, 1).mean(-1)                      # noqa: E731
+
+        def windows(padded):
+            return padded.unfold(0, width, 1).mean(-1)
+
         mistakes = {
             "the first entries repeat position 0 (replicate padding): they average values that do not exist": (
                 windows(F.pad(curve[None, None], (width - 1, 0), mode="replicate")[0, 0]),
@@ -806,7 +822,7 @@ def dape_refiner(your_class):
 def dape_cost(your_function):
     from .model import REFINER_REGISTRY
     generator = _fresh_generator()
-    draw = lambda low, high: int(torch.randint(low, high, (1,), generator=generator))   # noqa: E731
+    draw = partial(_draw, generator)
     for variant in ("dape", "dape_concat", "dape_add"):
         h, W, B, T = draw(2, 17), draw(3, 65), draw(1, 9), draw(8, 600)
         n_in = h if variant == "dape_add" else 2 * h
@@ -902,7 +918,7 @@ def locality(prediction, shares):
 def receptive_keys(your_function):
     from .model import REFINER_REGISTRY
     generator = _fresh_generator()
-    draw = lambda low, high: int(torch.randint(low, high, (1,), generator=generator))   # noqa: E731
+    draw = partial(_draw, generator)
     cases = [(1, draw(1, 16), None), (3, draw(4, 16), "diagonal"), (5, draw(6, 16), "edge"), (3, draw(2, 16), None),
              (7, draw(8, 16), None), (5, draw(1, 16), None)]
     for kernel, i, where in cases:
