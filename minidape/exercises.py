@@ -1152,52 +1152,81 @@ def best_run(prediction, measured, last_k, longest):
 # ------------------------------------------------------------------------------- 07 Chomsky hierarchy
 
 
-@_exercise("07", "implement", "a CHE task generator: cycle_navigation",
-           "draw the moves as ids 0, 1, 2 with torch.randint and the generator you are given; id - 1 is the "
-           "step (-1, 0, +1); the answer is the final state, (sum of steps) mod 5, shaped (batch, 1)", points=2)
-def cycle_sample(your_function):
+def _little_endian(bits) -> int:
+    return sum(int(bit) << i for i, bit in enumerate(bits))
+
+
+def _addition_answer(a: int, b: int, length: int, end: int, *, big_endian=False, with_end=True, pad=0) -> list:
+    """binary_addition's answer for a + b (little-endian bits without trailing zeros, END, then 0s), or one of
+    its common wrong versions."""
+    bits = [int(bit) for bit in format(a + b, "b")]
+    answer = (bits if big_endian else bits[::-1]) + ([end] if with_end else [])
+    return answer + [pad] * (length - len(answer))
+
+
+@_exercise("07", "implement", "a CHE task generator: binary_addition",
+           "little-endian: bit i of an operand is worth 2^i; a random split puts the operator '+' (id 2) between "
+           "two non-zero operands; the answer is the sum's bits, little-endian without trailing zeros, then END "
+           "(id 2), then 0s up to n + 1 tokens", points=3)
+def addition_sample(your_function):
     from . import tasks
-    task = tasks.get_task("cycle_navigation")
+    task = tasks.get_task("binary_addition")
+    end = task.end_token
     generator = _fresh_generator()
-    seeds = torch.randint(0, 2 ** 31, (2,), generator=generator).tolist()
-    draws = []
-    for seed, (batch, n) in zip(seeds, ((256, 10), (256, 33))):
-        sample = _given(your_function, "cycle_sample")(batch, n, torch.Generator().manual_seed(seed))
+    splits = set()
+    for seed, (batch, n) in zip(torch.randint(0, 2 ** 31, (2,), generator=generator).tolist(), ((64, 7), (64, 20))):
+        sample = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed))
         if not (isinstance(sample, tuple) and len(sample) == 2):
-            raise Wrong("cycle_sample should return a pair (inputs, targets)")
+            raise Wrong("addition_sample should return a pair (inputs, targets)")
         inputs, targets = (_tensor(t, name) for t, name in zip(sample, ("inputs", "targets")))
         if tuple(inputs.shape) != (batch, n):
             raise Wrong(f"inputs have shape {tuple(inputs.shape)}, not (batch_size, n) = {(batch, n)}")
-        if tuple(targets.shape) == (batch,):
-            raise Wrong(f"targets have shape {(batch,)}", hint="one answer token per sample: shape (batch, 1), "
-                        "e.g. sum(dim=1, keepdim=True)")
-        if tuple(targets.shape) != (batch, task.output_length(n)):
-            raise Wrong(f"targets have shape {tuple(targets.shape)}, not (batch_size, 1)")
+        if tuple(targets.shape) != (batch, n + 1):
+            raise Wrong(f"targets have shape {tuple(targets.shape)}, not (batch_size, n + 1) = {(batch, n + 1)}",
+                        hint="the answer has room for n + 1 tokens: the sum, END, then 0s")
         if inputs.dtype != torch.long or targets.dtype != torch.long:
-            raise Wrong("inputs and targets should be LongTensors (token ids)", hint="torch.randint gives "
-                        "int64 already; do not convert to float")
-        if not ((0 <= inputs) & (inputs < task.input_vocab)).all():
-            raise Wrong(f"inputs hold ids outside 0 .. {task.input_vocab - 1}",
-                        hint="the moves -1, 0, +1 are the ids 0, 1, 2: draw ids, not steps")
-        want = (inputs - 1).sum(dim=1, keepdim=True) % 5
-        if not torch.equal(targets, want):
-            if torch.equal(targets, inputs.sum(dim=1, keepdim=True) % 5):
-                raise Wrong("your targets are (sum of ids) mod 5", hint="id 0 steps -1, id 1 stays, id 2 steps "
-                            "+1: subtract 1 from each id before summing")
-            if torch.equal(targets, torch.fmod((inputs - 1).sum(dim=1, keepdim=True), 5)):
-                raise Wrong("some targets are negative: torch.fmod keeps the sign of the sum",
-                            hint="use % (torch.remainder): states are 0 .. 4")
-            raise Wrong("some targets are not the final state of their moves")
-        again = _given(your_function, "cycle_sample")(batch, n, torch.Generator().manual_seed(seed))
+            raise Wrong("inputs and targets should be LongTensors (token ids)")
+        if not ((0 <= inputs) & (inputs <= 2)).all():
+            raise Wrong("inputs hold ids outside 0 ('0'), 1 ('1') and 2 ('+')")
+        operators = (inputs == 2).sum(dim=1)
+        if (operators != 1).any():
+            raise Wrong(f"a row holds {int(operators[operators != 1][0])} operators; every row holds exactly one "
+                        f"'+' (id 2)", hint="write the operator at the split position, after the first operand")
+        for row, target in zip(inputs.tolist(), targets.tolist()):
+            split = row.index(2)
+            splits.add(split)
+            if not 1 <= split <= n - 2:
+                raise Wrong(f"a row has its operator at position {split}: both operands need at least one bit",
+                            hint="draw the split from 1 .. n - 2")
+            a, b = _little_endian(row[:split]), _little_endian(row[split + 1:])
+            if a == 0 or b == 0:
+                raise Wrong("a row has an operand equal to 0", hint="each operand is a non-zero number: redraw a "
+                            "row whose operand bits are all 0")
+            if target == _addition_answer(a, b, n + 1, end):
+                continue
+            shown = f"{''.join('+' if t == 2 else str(t) for t in row)} -> {target}"
+            mistakes = {
+                "your sum is written big-endian": (_addition_answer(a, b, n + 1, end, big_endian=True),
+                                                   "write the sum little-endian: least significant bit first"),
+                "you read the operands big-endian": (
+                    _addition_answer(_little_endian(row[:split][::-1]), _little_endian(row[split + 1:][::-1]),
+                                     n + 1, end), "bit i of an operand (in input order) is worth 2^i"),
+                "there is no END after the sum": (_addition_answer(a, b, n + 1, end, with_end=False),
+                                                  "end the answer with END (id 2), then pad with 0"),
+                "the padding after END is END again": (_addition_answer(a, b, n + 1, end, pad=end),
+                                                       "pad with 0 after the first END"),
+            }
+            for description, (wrong, hint) in mistakes.items():
+                if target == wrong:
+                    raise Wrong(f"{shown}: {description}", hint=hint)
+            raise Wrong(f"{shown}: the targets are not the sum of the two operands, little-endian, then END")
+        again = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed))
         if not torch.equal(again[0], inputs):
             raise Wrong("two calls with equally seeded generators gave different inputs: the sample does not come "
-                        "from the generator you are given", hint="pass generator=generator to torch.randint")
-        draws.append(inputs)
-    shares = torch.bincount(torch.cat([d.flatten() for d in draws]), minlength=3).double()
-    shares /= shares.sum()
-    if (shares - 1 / 3).abs().max() > 0.05:
-        raise Wrong(f"the moves are not uniform: ids 0, 1, 2 make {[round(v, 2) for v in shares.tolist()]} of the "
-                    f"inputs", hint="each move is equally likely: torch.randint(0, 3, ...)")
+                        "from the generator you are given", hint="pass generator=generator to every torch.randint")
+    if len(splits) < 4:
+        raise Wrong(f"the operator sits only at positions {sorted(splits)}", hint="draw the split at random from "
+                    "1 .. n - 2 for each row: the operands have random lengths")
 
 
 OUTPUT_LENGTH_TASKS = ("reverse_string", "duplicate_string", "compute_sqrt", "binary_multiplication", "parity_check")

@@ -39,8 +39,8 @@
 # 20 lengths. This is the longest notebook of the series: full mode takes about 10 min
 # (597 s measured on a 2-core AMD EPYC CPU shared with other jobs); a GPU runs the same budget much faster.
 #
-# **Exercises:** 7.1 implement a task generator (`cycle_navigation`) and check it against the task's definition
-# (2 points); 7.2 derive the answer length of five tasks (2); 7.3 implement the benchmark's accuracy with the
+# **Exercises:** 7.1 implement a task generator (`binary_addition`) and check it against the task's definition
+# (3 points); 7.2 derive the answer length of five tasks (2); 7.3 implement the benchmark's accuracy with the
 # `END` mask (2); 7.4 experiment: predict, then measure, which models cannot see the order of their input (2:
 # the measurement and the prediction), with a written answer.
 
@@ -125,28 +125,40 @@ for name in md.tasks.TASK_NAMES:
 #
 # ### Exercise 7.1 (implement) · A task generator
 #
-# Write `cycle_sample(batch_size, n, generator)` for `cycle_navigation` (its row in the table above): an agent
-# starts in state 0 of a cycle of 5 states; each input token is a move, id 0 one step back, id 1 stay, id 2 one
-# step forward; the answer is the final state. Return `inputs`, a `(batch_size, n)` LongTensor of moves drawn
-# uniformly from the `torch.Generator` you are given (so that the same seed gives the same batch), and
-# `targets`, the `(batch_size, 1)` LongTensor of final states. The check tests shapes, types, every label,
-# that the sample comes from your generator, and that the moves are uniform.
+# Write `addition_sample(batch_size, n, generator)` for `binary_addition` (its row in the table above), from
+# its definition. Each input row holds two **non-zero** binary numbers $a$ and $b$, little-endian (bit $i$ worth
+# $2^i$), separated by one operator `+` (id 2) at a random position, so that their lengths are random and add
+# up to $n - 1$ (each at least one bit). The answer row has $n + 1$ tokens: the bits of $a + b$, little-endian
+# and without trailing zeros, then `END` (id 2), then 0s. Draw everything from the `torch.Generator` you are
+# given (the same seed must give the same batch). The check parses your inputs, recomputes every answer, and
+# names the mistakes it recognises.
 
 # %%
-def cycle_sample(batch_size, n, generator):
-    """(inputs (B, n), targets (B, 1)) of the cycle_navigation task."""
+def addition_sample(batch_size, n, generator):
+    """(inputs (B, n), targets (B, n + 1)) of the binary_addition task."""
     exercises.todo()                      # your code here
 
 
 # %% tags=["solution"]
-def cycle_sample(batch_size, n, generator):
-    """(inputs (B, n), targets (B, 1)) of the cycle_navigation task."""
-    moves = torch.randint(0, 3, (batch_size, n), generator=generator)       # ids 0, 1, 2 = steps -1, 0, +1
-    return moves, (moves - 1).sum(dim=1, keepdim=True) % 5                  # % keeps states in 0..4
+def addition_sample(batch_size, n, generator):
+    """(inputs (B, n), targets (B, n + 1)) of the binary_addition task."""
+    inputs = torch.zeros(batch_size, n, dtype=torch.long)
+    targets = torch.zeros(batch_size, n + 1, dtype=torch.long)                # padding: 0
+    for row in range(batch_size):
+        split = int(torch.randint(1, n - 1, (1,), generator=generator))       # a has `split` bits, b the rest
+        bits = torch.randint(0, 2, (n,), generator=generator)
+        while not (bits[:split].any() and bits[split + 1:].any()):            # both operands non-zero
+            bits = torch.randint(0, 2, (n,), generator=generator)
+        bits[split] = 2                                                       # the operator '+'
+        a = sum(int(bit) << i for i, bit in enumerate(bits[:split]))          # little-endian
+        b = sum(int(bit) << i for i, bit in enumerate(bits[split + 1:]))
+        answer = [int(bit) for bit in reversed(format(a + b, "b"))] + [2]     # the sum little-endian, then END
+        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+    return inputs, targets
 
 
 # %%
-exercises.check("cycle_sample", cycle_sample)
+exercises.check("addition_sample", addition_sample)
 
 # %% [markdown]
 # ### Exercise 7.2 (derive) · How long is the answer?

@@ -360,29 +360,79 @@ RUN_CURVES = {"kerple": {64: 20.0, 256: 21.0}, "mine": {64: 19.0, 256: 30.0}, "d
 # ------------------------------------------------------------------------------------- 07
 
 
-def cycle_sample(batch, n, generator):
-    moves = torch.randint(0, 3, (batch, n), generator=generator)
-    return moves, (moves - 1).sum(dim=1, keepdim=True) % 5
+def addition_sample(batch, n, generator):
+    """Written from the task's definition: a per-row loop over Python integers."""
+    inputs, targets = torch.zeros(batch, n, dtype=torch.long), torch.zeros(batch, n + 1, dtype=torch.long)
+    for row in range(batch):
+        split = int(torch.randint(1, n - 1, (1,), generator=generator))
+        bits = torch.randint(0, 2, (n,), generator=generator)
+        while not (bits[:split].any() and bits[split + 1:].any()):
+            bits = torch.randint(0, 2, (n,), generator=generator)
+        bits[split] = 2
+        a = int("".join(map(str, bits[:split].flip(0).tolist())), 2)
+        b = int("".join(map(str, bits[split + 1:].flip(0).tolist())), 2)
+        answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
+        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+    return inputs, targets
 
 
-def cycle_sample_by_states(batch, n, generator):
-    moves = torch.randint(0, 3, (batch, n), generator=generator)
-    state = torch.zeros(batch, 1, dtype=torch.long)
-    for t in range(n):
-        state = (state + moves[:, t:t + 1] - 1).remainder(5)
-    return moves, state
+def addition_by_md_tasks(batch, n, generator):
+    """minidape's own sampler: an equivalent answer (the grader, not the check, rules the library out)."""
+    return md.tasks.get_task("binary_addition").sample(batch, n, generator)
 
 
-def final_state(moves):
-    return (moves - 1).sum(dim=1, keepdim=True) % 5
-
-
-def cycle_with(targets_of, ids=lambda b, n, g: torch.randint(0, 3, (b, n), generator=g)):
-    """A cycle_navigation sampler from the ids it draws and the targets it computes (to build wrong ones)."""
+def addition_with(change):
+    """addition_sample with one mistake: `change(inputs, targets, n)` rewrites the correct pair."""
     def sample(batch, n, generator):
-        moves = ids(batch, n, generator)
-        return moves, targets_of(moves)
+        return change(*addition_sample(batch, n, generator), n)
     return sample
+
+
+def reversed_answer(inputs, targets, n):
+    """The sum's bits big-endian, END, 0s."""
+    out = torch.zeros_like(targets)
+    for row, target in enumerate(targets.tolist()):
+        bits = target[:target.index(2)][::-1] + [2]
+        out[row, :len(bits)] = torch.tensor(bits)
+    return inputs, out
+
+
+def without_end(inputs, targets, n):
+    return inputs, targets.masked_fill(targets == 2, 0)
+
+
+def end_padding(inputs, targets, n):
+    after = (targets == 2).int().cumsum(1) > 0
+    return inputs, targets.masked_fill(after, 2)
+
+
+def big_endian_operands(inputs, targets, n):
+    """The answers of operands read big-endian (in input order, most significant first)."""
+    out = torch.zeros_like(targets)
+    for row, bits in enumerate(inputs.tolist()):
+        split = bits.index(2)
+        a, b = (int("".join(map(str, part)), 2) for part in (bits[:split], bits[split + 1:]))
+        answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
+        out[row, :len(answer)] = torch.tensor(answer)
+    return inputs, out
+
+
+def zero_first_operand(inputs, targets, n):
+    before = (inputs == 2).int().cumsum(1) == 0
+    return inputs.masked_fill(before, 0), targets
+
+
+def fixed_split(batch, n, generator):
+    """The operator always in the middle."""
+    inputs, targets = torch.zeros(batch, n, dtype=torch.long), torch.zeros(batch, n + 1, dtype=torch.long)
+    for row in range(batch):
+        bits = torch.ones(n, dtype=torch.long)
+        bits[n // 2] = 2
+        a = b = sum(1 << i for i in range(n // 2))
+        b = sum(1 << i for i in range(n - 1 - n // 2))
+        answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
+        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+    return inputs, targets
 
 
 def output_length(name, n):
@@ -449,7 +499,7 @@ CORRECT = {
     "my_bias": (CauchyBias,),
     "my_runs": (Runs(),),
     "best_run": ("dape-mine", "dape-mine", RUN_CURVES, 256),
-    "cycle_sample": (cycle_sample,),
+    "addition_sample": (addition_sample,),
     "output_length": (output_length,),
     "masked_accuracy": (masked_accuracy,),
     "shuffle_invariance": (dict(UNCHANGED), dict(UNCHANGED)),
@@ -469,7 +519,7 @@ EQUIVALENT = [
     ("far_mass", (far_mass_by_softmax,)),
     ("my_kernel", (md.kernels.log_kernel(),)),
     ("my_bias", (KerpleLikeBias,)),
-    ("cycle_sample", (cycle_sample_by_states,)),
+    ("addition_sample", (addition_by_md_tasks,)),
     ("masked_accuracy", (masked_accuracy_by_loop,)),
 ]
 
@@ -581,15 +631,19 @@ MISTAKES = [
     ("my_runs", (Runs(drop="kerple"),), "no reference run"),
     ("best_run", ("dape-mine", "mine", RUN_CURVES, 256), "use min, not max"),
     ("best_run", ("dape-mine", "kerple", RUN_CURVES, 256), "not the run with the lowest"),
-    ("cycle_sample", (cycle_with(lambda x: x.sum(1, keepdim=True) % 5),), "(sum of ids) mod 5"),
-    ("cycle_sample", (cycle_with(lambda x: torch.fmod((x - 1).sum(1, keepdim=True), 5)),), "negative"),
-    ("cycle_sample", (cycle_with(lambda x: (x - 1).sum(1) % 5),), "one answer token"),
-    ("cycle_sample", (cycle_with(final_state, ids=lambda b, n, g: torch.randint(0, 3, (b, n))),),
-     "generator you are given"),
-    ("cycle_sample", (cycle_with(lambda x: x.sum(1, keepdim=True) % 5,
-                                 ids=lambda b, n, g: torch.randint(-1, 2, (b, n), generator=g)),), "ids outside"),
-    ("cycle_sample", (cycle_with(final_state, ids=lambda b, n, g: (torch.rand(b, n, generator=g) < 0.2).long() * 2),),
-     "not uniform"),
+    ("addition_sample", (addition_with(reversed_answer),), "big-endian"),
+    ("addition_sample", (addition_with(without_end),), "no END"),
+    ("addition_sample", (addition_with(end_padding),), "END again"),
+    ("addition_sample", (addition_with(lambda x, y, n: (x, y[:, :n])),), "n + 1"),
+    ("addition_sample", (addition_with(lambda x, y, n: (x.masked_fill(x == 2, 0), y)),), "exactly one '+'"),
+    ("addition_sample", (addition_with(lambda x, y, n: (torch.cat([x[:, :1] * 0 + 2, x[:, 1:].masked_fill(
+        x[:, 1:] == 2, 1)], 1), y)),), "both operands need"),
+    ("addition_sample", (lambda b, n, g: addition_sample(b, n, torch.Generator().manual_seed(
+        int(torch.randint(0, 1000, (1,))))),), "generator you are given"),
+    ("addition_sample", (fixed_split,), "operator sits only"),
+    ("addition_sample", (addition_with(big_endian_operands),), "operands big-endian"),
+    ("addition_sample", (addition_with(zero_first_operand),), "operand equal to 0"),
+    ("addition_sample", (addition_with(lambda x, y, n: (x, y.float())),), "LongTensors"),
     ("output_length", (lambda name, n: n // 2 if name == "compute_sqrt" else output_length(name, n),), "round up"),
     ("output_length", (lambda name, n: n - 1 if name == "binary_multiplication" else output_length(name, n),), "END"),
     ("output_length", (lambda name, n: n,), "input twice"),
