@@ -496,15 +496,16 @@ def add_grade_command(commands) -> None:
                                     "folder stands for its *.ipynb files and its student folders (one per "
                                     "student: folder/<id>/*.ipynb).")
     grade.add_argument("paths", nargs="+", metavar="PATH", help="notebooks (.ipynb) or folders of notebooks")
-    grade.add_argument("--csv", help="also write FILE: student,notebook,exercise,points,max_points,passed,message "
-                                     "(one row per exercise, rewritten after every submission)")
+    grade.add_argument("--csv", help="also write FILE: student,notebook,exercise,points,max_points,status,message "
+                                     "(one row per exercise, rewritten after every submission), and beside it "
+                                     "FILE-written.csv: the written answers with their rubric ids")
     grade.add_argument("--timeout", type=positive_float, default=600,
                        help="seconds allowed for each notebook's cells, and again for its checks (default 600)")
     grade.add_argument("--jobs", type=positive_int, default=None,
                        help="submissions graded at once, each in its own sandbox (default: the CPU cores)")
     grade.add_argument("--feedback", metavar="DIR",
                        help="write DIR/<student>/<notebook>.ipynb: the executed notebook with the grader's "
-                            "verdict under each exercise")
+                            "verdict under each exercise and a note under each written answer")
 
 
 def run_grade(args: argparse.Namespace) -> None:

@@ -15,9 +15,13 @@
 4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
    the answers as handles: calling one runs the student's code in the worker and brings the result back as
    data. An answer that runs minidape's own implementation of the exercise (``exercises.LIBRARY``) fails.
-5. **Output.** A table; ``--csv`` rows ``student,notebook,exercise,points,max_points,passed,message``, rewritten
-   atomically after every submission (a crash of the grader keeps what was graded); ``--feedback DIR``: each
-   executed notebook with the grader's verdict under each check cell.
+5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,status,message``
+   (status: passed, partly right, failed or not done yet), rewritten atomically after every submission (a
+   crash of the grader keeps what was graded), and beside it ``FILE-written.csv`` (``student,notebook,rubric,
+   answer,problem``): the written-answer cells (tagged ``written`` and ``rubric:<id>``) for the teacher to mark;
+   ``--feedback DIR``: each executed notebook with the grader's verdict under each check cell and a note under
+   each written answer. The submission's own cells (predictions, written answers, its code) are kept as it has
+   them; only check cells are the teacher's.
 """
 from __future__ import annotations
 
@@ -38,7 +42,8 @@ from . import exercises, sandbox
 
 TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
 CHECK_CALL = re.compile(r"""check\(\s*["'](\w+)["']""")
-COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "passed", "message"]
+COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "status", "message"]
+WRITTEN_COLUMNS = ["student", "notebook", "rubric", "answer", "problem"]
 START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
 
 
@@ -57,6 +62,15 @@ class Edition:
     cells: list[dict]                           # {"cell_type", "source", "tags"}
     roster: list[exercises.Exercise]
     checks: dict[str, int] = field(default_factory=dict)   # exercise name -> index of its check cell
+
+    @property
+    def rubrics(self) -> list[str]:
+        """The rubric ids of its written-answer cells, in order."""
+        return [rubric for cell in self.cells if "written" in cell["tags"] for rubric in _rubrics(cell)]
+
+
+def _rubrics(cell: dict) -> list[str]:
+    return [tag.removeprefix("rubric:") for tag in cell.get("tags", ()) if tag.startswith("rubric:")]
 
 
 def exercise_names(notebook) -> list[str]:
@@ -95,7 +109,7 @@ def _same(source: str) -> str:
 
 
 def read_cells(path: Path) -> list[dict]:
-    """A submission's cells (``cell_type``, ``source``), or :class:`NotANotebook` saying what is wrong."""
+    """A submission's cells (``cell_type``, ``source``, ``tags``), or :class:`NotANotebook` saying what is wrong."""
     try:
         raw = path.read_bytes()
     except FileNotFoundError:
@@ -122,7 +136,9 @@ def read_cells(path: Path) -> list[dict]:
             source = "".join(source)
         if not isinstance(source, str) or cell.get("cell_type") not in ("code", "markdown", "raw"):
             raise NotANotebook(f"the file is not a valid notebook: cell {number} has no cell_type or source")
-        cells.append({"cell_type": cell["cell_type"], "source": source})
+        tags = (cell.get("metadata") or {}).get("tags") if isinstance(cell.get("metadata"), dict) else None
+        tags = [tag for tag in tags if isinstance(tag, str)] if isinstance(tags, list) else []
+        cells.append({"cell_type": cell["cell_type"], "source": source, "tags": tags})
     return cells
 
 
@@ -178,8 +194,16 @@ class Row:
     exercise: str
     points: float
     max_points: float
-    passed: bool
+    status: str                             # exercises.PASSED, PARTLY, FAILED or NOT_DONE
     message: str
+
+
+@dataclass
+class Written:
+    """A written answer for the teacher to mark with its rubric (``docs/teaching.md``)."""
+    rubric: str
+    answer: str
+    problem: str = ""
 
 
 @dataclass
@@ -190,6 +214,7 @@ class Submission:
     rows: list[Row] = field(default_factory=list)
     problem: str = ""                       # what stopped or broke the run, if anything
     cells: list[dict] = field(default_factory=list)   # executed, with outputs (for --feedback)
+    written: list[Written] = field(default_factory=list)
     seconds: float = 0.0
 
     @property
@@ -218,8 +243,8 @@ def submissions(paths) -> list[Submission]:
                     notebooks = sorted(p for p in entry.rglob("*.ipynb") if not any(
                         part.startswith(".") for part in p.relative_to(entry).parts))
                     found += [Submission(entry.name, p) for p in notebooks] or [
-                        Submission(entry.name, entry, entry.name, [Row("", 0, 0, False, f"no notebook (.ipynb) in "
-                                                                                        f"{entry}")])]
+                        Submission(entry.name, entry, entry.name,
+                                   [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {entry}")])]
         elif path.exists():
             raise ValueError(f"{path} is not a notebook (.ipynb) or a folder of notebooks")
         else:
@@ -254,8 +279,8 @@ class Grader:
             problem = f"the grader failed on this submission ({type(error).__name__}: {error}); grade it again"
             edition = self.known.get(submission.notebook[:2])
             submission.problem = problem
-            submission.rows = [Row(e.name, 0, e.points, False, problem) for e in edition.roster] if edition else [
-                Row("", 0, 0, False, problem)]
+            submission.rows = ([Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
+                               if edition else [Row("", 0, 0, exercises.FAILED, problem)])
         finally:
             worker.close()
             submission.seconds = time.monotonic() - start
@@ -274,14 +299,15 @@ class Grader:
             submission.notebook = submission.path.name
             submission.problem = unreadable or (f"cannot tell which notebook this is: name it NN_... like the "
                                                 f"teacher's ({', '.join(e.stem for e in self.known.values())})")
-            submission.rows = [Row("", 0, 0, False, submission.problem)]
+            submission.rows = [Row("", 0, 0, exercises.FAILED, submission.problem)]
             return
         submission.notebook = edition.stem
         if unreadable:
             submission.problem = unreadable
-            submission.rows = [Row(e.name, 0, e.points, False, unreadable) for e in edition.roster]
+            submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
             return
         submission.cells = restore(edition, cells)
+        submission.written = written_answers(edition, cells)
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
@@ -329,17 +355,30 @@ class Grader:
     def _judge(self, exercise, answers: dict | None, channel, problem: str) -> Row:
         name, points = exercise.name, exercise.points
         if answers is None:
-            return Row(name, 0, points, False, f"not graded: {problem or 'the worker ended'}")
+            return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}")
         answer = answers.get(name)
         if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], (tuple, list))
                 and isinstance(answer[1], dict) and all(isinstance(k, str) for k in answer[1])):
             why = f" ({problem})" if problem else ""
-            return Row(name, 0, points, False, f"no answer: its check cell did not run{why}")
+            return Row(name, 0, points, exercises.FAILED, f"no answer: its check cell did not run{why}")
         if not channel.worker.alive:
-            return Row(name, 0, points, False, "not graded: the worker ended while an earlier exercise was checked")
+            return Row(name, 0, points, exercises.FAILED,
+                       "not graded: the worker ended while an earlier exercise was checked")
         channel.forbidden = exercises.LIBRARY.get(name, ())
         status, message, earned = exercises.verdict(name, *answer[0], **answer[1])
-        return Row(name, earned, points, status == exercises.PASSED, message)
+        return Row(name, earned, points, status, message)
+
+
+def written_answers(edition: Edition, cells: list[dict]) -> list[Written]:
+    """The submission's answer to each written question of the teacher's edition, found by its rubric tag."""
+    found = {}
+    for cell in cells:
+        if "written" in cell.get("tags", ()):
+            for rubric in _rubrics(cell):
+                found.setdefault(rubric, cell["source"].strip())
+    return [Written(rubric, found[rubric]) if rubric in found else
+            Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
+            for rubric in edition.rubrics]
 
 
 def _outputs(outputs) -> list[dict]:
@@ -389,14 +428,32 @@ def _write_atomically(path: Path, text: str) -> None:
 
 
 def write_csv(graded: list[Submission], path: str | os.PathLike) -> None:
-    """One row per exercise of every submission: ``student,notebook,exercise,points,max_points,passed,message``."""
+    """One row per exercise of every submission: ``student,notebook,exercise,points,max_points,status,message``."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
     for submission in graded:
         for row in submission.rows:
             writer.writerow([submission.student, submission.notebook, row.exercise, f"{row.points:g}",
-                             f"{row.max_points:g}", int(row.passed), row.message])
+                             f"{row.max_points:g}", row.status, row.message])
+    _write_atomically(Path(path), buffer.getvalue())
+
+
+def written_path(csv_path: str | os.PathLike) -> Path:
+    """Where the written answers go: beside the CSV of grades, ``grades.csv`` -> ``grades-written.csv``."""
+    path = Path(csv_path)
+    return path.with_name(f"{path.stem}-written.csv")
+
+
+def write_written(graded: list[Submission], path: str | os.PathLike) -> None:
+    """One row per written question of every submission: ``student,notebook,rubric,answer,problem``."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(WRITTEN_COLUMNS)
+    for submission in graded:
+        for written in submission.written:
+            writer.writerow([submission.student, submission.notebook, written.rubric, written.answer,
+                             written.problem])
     _write_atomically(Path(path), buffer.getvalue())
 
 
@@ -416,10 +473,14 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
             cells.append({"cell_type": cell["cell_type"], "metadata": {}, "source": cell["source"]})
         row = rows.get(cell.get("checks"))
         if row is not None:
-            mark = "✓" if row.passed else "✗"
+            mark = {exercises.PASSED: "✓", exercises.PARTLY: "±"}.get(row.status, "✗")
             message = "\n".join(f"    {line}" for line in row.message.splitlines())
             cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
                           f"**Grader · {row.exercise}: {mark} {row.points:g} / {row.max_points:g}**\n\n{message}\n"})
+        if "written" in cell.get("tags", ()) and _rubrics(cell):
+            cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
+                          f"**Grader · written answer ({', '.join(f'rubric:{r}' for r in _rubrics(cell))})**: "
+                          f"marked by your teacher, not by the grader"})
     notebook = {"cells": cells, "nbformat": 4, "nbformat_minor": 4, "metadata": {"kernelspec": {
         "name": "python3", "display_name": "Python 3", "language": "python"}}}
     target = folder / submission.student / (submission.path.name if submission.path.suffix == ".ipynb"
@@ -506,18 +567,25 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
                           f"{submission.max_points:g} ({submission.seconds:.1f} s)", flush=True)
                     if csv_path is not None:
                         write_csv([done[i] for i in sorted(done)], csv_path)
+                        write_written([done[i] for i in sorted(done)], written_path(csv_path))
                     if feedback is not None:
                         write_feedback(submission, Path(feedback))
         finally:
             ready.close()
 
-    with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
-        for future in [pool.submit(work, slot) for slot in range(min(jobs, len(todo)))]:
-            future.result()
+    # The workers run the students' modules on the CPU and hand back CPU tensors: so do the checks here
+    # (exercises.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers).
+    device, exercises.CHECK_DEVICE = exercises.CHECK_DEVICE, "cpu"
+    try:
+        with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            for future in [pool.submit(work, slot) for slot in range(min(jobs, len(todo)))]:
+                future.result()
+    finally:
+        exercises.CHECK_DEVICE = device
     graded = [done[i] for i in sorted(done)]
     print(table(graded))
     if csv_path is not None:
-        print(f"wrote {csv_path}")
+        print(f"wrote {csv_path} and the written answers to {written_path(csv_path)}")
     return graded
 
 

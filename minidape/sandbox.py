@@ -177,7 +177,7 @@ class Description:
 class Remote:
     """An object that lives in the worker: calling it runs the student's code there and returns data (or
     another handle). The checks use it like the object itself for calls; everything else goes through the
-    helpers of :mod:`minidape.exercises` (``_is_module``, ``_hand_over``, ``_gradients`` ...)."""
+    helpers of :mod:`minidape.exercises` (``_is_module``, ``_build``, ``_load_parameters``, ``_gradients_of_sum`` ...)."""
 
     def __init__(self, session, ref: int, type_name: str):
         self._session, self._ref, self._type_name = session, ref, type_name
@@ -629,10 +629,12 @@ def _code_objects(names: list[str]) -> dict:
             continue
         functions = [obj] if not isinstance(obj, type) else [
             getattr(member, "__func__", getattr(member, "fget", member)) for member in vars(obj).values()]
-        for function in functions:
-            code = getattr(function, "__code__", None)
-            if code is not None:
+        pending = [getattr(function, "__code__", None) for function in functions]
+        while pending:                  # and the functions defined inside them (a kernel factory's kernel)
+            code = pending.pop()
+            if isinstance(code, types.CodeType):
                 codes[code] = name.replace("minidape.", "md.")
+                pending.extend(const for const in code.co_consts if isinstance(const, types.CodeType))
     return codes
 
 

@@ -26,8 +26,10 @@ def cells(*sources, kind="code"):
 
 def notebook_file(path, cell_list):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cells": [{**c, "metadata": {}, **({"outputs": [], "execution_count": None}
-                                                                   if c["cell_type"] == "code" else {})}
+    path.write_text(json.dumps({"cells": [{"cell_type": c["cell_type"], "source": c["source"],
+                                           "metadata": {"tags": c.get("tags", [])},
+                                           **({"outputs": [], "execution_count": None}
+                                              if c["cell_type"] == "code" else {})}
                                           for c in cell_list], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
     return path
 
@@ -41,7 +43,7 @@ def test_the_roster_of_every_notebook_is_the_registry_and_its_check_cells():
 
 
 def test_library_names_exist_and_belong_to_exercises():
-    assert set(exercises.LIBRARY) <= set(exercises.EXERCISES)
+    assert set(exercises.LIBRARY) == set(exercises.EXERCISES)
     for names in exercises.LIBRARY.values():
         assert all(sandbox._code_objects([name]) for name in names), names
 
@@ -57,7 +59,7 @@ def student_cells(edition, answers=None, drop=()):
         for name, answer in answers.items():
             if f"def {name}(" in source and "todo(" in source:
                 source = answer
-        out.append({"cell_type": cell["cell_type"], "source": source})
+        out.append({"cell_type": cell["cell_type"], "source": source, "tags": cell["tags"]})
     return out
 
 
@@ -100,8 +102,8 @@ def test_a_file_deleted_before_its_turn_gets_its_rows(tmp_path):
     submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb")
     grader = grade.Grader(EDITIONS, "none", [], {}, timeout=10)
     grader._grade(submission, worker=None)
-    assert [(r.exercise, r.passed, r.message) for r in submission.rows] == [
-        (name, False, "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks]
+    assert [(r.exercise, r.status, r.message) for r in submission.rows] == [
+        (name, "failed", "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks]
 
 
 def test_a_notebook_is_known_by_its_name_or_by_the_teachers_cells_it_holds(tmp_path):
@@ -146,8 +148,22 @@ def test_the_worker_answers_with_data_and_handles_only(worker):
     assert isinstance(sneaky, sandbox.Remote) and isinstance(linear, sandbox.Remote)
     assert exercises._is_module(linear) and not exercises._is_module(sneaky)
     assert exercises._parameter_shapes(linear) == [(3, 2), (3,)] and linear.in_features == 2
-    exercises._hand_over(torch.nn.Linear(2, 3), linear, "it")
-    assert all(g is not None and torch.isfinite(g).all() for g in exercises._gradients(linear, torch.ones(4, 2)))
+    source = torch.nn.Linear(2, 3)
+    (way,) = exercises._hand_over(source, linear, "it")
+    exercises._load_parameters(linear, way)
+    assert torch.allclose(linear(torch.ones(4, 2)), source(torch.ones(4, 2)).detach())
+    gradients = exercises._gradients_of_sum(linear, torch.ones(4, 2))
+    assert torch.equal(gradients[0], torch.full((3, 2), 4.0)) and torch.equal(gradients[1], torch.full((3,), 4.0))
+
+
+def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
+    worker.request("run", 0, "import minidape as md\nmine = md.kernels.log_kernel()\n"
+                             "from minidape import exercises\nexercises.answers = {'k': ((mine,), {})}", timeout=60)
+    channel = sandbox.Channel(worker, time.monotonic() + 60)
+    kernel = channel.request("answers")["k"][0][0]
+    channel.forbidden = exercises.LIBRARY["my_kernel"]
+    with pytest.raises(sandbox.LibraryUsed, match="md.kernels.log_kernel"):
+        kernel(torch.zeros(2), torch.ones(2))
 
 
 def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
@@ -198,23 +214,49 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
     graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)
     names = list(EDITIONS["02"].checks)
     with open(out) as file:
-        rows = [(r["student"], r["exercise"], r["points"], r["passed"]) for r in csv.DictReader(file)]
+        rows = [(r["student"], r["exercise"], r["points"], r["status"]) for r in csv.DictReader(file)]
+    points = {e.name: f"{e.points:g}" for e in EDITIONS["02"].roster}
     # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
-    assert rows == [("02_kerple_cpd_kernels", name, "1", "1") for name in names] + [
-        ("02_kerple_cpd_kernels", name, "0", "0") for name in names]
+    assert rows == [("02_kerple_cpd_kernels", name, points[name], "passed") for name in names] + [
+        ("02_kerple_cpd_kernels", name, "0", "not done yet") for name in names]
     assert [g.problem for g in graded] == ["", ""]
+    # the written answers, for the teacher: here both editions hold the question's cell as it is handed out
+    with open(grade.written_path(out)) as file:
+        written = list(csv.DictReader(file))
+    (question,) = [c["source"].strip() for c in EDITIONS["02"].cells if "rubric:shift_growth" in c["tags"]]
+    assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [("shift_growth", question, "")] * 2
 
 
-def test_partial_credit_is_a_fraction_of_the_points(monkeypatch):
+def test_written_answers_are_collected_by_rubric_and_a_missing_one_is_named(tmp_path):
+    edition = EDITIONS["02"]
+    kept = [{**c, "source": "c grows linearly for the triangle"} if "written" in c["tags"] else c
+            for c in student_cells(edition)]
+    assert [(w.rubric, w.answer, w.problem) for w in grade.written_answers(edition, kept)] == [
+        ("shift_growth", "c grows linearly for the triangle", "")]
+    untagged = [{**c, "tags": []} for c in kept]
+    (missing,) = grade.written_answers(edition, untagged)
+    assert missing.answer == "" and "rubric:shift_growth" in missing.problem
+    submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb", edition.stem,
+                                  rows=[grade.Row("shift_growth", 1, 3, "partly right", "your prediction ...")],
+                                  cells=kept)
+    feedback = json.loads(grade.write_feedback(submission, tmp_path / "fb").read_text())
+    sources = [c["source"] for c in feedback["cells"]]
+    at = sources.index("c grows linearly for the triangle")
+    assert "written answer (rubric:shift_growth)" in sources[at + 1]
+
+
+def test_partial_credit_is_a_credit_of_fewer_points(monkeypatch):
     def two_parts(answer):
-        if answer != (1, 2):
-            raise exercises.Partial(0.5 * (answer[0] == 1), "the second part is wrong")
+        if answer[0] != 1:
+            raise exercises.Wrong("both parts are wrong")
+        if answer[1] != 2:
+            return exercises.Credit(2, "the second part is wrong", answer_right=False)
     monkeypatch.setitem(exercises.EXERCISES, "two_parts",
                         exercises.Exercise("two_parts", "02", "derive", "two parts", "hint", two_parts, points=4))
-    assert exercises.verdict("two_parts", (1, 2))[::2] == ("passed", 4.0)
+    assert exercises.verdict("two_parts", (1, 2))[::2] == ("passed", 4)
     status, message, earned = exercises.verdict("two_parts", (1, 3))
-    assert (status, earned) == ("failed", 2.0) and "second part" in message
-    assert exercises.verdict("two_parts", (0, 3))[2] == 0.0
+    assert (status, earned) == ("partly right", 2) and "second part" in message
+    assert exercises.verdict("two_parts", (0, 3))[::2] == ("failed", 0)
 
 
 def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monkeypatch, capsys):
@@ -222,12 +264,13 @@ def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monk
     path = notebook_file(tmp_path / "ann" / "07_chomsky_hierarchy.ipynb", cells(
         "from minidape import exercises",
         "def output_length(name, n):\n    return {'reverse_string': n, 'duplicate_string': 2 * n, "
-        "'compute_sqrt': (n + 1) // 2, 'binary_addition': n + 1}[name]",
+        "'compute_sqrt': (n + 1) // 2, 'binary_multiplication': n, 'parity_check': 1}[name]",
         'exercises.check("output_length", output_length)'))
     graded = grade.grade([path.parent.parent], timeout=120, jobs=1)
     assert "warning: no namespaces available" in capsys.readouterr().err
-    assert [(r.exercise, r.passed) for r in graded[0].rows] == [
-        ("parity_sample", False), ("output_length", True), ("masked_accuracy", False)]
+    assert [(r.exercise, r.status) for r in graded[0].rows] == [
+        ("addition_sample", "failed"), ("output_length", "passed"), ("masked_accuracy", "failed"),
+        ("shuffle_invariance", "failed")]
 
 
 def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
