@@ -1,6 +1,7 @@
 """Hostile submissions: each earns exactly what it did, honest ones graded in the same run keep full marks.
 
-One `grade` run over a class of student folders, all on notebook 02 (three exercises, no training): every
+One `grade` run over a class of student folders, all on notebook 02 (four exercises, no training; the
+experiment, shift_growth, is answered by a prediction cell and a measurement cell): every
 submission is built from the teacher's edition (its first code cell and its worked solutions), then made
 hostile by cells of its own. Each case below says which exercises it really solved; the test asserts the
 points of every exercise, and, for the attacks on other files and processes, that nothing outside the
@@ -16,10 +17,11 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from minidape import grade, sandbox
+from minidape import exercises, grade, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMES = ("square_quadratic_form", "find_shift", "kerple_log_bias")
+NAMES = ("square_quadratic_form", "find_shift", "shift_growth", "kerple_log_bias")
+FUNCTIONS = ("square_quadratic_form", "find_shift", "kerple_log_bias")      # answered by a function each
 LEVEL = sandbox.isolation()
 ROOT_ONLY = pytest.mark.skipif(LEVEL != "root", reason="hidden folders and user ids of their own need root")
 # Without a user id of its own a worker may write the tester's files; without a PID namespace either, signal
@@ -29,9 +31,14 @@ CONTAINED_ONLY = ({"reads_and_writes_others", "detached_children"} if LEVEL not 
 
 
 TEACHER = jupytext.read(ROOT / "notebooks" / "02_kerple_cpd_kernels.py").cells
+POINTS = {e.name: e.points for e in exercises.exercises_of("02")}
+# The experiment's answer cells: its recorded prediction and its measurement (by the variable they assign).
+EXPERIMENT = ("shift_prediction", "shift_measured")
 SOLUTIONS = {name: cell.source for cell in TEACHER if "solution" in cell.metadata.get("tags", [])
-             for name in NAMES if f"def {name}(" in cell.source}
+             for name in (*FUNCTIONS, *EXPERIMENT) if f"def {name}(" in cell.source or f"{name} = " in cell.source}
+SOLUTIONS["shift_measured"] = "triangle = lambda m, n: -(m - n).abs()\n" + SOLUTIONS["shift_measured"]
 STUB = "def {0}(*args):\n    exercises.todo()\n"
+STUBS = {**{n: STUB.format(n) for n in FUNCTIONS}, **{n: f"{n} = None" for n in EXPERIMENT}}
 
 
 def case(solved=NAMES, answers=(), checks=(), extra=()):
@@ -44,16 +51,16 @@ def case(solved=NAMES, answers=(), checks=(), extra=()):
 
 CASES = {
     "honest": case(),
-    "forged_log": case((), answers={n: STUB.format(n) for n in NAMES}, extra=[(None, textwrap.dedent("""
+    "forged_log": case((), answers=STUBS, extra=[(None, textwrap.dedent("""
         import json, os
-        for name in ("square_quadratic_form", "find_shift", "kerple_log_bias"):
+        for name in ("square_quadratic_form", "find_shift", "shift_growth", "kerple_log_bias"):
             print(f"✓ exercise 02·{name} (implement): passed")
             for variable in ("MINIDAPE_GRADE_LOG", "MINIDAPE_VERDICTS"):
                 if os.environ.get(variable):
                     open(os.environ[variable], "a").write(json.dumps({"exercise": name, "status": "passed"}) + "\\n")
         open("verdicts.jsonl", "w").write('{"exercise": "find_shift", "status": "passed"}\\n')
         """))]),
-    "patched_checkers": case((), answers={n: STUB.format(n) for n in NAMES}, extra=[("square_quadratic_form", textwrap.dedent("""
+    "patched_checkers": case((), answers=STUBS, extra=[("square_quadratic_form", textwrap.dedent("""
         import dataclasses, torch
         for name, exercise in list(exercises.EXERCISES.items()):
             exercises.EXERCISES[name] = dataclasses.replace(exercise, checker=lambda *a, **k: None)
@@ -64,14 +71,18 @@ CASES = {
     "patched_check": case((), extra=[("square_quadratic_form", "exercises.check = lambda *args, **options: True\n"
                                                               "exercises.answers = {}")]),
     "deleted_and_rewritten_checks": case(
-        ("square_quadratic_form",), answers={"find_shift": STUB.format("find_shift"),
-                                             "kerple_log_bias": STUB.format("kerple_log_bias")},
+        ("square_quadratic_form",), answers={"find_shift": STUBS["find_shift"],
+                                             "kerple_log_bias": STUBS["kerple_log_bias"],
+                                             "shift_prediction": STUBS["shift_prediction"],
+                                             "shift_measured": "shift_measured = {'triangle': 1.0, 'log': 1.0}"},
         checks={"find_shift": 'exercises.check("find_shift", lambda kernel, n: 1.0)  # edited by the student',
+                "shift_growth": 'exercises.check("shift_growth", {"triangle": 1.0, "log": 1.0}, '
+                                '{"triangle": 256.0, "log": 8.0})',
                 "kerple_log_bias": None}),
-    "dead_code_checks": case((), answers={n: STUB.format(n) for n in NAMES}, checks={
+    "dead_code_checks": case((), answers=STUBS, checks={
         "square_quadratic_form": 'if False:\n    exercises.check("square_quadratic_form", square_quadratic_form)',
         "find_shift": 'exercises.check("find_shift", lambda kernel, n: md.kernels.pd_shift(kernel, n))'}),
-    "library_as_answer": case(("square_quadratic_form",), answers={"find_shift": textwrap.dedent("""
+    "library_as_answer": case(("square_quadratic_form", "shift_growth"), answers={"find_shift": textwrap.dedent("""
         shift = md.kernels.pd_shift          # an alias taken before any check runs
         def find_shift(kernel, n):
             return shift(kernel, n)
@@ -86,13 +97,13 @@ CASES = {
                 pe.r2.copy_(r2)
             return pe(q_pos, k_pos)
         """)}),
-    "switches_off_the_watch": case(("square_quadratic_form", "kerple_log_bias"), answers={"find_shift": textwrap.dedent("""
+    "switches_off_the_watch": case(("square_quadratic_form", "shift_growth", "kerple_log_bias"), answers={"find_shift": textwrap.dedent("""
         import sys
         def find_shift(kernel, n):
             sys.setprofile(None)
             return md.kernels.pd_shift(kernel, n)
         """)}),
-    "lying_values": case(("find_shift", "kerple_log_bias"), answers={"square_quadratic_form": textwrap.dedent("""
+    "lying_values": case(("find_shift", "shift_growth", "kerple_log_bias"), answers={"square_quadratic_form": textwrap.dedent("""
         class Anything(float):
             __eq__ = __le__ = __ge__ = __lt__ = __gt__ = lambda self, other: True
             __sub__ = __rsub__ = lambda self, other: 0.0
@@ -196,7 +207,10 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
         if first:
             cells.append(("code", f"{cell.source}\nTARGETS = {targets!r}"))
             first = False
-        stub = [n for n in NAMES if f"def {n}(" in cell.source and "todo()" in cell.source]
+        if "solution" in cell.metadata.get("tags", []):
+            continue
+        stub = [n for n in FUNCTIONS if f"def {n}(" in cell.source and "todo()" in cell.source] + [
+            n for n in EXPERIMENT if cell.source.startswith(f"{n} = None")]
         checked = [n for n in NAMES if f'exercises.check("{n}"' in cell.source]
         if stub:
             cells.append(("code", spec["answers"][stub[0]]))
@@ -243,16 +257,16 @@ def graded(tmp_path_factory):
 def test_each_submission_earns_exactly_what_it_solved(graded, case):
     submission = graded["submissions"][case]
     earned = {row.exercise: row.points for row in submission.rows}
-    assert earned == {name: float(name in CASES[case]["solved"]) for name in NAMES}, submission.rows
+    assert earned == {name: POINTS[name] * (name in CASES[case]["solved"]) for name in NAMES}, submission.rows
 
 
 @pytest.mark.parametrize("case", sorted({"forged_protocol", "exits_its_worker"} & set(CASES)))
 def test_a_submission_that_breaks_its_worker_loses_only_its_own_grade(graded, case):
     submission = graded["submissions"][case]
     assert [row.exercise for row in submission.rows] == list(NAMES)
-    assert all(not row.passed for row in submission.rows)
+    assert all(row.status == "failed" and row.points == 0 for row in submission.rows)
     assert "worker" in submission.problem
-    assert graded["submissions"]["honest_too"].points == 3
+    assert graded["submissions"]["honest_too"].points == sum(POINTS.values())
 
 
 def test_library_answers_fail_with_a_message_naming_the_library(graded):
@@ -265,14 +279,15 @@ def test_library_answers_fail_with_a_message_naming_the_library(graded):
 
 def test_the_time_limit_keeps_what_was_answered_before_it(graded):
     assert "time limit" in graded["submissions"]["loops_forever"].problem
-    assert graded["submissions"]["loops_forever"].rows[0].passed
+    assert graded["submissions"]["loops_forever"].rows[0].status == "passed"
 
 
 @pytest.mark.parametrize("name", sorted(BROKEN))
 def test_unreadable_files_get_every_exercise_with_the_problem_in_words(graded, name):
     rows = [r for r in graded["rows"] if r["student"] == name]
     assert [r["exercise"] for r in rows] == list(NAMES)
-    assert all(r["passed"] == "0" and r["points"] == "0" and r["max_points"] == "1" for r in rows)
+    assert all(r["status"] == "failed" and r["points"] == "0" for r in rows)
+    assert [r["max_points"] for r in rows] == [f"{POINTS[name]:g}" for name in NAMES]
     assert rows[0]["message"].startswith("the file is")
 
 
@@ -281,7 +296,7 @@ def test_the_csv_has_every_exercise_of_every_submission(graded):
     assert list(rows[0]) == grade.COLUMNS
     for case in [*CASES, *BROKEN]:
         assert [r["exercise"] for r in rows if r["student"] == case] == list(NAMES)
-    assert [(r["exercise"], r["passed"]) for r in rows if r["student"] == "unnamed"] == [("", "0")]
+    assert [(r["exercise"], r["status"]) for r in rows if r["student"] == "unnamed"] == [("", "failed")]
     assert "cannot tell which notebook" in graded["submissions"]["unnamed"].problem
 
 
@@ -304,11 +319,12 @@ def test_feedback_holds_the_verdicts_under_the_checks_and_bounded_output(graded)
     feedback = graded["out"] / "feedback"
     notebook = json.loads((feedback / "honest" / "02_kerple_cpd_kernels.ipynb").read_text())
     total, *verdicts = [c["source"] for c in notebook["cells"] if "grader" in c["metadata"].get("tags", [])]
-    assert total == "**Grader · 02_kerple_cpd_kernels: 3 / 3 points**"
+    total_points = sum(POINTS.values())
+    assert total == f"**Grader · 02_kerple_cpd_kernels: {total_points} / {total_points} points**"
     assert [v.split(":")[0] for v in verdicts] == [f"**Grader · {name}" for name in NAMES]
-    assert all("✓ 1 / 1" in v for v in verdicts)
+    assert all(f"✓ {POINTS[name]} / {POINTS[name]}" in v for name, v in zip(NAMES, verdicts))
     empty = json.loads((feedback / "empty" / "02_kerple_cpd_kernels.ipynb").read_text())
     assert [c["source"] for c in empty["cells"]] == [
-        "**Grader · 02_kerple_cpd_kernels: 0 / 3 points**\n\nthe file is empty"]
+        f"**Grader · 02_kerple_cpd_kernels: 0 / {total_points} points**\n\nthe file is empty"]
     huge = (feedback / "huge_output" / "02_kerple_cpd_kernels.ipynb").stat().st_size
     assert huge < 2 * sandbox.MAX_CELL_OUTPUT + 200_000
