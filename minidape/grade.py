@@ -21,10 +21,13 @@
    answer,problem``): the written-answer cells (tagged ``written`` and ``rubric:<id>``) for the teacher to mark;
    ``--feedback DIR``: each executed notebook with the grader's verdict under each check cell and a note under
    each written answer. The submission's own cells (predictions, written answers, its code) are kept as it has
-   them; only check cells are the teacher's.
+   them; only check cells are the teacher's. An experiment's recorded prediction is read by the grader from the
+   submission's ``prediction`` cell (literal values only), not taken from the variable at check time, so a
+   prediction rewritten after the measurement does not count.
 """
 from __future__ import annotations
 
+import ast
 import csv
 import io
 import json
@@ -44,6 +47,7 @@ TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
 CHECK_CALL = re.compile(r"""check\(\s*["'](\w+)["']""")
 COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "status", "message"]
 WRITTEN_COLUMNS = ["student", "notebook", "rubric", "answer", "problem"]
+NOT_RECORDED = object()         # a prediction variable that no prediction cell of the submission assigns literally
 START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
 
 
@@ -62,6 +66,8 @@ class Edition:
     cells: list[dict]                           # {"cell_type", "source", "tags"}
     roster: list[exercises.Exercise]
     checks: dict[str, int] = field(default_factory=dict)   # exercise name -> index of its check cell
+    # experiment name -> {position of an argument of its check call: the prediction variable passed there}
+    predictions: dict[str, dict[int, str]] = field(default_factory=dict)
 
     @property
     def rubrics(self) -> list[str]:
@@ -100,7 +106,39 @@ def editions(folder: Path = TEACHER) -> dict[str, Edition]:
         if list(edition.checks) != [e.name for e in edition.roster]:
             raise RuntimeError(f"{path}: its check cells ({list(edition.checks)}) differ from the registered "
                                f"exercises of {edition.number} ({[e.name for e in edition.roster]})")
+        predicted = set(literal_assignments([c for c in cells if "prediction" in c["tags"]
+                                             and "solution" not in c["tags"]]))
+        for name, index in edition.checks.items():
+            edition.predictions[name] = {at: variable for at, variable in enumerate(_check_arguments(
+                cells[index]["source"], name)) if variable in predicted}
         found[edition.number] = edition
+    return found
+
+
+def _check_arguments(source: str, name: str) -> list[str | None]:
+    """The variables passed, by position after the name, to ``exercises.check("name", ...)`` in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                node.args[0].value == name:
+            return [arg.id if isinstance(arg, ast.Name) else None for arg in node.args[1:]]
+    return []
+
+
+def literal_assignments(cells: list[dict]) -> dict:
+    """What the cells assign to plain names with literal values (``x = 4.4``, ``x = {"a": True}``), in order:
+    a later cell's value wins. Anything else in them (a computed value, a syntax error) is left out."""
+    found = {}
+    for cell in cells:
+        try:
+            tree = ast.parse(cell["source"])
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    found[node.targets[0].id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    found.pop(node.targets[0].id, None)
     return found
 
 
@@ -308,6 +346,8 @@ class Grader:
             return
         submission.cells = restore(edition, cells)
         submission.written = written_answers(edition, cells)
+        predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
+                                           c.get("tags", ())])
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
@@ -323,7 +363,9 @@ class Grader:
         if not isinstance(answers, dict):
             answers = None
         for exercise in edition.roster:
-            submission.rows.append(self._judge(exercise, answers, channel, submission.problem))
+            submission.rows.append(self._judge(exercise, answers, channel, submission.problem,
+                                               {at: (variable, predictions.get(variable, NOT_RECORDED))
+                                                for at, variable in edition.predictions.get(exercise.name, {}).items()}))
 
     def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
@@ -352,7 +394,9 @@ class Grader:
                 return stopped
         return f"{len(errors)} cell(s) raised, first {errors[0]}" if errors else ""
 
-    def _judge(self, exercise, answers: dict | None, channel, problem: str) -> Row:
+    def _judge(self, exercise, answers: dict | None, channel, problem: str, predicted: dict) -> Row:
+        """``predicted``: the experiment's predictions as its prediction cell wrote them, by argument position
+        (variable, value)."""
         name, points = exercise.name, exercise.points
         if answers is None:
             return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}")
@@ -365,7 +409,13 @@ class Grader:
             return Row(name, 0, points, exercises.FAILED,
                        "not graded: the worker ended while an earlier exercise was checked")
         channel.forbidden = exercises.LIBRARY.get(name, ())
-        status, message, earned = exercises.verdict(name, *answer[0], **answer[1])
+        missing = [variable for variable, value in predicted.values() if value is NOT_RECORDED]
+        if missing:
+            return Row(name, 0, points, exercises.FAILED, f"no recorded prediction: the grader reads {missing[0]} "
+                       f"from your cell tagged 'prediction', as a literal value (a number, True/False, a name or a "
+                       f"dict of them) written before the run; keep that cell and its tag")
+        arguments = [predicted[at][1] if at in predicted else value for at, value in enumerate(answer[0])]
+        status, message, earned = exercises.verdict(name, *arguments, **answer[1])
         return Row(name, earned, points, status, message)
 
 

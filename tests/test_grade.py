@@ -227,6 +227,28 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
     assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [("shift_growth", question, "")] * 2
 
 
+def test_predictions_are_the_literals_of_the_prediction_cells():
+    assert EDITIONS["02"].predictions == {"square_quadratic_form": {}, "find_shift": {},
+                                          "shift_growth": {0: "shift_prediction"}, "kerple_log_bias": {}}
+    assert grade.literal_assignments(cells("a = 1\nb = {'x': True}", "a = 2.5\nc = a + 1", "b = f()", "(")) == {
+        "a": 2.5}
+
+
+def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_check_time(monkeypatch):
+    class Alive:
+        alive = True
+    channel = sandbox.Channel(Alive(), time.monotonic() + 60)
+    judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
+    exercise = exercises.EXERCISES["shift_growth"]
+    measured = {"triangle": 256.0, "log": 8.0}
+    answers = {"shift_growth": ((measured, measured), {})}       # the prediction overwritten by the measurement
+    row = judge(exercise, answers, channel, "", {0: ("shift_prediction", {"triangle": 1.0, "log": 1.0})})
+    assert (row.status, row.points) == ("passed", 1) and "outside a factor of 2" in row.message
+    assert judge(exercise, answers, channel, "", {0: ("shift_prediction", measured)}).points == 3
+    row = judge(exercise, answers, channel, "", {0: ("shift_prediction", grade.NOT_RECORDED)})
+    assert (row.status, row.points) == ("failed", 0) and "tagged 'prediction'" in row.message
+
+
 def test_written_answers_are_collected_by_rubric_and_a_missing_one_is_named(tmp_path):
     edition = EDITIONS["02"]
     kept = [{**c, "source": "c grows linearly for the triangle"} if "written" in c["tags"] else c

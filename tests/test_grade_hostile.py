@@ -41,12 +41,13 @@ STUB = "def {0}(*args):\n    exercises.todo()\n"
 STUBS = {**{n: STUB.format(n) for n in FUNCTIONS}, **{n: f"{n} = None" for n in EXPERIMENT}}
 
 
-def case(solved=NAMES, answers=(), checks=(), extra=()):
+def case(solved=NAMES, answers=(), checks=(), extra=(), earned=()):
     """A submission: the worked solutions unless ``answers`` says otherwise (name -> source), the teacher's
     check cells unless ``checks`` replaces (source) or deletes (None) them, ``extra`` cells (after exercise
-    name, or None for the end); ``solved``: the exercises it really did (None: no promise, it breaks itself)."""
+    name, or None for the end); ``solved``: the exercises it really did (None: no promise, it breaks itself),
+    each earning its points unless ``earned`` says less."""
     return {"solved": solved, "answers": {**SOLUTIONS, **dict(answers)}, "checks": dict(checks),
-            "extra": list(extra)}
+            "extra": list(extra), "earned": dict(earned)}
 
 
 CASES = {
@@ -161,6 +162,14 @@ CASES = {
     # The check cells are restored just before the teacher's next cell: after this loop for find_shift.
     "loops_forever": case(("square_quadratic_form",), extra=[("find_shift", "while True:\n    pass")]),
     "exits_its_worker": case(None, extra=[("find_shift", "import os\nos._exit(3)")]),
+    # A prediction rewritten from the measurement, after it: the grader reads the prediction cell, so only the
+    # measurement's point counts (the cell predicted c = 1 for both kernels, off by far more than a factor of 2).
+    "prediction_rewritten_after_the_run": case(earned={"shift_growth": 1}, answers={
+        "shift_prediction": 'shift_prediction = {"triangle": 1.0, "log": 1.0}',
+        "shift_measured": SOLUTIONS["shift_measured"] + "\nshift_prediction = dict(shift_measured)"}),
+    # A prediction computed rather than written down: no recorded prediction, no point for the experiment.
+    "prediction_computed": case(("square_quadratic_form", "find_shift", "kerple_log_bias"), answers={
+        "shift_prediction": 'shift_prediction = {"triangle": find_shift(lambda m, n: -(m - n).abs(), 512), "log": 8.0}'}),
     "honest_too": case(),
 }
 CASES = {name: spec for name, spec in CASES.items() if name not in CONTAINED_ONLY}
@@ -201,11 +210,12 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
     spec, cells, first = CASES[name], [], True
     extra = lambda after: [source.replace("{SPY}", spy(targets)) for at, source in spec["extra"] if at == after]
     for cell in TEACHER:
+        tags = cell.metadata.get("tags", [])
         if cell.cell_type != "code":
-            cells.append(("markdown", cell.source))
+            cells.append(("markdown", cell.source, tags))
             continue
         if first:
-            cells.append(("code", f"{cell.source}\nTARGETS = {targets!r}"))
+            cells.append(("code", f"{cell.source}\nTARGETS = {targets!r}", []))
             first = False
         if "solution" in cell.metadata.get("tags", []):
             continue
@@ -213,17 +223,17 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
             n for n in EXPERIMENT if cell.source.startswith(f"{n} = None")]
         checked = [n for n in NAMES if f'exercises.check("{n}"' in cell.source]
         if stub:
-            cells.append(("code", spec["answers"][stub[0]]))
+            cells.append(("code", spec["answers"][stub[0]], tags))
         elif checked:
             source = spec["checks"].get(checked[0], cell.source)
-            cells += [("code", source)] if source is not None else []
-            cells += [("code", source) for source in extra(checked[0])]
-    cells += [("code", source) for source in extra(None)]
+            cells += [("code", source, [])] if source is not None else []
+            cells += [("code", source, []) for source in extra(checked[0])]
+    cells += [("code", source, []) for source in extra(None)]
     path = folder / name / "02_kerple_cpd_kernels.ipynb"
     path.parent.mkdir(parents=True)
-    notebook = {"cells": [{"cell_type": kind, "metadata": {}, "source": source,
+    notebook = {"cells": [{"cell_type": kind, "metadata": {"tags": tags}, "source": source,
                            **({"execution_count": None, "outputs": []} if kind == "code" else {})}
-                          for kind, source in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}
+                          for kind, source, tags in cells], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}
     path.write_text(json.dumps(notebook))
     return path
 
@@ -257,7 +267,8 @@ def graded(tmp_path_factory):
 def test_each_submission_earns_exactly_what_it_solved(graded, case):
     submission = graded["submissions"][case]
     earned = {row.exercise: row.points for row in submission.rows}
-    assert earned == {name: POINTS[name] * (name in CASES[case]["solved"]) for name in NAMES}, submission.rows
+    assert earned == {name: CASES[case]["earned"].get(name, POINTS[name]) * (name in CASES[case]["solved"])
+                      for name in NAMES}, submission.rows
 
 
 @pytest.mark.parametrize("case", sorted({"forged_protocol", "exits_its_worker"} & set(CASES)))
@@ -319,6 +330,9 @@ def test_feedback_holds_the_verdicts_under_the_checks_and_bounded_output(graded)
     feedback = graded["out"] / "feedback"
     notebook = json.loads((feedback / "honest" / "02_kerple_cpd_kernels.ipynb").read_text())
     total, *verdicts = [c["source"] for c in notebook["cells"] if "grader" in c["metadata"].get("tags", [])]
+    notes = [v for v in verdicts if v.startswith("**Grader · written answer")]
+    verdicts = [v for v in verdicts if v not in notes]
+    assert notes == ["**Grader · written answer (rubric:shift_growth)**: marked by your teacher, not by the grader"]
     total_points = sum(POINTS.values())
     assert total == f"**Grader · 02_kerple_cpd_kernels: {total_points} / {total_points} points**"
     assert [v.split(":")[0] for v in verdicts] == [f"**Grader · {name}" for name in NAMES]
