@@ -7,6 +7,7 @@ import csv
 import json
 import subprocess
 import sys
+import textwrap
 import time
 from pathlib import Path
 
@@ -154,6 +155,33 @@ def test_the_worker_answers_with_data_and_handles_only(worker):
     assert torch.allclose(linear(torch.ones(4, 2)), source(torch.ones(4, 2)).detach())
     gradients = exercises._gradients_of_sum(linear, torch.ones(4, 2))
     assert torch.equal(gradients[0], torch.full((3, 2), 4.0)) and torch.equal(gradients[1], torch.full((3,), 4.0))
+
+
+def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(worker):
+    worker.request("run", 0, textwrap.dedent("""
+        import torch
+        from torch import nn
+        class Conv1x1OutputFirst(nn.Module):            # f as 1x1 convolutions, declared output-first
+            def __init__(self, cfg):
+                super().__init__()
+                self.out = nn.Conv2d(cfg.refiner_width, cfg.n_head, 1)
+                self.inp = nn.Conv2d(2 * cfg.n_head, cfg.refiner_width, 1)
+            def forward(self, scores, bias, mask, residual=True):
+                bias = bias.expand_as(scores)
+                f = self.out(nn.functional.leaky_relu(self.inp(torch.cat([scores, bias], 1)), 0.01))
+                return scores + bias * residual + f
+        class WithoutB(Conv1x1OutputFirst):
+            def forward(self, scores, bias, mask):
+                return super().forward(scores, bias, mask, residual=False)
+        from minidape import exercises
+        exercises.answers = {"right": ((Conv1x1OutputFirst,), {}), "wrong": ((WithoutB,), {})}
+        """), timeout=60)
+    channel = sandbox.Channel(worker, time.monotonic() + 120)
+    answers = channel.request("answers")
+    channel.forbidden = exercises.LIBRARY["dape_refiner"]
+    assert exercises.verdict("dape_refiner", *answers["right"][0])[::2] == ("passed", 3)
+    status, message, points = exercises.verdict("dape_refiner", *answers["wrong"][0])
+    assert (status, points) == ("failed", 0) and "the residual + B is missing" in message
 
 
 def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
