@@ -363,9 +363,9 @@ class Grader:
         if not isinstance(answers, dict):
             answers = None
         for exercise in edition.roster:
-            submission.rows.append(self._judge(exercise, answers, channel, submission.problem,
-                                               {at: (variable, predictions.get(variable, NOT_RECORDED))
-                                                for at, variable in edition.predictions.get(exercise.name, {}).items()}))
+            predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
+                         for at, variable in edition.predictions.get(exercise.name, {}).items()}
+            submission.rows.append(self._judge(exercise, answers, channel, submission.problem, predicted))
 
     def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""

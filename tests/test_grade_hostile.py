@@ -169,7 +169,8 @@ CASES = {
         "shift_measured": SOLUTIONS["shift_measured"] + "\nshift_prediction = dict(shift_measured)"}),
     # A prediction computed rather than written down: no recorded prediction, no point for the experiment.
     "prediction_computed": case(("square_quadratic_form", "find_shift", "kerple_log_bias"), answers={
-        "shift_prediction": 'shift_prediction = {"triangle": find_shift(lambda m, n: -(m - n).abs(), 512), "log": 8.0}'}),
+        "shift_prediction": 'shift_prediction = {"triangle": find_shift(lambda m, n: -(m - n).abs(), 512), '
+                            '"log": 8.0}'}),
     "honest_too": case(),
 }
 CASES = {name: spec for name, spec in CASES.items() if name not in CONTAINED_ONLY}
