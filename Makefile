@@ -1,4 +1,4 @@
-# `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab`;
+# `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab` (on them);
 # each creates .venv and installs on first use.
 # TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build.
 PYTHON ?= python3
@@ -69,9 +69,11 @@ student: $(STAMP)
 	rm -rf student/.full
 	@echo "wrote the student edition: $$(ls student/*.ipynb | wc -l) notebooks in student/"
 
-# JupyterLab on the notebook series (the .ipynb open as notebooks; the .py sources pair with them via jupytext).
+# JupyterLab on the student edition, made first if student/ does not exist yet (so the work a student saved
+# there is never overwritten). The teacher's edition, with the solutions, stays in notebooks/.
 lab: $(STAMP)
-	$(BIN)/jupyter lab notebooks/
+	@if [ ! -d student ]; then $(MAKE) --no-print-directory student; fi
+	$(BIN)/jupyter lab student/
 
 # Execute every notebook in full mode (in its own folder) and write the committed .ipynb beside its source.
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_kerple_cpd_kernels.py

@@ -523,20 +523,28 @@ COMMANDS.update(reproduce=run_reproduce, compare=run_compare)
 
 
 def add_grade_command(commands) -> None:
-    grade = add_command(commands, "grade", help="run students' notebooks and count the exercises passed",
-                        description="Execute each notebook in a clean kernel, in a scratch copy, with a time "
-                                    "limit; print the exercises passed per notebook. A folder stands for its "
-                                    "*.ipynb files.")
+    grade = add_command(commands, "grade", help="grade students' notebooks against the teacher's edition",
+                        description="Run each submission in its own sandbox with the teacher's check cells "
+                                    "restored; judge every exercise of its notebook in the grader's process. A "
+                                    "folder stands for its *.ipynb files and its student folders (one per "
+                                    "student: folder/<id>/*.ipynb).")
     grade.add_argument("paths", nargs="+", metavar="PATH", help="notebooks (.ipynb) or folders of notebooks")
-    grade.add_argument("--csv", help="also write FILE: notebook,exercise,passed (1/0), one row per exercise")
+    grade.add_argument("--csv", help="also write FILE: student,notebook,exercise,points,max_points,status,message "
+                                     "(one row per exercise, rewritten after every submission), and beside it "
+                                     "FILE-written.csv: the written answers with their rubric ids")
     grade.add_argument("--timeout", type=positive_float, default=600,
-                       help="seconds allowed for each whole notebook (default 600)")
+                       help="seconds allowed for each notebook's cells, and again for its checks (default 600)")
+    grade.add_argument("--jobs", type=positive_int, default=None,
+                       help="submissions graded at once, each in its own sandbox (default: the CPU cores)")
+    grade.add_argument("--feedback", metavar="DIR",
+                       help="write DIR/<student>/<notebook>.ipynb: the executed notebook with the grader's "
+                            "verdict under each exercise and a note under each written answer")
 
 
 def run_grade(args: argparse.Namespace) -> None:
     from .grade import grade
 
-    grade(args.paths, csv_path=args.csv, timeout=args.timeout)
+    grade(args.paths, csv_path=args.csv, timeout=args.timeout, jobs=args.jobs, feedback=args.feedback)
 
 
 COMMANDS["grade"] = run_grade

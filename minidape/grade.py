@@ -1,54 +1,288 @@
-"""Grade students' notebooks: run each one in a clean kernel and count the exercises whose check passed.
+"""Grade students' notebooks against the teacher's edition, with verdicts computed outside the students' code.
 
-    python -m minidape grade submissions/*.ipynb --csv grades.csv --timeout 900
+    python -m minidape grade student_work/ --csv grades.csv --jobs 4 --feedback feedback/
 
-Each notebook runs in its own scratch folder (a copy of the notebook alone) with a fresh kernel, under a time
-limit for the whole notebook, and with errors allowed (a cell that raises does not stop the cells after it).
-A notebook that loops forever, raises, or deletes the files around it therefore costs only its own grade.
-
-The exercises of a notebook are the names it passes to ``exercises.check("name", ...)``; their verdicts come
-from the log that :func:`minidape.exercises.check` appends to (``MINIDAPE_GRADE_LOG``), kept outside the
-scratch folder. An exercise whose check never ran (time limit, an earlier error that left its answer
-undefined) counts as not passed.
+1. **Roster.** The exercises of notebook NN are the package's own (``exercises.exercises_of("NN")``, each with
+   its points), and their check cells come from the teacher's edition (``notebooks/NN_*.py``). A submission is
+   matched to NN by its file name (``NN_...``) or else by the teacher's cells it contains; every exercise of NN
+   gets a row, whatever the submission did with its checks.
+2. **Restored checks.** Every submission cell that calls ``exercises.check("name", ...)`` for an exercise of NN
+   is dropped, and the teacher's check cell is put back where the teacher has it: just before the first
+   teacher's cell after it that the submission still holds unchanged (or at the end). Edits to check cells,
+   deleted or moved checks, dead ``if False: exercises.check(...)`` lines: none of them counts.
+3. **Execution.** The cells run in a sandboxed worker (:mod:`minidape.sandbox`): its own namespaces, user id,
+   scratch tmpfs and limits. In the worker, ``exercises.check`` only records the answer it is given.
+4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
+   the answers as handles: calling one runs the student's code in the worker and brings the result back as
+   data. An answer that runs minidape's own implementation of the exercise (``exercises.LIBRARY``) fails.
+5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,status,message``
+   (status: passed, partly right, failed or not done yet), rewritten atomically after every submission (a
+   crash of the grader keeps what was graded), and beside it ``FILE-written.csv`` (``student,notebook,rubric,
+   answer,problem``): the written-answer cells (tagged ``written`` and ``rubric:<id>``) for the teacher to mark;
+   ``--feedback DIR``: each executed notebook with the grader's verdict under each check cell and a note under
+   each written answer. The submission's own cells (predictions, written answers, its code) are kept as it has
+   them; only check cells are the teacher's. An experiment's recorded prediction is read by the grader from the
+   submission's ``prediction`` cell (literal values only), not taken from the variable at check time, so a
+   prediction rewritten after the measurement does not count.
 """
 from __future__ import annotations
 
+import ast
 import csv
+import io
 import json
 import os
 import re
-import shutil
+import sys
 import tempfile
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import nbformat
+from . import exercises, sandbox
 
-from .exercises import EXERCISES, GRADE_LOG, PASSED
+TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
+CHECK_CALL = re.compile(r"""check\(\s*["'](\w+)["']""")
+COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "status", "message"]
+WRITTEN_COLUMNS = ["student", "notebook", "rubric", "answer", "problem"]
+NOT_RECORDED = object()         # a prediction variable that no prediction cell of the submission assigns literally
+START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
 
-CHECK_CALL = re.compile(r"""exercises\.check\(\s*["'](\w+)["']""")
+
+class NotANotebook(ValueError):
+    """A submission file that cannot be read as a notebook; the message says why, in words."""
+
+
+# ------------------------------------------------------------------------------ the teacher's edition
 
 
 @dataclass
-class Grade:
-    notebook: str
-    exercises: dict[str, bool] = field(default_factory=dict)   # name -> passed, in the notebook's order
-    problem: str = ""                                         # what stopped or broke the run, if anything
+class Edition:
+    """One notebook of the teacher's edition: its cells, and which of them check which exercise."""
+    stem: str                                   # "02_kerple_cpd_kernels"
+    number: str                                 # "02"
+    cells: list[dict]                           # {"cell_type", "source", "tags"}
+    roster: list[exercises.Exercise]
+    checks: dict[str, int] = field(default_factory=dict)   # exercise name -> index of its check cell
+    # experiment name -> {position of an argument of its check call: the prediction variable passed there}
+    predictions: dict[str, dict[int, str]] = field(default_factory=dict)
 
     @property
-    def passed(self) -> int:
-        return sum(self.exercises.values())
+    def rubrics(self) -> list[str]:
+        """The rubric ids of its written-answer cells, in order."""
+        return [rubric for cell in self.cells if "written" in cell["tags"] for rubric in _rubrics(cell)]
 
 
-def notebook_paths(paths) -> list[Path]:
-    """The notebooks named: files as given, folders as their ``*.ipynb``. Errors name a missing path."""
+def _rubrics(cell: dict) -> list[str]:
+    return [tag.removeprefix("rubric:") for tag in cell.get("tags", ()) if tag.startswith("rubric:")]
+
+
+def exercise_names(notebook) -> list[str]:
+    """The exercises a notebook's code cells check (solution cells aside), in order of first appearance."""
+    names = []
+    for cell in notebook.cells:
+        if cell.cell_type == "code" and "solution" not in cell.metadata.get("tags", []):
+            names += [n for n in CHECK_CALL.findall(cell.source) if n in exercises.EXERCISES and n not in names]
+    return names
+
+
+def editions(folder: Path = TEACHER) -> dict[str, Edition]:
+    """The teacher's notebooks by number; an error if one's check cells disagree with the exercises' registry."""
+    import jupytext
+    if not folder.is_dir():
+        raise FileNotFoundError(f"the teacher's edition {folder} is not there: grade from a checkout of minidape")
+    found = {}
+    for path in sorted(folder.glob("[0-9][0-9]_*.py")):
+        notebook = jupytext.read(path)
+        cells = [{"cell_type": c.cell_type, "source": c.source, "tags": list(c.metadata.get("tags", []))}
+                 for c in notebook.cells]
+        edition = Edition(path.stem, path.name[:2], cells, exercises.exercises_of(path.name[:2]))
+        for name in exercise_names(notebook):
+            edition.checks[name] = next(i for i, c in enumerate(notebook.cells) if c.cell_type == "code" and
+                                        "solution" not in c.metadata.get("tags", []) and name in
+                                        CHECK_CALL.findall(c.source))
+        if list(edition.checks) != [e.name for e in edition.roster]:
+            raise RuntimeError(f"{path}: its check cells ({list(edition.checks)}) differ from the registered "
+                               f"exercises of {edition.number} ({[e.name for e in edition.roster]})")
+        predicted = set(literal_assignments([c for c in cells if "prediction" in c["tags"]
+                                             and "solution" not in c["tags"]]))
+        for name, index in edition.checks.items():
+            edition.predictions[name] = {at: variable for at, variable in enumerate(_check_arguments(
+                cells[index]["source"], name)) if variable in predicted}
+        found[edition.number] = edition
+    return found
+
+
+def _check_arguments(source: str, name: str) -> list[str | None]:
+    """The variables passed, by position after the name, to ``exercises.check("name", ...)`` in ``source``."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
+                node.args[0].value == name:
+            return [arg.id if isinstance(arg, ast.Name) else None for arg in node.args[1:]]
+    return []
+
+
+def literal_assignments(cells: list[dict]) -> dict:
+    """What the cells assign to plain names with literal values (``x = 4.4``, ``x = {"a": True}``), in order:
+    a later cell's value wins. Anything else in them (a computed value, a syntax error) is left out."""
+    found = {}
+    for cell in cells:
+        try:
+            tree = ast.parse(cell["source"])
+        except (SyntaxError, ValueError):
+            continue
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                try:
+                    found[node.targets[0].id] = ast.literal_eval(node.value)
+                except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError):
+                    found.pop(node.targets[0].id, None)
+    return found
+
+
+def _same(source: str) -> str:
+    return "\n".join(line.rstrip() for line in source.strip().splitlines())
+
+
+def read_cells(path: Path) -> list[dict]:
+    """A submission's cells (``cell_type``, ``source``, ``tags``), or :class:`NotANotebook` saying what is wrong."""
+    try:
+        raw = path.read_bytes()
+    except FileNotFoundError:
+        raise NotANotebook("the file is gone (deleted before it was graded)") from None
+    except OSError as error:
+        raise NotANotebook(f"the file cannot be read: {error.strerror}") from None
+    if not raw.strip():
+        raise NotANotebook("the file is empty")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise NotANotebook("the file is binary, not a notebook (not UTF-8 text)") from None
+    try:
+        content = json.loads(text)
+    except ValueError as error:
+        raise NotANotebook(f"the file is not a notebook: invalid JSON ({error})") from None
+    if not isinstance(content, dict) or not isinstance(content.get("cells"), list):
+        keys = (", ".join(map(str, content)) or "no keys") if isinstance(content, dict) else type(content).__name__
+        raise NotANotebook(f"the file is JSON but not a notebook: no list of cells (found: {keys})")
+    cells = []
+    for number, cell in enumerate(content["cells"], 1):
+        source = cell.get("source") if isinstance(cell, dict) else None
+        if isinstance(source, list) and all(isinstance(line, str) for line in source):
+            source = "".join(source)
+        if not isinstance(source, str) or cell.get("cell_type") not in ("code", "markdown", "raw"):
+            raise NotANotebook(f"the file is not a valid notebook: cell {number} has no cell_type or source")
+        tags = (cell.get("metadata") or {}).get("tags") if isinstance(cell.get("metadata"), dict) else None
+        tags = [tag for tag in tags if isinstance(tag, str)] if isinstance(tags, list) else []
+        cells.append({"cell_type": cell["cell_type"], "source": source, "tags": tags})
+    return cells
+
+
+def identify(path: Path, cells: list[dict] | None, known: dict[str, Edition]) -> Edition | None:
+    """Which teacher notebook a submission is: ``NN_`` in its file name, else the one whose cells it holds
+    most (at least three, unchanged)."""
+    match = re.match(r"(\d\d)_", path.name)
+    if match and match.group(1) in known:
+        return known[match.group(1)]
+    if not cells:
+        return None
+    theirs = {_same(c["source"]) for c in cells if c["source"].strip()}
+    counts = {number: sum(_same(c["source"]) in theirs for c in edition.cells if c["source"].strip())
+              for number, edition in known.items()}
+    best = max(counts, key=counts.get, default=None)
+    return known[best] if best is not None and counts[best] >= 3 else None
+
+
+def restore(edition: Edition, cells: list[dict]) -> list[dict]:
+    """The submission with its check cells replaced by the teacher's (see the module doc, step 2). Each
+    restored check cell carries ``"checks": name``."""
+    names = set(edition.checks)
+    kept = [c for c in cells if not (c["cell_type"] == "code" and set(CHECK_CALL.findall(c["source"])) & names)]
+    check_cells = set(edition.checks.values())
+    # Anchors: the teacher's other cells, matched in order to the submission's unchanged ones.
+    position, matched = 0, {}
+    for index, cell in enumerate(edition.cells):
+        if index in check_cells or "solution" in cell["tags"] or not cell["source"].strip():
+            continue
+        for at in range(position, len(kept)):
+            if _same(kept[at]["source"]) == _same(cell["source"]):
+                matched[index], position = at, at + 1
+                break
+    before: dict[int, list[dict]] = {}
+    for name, index in sorted(edition.checks.items(), key=lambda item: item[1]):
+        after = [matched[i] for i in sorted(matched) if i > index]
+        at = after[0] if after else len(kept)
+        before.setdefault(at, []).append({"cell_type": "code", "source": edition.cells[index]["source"],
+                                          "checks": name})
+    restored = []
+    for at in range(len(kept) + 1):
+        restored += before.get(at, [])
+        if at < len(kept):
+            restored.append(dict(kept[at]))
+    return restored
+
+
+# ------------------------------------------------------------------------------------- the submissions
+
+
+@dataclass
+class Row:
+    exercise: str
+    points: float
+    max_points: float
+    status: str                             # exercises.PASSED, PARTLY, FAILED or NOT_DONE
+    message: str
+
+
+@dataclass
+class Written:
+    """A written answer for the teacher to mark with its rubric (``docs/teaching.md``)."""
+    rubric: str
+    answer: str
+    problem: str = ""
+
+
+@dataclass
+class Submission:
+    student: str
+    path: Path
+    notebook: str = ""                      # the teacher notebook's stem, or the file name when unknown
+    rows: list[Row] = field(default_factory=list)
+    problem: str = ""                       # what stopped or broke the run, if anything
+    cells: list[dict] = field(default_factory=list)   # executed, with outputs (for --feedback)
+    written: list[Written] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def points(self) -> float:
+        return sum(row.points for row in self.rows)
+
+    @property
+    def max_points(self) -> float:
+        return sum(row.max_points for row in self.rows)
+
+
+def submissions(paths) -> list[Submission]:
+    """The submissions named: a file is one (student: its name without .ipynb); a folder holds files (the same)
+    and one folder per student (student: the folder's name) with that student's notebooks."""
     found = []
     for path in map(Path, paths):
-        if path.is_dir():
-            found += sorted(p for p in path.glob("*.ipynb") if not p.name.startswith("."))
-        elif path.is_file() and path.suffix == ".ipynb":
-            found.append(path)
+        if path.is_file() and path.suffix == ".ipynb":
+            found.append(Submission(path.stem, path))
+        elif path.is_dir():
+            for entry in sorted(path.iterdir()):
+                if entry.name.startswith("."):
+                    continue
+                if entry.is_file() and entry.suffix == ".ipynb":
+                    found.append(Submission(entry.stem, entry))
+                elif entry.is_dir():
+                    notebooks = sorted(p for p in entry.rglob("*.ipynb") if not any(
+                        part.startswith(".") for part in p.relative_to(entry).parts))
+                    found += [Submission(entry.name, p) for p in notebooks] or [
+                        Submission(entry.name, entry, entry.name,
+                                   [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {entry}")])]
         elif path.exists():
             raise ValueError(f"{path} is not a notebook (.ipynb) or a folder of notebooks")
         else:
@@ -58,106 +292,357 @@ def notebook_paths(paths) -> list[Path]:
     return found
 
 
-def exercise_names(notebook) -> list[str]:
-    """The exercises a notebook checks, in order of first appearance in its code cells."""
-    names = []
-    for cell in notebook.cells:
-        if cell.cell_type == "code":
-            names += [name for name in CHECK_CALL.findall(cell.source) if name in EXERCISES and name not in names]
-    return names
+# ------------------------------------------------------------------------------------------- grading
 
 
-def _run(notebook, folder: Path, log: Path, timeout: float) -> str:
-    """Execute ``notebook`` in ``folder``; return what went wrong ("" if every cell ran without an error)."""
-    from nbclient import NotebookClient
-    from nbclient.exceptions import CellTimeoutError, DeadKernelError
+@dataclass
+class Grader:
+    """What every job shares: the teacher's edition, the sandbox's settings, the time limit."""
+    known: dict[str, Edition]
+    level: str
+    hide: list[str]
+    env: dict[str, str]
+    timeout: float
 
-    deadline = time.monotonic() + timeout
-    client = NotebookClient(notebook, kernel_name="python3", allow_errors=True, interrupt_on_timeout=False,
-                            timeout_func=lambda cell: max(1, int(deadline - time.monotonic())),
-                            resources={"metadata": {"path": str(folder)}})
-    try:
-        client.execute(env={**os.environ, GRADE_LOG: str(log)}, cwd=str(folder))
-    except CellTimeoutError:
-        return f"stopped at the time limit of {timeout:g} s"
-    except DeadKernelError as error:
-        return f"the kernel died: {str(error).splitlines()[0]}"
-    errors = [output for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
-              if output.get("output_type") == "error"]
-    return f"{len(errors)} cell(s) raised, first {errors[0]['ename']}" if errors else ""
+    def start(self, slot: int) -> sandbox.Worker:
+        # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
+        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT)
 
-
-def grade_notebook(path: str | os.PathLike, timeout: float = 600) -> Grade:
-    """Run one notebook in a scratch copy with a fresh kernel; the verdict of each of its exercises."""
-    path = Path(path)
-    notebook = nbformat.read(path, as_version=4)
-    grade = Grade(str(path), {name: False for name in exercise_names(notebook)})
-    # Two folders: the notebook's (it may delete whatever it finds there) and the verdicts' log, apart.
-    with tempfile.TemporaryDirectory(prefix="minidape-grade-", ignore_cleanup_errors=True) as scratch, \
-            tempfile.TemporaryDirectory(prefix="minidape-verdicts-", ignore_cleanup_errors=True) as verdicts_folder:
-        folder, log = Path(scratch), Path(verdicts_folder) / "verdicts.jsonl"
-        shutil.copy(path, folder / path.name)
+    def grade(self, submission: Submission, worker: sandbox.Worker) -> Submission:
+        """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes), judge."""
+        start = time.monotonic()
         try:
-            grade.problem = _run(notebook, folder, log, timeout)
-        except Exception as error:      # a notebook the kernel cannot even start on: its grade only
-            grade.problem = f"could not run: {type(error).__name__}: {error}"
-        verdicts = {}
-        if log.exists():
-            for line in log.read_text().splitlines():
+            self._grade(submission, worker)
+        except Exception as error:          # a bug of the grader's own: this submission's rows say so, the rest go on
+            problem = f"the grader failed on this submission ({type(error).__name__}: {error}); grade it again"
+            edition = self.known.get(submission.notebook[:2])
+            submission.problem = problem
+            submission.rows = ([Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
+                               if edition else [Row("", 0, 0, exercises.FAILED, problem)])
+        finally:
+            worker.close()
+            submission.seconds = time.monotonic() - start
+        return submission
+
+    def _grade(self, submission: Submission, worker: sandbox.Worker) -> None:
+        if submission.rows:                      # a student folder without notebooks
+            return
+        cells, unreadable = None, ""
+        try:
+            cells = read_cells(submission.path)
+        except NotANotebook as error:
+            unreadable = str(error)
+        edition = identify(submission.path, cells, self.known)
+        if edition is None:
+            submission.notebook = submission.path.name
+            submission.problem = unreadable or (f"cannot tell which notebook this is: name it NN_... like the "
+                                                f"teacher's ({', '.join(e.stem for e in self.known.values())})")
+            submission.rows = [Row("", 0, 0, exercises.FAILED, submission.problem)]
+            return
+        submission.notebook = edition.stem
+        if unreadable:
+            submission.problem = unreadable
+            submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
+            return
+        submission.cells = restore(edition, cells)
+        submission.written = written_answers(edition, cells)
+        predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
+                                           c.get("tags", ())])
+        answers, channel = None, None
+        try:
+            worker.wait_ready(START_TIMEOUT)
+            submission.problem = self._run(submission.cells, worker)
+            channel = sandbox.Channel(worker, time.monotonic() + self.timeout)    # the checks' time starts
+            if worker.alive:
+                answers = channel.request("answers")
+        except sandbox.WorkerGone as gone:
+            submission.problem = submission.problem or f"the worker {gone}"
+        except Exception:                   # an error where the protocol has none: a forged answer
+            worker.close()
+            submission.problem = submission.problem or "the worker broke the protocol"
+        if not isinstance(answers, dict):
+            answers = None
+        for exercise in edition.roster:
+            predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
+                         for at, variable in edition.predictions.get(exercise.name, {}).items()}
+            submission.rows.append(self._judge(exercise, answers, channel, submission.problem, predicted))
+
+    def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
+        """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
+        deadline, errors = time.monotonic() + self.timeout, []
+        for index, cell in enumerate(cells):
+            if cell["cell_type"] != "code":
+                continue
+            try:
+                worker.send_only("run", index, cell["source"], deadline=deadline)
                 try:
-                    entry = json.loads(line)
-                    verdicts[entry["exercise"]] = entry["status"] == PASSED
-                except (ValueError, KeyError, TypeError):
-                    continue                # a damaged line counts for nothing
-    for name in grade.exercises:
-        grade.exercises[name] = verdicts.get(name, False)
-    return grade
+                    outputs = worker.unpack(worker.read(max(0.0, deadline - time.monotonic())))
+                    stopped = ""
+                except sandbox.TimeLimit:
+                    worker.interrupt()              # a KeyboardInterrupt in the cell, so the answers survive
+                    outputs = worker.unpack(worker.read(10))
+                    stopped = f"stopped at the time limit of {self.timeout:g} s"
+            except Exception as gone:           # WorkerGone, or an error where the protocol has none
+                worker.close()
+                what = gone if isinstance(gone, sandbox.WorkerGone) else "broke the protocol"
+                cell["outputs"] = [{"output_type": "stream", "name": "stderr",
+                                    "text": f"[grader] the worker {what} while running this cell\n"}]
+                return f"the worker {what} while running a cell"
+            cell["outputs"] = _outputs(outputs)
+            errors += [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"]
+            if stopped:
+                return stopped
+        return f"{len(errors)} cell(s) raised, first {errors[0]}" if errors else ""
+
+    def _judge(self, exercise, answers: dict | None, channel, problem: str, predicted: dict) -> Row:
+        """``predicted``: the experiment's predictions as its prediction cell wrote them, by argument position
+        (variable, value)."""
+        name, points = exercise.name, exercise.points
+        if answers is None:
+            return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}")
+        answer = answers.get(name)
+        if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], (tuple, list))
+                and isinstance(answer[1], dict) and all(isinstance(k, str) for k in answer[1])):
+            why = f" ({problem})" if problem else ""
+            return Row(name, 0, points, exercises.FAILED, f"no answer: its check cell did not run{why}")
+        if not channel.worker.alive:
+            return Row(name, 0, points, exercises.FAILED,
+                       "not graded: the worker ended while an earlier exercise was checked")
+        channel.forbidden = exercises.LIBRARY.get(name, ())
+        missing = [variable for variable, value in predicted.values() if value is NOT_RECORDED]
+        if missing:
+            return Row(name, 0, points, exercises.FAILED, f"no recorded prediction: the grader reads {missing[0]} "
+                       f"from your cell tagged 'prediction', as a literal value (a number, True/False, a name or a "
+                       f"dict of them) written before the run; keep that cell and its tag")
+        arguments = [predicted[at][1] if at in predicted else value for at, value in enumerate(answer[0])]
+        status, message, earned = exercises.verdict(name, *arguments, **answer[1])
+        return Row(name, earned, points, status, message)
 
 
-def table(grades: list[Grade]) -> str:
-    width = max(len("notebook"), *(len(grade.notebook) for grade in grades))
-    lines = [f"{'notebook':<{width}}  passed  problem", f"{'-' * width}  ------  -------"]
-    for grade in grades:
-        lines.append(f"{grade.notebook:<{width}}  {grade.passed:>2} / {len(grade.exercises):<2} {grade.problem or '-'}")
+def written_answers(edition: Edition, cells: list[dict]) -> list[Written]:
+    """The submission's answer to each written question of the teacher's edition, found by its rubric tag."""
+    found = {}
+    for cell in cells:
+        if "written" in cell.get("tags", ()):
+            for rubric in _rubrics(cell):
+                found.setdefault(rubric, cell["source"].strip())
+    return [Written(rubric, found[rubric]) if rubric in found else
+            Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
+            for rubric in edition.rubrics]
+
+
+def _outputs(outputs) -> list[dict]:
+    """The worker's outputs for a cell, rebuilt from their text only (the worker is not trusted)."""
+    kept = []
+    for output in outputs if isinstance(outputs, list) else []:
+        if not isinstance(output, dict):
+            continue
+        kind = output.get("output_type")
+        if kind == "stream" and isinstance(output.get("text"), str):
+            kept.append({"output_type": "stream", "name": "stderr" if output.get("name") == "stderr" else "stdout",
+                         "text": output["text"]})
+        elif kind in ("display_data", "execute_result") and isinstance(output.get("data"), dict):
+            data = {mime: value for mime, value in output["data"].items()
+                    if mime in ("text/plain", "text/markdown", "image/png") and isinstance(value, str)}
+            kept.append({"output_type": "display_data", "data": data, "metadata": {}})
+        elif kind == "error":
+            trace = output.get("traceback")
+            kept.append({"output_type": "error", "ename": str(output.get("ename")), "evalue": str(output.get("evalue")),
+                         "traceback": [str(line) for line in trace] if isinstance(trace, list) else []})
+    return kept
+
+
+# ---------------------------------------------------------------------------------------- the outputs
+
+
+def table(graded: list[Submission]) -> str:
+    rows = [(s.student, s.notebook, f"{s.points:g} / {s.max_points:g}", s.problem or "-") for s in graded]
+    header = ("student", "notebook", "points", "problem")
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
+    lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + f"  {r[3]}" for r in [header, *rows]]
     return "\n".join(lines)
 
 
-def write_csv(grades: list[Grade], path: str | os.PathLike) -> None:
-    """``notebook,exercise,passed`` (passed is 1 or 0), one row per exercise; written whole or not at all."""
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.partial")
-    with open(partial, "w", newline="") as file:
-        writer = csv.writer(file)
-        writer.writerow(["notebook", "exercise", "passed"])
-        for grade in grades:
-            for name, ok in grade.exercises.items():
-                writer.writerow([grade.notebook, name, int(ok)])
-    os.replace(partial, path)
+def _write_atomically(path: Path, text: str) -> None:
+    """Write whole or not at all, readable by the grader's user only (grades are personal)."""
+    descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(descriptor, "w", newline="") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, path)
+    except BaseException:
+        Path(partial).unlink(missing_ok=True)
+        raise
 
 
-def check_csv_path(path: str | os.PathLike) -> None:
-    """Refuse a CSV path that cannot be written, before any notebook runs."""
-    path = Path(path)
-    if path.is_dir():
-        raise ValueError(f"--csv {path} is a folder; give a file name")
-    if not path.parent.resolve().is_dir():
-        raise FileNotFoundError(f"--csv {path}: the folder {path.parent} does not exist")
-    if not os.access(path.parent.resolve(), os.W_OK):
-        raise ValueError(f"--csv {path}: the folder {path.parent} is not writable")
+def write_csv(graded: list[Submission], path: str | os.PathLike) -> None:
+    """One row per exercise of every submission: ``student,notebook,exercise,points,max_points,status,message``."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(COLUMNS)
+    for submission in graded:
+        for row in submission.rows:
+            writer.writerow([submission.student, submission.notebook, row.exercise, f"{row.points:g}",
+                             f"{row.max_points:g}", row.status, row.message])
+    _write_atomically(Path(path), buffer.getvalue())
 
 
-def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600) -> list[Grade]:
-    """Grade every notebook named (files or folders), print the table, and write the CSV if asked."""
+def written_path(csv_path: str | os.PathLike) -> Path:
+    """Where the written answers go: beside the CSV of grades, ``grades.csv`` -> ``grades-written.csv``."""
+    path = Path(csv_path)
+    return path.with_name(f"{path.stem}-written.csv")
+
+
+def write_written(graded: list[Submission], path: str | os.PathLike) -> None:
+    """One row per written question of every submission: ``student,notebook,rubric,answer,problem``."""
+    buffer = io.StringIO()
+    writer = csv.writer(buffer)
+    writer.writerow(WRITTEN_COLUMNS)
+    for submission in graded:
+        for written in submission.written:
+            writer.writerow([submission.student, submission.notebook, written.rubric, written.answer,
+                             written.problem])
+    _write_atomically(Path(path), buffer.getvalue())
+
+
+def write_feedback(submission: Submission, folder: Path) -> Path:
+    """The executed notebook with the grader's verdict (a markdown cell) under each exercise's check cell,
+    after a first cell with the total and what stopped the run (alone when the file could not be run)."""
+    rows = {row.exercise: row for row in submission.rows}
+    summary = f"**Grader · {submission.notebook}: {submission.points:g} / {submission.max_points:g} points**"
+    if submission.problem:
+        summary += f"\n\n{submission.problem}"
+    cells = [{"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source": summary}]
+    for cell in submission.cells:
+        if cell["cell_type"] == "code":
+            cells.append({"cell_type": "code", "execution_count": None, "metadata": {},
+                          "outputs": cell.get("outputs", []), "source": cell["source"]})
+        else:
+            cells.append({"cell_type": cell["cell_type"], "metadata": {}, "source": cell["source"]})
+        row = rows.get(cell.get("checks"))
+        if row is not None:
+            mark = {exercises.PASSED: "✓", exercises.PARTLY: "±"}.get(row.status, "✗")
+            message = "\n".join(f"    {line}" for line in row.message.splitlines())
+            cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
+                          f"**Grader · {row.exercise}: {mark} {row.points:g} / {row.max_points:g}**\n\n{message}\n"})
+        if "written" in cell.get("tags", ()) and _rubrics(cell):
+            cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
+                          f"**Grader · written answer ({', '.join(f'rubric:{r}' for r in _rubrics(cell))})**: "
+                          f"marked by your teacher, not by the grader"})
+    notebook = {"cells": cells, "nbformat": 4, "nbformat_minor": 4, "metadata": {"kernelspec": {
+        "name": "python3", "display_name": "Python 3", "language": "python"}}}
+    target = folder / submission.student / (submission.path.name if submission.path.suffix == ".ipynb"
+                                             else f"{submission.path.name}.ipynb")
+    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
+    return target
+
+
+def check_output_paths(csv_path, feedback) -> None:
+    """Refuse a CSV path or feedback folder that cannot be written, before any notebook runs."""
+    if csv_path is not None:
+        path = Path(csv_path)
+        if path.is_dir():
+            raise ValueError(f"--csv {path} is a folder; give a file name")
+        if not path.parent.resolve().is_dir():
+            raise FileNotFoundError(f"--csv {path}: the folder {path.parent} does not exist")
+        if not os.access(path.parent.resolve(), os.W_OK):
+            raise ValueError(f"--csv {path}: the folder {path.parent} is not writable")
+    if feedback is not None and Path(feedback).exists() and not Path(feedback).is_dir():
+        raise ValueError(f"--feedback {feedback} is a file; give a folder")
+
+
+def _hidden(paths, csv_path, feedback) -> list[str]:
+    """What the workers must not see: the submissions, the teacher's edition and tests, the outputs."""
+    root = TEACHER.parent
+    package = Path(exercises.__file__).resolve().parent
+    needed = [package, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
+    candidates = [*(Path(p).resolve() for p in paths), TEACHER, root / "tests", root / "student", root / ".git",
+                  *([Path(feedback).resolve()] if feedback else []),
+                  *([Path(csv_path).resolve().parent] if csv_path else [])]
+    # A folder that holds the package or the interpreter cannot be hidden; its submissions still are, file by file.
+    hidden = [p for p in candidates if not any(n == p or p in n.parents for n in needed)]
+    files = [s.path.resolve() for s in submissions(paths) if s.path.is_file()]
+    return [str(p) for p in hidden] + [str(f) for f in files if not any(h in f.parents for h in hidden)]
+
+
+def worker_env() -> dict[str, str]:
+    """The worker's environment: nothing of the grader's but what running the notebooks needs."""
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
+           "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+           "PYTHONPATH": os.pathsep.join([str(TEACHER.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
+    for name in ("MINIDAPE_FAST",):
+        if name in os.environ:
+            env[name] = os.environ[name]
+    return env
+
+
+def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600, jobs: int | None = None,
+          feedback: str | os.PathLike | None = None) -> list[Submission]:
+    """Grade every submission named (files or folders), print the table, write the CSV and feedback if asked."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds; got {timeout}")
+    jobs = os.cpu_count() or 1 if jobs is None else jobs
+    if not 1 <= jobs <= 127:
+        raise ValueError(f"--jobs must be between 1 and 127; got {jobs}")
+    check_output_paths(csv_path, feedback)
+    todo = submissions(paths)
+    grader = Grader(editions(), sandbox.isolation(), _hidden(paths, csv_path, feedback), worker_env(), timeout)
+    if grader.level in sandbox.WARNINGS:
+        print(f"warning: {sandbox.WARNINGS[grader.level]}", file=sys.stderr)
+    with grader.start(255) as probe:        # a worker that cannot start is this machine's problem, not a student's
+        try:
+            probe.wait_ready(START_TIMEOUT)
+        except sandbox.WorkerGone as gone:
+            raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
+                          f"user, who must be able to read Python and minidape") from None
+    if feedback is not None:
+        Path(feedback).mkdir(mode=0o700, parents=True, exist_ok=True)
+    done: dict[int, Submission] = {}
+    lock = threading.Lock()
+    queue = iter(enumerate(todo))
+
+    def work(slot: int) -> None:
+        # Two user ids per slot: the next worker starts (imports torch) while the current one runs.
+        ready = grader.start(2 * slot)
+        try:
+            for turn, (index, submission) in enumerate(_locked(queue, lock)):
+                worker, ready = ready, grader.start(2 * slot + (turn + 1) % 2)
+                grader.grade(submission, worker)
+                with lock:
+                    done[index] = submission
+                    print(f"graded {submission.student} · {submission.notebook}: {submission.points:g} / "
+                          f"{submission.max_points:g} ({submission.seconds:.1f} s)", flush=True)
+                    if csv_path is not None:
+                        write_csv([done[i] for i in sorted(done)], csv_path)
+                        write_written([done[i] for i in sorted(done)], written_path(csv_path))
+                    if feedback is not None:
+                        write_feedback(submission, Path(feedback))
+        finally:
+            ready.close()
+
+    # The workers run the students' modules on the CPU and hand back CPU tensors: so do the checks here
+    # (exercises.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers).
+    device, exercises.CHECK_DEVICE = exercises.CHECK_DEVICE, "cpu"
+    try:
+        with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
+            for future in [pool.submit(work, slot) for slot in range(min(jobs, len(todo)))]:
+                future.result()
+    finally:
+        exercises.CHECK_DEVICE = device
+    graded = [done[i] for i in sorted(done)]
+    print(table(graded))
     if csv_path is not None:
-        check_csv_path(csv_path)
-    grades = []
-    for path in notebook_paths(paths):
-        print(f"grading {path} ...", flush=True)
-        grades.append(grade_notebook(path, timeout))
-    print(table(grades))
-    if csv_path is not None:
-        write_csv(grades, csv_path)
-        print(f"wrote {csv_path}")
-    return grades
+        print(f"wrote {csv_path} and the written answers to {written_path(csv_path)}")
+    return graded
+
+
+def _locked(iterator, lock):
+    while True:
+        with lock:
+            item = next(iterator, None)
+        if item is None:
+            return
+        yield item

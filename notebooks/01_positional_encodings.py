@@ -32,9 +32,11 @@
 # **Cost.** Nothing is trained; full mode runs in about under a minute
 # (26 s measured on a 2-core AMD EPYC CPU shared with other jobs), and the same on a GPU. `MINIDAPE_FAST=1` shortens the longest length.
 #
-# **Exercises** (each has a check cell that says *passed*, what is wrong with a hint, or *not done yet*):
-# 1.1 implement the sinusoidal table; 1.2 derive RoPE's score of two all-ones vectors in closed form;
-# 1.3 implement ALiBi's bias.
+# **Exercises** (each has a check cell that says *passed* with its points, which mistake it sees with a hint
+# for it, or *not done yet*): 1.1 implement the sinusoidal table (2 points); 1.2 derive RoPE's score
+# $\langle R_t q, R_0 k\rangle$ in closed form (2); 1.3 implement ALiBi's bias (2); 1.4 experiment: predict, then
+# measure, how spread out ALiBi's attention is 16× beyond the training length (2: the measurement and a
+# prediction within ±0.5 nats), with a written answer.
 
 # %%
 import os
@@ -212,30 +214,34 @@ plt.legend()
 plt.show()
 
 # %% [markdown]
-# ### Exercise 1.2 (derive) · The decay curve in closed form
+# ### Exercise 1.2 (derive) · RoPE's score in closed form
 #
-# Show that for $q = k = \mathbf{1}$ (head size $d$) the score at distance $t = m - n$ is
-# $\sum_{i=0}^{d/2-1} 2\cos(t\,\theta_i)$ with $\theta_i = 10000^{-2i/d}$ (hint: each channel pair of
-# $\mathbf 1$ is the vector $(1, 1)$; what is the dot product of two copies of it rotated by $\alpha$ and $\beta$?).
-# Then write `rope_ones_score(t, head_size)` from your formula, **without** calling minidape; the check compares
-# it with minidape's rotation at several distances.
+# The curve above is one special case. Derive the general one: for any query $q$ and key $k$ of head size $d$,
+# write $\langle R_t q, R_0 k\rangle$ (the query $t$ positions after the key) as a sum over the $d/2$ channel
+# pairs of terms in $\cos(t\theta_i)$ and $\sin(t\theta_i)$, $\theta_i = 10000^{-2i/d}$. minidape's
+# `apply_rotary` pairs channel $i$ with channel $i + d/2$ and rotates the pair $(x_1, x_2)$ by the angle
+# $\alpha$ to $(x_1\cos\alpha - x_2\sin\alpha,\ x_1\sin\alpha + x_2\cos\alpha)$. Then write
+# `rope_score(q, k, t)` from your formula, **without** calling minidape. The check draws new random $q$, $k$
+# and $t$ each time it runs and compares with minidape's rotation.
 
 # %%
-def rope_ones_score(t, head_size):
-    """<R_t 1, R_0 1> for all-ones vectors of size head_size, from the closed form (a float)."""
+def rope_score(q, k, t):
+    """<R_t q, R_0 k> for float64 vectors q, k of even size d, from your closed form (a float)."""
     exercises.todo()                      # your code here
 
 
 # %% tags=["solution"]
-def rope_ones_score(t, head_size):
-    """<R_t 1, R_0 1> for all-ones vectors of size head_size, from the closed form (a float)."""
-    # (1, 1) rotated by α, dotted with (1, 1) rotated by β: 2 cos(α - β); here α - β = t θ_i for pair i.
-    theta = 10000.0 ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
-    return (2 * torch.cos(t * theta)).sum().item()
+def rope_score(q, k, t):
+    """<R_t q, R_0 k> for float64 vectors q, k of even size d, from your closed form (a float)."""
+    # Pair i: (q1 cos - q2 sin) k1 + (q1 sin + q2 cos) k2 = cos(tθ_i)(q1 k1 + q2 k2) + sin(tθ_i)(q1 k2 - q2 k1).
+    half = len(q) // 2
+    theta = 10000.0 ** (-2 * torch.arange(half, dtype=torch.float64) / len(q))      # (d/2,)
+    q1, q2, k1, k2 = q[:half], q[half:], k[:half], k[half:]
+    return (torch.cos(t * theta) * (q1 * k1 + q2 * k2) + torch.sin(t * theta) * (q1 * k2 - q2 * k1)).sum().item()
 
 
 # %%
-exercises.check("rope_ones_score", rope_ones_score)
+exercises.check("rope_score", rope_score)
 
 # %% [markdown]
 # ### YaRN: RoPE that changes its frequencies beyond the training length
@@ -346,6 +352,59 @@ print({name: tuple(value.shape) for name, value in maps.items()})
 print("refined == scores + bias:", torch.allclose(maps["refined"], maps["scores"] + maps["bias"]))
 
 # %% [markdown]
+# ### Exercise 1.4 (experiment) · How spread out is ALiBi's attention far beyond training?
+#
+# Take a query at position $T - 1 = 1023$ (16× the training length) and keys $0 \dots 1023$, with content
+# scores $q^\top k = 0$ (an untrained model is close to that), so that the attention of head $h$ is the softmax
+# of ALiBi's bias row alone, with $H = 4$ heads. Its **entropy** $-\sum_j p_j \ln p_j$ (in nats) says how many
+# keys it really reads: $\ln 1024 = 6.93$ for uniform attention over all keys, 0 for a single key.
+#
+# **Predict first**: the entropy averaged over the 4 heads, as a number, in the cell below, *before* you run
+# the measurement. (Reason with the slopes $2^{-2}, 2^{-4}, 2^{-6}, 2^{-8}$: over how many keys does each head
+# spread its weight?) A prediction within ±0.5 nats of the measurement earns its point.
+
+# %% tags=["prediction"]
+entropy_prediction = None                 # your prediction (nats), written before the measurement
+
+
+# %% tags=["solution", "prediction"]
+entropy_prediction = 4.4                  # softmax(-s d) is geometric: entropy ≈ 1 + ln(1/s) nats per head
+
+
+# %% [markdown]
+# Now measure it: set `entropy_measured` to the mean over heads of the entropy of the last query's attention,
+# using your `alibi_bias` (or minidape's `alibi` module if yours has not passed yet). Do not print it: the
+# check reveals it next to your prediction.
+
+# %%
+entropy_measured = None                   # your measurement (nats)
+
+
+# %% tags=["solution"]
+query, keys = torch.tensor([1023]), torch.arange(1024)
+if exercises.passed("alibi_bias"):
+    row = alibi_bias(4, query, keys)                                        # (heads, 1, keys)
+else:                                                                       # minidape's ALiBi until yours passes
+    row = md.GPT(tiny_config("alibi")).pe(query, keys)
+attention = row[:, 0].double().softmax(-1)                                  # (heads, keys)
+entropy_measured = -(attention * attention.log()).sum(-1).mean().item()
+
+
+# %%
+exercises.check("alibi_entropy", entropy_prediction, entropy_measured)
+
+# %% [markdown] tags=["written", "rubric:alibi_entropy"]
+# **Your answer** (two or three sentences): which head is closest to uniform attention, and why? What does the
+# entropy say about how many of the 1024 keys ALiBi lets a query read, however long the input gets?
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** Head 4 (slope $2^{-8}$) is closest to uniform: its weights fall by $e$ only every 256 keys,
+# so it spreads over a few hundred of them (entropy ≈ 6.5 of the 6.93 possible). Head 1 (slope 1/4) reads
+# about $e^{2.4} \approx 11$ keys. The entropy of each head is fixed by its slope, not by $T$: beyond a few
+# hundred keys, a longer input adds keys with vanishing weight, so ALiBi keeps every query's view as local as
+# it was in training — its built-in window, and the reason it extrapolates (and cannot use far context).
+
+# %% [markdown]
 # ## 5. Beyond the training length
 #
 # A bias is a *function of positions*, so it can be evaluated at any length. What it does there is the whole
@@ -443,7 +502,7 @@ if "learned_slopes" not in md.PE_NAMES:   # registering a name twice is an error
             self.w = torch.nn.Parameter(torch.linspace(-3.0, 0.0, cfg.n_head))
 
         def forward(self, q_pos, k_pos):
-            distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()
+            distance = torch.relu(q_pos[:, None] - k_pos[None, :]).float()      # i - j on visible keys, 0 above
             return -torch.nn.functional.softplus(self.w)[:, None, None] * distance
 
 # %%

@@ -32,8 +32,10 @@
 # under a minute (18 s measured on a 2-core AMD EPYC CPU shared with other jobs); a GPU does not
 # change it (the kernel maths runs on the CPU in float64, which Apple's MPS does not have).
 #
-# **Exercises:** 2.1 derive $c^\top K c$ for $-|m-n|^2$ in closed form; 2.2 implement the geometric search for
-# $c$; 2.3 implement Kerple-log's bias and check it against minidape's.
+# **Exercises:** 2.1 derive $c^\top K c$ for $-|m-n|^2$ in closed form (2 points); 2.2 implement the geometric
+# search for $c$ (2); 2.3 experiment: predict, then measure, how $c$ grows with the number of points (3: the
+# measurement and two predictions within a factor of 2), with a written answer; 2.4 implement Kerple-log's bias
+# and check it against minidape's (2).
 
 # %%
 import math
@@ -134,16 +136,17 @@ assert verdicts == expected, f"PD/CPD verdicts {verdicts} differ from {expected}
 # %% [markdown]
 # Read the table row by row: the Gaussian is PD (hence CPD); the triangle, root, square and both log kernels
 # are CPD but **not** PD; $+|m-n|$ and $-|m-n|^3$ are not even CPD. Note $-|m-n|^2$: its restricted
-# eigenvalue is exactly 0 — $\sum_{ij} c_i c_j (x_i - x_j)^2 = -2(\sum_i c_i x_i)^2$ for zero-sum $c$, so
-# $c^\top K c = 2(\sum_i c_i x_i)^2$ vanishes on a whole subspace. It is CPD, but only just: we meet it again
-# in the shift lemma.
+# eigenvalue is exactly 0. It is CPD, but only just — exercise 2.1 finds out why, and we meet it again in the
+# shift lemma.
 
 # %% [markdown]
 # ### Exercise 2.1 (derive) · $c^\top K c$ for $-|m-n|^2$
 #
-# Show that for $K_{ij} = -(x_i - x_j)^2$ and any $c$ with $\sum_i c_i = 0$, $c^\top K c = 2\big(\sum_i c_i x_i\big)^2$
-# (expand the square; which sums vanish?). Write `square_quadratic_form(x, c)` from your closed form, in one
-# line and without building $K$; the check compares it with $c^\top K c$ on random points and zero-sum vectors.
+# For $K_{ij} = -(x_i - x_j)^2$ and any $c$ with $\sum_i c_i = 0$, find $c^\top K c$ in closed form: an
+# expression in a few sums over $i$, without the double sum (expand the square; which sums vanish?). Write
+# `square_quadratic_form(x, c)` from your closed form, in one line and without building $K$. The check draws
+# new random points and zero-sum vectors each time it runs; from your formula, say why the eigenvalue above is
+# exactly 0.
 
 # %%
 def square_quadratic_form(x, c):
@@ -160,6 +163,11 @@ def square_quadratic_form(x, c):
 
 # %%
 exercises.check("square_quadratic_form", square_quadratic_form)
+
+# %% [markdown]
+# The closed form: $\sum_{ij} c_i c_j (x_i - x_j)^2 = 2(\sum_i c_i x_i^2)(\sum_j c_j) - 2(\sum_i c_i x_i)^2
+# = -2(\sum_i c_i x_i)^2$ for zero-sum $c$, so $c^\top K c = 2(\sum_i c_i x_i)^2 \ge 0$: CPD, and exactly 0 on
+# the zero-sum vectors orthogonal to $x$ — a whole subspace, hence the eigenvalue 0.
 
 # %% [markdown]
 # ## 3. Corollary 1: two families of CPD kernels
@@ -270,6 +278,48 @@ def find_shift(kernel, n):
 exercises.check("find_shift", find_shift)
 
 # %% [markdown]
+# ### Exercise 2.3 (experiment) · How does $c$ grow with the number of points?
+#
+# The plot above found $c = 16$ for the triangle kernel $-|m-n|$ on 32 points. **Predict first**, in the cell
+# below and before you run anything else: the $c$ the search finds on $N = 512$ points for the triangle kernel,
+# and for Kerple's log kernel $-\ln(1 + |m-n|)$. (Think about how negative $K$'s entries get as $N$ grows, and
+# how fast.) Each prediction within a factor of 2 of the measurement (one doubling of the search) earns a point.
+
+# %% tags=["prediction"]
+shift_prediction = None                   # {"triangle": your c, "log": your c}, written before the measurement
+
+
+# %% tags=["solution", "prediction"]
+shift_prediction = {"triangle": 256.0,    # entries reach -(N - 1): c grows like N, 16 x (512 / 32)
+                    "log": 8.0}           # entries reach only -ln N: c barely moves
+
+
+# %% [markdown]
+# Now measure: set `shift_measured` to the same dict, computed with your `find_shift` (or `kernels.pd_shift`
+# if yours has not passed yet) on 512 points. Do not print it: the check reveals it next to your prediction.
+
+# %%
+shift_measured = None                     # your measurement
+
+
+# %% tags=["solution"]
+search = find_shift if exercises.passed("find_shift") else kernels.pd_shift
+shift_measured = {"triangle": search(triangle, 512), "log": search(kernels.log_kernel(), 512)}
+
+
+# %%
+exercises.check("shift_growth", shift_prediction, shift_measured)
+
+# %% [markdown] tags=["written", "rubric:shift_growth"]
+# **Your answer** (two or three sentences): why does $c$ grow so differently for the two kernels, and could any
+# single $c$ make $c - |m - n|$ PSD for inputs of every length?
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** $c + K$ must outweigh the most negative part of $K$, and the triangle kernel's entries reach
+# $-(N-1)$, growing linearly, so $c$ doubles with $N$; the log kernel's reach only $-\ln N$, so $c$ hardly moves.
+# No single $c$ works for every length: $c - |m-n|$ is unbounded below, while a PD function has $|f(t)| \le f(0)$.
+
+# %% [markdown]
 # How large must $c$ be? It depends on the point set, and it grows with the span of the positions:
 
 # %%
@@ -347,7 +397,7 @@ for c in (1.0, 64.0, 1e4):
           torch.allclose((logits + c).softmax(-1), logits.softmax(-1), rtol=0, atol=1e-12))
 
 # %% [markdown]
-# ### Exercise 2.3 (implement) · Kerple-log's bias
+# ### Exercise 2.4 (implement) · Kerple-log's bias
 #
 # Write `kerple_log_bias(r1, r2, q_pos, k_pos)`: per-head parameters `r1`, `r2` of shape `(h,)` and LongTensor
 # positions in, the `(h, len(q_pos), len(k_pos))` bias $-r_1^{(h)}\ln\big(1 + r_2^{(h)}(i - j)\big)$ out. The check

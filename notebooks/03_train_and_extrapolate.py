@@ -36,9 +36,9 @@
 # 2 min (146 s measured on a 2-core AMD EPYC CPU shared with other jobs); on a GPU the
 # same budget runs in a fraction of that (raise `STEPS` and `BATCH` there for smoother curves).
 #
-# **Exercises:** 3.1 predict, then measure, how far RoPE degrades at 16× (experiment); 3.2 derive both
-# protocols' perplexities from one position-wise loss curve; 3.3 implement a running mean that does not invent
-# values before position 0.
+# **Exercises:** 3.1 predict, then measure, how far RoPE degrades at 16× (experiment, 2 points: the measurement
+# and the prediction), with a written answer; 3.2 derive both protocols' perplexities from one position-wise
+# loss curve (2); 3.3 implement a running mean that does not invent values before position 0 (2).
 
 # %%
 import math
@@ -101,16 +101,16 @@ print(repr(bytes(val_tokens[1000:1100].tolist()).decode("utf-8", errors="replace
 # %% [markdown]
 # ## 2. Train one model per positional encoding
 #
-# Six encodings, one of each behaviour we expect beyond the training length:
+# Six encodings, one of each family of notebook 01:
 #
-# | `pe` | what it is | expected beyond $L$ |
-# |---|---|---|
-# | `learned` | GPT-2's table of $L$ position vectors | cannot run at all: the table has no row 64 |
-# | `none` | NoPE: only the causal mask tells order | degrades |
-# | `rope` | rotary queries/keys (Su et al.) | degrades: unseen rotation angles |
-# | `alibi` | fixed linear bias $-m_h (i-j)$ (Press et al.) | flat |
-# | `kerple_log` | learned log bias $-r_1 \ln(1 + r_2 (i-j))$ (Chi et al.) | flat |
-# | `fire` | learned MLP of a normalised distance (Li et al.) | designed to be length-independent |
+# | `pe` | what it is |
+# |---|---|
+# | `learned` | GPT-2's table of $L$ position vectors (it has no row 64: it cannot run beyond $L$) |
+# | `none` | NoPE: only the causal mask tells order |
+# | `rope` | rotary queries/keys (Su et al.) |
+# | `alibi` | fixed linear bias $-m_h (i-j)$ (Press et al.) |
+# | `kerple_log` | learned log bias $-r_1 \ln(1 + r_2 (i-j))$ (Chi et al.) |
+# | `fire` | learned MLP of a normalised distance (Li et al.) |
 #
 # `md.train` uses AdamW with warmup and cosine decay; every model sees the same batches (same seed). The
 # history it returns holds the training loss of each logged step and a validation loss every few steps.
@@ -120,11 +120,11 @@ print(repr(bytes(val_tokens[1000:1100].tolist()).decode("utf-8", errors="replace
 # At $16L$ = 1024 tokens, will RoPE's `last_k` perplexity be **more than twice** its perplexity at the training
 # length? Write your prediction (`True` or `False`) *now*, before the models are trained; part 2 measures it.
 
-# %%
+# %% tags=["prediction"]
 rope_breaks = None                        # your prediction: True or False
 
 
-# %% tags=["solution"]
+# %% tags=["solution", "prediction"]
 rope_breaks = True                        # unseen rotation angles: RoPE should break well beyond L
 
 # %%
@@ -205,6 +205,17 @@ rope_ratio = last_k["rope"][LONGEST] / last_k["rope"][TRAIN_LENGTH]
 # %%
 exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LONGEST)
 
+# %% [markdown] tags=["written", "rubric:rope_ratio"]
+# **Your answer** (two or three sentences): why does RoPE degrade beyond the training length while ALiBi and
+# Kerple stay nearly flat? Use the numbers of your own run (and say if fast mode trained too little to show it).
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** Beyond $L$ the slow rotary pairs turn through angles $m\theta_i$ never seen in training, so
+# the query-key scores the model learned no longer mean what they did: RoPE's perplexity at $16L$ is several
+# times its in-length value in full mode. ALiBi and Kerple add a bias that keeps decaying with distance, so a
+# long input looks to each query like a short one (notebook 01, exercise 1.4); their curves stay flat. In fast
+# mode (8 steps) no model has learned enough for the difference to show: all ratios are near 1.
+
 # %% [markdown]
 # **What to look for.** At the training length (dashed line) the models differ by how well they learned in
 # 400 steps (the line above the plot names the best and the worst). To the right:
@@ -269,18 +280,14 @@ for pe in PES:
 #
 # Both protocols are averages of the same quantity: the loss $\ell_t$ of predicting token $t+1$ from tokens
 # $0..t$. Because the model is causal, the first $T$ positions of a long window *are* a window of length
-# $T$, so one position-wise curve measured at the longest length contains every shorter evaluation:
-#
-# $$\mathrm{ppl}_{\text{nonoverlap}}(T) \approx \exp\Big(\frac1T \sum_{t=0}^{T-1} \ell_t\Big), \qquad
-#   \mathrm{ppl}_{\text{last-}k}(T) \approx \exp\Big(\frac1k \sum_{t=T-k}^{T-1} \ell_t\Big).$$
-#
-# (Approximately, because the windows are drawn from different places of the validation text.)
+# $T$, so one position-wise curve measured at the longest length contains every shorter evaluation.
 #
 # ### Exercise 3.2 (derive) · Both protocols from one curve
 #
 # Write `protocols_from_curve(curve, T, k)`: from a position-wise loss curve (a 1-D tensor, entry $t$ = loss
-# $\ell_t$) return the pair `(last_k perplexity, nonoverlap perplexity)` at length $T$, following the two
-# formulas above (with $k$ capped at $T$). The check compares it with the formulas on random curves.
+# $\ell_t$) return the pair `(last_k perplexity, nonoverlap perplexity)` at length $T$: derive from the two
+# protocols' definitions (sections 3 and 4) which entries of the curve each one averages, and how. The check
+# draws new random curves, lengths and $k$ (sometimes $k > T$) each time it runs.
 
 # %%
 def protocols_from_curve(curve, T, k):
@@ -297,6 +304,13 @@ def protocols_from_curve(curve, T, k):
 
 # %%
 exercises.check("protocols_from_curve", protocols_from_curve)
+
+# %% [markdown]
+# The two formulas (approximately equal to the measured protocols, because the windows are drawn from different
+# places of the validation text):
+#
+# $$\mathrm{ppl}_{\text{nonoverlap}}(T) \approx \exp\Big(\frac1T \sum_{t=0}^{T-1} \ell_t\Big), \qquad
+#   \mathrm{ppl}_{\text{last-}k}(T) \approx \exp\Big(\frac1k \sum_{t=T-k}^{T-1} \ell_t\Big),\quad k = \min(k, T).$$
 
 # %% [markdown]
 # Now the real curves: `md.evaluate.loss_by_position` for every model at `LONGEST`, and the two reconstructions

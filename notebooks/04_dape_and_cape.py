@@ -44,9 +44,10 @@
 # 400 steps of 16 × 64 bytes each). Full mode takes about 4 min
 # (243 s measured on a 2-core AMD EPYC CPU shared with other jobs); a GPU runs the same budget much faster.
 #
-# **Exercises:** 4.1 implement DAPE's refiner (eq. 3) and check it against minidape's; 4.2 derive the number of
-# parameters of $f$; 4.3 implement the "attention beyond one training length" measure, then predict and read
-# it for Kerple and DAPE-Kerple.
+# **Exercises:** 4.1 implement DAPE's refiner (eq. 3) and check it against minidape's (3 points); 4.2 derive the
+# parameters and multiply-accumulates of $f$ for the three DAPE variants (2: one per part); 4.3 implement the
+# "attention beyond one training length" measure (2); 4.4 experiment: predict which of Kerple and DAPE-Kerple
+# keeps its attention more local at 16× the training length, then measure it (2), with a written answer.
 
 # %%
 import dataclasses
@@ -122,35 +123,6 @@ for name in ("dape", "cape"):
 print("same seed, same logits:", torch.equal(logits["dape"], logits["cape"]))
 
 # %% [markdown]
-# ### The equations, checked on a model
-#
-# `model.attention_maps(idx, layer)` returns the pieces of one layer's attention as plain full-size tensors:
-# `scores` $S$, `bias` $B$, `refined` $A$ (what reaches the causal mask and softmax) and `probs`. We rebuild $A$
-# from $S$ and $B$ with each refiner's own MLP `f` (model.py's `HeadMLP`), applied over the head axis at every
-# cell, and compare; then the whole model's fast path against its paper form (`fast=False`).
-
-# %%
-# NBVAL_CHECK_OUTPUT
-for name in ("dape", "dape_concat", "dape_add"):
-    torch.manual_seed(0)
-    model = md.GPT(config(refiner=name)).to(DEVICE).eval()
-    maps = model.attention_maps(window, layer=1)
-    S, B, A = maps["scores"], maps["bias"].expand_as(maps["scores"]), maps["refined"]
-    f = model.blocks[1].attn.refiner.f                # model.py's HeadMLP: the MLP over the head axis, per cell
-    if name == "dape":
-        expected = S + B + f(torch.cat([S, B], dim=1))
-    elif name == "dape_concat":
-        expected = S + f(torch.cat([S, B], dim=1))
-    else:
-        expected = S + B + f(S + B)
-    reference = md.GPT(dataclasses.replace(model.cfg, fast=False)).to(DEVICE).eval()
-    reference.load_state_dict(model.state_dict())     # same parameters: the fast path is the same function
-    same = torch.allclose(model(window)[0], reference(window)[0], atol=1e-5)
-    print(f"{name:<12} A matches its equation: {torch.allclose(A, expected, atol=1e-5)}   "
-          f"fast path == paper form (fast=False): {same}   "
-          f"(f has {sum(p.numel() for p in f.parameters())} parameters per layer)")
-
-# %% [markdown]
 # $f$ works **per cell, across heads**: the refined score of head 0 at cell $(i, j)$ reads the scores of all
 # heads at $(i, j)$ and nothing else. A gradient shows it: perturbing head 2's score at one cell moves head 0
 # at that cell only.
@@ -174,8 +146,8 @@ print("cells (head, i, j) that A[head 0, 5, 3] depends on:", touched.nonzero().t
 # `forward(scores, bias, mask)` takes `scores` $S$ `(B, h, T, T)`, `bias` $B$ `(h, T, T)` and the causal `mask`
 # and returns eq. (3), $A = S + B + f([S, B])$, with $f$ = `Linear(2h, W)` → `LeakyReLU(0.01)` → `Linear(W, h)`
 # applied at every cell over the head axis ($W$ = `cfg.refiner_width`). The check builds minidape's `dape`
-# refiner and yours from the same config, hands yours minidape's weights (in the order of their parameters)
-# and compares both on random scores and biases.
+# refiner and yours from the same config, hands yours minidape's weights by role (any layer order, `Linear` or
+# 1×1 convolution), compares both on fresh random scores and biases, and names the mistake it recognises.
 
 # %%
 class MyDAPE(nn.Module):
@@ -204,26 +176,62 @@ class MyDAPE(nn.Module):
 exercises.check("dape_refiner", MyDAPE)
 
 # %% [markdown]
-# ### Exercise 4.2 (derive) · How many parameters has $f$?
+# ### Exercise 4.2 (derive) · What does $f$ cost?
 #
-# Write `dape_parameter_count(h, W)`: the number of parameters of one layer's $f$ for $h$ heads and width $W$
-# (weights and biases of both `Linear` layers), from your formula. The check counts the parameters of minidape's
-# refiner for several $h$ and $W$.
+# Write `dape_cost(variant, h, W, B, T)` returning the pair (parameters of one layer's $f$, multiply-accumulates
+# of one layer's $f$ in a forward pass over a batch of $B$ sequences of length $T$), for `variant` one of
+# `"dape"`, `"dape_concat"` and `"dape_add"` (the table above says what each one feeds $f$), from your own
+# count: weights and biases of both `Linear` layers; one multiply-accumulate (MAC) per weight per cell it is
+# applied to. Each part earns a point; the check draws new $h, W, B, T$ each time it runs. (Section 2 then
+# puts your count into context.)
 
 # %%
-def dape_parameter_count(h, W):
-    """Parameters of DAPE's f (2h -> W -> h, with biases) in one layer."""
+def dape_cost(variant, h, W, B, T):
+    """(parameters, multiply-accumulates) of one layer's f for the DAPE variant, h heads, width W, batch B, length T."""
     exercises.todo()                      # your formula here
 
 
 # %% tags=["solution"]
-def dape_parameter_count(h, W):
-    """Parameters of DAPE's f (2h -> W -> h, with biases) in one layer."""
-    return (2 * h * W + W) + (W * h + h)          # first Linear: weights + biases; second Linear: the same
+def dape_cost(variant, h, W, B, T):
+    """(parameters, multiply-accumulates) of one layer's f for the DAPE variant, h heads, width W, batch B, length T."""
+    n_in = h if variant == "dape_add" else 2 * h            # dape_add feeds f the sum S + B, the others [S, B]
+    parameters = (n_in * W + W) + (W * h + h)               # each Linear: weights + biases
+    macs = B * T * T * (n_in * W + W * h)                   # f runs on all T² cells, masked ones too
+    return parameters, macs
 
 
 # %%
-exercises.check("dape_parameter_count", dape_parameter_count)
+exercises.check("dape_cost", dape_cost)
+
+# %% [markdown]
+# ### The equations, checked on a model
+#
+# Now that you have written $f$ yourself, the equations on a real model. `model.attention_maps(idx, layer)`
+# returns the pieces of one layer's attention as plain full-size tensors: `scores` $S$, `bias` $B$, `refined`
+# $A$ (what reaches the causal mask and softmax) and `probs`. We rebuild $A$
+# from $S$ and $B$ with each refiner's own MLP `f` (model.py's `HeadMLP`), applied over the head axis at every
+# cell, and compare; then the whole model's fast path against its paper form (`fast=False`).
+
+# %%
+# NBVAL_CHECK_OUTPUT
+for name in ("dape", "dape_concat", "dape_add"):
+    torch.manual_seed(0)
+    model = md.GPT(config(refiner=name)).to(DEVICE).eval()
+    maps = model.attention_maps(window, layer=1)
+    S, B, A = maps["scores"], maps["bias"].expand_as(maps["scores"]), maps["refined"]
+    f = model.blocks[1].attn.refiner.f                # model.py's HeadMLP: the MLP over the head axis, per cell
+    if name == "dape":
+        expected = S + B + f(torch.cat([S, B], dim=1))
+    elif name == "dape_concat":
+        expected = S + f(torch.cat([S, B], dim=1))
+    else:
+        expected = S + B + f(S + B)
+    reference = md.GPT(dataclasses.replace(model.cfg, fast=False)).to(DEVICE).eval()
+    reference.load_state_dict(model.state_dict())     # same parameters: the fast path is the same function
+    same = torch.allclose(model(window)[0], reference(window)[0], atol=1e-5)
+    print(f"{name:<12} A matches its equation: {torch.allclose(A, expected, atol=1e-5)}   "
+          f"fast path == paper form (fast=False): {same}   "
+          f"(f has {sum(p.numel() for p in f.parameters())} parameters per layer)")
 
 # %% [markdown]
 # ## 2. What $f$ costs
@@ -303,6 +311,20 @@ for refiner in ("none", "dape_add", "dape", "conv"):
 # Same data, same seed, same budget. DAPE §4.1 reports that DAPE-Kerple improves on Kerple both inside the
 # training length and far beyond it (e.g. Arxiv, training length 128: perplexity 5.00 vs 31.93 at 8192), and
 # §4.3 (Figure 5) that the concat variants beat `dape_add`.
+#
+# ### Exercise 4.4 (experiment), part 1 · Predict before you train
+#
+# At 16× the training length, one query's attention can sit near it or reach far back. Which of the two trained
+# models will put **less** attention on keys more than one training length back (the more *local* one):
+# `"kerple_log"` or `"dape-kerple"`? Write it now, before the models are trained; exercise 4.3 builds the
+# measure and part 2 compares. (Kerple's bias decays only logarithmically; $f$ can raise or lower any cell.)
+
+# %% tags=["prediction"]
+more_local = None                         # your prediction: "kerple_log" or "dape-kerple"
+
+
+# %% tags=["solution", "prediction"]
+more_local = "dape-kerple"                # f sees the scores: it can sharpen Kerple's slow decay where the text allows
 
 # %%
 runs = {"kerple_log": config(), "dape-kerple": config(refiner="dape"),
@@ -458,13 +480,11 @@ plt.show()
 # than one training length away, averaged over heads and layers, at 16× the training length. A perfectly local
 # model puts 0 there; uniform attention would put $1 - 64/1024 \approx 94\%$.
 #
-# ### Exercise 4.3 (implement, then predict) · Attention beyond one training length
+# ### Exercise 4.3 (implement) · Attention beyond one training length
 #
 # Write `far_attention(model, idx, train_length)`: the attention probability of the **last** query on keys
 # $0 \dots T - 1 - $ `train_length` (more than one training length back), summed over those keys, averaged
 # over heads and layers, as a float. `model.attention_maps(idx, layer)["probs"]` is `(B, heads, queries, keys)`.
-# Before running the cell after the check, predict: does DAPE-Kerple put more or less attention there than
-# Kerple? (Hint: look at the correlations printed under Figure 1.)
 
 # %%
 def far_attention(model, idx, train_length):
@@ -482,15 +502,44 @@ def far_attention(model, idx, train_length):
 
 
 # %%
-if exercises.check("far_attention", far_attention):
-    shares = {name: sum(far_attention(models[name], w, TRAIN_LENGTH) for w in (long_window, other_window)) / 2
+exercises.check("far_attention", far_attention)
+
+# %% [markdown]
+# ### Exercise 4.4 (experiment), part 2 · Measure
+#
+# Set `far_shares` to a dict with the keys `"kerple_log"` and `"dape-kerple"`: each model's far attention
+# (your `far_attention`, or minidape's attention maps if yours has not passed yet), averaged over the two
+# windows `long_window` and `other_window`. The check compares it with your prediction from part 1.
+
+# %%
+far_shares = None                         # your measurement
+
+
+# %% tags=["solution"]
+def far_share(model, window):
+    if exercises.passed("far_attention"):
+        return far_attention(model, window, TRAIN_LENGTH)
+    T = window.shape[1]                   # minidape's maps until your far_attention passes
+    return torch.stack([model.attention_maps(window, layer)["probs"][0, :, -1, :T - TRAIN_LENGTH].sum(-1)
+                        for layer in range(model.cfg.n_layer)]).mean().item()
+
+
+far_shares = {name: sum(far_share(models[name], w) for w in (long_window, other_window)) / 2
               for name in ("kerple_log", "dape-kerple")}
-    for name, share in shares.items():
-        print(f"{name:<12} attention mass beyond {TRAIN_LENGTH} keys back: {100 * share:.1f}% (mean of two windows)")
-    closer = min(shares, key=shares.get)
-    print(f"{closer} attends more locally: "
-          + ("its lower perplexity comes from sharper use of the near context, not from reaching further"
-             if closer == "dape-kerple" else "DAPE-Kerple reaches further into the far context"))
+
+
+# %%
+exercises.check("locality", more_local, far_shares)
+
+# %% [markdown] tags=["written", "rubric:locality"]
+# **Your answer** (two or three sentences): does the more local model also have the lower perplexity at 16×
+# (table of section 3)? What does that say about where DAPE's gain comes from?
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** In full-mode runs DAPE-Kerple is usually both the more local and the better model at 16×:
+# its gain comes from a sharper use of the near context (f lowers far cells the slow log decay leaves up), not
+# from reaching further. When a run shows the opposite (fast mode trains 8 steps: the shares then reflect the
+# initial weights), the two numbers differ by little and one run cannot separate them from noise.
 
 # %% [markdown]
 # ## Summary

@@ -41,8 +41,9 @@
 # 16 × 64 bytes each). Full mode takes about 3 min
 # (209 s measured on a 2-core AMD EPYC CPU shared with other jobs); a GPU runs the same budget much faster.
 #
-# **Exercises:** 5.1 derive which keys a refined cell reads; 5.2 implement the conv refiner and check it against
-# minidape's; 5.3 predict, then measure, what removing `tril` does to the validation loss (experiment).
+# **Exercises:** 5.1 derive which keys a refined cell reads (2 points); 5.2 implement the conv refiner and check
+# it against minidape's (3); 5.3 experiment: predict, then measure, what removing `tril` does to the validation
+# loss (2: the measurement and the prediction), with a written answer.
 
 # %%
 import math
@@ -56,7 +57,7 @@ from IPython.display import Markdown, display
 
 import minidape as md
 from minidape import exercises
-from minidape.model import ConvRefiner, DAPERefiner, pe_has_bias
+from minidape.model import ConvRefiner, DAPERefiner
 
 FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
@@ -207,7 +208,8 @@ print("conv k=1 equals DAPE on every unmasked cell (to 1e-6):", difference.abs()
 # shape on the channel axis, zero the masked cells (`masked_fill(~mask, 0)`), then
 # `Conv2d(2h, W, (1, k), padding=(0, k // 2))` → `LeakyReLU(0.01)` → `Conv2d(W, h, (1, k), padding=(0, k // 2))`
 # with $k$ = `cfg.refiner_kernel`, $W$ = `cfg.refiner_width`. The check hands yours the weights of minidape's
-# `conv` refiner (in the order of their parameters) and compares both for $k$ = 3 and 5.
+# `conv` refiner by role (any layer order; `Conv1d` over the rows works too) and compares both for $k$ = 3 and
+# 5 on fresh random scores, naming the mistake it recognises.
 
 # %%
 class MyConvRefiner(nn.Module):
@@ -414,41 +416,49 @@ plt.show()
 #
 # ## 4. Leakage: why `tril` is required
 #
-# DAPE-V2 §4 ("The information leakage", Figure 6) trains a "cheating" version without `tril`: its loss drops
-# to almost zero. The reason: in a decoder, the scores above the diagonal are computed and only *then* masked.
-# Row $i$ of $QK^\top$ holds $q_i^\top k_{i+1}$, and $k_{i+1}$ is computed from token $x_{i+1}$, **the very token
-# position $i$ must predict**. The mask stops the softmax from attending there, but a $1 \times k$ convolution
-# applied *before* the mask moves that score onto the diagonal cell $(i, i)$, which is not masked.
+# DAPE-V2 §4 ("The information leakage", Figure 6) trains a version of the conv refiner **without** `tril`,
+# everything else equal. We do the same below.
 #
-# To show it we register a second refiner through the extension API, `md.register_refiner`: the same two
-# convolutions, **without** `tril`.
+# ### Exercise 5.3 (experiment), part 1 · Predict
+#
+# Will the leaky model's final validation loss be **lower** than the honest $k = 3$ model's? Write `True` or
+# `False` now, before you read on and before you run the training. (Think about what row $i$ of $QK^\top$
+# holds above the diagonal, and what a $1 \times k$ convolution does with it before the mask is applied.)
+
+# %% tags=["prediction"]
+leaky_is_lower = None                     # your prediction: True or False
+
+
+# %% tags=["solution", "prediction"]
+leaky_is_lower = True                     # row i's scores hold q_i . k_(i+1), and k_(i+1) comes from the answer
+
+
+# %% [markdown]
+# The reason to expect something: in a decoder, the scores above the diagonal are computed and only *then*
+# masked. Row $i$ of $QK^\top$ holds $q_i^\top k_{i+1}$, and $k_{i+1}$ is computed from token $x_{i+1}$, **the
+# very token position $i$ must predict**. The mask stops the softmax from attending there, but a $1 \times k$
+# convolution applied *before* the mask moves that score onto the diagonal cell $(i, i)$, which is not masked.
+#
+# To show it we register a second refiner through the extension API, `md.register_refiner`: minidape's conv
+# refiner handed a mask that hides nothing, so its `tril` zeroes nothing.
 #
 # > ⚠️ **Deliberately broken teaching example.** `leaky_conv` reads the future. Never use it for a real model;
 # > it exists in this notebook only to show what `tril` prevents.
 
 # %%
-class LeakyConvRefiner(nn.Module):
-    """BROKEN ON PURPOSE (teaching only): DAPE-V2's conv refiner WITHOUT tril, so future scores leak in.
-
-    A = S + B + Conv([S, B]) where S still holds q_i . k_j for future keys j > i.
-    """
+class LeakyConvRefiner(ConvRefiner):
+    """BROKEN ON PURPOSE (teaching only): minidape's conv refiner with tril disabled, so future scores leak in."""
 
     row_local = True    # 1 x k convolutions along the keys: each query row alone, so attention may run in row blocks
 
     def __init__(self, cfg):
-        super().__init__()
-        n_in = 2 * cfg.n_head if pe_has_bias(cfg.pe) else cfg.n_head
-        k, width = cfg.refiner_kernel, cfg.refiner_width
-        self.conv = nn.Sequential(nn.Conv2d(n_in, width, (1, k), padding=(0, k // 2)), nn.LeakyReLU(0.01),
-                                  nn.Conv2d(width, cfg.n_head, (1, k), padding=(0, k // 2)))
-        # With row_local, minidape computes attention in blocks of query rows and, by default, drops keys past
-        # each block's last row. key_margin asks for the keys this refiner reads beyond the diagonal: k//2 per conv layer.
-        self.key_margin = 2 * (k // 2)
+        super().__init__(cfg)
+        # minidape computes attention in blocks of query rows and, by default, drops keys past each block's
+        # last row. key_margin asks for the keys this refiner reads beyond the diagonal: k//2 per conv layer.
+        self.key_margin = 2 * (cfg.refiner_kernel // 2)
 
     def forward(self, scores, bias, mask):
-        features = scores if bias is None else torch.cat([scores, bias.expand_as(scores)], dim=1)
-        refined = scores + self.conv(features)     # the bug: no features.masked_fill(~mask, 0) first
-        return refined if bias is None else refined + bias
+        return super().forward(scores, bias, torch.ones_like(mask))     # a mask that hides nothing: no tril
 
 
 if "leaky_conv" not in md.REFINER_NAMES:           # re-running this cell must not register it twice
@@ -478,19 +488,6 @@ for refiner in ("conv", "leaky_conv"):
 # %% [markdown]
 # Now train the leaky version with exactly the settings of the $k = 3$ run above and compare the validation
 # losses during training.
-#
-# ### Exercise 5.3 (experiment), part 1 · Predict
-#
-# Will the leaky model's final validation loss be **lower** than the honest $k = 3$ model's? Write `True` or
-# `False` before you run the training.
-
-# %%
-leaky_is_lower = None                     # your prediction: True or False
-
-
-# %% tags=["solution"]
-leaky_is_lower = True                     # row i's scores hold q_i . k_(i+1), and k_(i+1) comes from the answer
-
 
 # %%
 # md.train refuses a decoder that reads the future (it runs md.check_causal first): this experiment says so.
@@ -529,6 +526,17 @@ final_losses = {name: histories[name][-1]["val_loss"] for name in ("conv k=3", "
 
 # %%
 exercises.check("leakage", leaky_is_lower, final_losses, histories)
+
+# %% [markdown] tags=["written", "rubric:leakage"]
+# **Your answer** (two or three sentences): what did the leaky model learn, and why does its low loss say
+# nothing about how well it models English? Which test of section 4 would have caught the bug without training?
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** It learned to read the next token through the score $q_i^\top k_{i+1}$, which the
+# convolution moves onto the unmasked diagonal: in full mode its loss falls far below what any honest byte-level
+# model reaches at this budget, because it is copying the answer, not predicting it. At generation time there is
+# no next token to copy, so the loss is meaningless. The causality test (change the tokens after $t$, compare
+# the logits up to $t$) catches it on an untrained model in a second.
 
 # %% [markdown]
 # In full mode the leaky model's loss falls far below anything an honest byte-level model of English can reach

@@ -20,13 +20,16 @@
 # you add a **new** positional encoding to minidape, without touching its source, and test it the way a paper
 # would.
 #
-# **Your tasks** (exercises 6.1–6.3 have a check cell each; task 4 is your written answer):
+# **Your tasks** (exercises 6.1–6.5 have a check cell each, with points; task 4 ends with your written answer):
 #
-# 1. Write a kernel $k(m, n)$ and check with `md.kernels` whether it is CPD (exercise 6.1).
-# 2. Turn it into a bias module: subclass `md.AdditiveBias`, check its shape and relative property (6.2).
-# 3. Register it with `md.register_pe` and choose the runs that test it, with and without DAPE (6.3).
-# 4. Compare its extrapolation curve with Kerple's and explain what you see; finally run it through
-#    `minidape.study.compare` with three seeds.
+# 1. Write a kernel $k(m, n)$, CPD and falling with distance, and check it with `md.kernels` (exercise 6.1,
+#    implement, 2 points); derive how much attention a bounded bias leaves on far keys (6.2, derive, 2).
+# 2. Turn it into a bias module: subclass `md.AdditiveBias`; the check tests shape, relative property, decay
+#    with distance, CPD per head and gradients (6.3, implement, 3).
+# 3. Register it with `md.register_pe` and choose the runs that test it, with and without DAPE (6.4,
+#    experiment design, 2); predict which run will extrapolate best before training them (6.5, experiment, 2).
+# 4. Compare its extrapolation curve with Kerple's and explain what you see (written answer); finally run it
+#    through `minidape.study.compare` with three seeds.
 #
 # In the teacher's edition a worked solution (the **Cauchy kernel** $k(m, n) = a / \big(1 + ((m - n)/s)^2\big)$)
 # follows each exercise; the student edition (`make student`) has only the stubs, and the notebook still runs
@@ -98,7 +101,9 @@ print("+|m - n| is CPD:        ", md.kernels.is_cpd(lambda m, n: (m - n).abs()))
 # Write `my_kernel(m, n)`: a function of the distance $m - n$ only that you think makes a good attention bias
 # (large for near tokens, smaller for far ones), and CPD. `m` and `n` are broadcastable float64 tensors. Ideas:
 # the Cauchy kernel $1/(1 + ((m-n)/s)^2)$, the Gaussian $\exp(-(m-n)^2 / 2s^2)$, or anything else. The check
-# tests that it depends on $m - n$ only and that `md.kernels.is_cpd` finds no counterexample.
+# tests that it depends on $m - n$ only (and symmetrically), that it falls (never grows) with the distance and
+# is not constant — a constant bias is ignored by softmax — and that `md.kernels.is_cpd` finds no
+# counterexample.
 
 # %%
 def my_kernel(m, n):
@@ -145,6 +150,31 @@ plt.show()
 # and $a$, flattening out at large distances), or does it keep decreasing without bound (like Kerple's
 # $-\ln d$)?
 #
+# ### Exercise 6.2 (derive) · How much attention does a bounded bias leave on far keys?
+#
+# Take the Cauchy bias $b(d) = a / (1 + (d/s)^2)$ alone (content scores $q^\top k = 0$) and the last query of a
+# sequence of $T$ tokens, whose keys lie at distances $d = 0 \dots T - 1$. Derive the share of its attention on
+# the keys **more than $L - 1$ back** ($d \ge L$), and write `far_mass(a, s, L, T)` from your derivation. The
+# check draws new $a, s, L, T$ each time it runs. Then think about what happens to it as $T$ grows with $a$, $s$,
+# $L$ fixed (the written answer of task 4 asks for it).
+
+# %%
+def far_mass(a, s, L, T):
+    """Share of the last query's attention on keys at distance >= L under the bias a / (1 + (d/s)^2) alone."""
+    exercises.todo()                      # your code here
+
+
+# %% tags=["solution"]
+def far_mass(a, s, L, T):
+    """Share of the last query's attention on keys at distance >= L under the bias a / (1 + (d/s)^2) alone."""
+    distance = torch.arange(T, dtype=torch.float64)                       # d = 0 .. T - 1
+    weights = torch.exp(a / (1 + (distance / s) ** 2))                    # softmax numerators: p_d ∝ e^{b(d)}
+    return (weights[L:].sum() / weights.sum()).item()
+
+
+# %%
+exercises.check("far_mass", far_mass)
+#
 # ## Task 2 · A bias module
 #
 # The extension API (DESIGN.md, "Extension API"): subclass `md.AdditiveBias` (an `nn.Module`), build it from
@@ -162,11 +192,13 @@ plt.show()
 # heads can specialise (some local, some broad). Distances: in a decoder only keys $j \le i$ matter (the
 # others are masked), so use $d = \max(i - j, 0)$; for an encoder (`cfg.causal == False`) use $|i - j|$.
 #
-# ### Exercise 6.2 (implement) · `MyBias`
+# ### Exercise 6.3 (implement) · `MyBias`
 #
-# Fill in `MyBias` with your kernel from 6.1. The check builds it from a small config and tests what the model
-# relies on: the shape, finite values, that the bias depends only on $i - j$ (shift every position by 100:
-# same bias; a *relative* encoding is what lets it run at any length), and that gradients reach every parameter.
+# Fill in `MyBias` with your kernel from 6.1. The check builds it from a small config (on the GPU when there is
+# one: create new tensors on `q_pos.device`) and tests what the model relies on: the shape, finite values, that
+# the bias depends only on $i - j$ (shift every position by 100: same bias; a *relative* encoding is what lets it
+# run at any length), that no head's bias grows with the distance and not every head is flat, that each head is
+# CPD as a kernel of $|i - j|$, and that gradients reach every parameter.
 
 # %%
 class MyBias(md.AdditiveBias):
@@ -231,7 +263,7 @@ if "my_bias" in md.PE_NAMES:
         print("registering again:", str(error).split(";")[0])
 
 # %% [markdown]
-# ### Exercise 6.3 (experiment) · Which runs answer the question?
+# ### Exercise 6.4 (experiment) · Which runs answer the question?
 #
 # Decide which runs answer "does my bias extrapolate, and does DAPE help it?". Fill in `my_runs` with names and
 # configs (use `config(pe, refiner)` below so that everything else is equal). The check wants a built-in
@@ -252,6 +284,19 @@ my_runs = {"kerple_log": config("kerple_log"), "my_bias": config("my_bias"),
 
 # %%
 exercises.check("my_runs", my_runs)
+
+# %% [markdown]
+# ### Exercise 6.5 (experiment), part 1 · Predict before you train
+#
+# Which of your runs will have the **lowest** `last_k` perplexity at the longest evaluation length,
+# `LENGTHS[-1]` (16× the training length in full mode)? Write its name (a key of `my_runs`) now, before training.
+
+# %% tags=["prediction"]
+best_prediction = None                    # your prediction: the name of one of your runs
+
+
+# %% tags=["solution", "prediction"]
+best_prediction = "dape-my_bias"          # the bounded Cauchy bias alone lets far keys back in; DAPE can push them down
 
 # %% [markdown]
 # The training runs your runs once they pass their check; until then it compares two built-in encodings, so
@@ -310,6 +355,22 @@ for name, curve in last_k.items():
 print("best at every length:", [min(last_k, key=lambda name: last_k[name][T]) for T in LENGTHS])
 
 # %% [markdown]
+# ### Exercise 6.5 (experiment), part 2 · Measure
+#
+# Set `best_run` to the name of the run with the lowest perplexity at `LENGTHS[-1]`, from `last_k`.
+
+# %%
+best_run = None                           # your measurement
+
+
+# %% tags=["solution"]
+best_run = min(last_k, key=lambda name: last_k[name][LENGTHS[-1]])
+
+
+# %%
+exercises.check("best_run", best_prediction, best_run, last_k, LENGTHS[-1])
+
+# %% [markdown]
 # And the learned biases themselves, head by head, out to 16× the training length:
 
 # %%
@@ -331,9 +392,10 @@ for ax, name in zip(axes[0], biased):
 plt.tight_layout()
 plt.show()
 
-# %% [markdown]
+# %% [markdown] tags=["written", "rubric:my_bias_answer"]
 # **Your answer.** Write two or three sentences with the numbers from your own table: does your bias hold its
-# perplexity beyond the training length, does DAPE change that, and why (look at the shape of the learned biases)?
+# perplexity beyond the training length, does DAPE change that, and why (look at the shape of the learned biases,
+# and at what your `far_mass` of exercise 6.2 does as $T$ grows)?
 
 # %% [markdown] tags=["solution"]
 # **Worked answer (Cauchy).** Read the printed lines under the table; in full-mode runs of this notebook:

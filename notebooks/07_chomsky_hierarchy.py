@@ -39,10 +39,13 @@
 # 20 lengths. This is the longest notebook of the series: full mode takes about 10 min
 # (597 s measured on a 2-core AMD EPYC CPU shared with other jobs); a GPU runs the same budget much faster.
 #
-# **Exercises:** 7.1 implement a task generator (`parity_check`) and check it against the task's definition;
-# 7.2 derive the answer length of four tasks; 7.3 implement the benchmark's accuracy with the `END` mask.
+# **Exercises:** 7.1 implement a task generator (`binary_addition`) and check it against the task's definition
+# (3 points); 7.2 derive the answer length of five tasks (2); 7.3 implement the benchmark's accuracy with the
+# `END` mask (2); 7.4 experiment: predict, then measure, which models cannot see the order of their input (2:
+# the measurement and the prediction), with a written answer.
 
 # %%
+import dataclasses
 import math
 import os
 import time
@@ -110,10 +113,10 @@ for name in md.tasks.TASK_NAMES:
 # %% [markdown]
 # A few conventions worth knowing (all documented in `md.tasks`):
 #
-# - The answer has `task.output_length(n)` tokens: 1 for classification tasks, $n$ for `reverse_string`,
-#   $2n$ for `duplicate_string`, $\lceil n/2 \rceil$ for `compute_sqrt` (big-endian, zero-padded), $n + 1$
-#   for `stack_manipulation` and `binary_addition` (little-endian), whose answers have variable length and
-#   end with an `END` token followed by padding.
+# - The answer has `task.output_length(n)` tokens, enough for the longest answer of any input of length $n$
+#   (exercise 7.2 derives it). Tasks whose answers have variable length (`stack_manipulation`, the binary
+#   operations, little-endian) end them with an `END` token followed by padding; `compute_sqrt` is big-endian
+#   and zero-padded.
 # - `modular_arithmetic` (the "simple" one of the papers' tables) needs odd lengths and uses the usual
 #   precedence ($\times$ before $+$ and $-$); `modular_arithmetic_brackets` is the fully bracketed, context-free
 #   version. Both work mod 5, so chance is 20%.
@@ -122,34 +125,49 @@ for name in md.tasks.TASK_NAMES:
 #
 # ### Exercise 7.1 (implement) · A task generator
 #
-# Write `parity_sample(batch_size, n, generator)` for `parity_check`: `inputs` a `(batch_size, n)` LongTensor of
-# random bits drawn from the `torch.Generator` you are given, `targets` a `(batch_size, 1)` LongTensor, the number
-# of 1s of each input mod 2. The check tests shapes, types, the labels of every sample, and that the inputs are
-# random.
+# Write `addition_sample(batch_size, n, generator)` for `binary_addition` (its row in the table above), from
+# its definition. Each input row holds two **non-zero** binary numbers $a$ and $b$, little-endian (bit $i$ worth
+# $2^i$), separated by one operator `+` (id 2) at a random position, so that their lengths are random and add
+# up to $n - 1$ (each at least one bit). The answer row has $n + 1$ tokens: the bits of $a + b$, little-endian
+# and without trailing zeros, then `END` (id 2), then 0s. Draw everything from the `torch.Generator` you are
+# given (the same seed must give the same batch). The check parses your inputs, recomputes every answer, and
+# names the mistakes it recognises.
 
 # %%
-def parity_sample(batch_size, n, generator):
-    """(inputs (B, n), targets (B, 1)) of the parity_check task."""
+def addition_sample(batch_size, n, generator):
+    """(inputs (B, n), targets (B, n + 1)) of the binary_addition task."""
     exercises.todo()                      # your code here
 
 
 # %% tags=["solution"]
-def parity_sample(batch_size, n, generator):
-    """(inputs (B, n), targets (B, 1)) of the parity_check task."""
-    inputs = torch.randint(0, 2, (batch_size, n), generator=generator)
-    return inputs, inputs.sum(dim=1, keepdim=True) % 2
+def addition_sample(batch_size, n, generator):
+    """(inputs (B, n), targets (B, n + 1)) of the binary_addition task."""
+    inputs = torch.zeros(batch_size, n, dtype=torch.long)
+    targets = torch.zeros(batch_size, n + 1, dtype=torch.long)                # padding: 0
+    for row in range(batch_size):
+        split = int(torch.randint(1, n - 1, (1,), generator=generator))       # a has `split` bits, b the rest
+        bits = torch.randint(0, 2, (n,), generator=generator)
+        while not (bits[:split].any() and bits[split + 1:].any()):            # both operands non-zero
+            bits = torch.randint(0, 2, (n,), generator=generator)
+        bits[split] = 2                                                       # the operator '+'
+        a = sum(int(bit) << i for i, bit in enumerate(bits[:split]))          # little-endian
+        b = sum(int(bit) << i for i, bit in enumerate(bits[split + 1:]))
+        answer = [int(bit) for bit in reversed(format(a + b, "b"))] + [2]     # the sum little-endian, then END
+        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+    return inputs, targets
 
 
 # %%
-exercises.check("parity_sample", parity_sample)
+exercises.check("addition_sample", addition_sample)
 
 # %% [markdown]
 # ### Exercise 7.2 (derive) · How long is the answer?
 #
-# From the conventions above and what each task computes, write `output_length(name, n)` for `reverse_string`,
-# `duplicate_string`, `compute_sqrt` (the integer square root of an $n$-bit number: how many bits can it have?)
-# and `binary_addition` (the input holds both numbers and a separator; the sum can carry). The check compares
-# with `md.tasks` for several $n$.
+# From what each task computes, write `output_length(name, n)`, the number of answer tokens for an input of
+# length $n$, for `reverse_string`, `duplicate_string`, `compute_sqrt` (the integer square root of an $n$-bit
+# number: how many bits can it have?), `binary_multiplication` (the input holds both numbers, little-endian, and
+# one operator symbol; the answer ends with `END`) and `parity_check`. The check compares with `md.tasks` for
+# lengths it draws anew each time it runs.
 
 # %%
 def output_length(name, n):
@@ -162,11 +180,18 @@ def output_length(name, n):
     """The answer length of task `name` for input length n."""
     return {"reverse_string": n, "duplicate_string": 2 * n,
             "compute_sqrt": math.ceil(n / 2),        # sqrt(x) < 2^(n/2) for x < 2^n
-            "binary_addition": n + 1}[name]          # a + b < 2^(n + 1) whatever the split of the n symbols
+            "binary_multiplication": n,              # a·b has at most len(a) + len(b) = n - 1 bits, then END
+            "parity_check": 1}[name]                 # a classification: one answer token
 
 
 # %%
 exercises.check("output_length", output_length)
+
+# %% [markdown]
+# The lengths, for reference: 1 for classification tasks, $n$ for `reverse_string` and `odds_first`, $2n$ for
+# `duplicate_string`, $\lceil n/2 \rceil$ for `compute_sqrt`, $n$ for `binary_multiplication`, and $n + 1$ for
+# `stack_manipulation` and `binary_addition` (the benchmark's convention leaves one token more than the longest
+# sum needs).
 
 # %% [markdown]
 # ## 2. The encoder set-up: answers read from placeholder positions
@@ -231,13 +256,67 @@ exercises.check("masked_accuracy", masked_accuracy)
 #
 # Table 2 of the DAPE paper marks `parity_check`, `cycle_navigation` and `bucket_sort` as
 # *permutation-invariant*: shuffling the input does not change the answer, which depends only on how many
-# times each symbol occurs. Such a task needs no positional information about the input.
+# times each symbol occurs. Such a task needs no positional information about the input. Which models *cannot*
+# see the order of their input at all?
 #
-# An encoder **without** positional encoding (`pe="none"`, NoPE) is exactly suited to this. Self-attention
-# without positions is permutation-equivariant: for a permutation matrix $P$ of the tokens,
+# ### Exercise 7.4 (experiment), part 1 · Predict
+#
+# Take an untrained model on `parity_check` with the answer placeholder after the input, shuffle the input part
+# (the placeholder stays last) and compare the answer logits before and after. For each of the four cases of
+# `exercises.SHUFFLE_CASES` — NoPE in an encoder (`causal=False`, as in this notebook), NoPE in a decoder
+# (`causal=True`), ALiBi and RoPE in an encoder — predict: are the answer logits **unchanged** (`True`) or not?
+
+# %%
+print(list(exercises.SHUFFLE_CASES))
+
+# %% tags=["prediction"]
+unchanged_prediction = None               # {"none, encoder": True or False, ...}, written before the measurement
+
+
+# %% tags=["solution", "prediction"]
+unchanged_prediction = {"none, encoder": True,     # attention without positions is permutation-equivariant
+                        "none, decoder": False,    # the causal mask: each token sees a different prefix
+                        "alibi, encoder": False, "rope, encoder": False}
+
+
+# %% [markdown]
+# ### Exercise 7.4 (experiment), part 2 · Measure
+#
+# `answer_unchanged(pe, causal)` runs the comparison for one case. Set `unchanged_measured` to the dict of its
+# results for the four cases, without printing it: the check reveals it next to your prediction.
+
+# %%
+def answer_unchanged(pe, causal):
+    """Whether an untrained model's answer logits on parity_check stay the same when the input is shuffled."""
+    task = md.tasks.get_task("parity_check")
+    inputs, _ = task.sample(4, 30, torch.Generator().manual_seed(2))
+    shuffled = inputs[:, torch.randperm(30, generator=torch.Generator().manual_seed(3))]
+    torch.manual_seed(0)
+    cfg = dataclasses.replace(md.che.task_config(task, md.GPTConfig(pe=pe, **SIZE)), causal=causal)
+    model = md.GPT(cfg).to(DEVICE).eval()
+    with torch.no_grad():
+        before = model(md.tasks.encoder_inputs(inputs, task).to(DEVICE))[0][:, -1]
+        after = model(md.tasks.encoder_inputs(shuffled, task).to(DEVICE))[0][:, -1]
+    return torch.allclose(before, after, atol=1e-5)
+
+
+unchanged_measured = None                 # your measurement
+
+
+# %% tags=["solution"]
+unchanged_measured = {case: answer_unchanged(pe, causal) for case, (pe, causal) in exercises.SHUFFLE_CASES.items()}
+
+
+# %%
+exercises.check("shuffle_invariance", unchanged_prediction, unchanged_measured)
+
+# %% [markdown]
+# Why. An encoder **without** positional encoding (`pe="none"`, NoPE) is exactly suited to a permutation-invariant
+# task. Self-attention without positions is permutation-equivariant: for a permutation matrix $P$ of the tokens,
 # $\mathrm{softmax}\big((PQ)(PK)^\top\big)(PV) = P\,\mathrm{softmax}(QK^\top)V$, and the MLPs act on each token
 # alone. So if we shuffle the input part and leave the placeholders where they are, the outputs at the
-# placeholders cannot change at all. Let us check this on an untrained model, and compare with ALiBi:
+# placeholders cannot change at all. A decoder's causal mask breaks the symmetry (token $t$ sees only tokens
+# before it), and ALiBi's and RoPE's positions break it too. The same comparison for NoPE and ALiBi:
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -251,6 +330,17 @@ for pe in ("none", "alibi"):
         before = model(md.tasks.encoder_inputs(inputs, task).to(DEVICE))[0][:, -1]
         after = model(md.tasks.encoder_inputs(shuffled, task).to(DEVICE))[0][:, -1]
     print(f"pe={pe!r:8} answer logits unchanged by shuffling the input: {torch.allclose(before, after, atol=1e-5)}")
+
+# %% [markdown] tags=["written", "rubric:shuffle_invariance"]
+# **Your answer** (two or three sentences): if NoPE cannot see the order of its input, why can it still not
+# solve `bucket_sort` (whose answer does not depend on the input order either)? Read the next cell after you
+# have written your answer.
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** The answer of `bucket_sort` is itself a sequence: answer slot $k$ must write the $k$-th
+# smallest symbol, so it must know that it is slot $k$. Without positions all placeholders are identical tokens
+# in identical surroundings, so NoPE writes the same output at every answer position. Positions are still
+# needed on the output side.
 
 # %% [markdown]
 # The other side of the coin: without positions all placeholders are identical tokens in identical

@@ -1,4 +1,5 @@
-"""Every exercise check passes a correct answer, says "not done yet" for the stub, and fails wrong answers.
+"""The exercise checks check themselves: for every exercise the worked answer passes, correct answers written
+differently pass, the stub is "not done yet", and each mistake students make fails with a message that names it.
 
 The correct answers here are written independently of minidape's code (from the papers' formulas), so a check
 that compared against the wrong thing would fail them.
@@ -11,8 +12,10 @@ from torch import nn
 
 import minidape as md
 from minidape import exercises
-from minidape.exercises import FAILED, NOT_DONE, PASSED
+from minidape.exercises import FAILED, NOT_DONE, PARTLY, PASSED
 from minidape.model import PE_REGISTRY
+
+F = nn.functional
 
 
 def verdict(name, *answer):
@@ -20,7 +23,11 @@ def verdict(name, *answer):
     return exercises.results[name]
 
 
-# ------------------------------------------------------------------------------------- correct answers
+def points(name):
+    return exercises.earned[name]
+
+
+# ------------------------------------------------------------------------------------- 01
 
 
 def sinusoidal_table(positions, d):
@@ -31,14 +38,56 @@ def sinusoidal_table(positions, d):
     return table
 
 
-def rope_ones_score(distance, head_size):
-    theta = 10000.0 ** (-torch.arange(0, head_size, 2, dtype=torch.float64) / head_size)
-    return (2 * torch.cos(distance * theta)).sum().item()
+def sinusoidal_by_stacking(positions, d):
+    angle = positions.double()[:, None] / 10000.0 ** (torch.arange(0, d, 2) / d)
+    return torch.stack([angle.sin(), angle.cos()], dim=-1).reshape(len(positions), d)
+
+
+def rope_score(q, k, t):
+    half = len(q) // 2
+    theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / len(q))
+    q1, q2, k1, k2 = q[:half], q[half:], k[:half], k[half:]
+    return (torch.cos(t * theta) * (q1 * k1 + q2 * k2) + torch.sin(t * theta) * (q1 * k2 - q2 * k1)).sum().item()
+
+
+def rope_score_by_complex_numbers(q, k, t):
+    half = len(q) // 2
+    theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / len(q))
+    zq, zk = torch.complex(q[:half], q[half:]), torch.complex(k[:half], k[half:])
+    return (zq * torch.exp(1j * t * theta) * zk.conj()).real.sum().item()
 
 
 def alibi_bias(n_head, q_pos, k_pos):
     slopes = torch.tensor([2.0 ** (-8 * h / n_head) for h in range(1, n_head + 1)])
     return -slopes[:, None, None] * (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()
+
+
+def alibi_bias_geometric(n_head, q_pos, k_pos):
+    """The slopes as a geometric sequence (ALiBi's own code), the distance unclamped (masked cells differ)."""
+    ratio = 2.0 ** (-8 / n_head)
+    slopes = ratio ** torch.arange(1, n_head + 1, dtype=torch.float64)
+    return slopes[:, None, None] * (k_pos[None, :] - q_pos[:, None]).double()
+
+
+ENTROPY = 4.44315          # mean entropy (nats) of ALiBi's 4 heads at T = 1024, from the geometric sums below
+
+
+def alibi_entropy_measured():
+    slopes = torch.tensor([2.0 ** (-2 * h) for h in range(1, 5)], dtype=torch.float64)
+    p = torch.softmax(-slopes[:, None] * torch.arange(1024, dtype=torch.float64), -1)
+    return -(p * p.log()).sum(-1).mean().item()
+
+
+# ------------------------------------------------------------------------------------- 02
+
+
+def square_quadratic_form(x, c):
+    return 2 * (c @ x) ** 2
+
+
+def square_quadratic_form_expanded(x, c):
+    """All three sums kept (correct for any c, not only zero-sum ones)."""
+    return (-(c.sum() * (c @ x ** 2)) * 2 + 2 * (c @ x) ** 2).item()
 
 
 def find_shift(kernel, n):
@@ -49,13 +98,29 @@ def find_shift(kernel, n):
     return c
 
 
-def square_quadratic_form(x, c):
-    return 2 * (c @ x) ** 2
+def find_shift_one_too_many(kernel, n):
+    K = md.kernels.gram(kernel, n)
+    c = 1.0
+    while True:
+        c *= 2
+        if md.kernels.smallest_eigenvalue(K + c / 2) >= -1e-10 * (K + c / 2).abs().max().item():
+            return c
+
+
+TRIANGLE_512, LOG_512 = 256.0, 8.0
 
 
 def kerple_log_bias(r1, r2, q_pos, k_pos):
     distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()
     return -r1[:, None, None] * torch.log1p(r2[:, None, None] * distance)
+
+
+def kerple_log_bias_einsum(r1, r2, q_pos, k_pos):
+    distance = (q_pos[:, None] - k_pos[None, :]).abs().double()
+    return -torch.einsum("h,hij->hij", r1.double(), torch.log(1 + r2.double()[:, None, None] * distance))
+
+
+# ------------------------------------------------------------------------------------- 03
 
 
 def protocols_from_curve(curve, T, k):
@@ -70,6 +135,16 @@ def running_mean(curve, width):
     return (sums[ends] - sums[starts]) / (ends - starts)
 
 
+def running_mean_by_loop(curve, width):
+    return torch.stack([curve[max(0, t - width + 1):t + 1].mean() for t in range(len(curve))])
+
+
+LAST_K = {"rope": {64: 10.0, 1024: 31.0}}
+
+
+# ------------------------------------------------------------------------------------- 04
+
+
 class MyDAPE(nn.Module):
     """Eq. (3) with the per-cell MLP written as contractions over the channel axis."""
 
@@ -81,13 +156,67 @@ class MyDAPE(nn.Module):
     def forward(self, scores, bias, mask):
         both = torch.cat([scores, bias.expand_as(scores)], dim=1)                       # (B, 2h, T, T)
         hidden = torch.einsum("wc,bcij->bwij", self.first.weight, both) + self.first.bias[:, None, None]
-        hidden = torch.nn.functional.leaky_relu(hidden, 0.01)
+        hidden = F.leaky_relu(hidden, 0.01)
         out = torch.einsum("hw,bwij->bhij", self.second.weight, hidden) + self.second.bias[:, None, None]
         return scores + bias + out
 
 
-def dape_parameter_count(n_head, width):
-    return 2 * n_head * width + width + width * n_head + n_head
+class DAPEByConv1x1(nn.Module):
+    """The same f as 1×1 convolutions, the layers declared output-first."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.out = nn.Conv2d(cfg.refiner_width, cfg.n_head, 1)
+        self.inp = nn.Conv2d(2 * cfg.n_head, cfg.refiner_width, 1)
+
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)
+        return scores + bias + self.out(F.leaky_relu(self.inp(torch.cat([scores, bias], 1)), 0.01))
+
+
+class DAPEInputFirst(nn.Module):
+    """Weights stored input-first (x @ W), as plain Parameters."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        h, W = cfg.n_head, cfg.refiner_width
+        self.w1, self.b1 = nn.Parameter(torch.zeros(2 * h, W)), nn.Parameter(torch.zeros(W))
+        self.w2, self.b2 = nn.Parameter(torch.zeros(W, h)), nn.Parameter(torch.zeros(h))
+
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)
+        cells = torch.cat([scores, bias], 1).permute(0, 2, 3, 1)
+        out = F.leaky_relu(cells @ self.w1 + self.b1, 0.01) @ self.w2 + self.b2
+        return scores + bias + out.permute(0, 3, 1, 2)
+
+
+def dape_variant(**changes):
+    """MyDAPE with one mistake: the forward pass rebuilt with `changes` applied."""
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)
+        first = [bias, scores] if changes.get("order") else [scores, bias]
+        cells = torch.cat(first, 1).permute(0, 2, 3, 1)
+        hidden = changes.get("activation", lambda x: F.leaky_relu(x, 0.01))(F.linear(cells, self.first.weight,
+                                                                                      self.first.bias))
+        out = F.linear(hidden, self.second.weight, self.second.bias).permute(0, 3, 1, 2)
+        return changes.get("combine", lambda s, b, o: s + b + o)(scores, bias, out)
+    return type("WrongDAPE", (MyDAPE,), {"forward": forward})
+
+
+class DAPENoBias(nn.Module):
+    def __init__(self, cfg):
+        super().__init__()
+        self.f = nn.Sequential(nn.Linear(2 * cfg.n_head, cfg.refiner_width, bias=False), nn.LeakyReLU(0.01),
+                               nn.Linear(cfg.refiner_width, cfg.n_head, bias=False))
+
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)
+        return scores + bias + self.f(torch.cat([scores, bias], 1).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
+
+
+def dape_cost(variant, h, W, B, T):
+    n_in = h if variant == "dape_add" else 2 * h
+    return n_in * W + W + W * h + h, B * T * T * (n_in * W + W * h)
 
 
 def far_attention(model, idx, train_length):
@@ -95,6 +224,12 @@ def far_attention(model, idx, train_length):
     masses = [model.attention_maps(idx, layer)["probs"][0, :, -1, :T - train_length].sum(-1)
               for layer in range(model.cfg.n_layer)]
     return torch.stack(masses).mean().item()
+
+
+SHARES = {"kerple_log": 0.15, "dape-kerple": 0.20}
+
+
+# ------------------------------------------------------------------------------------- 05
 
 
 class MyConvRefiner(nn.Module):
@@ -111,13 +246,61 @@ class MyConvRefiner(nn.Module):
         return scores + bias + self.conv(features)
 
 
+class ConvByConv1d(nn.Module):
+    """The same refiner as 1-D convolutions over each query row, second layer declared first."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        k = cfg.refiner_kernel
+        self.second = nn.Conv1d(cfg.refiner_width, cfg.n_head, k, padding=k // 2)
+        self.first = nn.Conv1d(2 * cfg.n_head, cfg.refiner_width, k, padding=k // 2)
+
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)
+        x = torch.cat([scores, bias], 1) * mask                                       # tril by multiplication
+        b, c, T, _ = x.shape
+        rows = x.permute(0, 2, 1, 3).reshape(b * T, c, T)                             # one sequence per query row
+        out = self.second(F.leaky_relu(self.first(rows), 0.01))
+        return scores + bias + out.reshape(b, T, -1, T).permute(0, 2, 1, 3)
+
+
+def conv_variant(tril=True, residual_b=True, activation=None):
+    def forward(self, scores, bias, mask):
+        bias = bias.expand_as(scores)
+        features = torch.cat([scores, bias], dim=1)
+        features = features.masked_fill(~mask, 0) if tril else features
+        first, second = self.conv[0], self.conv[2]
+        out = second((activation or (lambda x: F.leaky_relu(x, 0.01)))(first(features)))
+        return scores + (bias if residual_b else 0) + out
+    return type("WrongConv", (MyConvRefiner,), {"forward": forward})
+
+
 def receptive_keys(i, j, k):
     reach = 2 * (k // 2)
     return list(range(max(0, j - reach), min(i, j + reach) + 1))
 
 
+HISTORIES = {"conv k=3": [{"val_loss": 3.0}, {"val_loss": 2.0}],
+             "leaky_conv k=3": [{"val_loss": 3.0}, {"val_loss": 0.5}]}
+FINAL = {"conv k=3": 2.0, "leaky_conv k=3": 0.5}
+
+
+# ------------------------------------------------------------------------------------- 06
+
+
 def cauchy(m, n):
     return 1.0 / (1 + ((m - n) / 8.0) ** 2)
+
+
+def far_mass(a, s, L, T):
+    weights = torch.exp(a / (1 + (torch.arange(T, dtype=torch.float64) / s) ** 2))
+    return (weights[L:].sum() / weights.sum()).item()
+
+
+def far_mass_by_softmax(a, s, L, T):
+    d = torch.arange(T - 1, -1, -1, dtype=torch.float64)                                # keys 0 .. T - 1
+    p = torch.softmax(a / (1 + (d / s) ** 2), 0)
+    return p[:T - L].sum().item()
 
 
 class CauchyBias(md.AdditiveBias):
@@ -130,14 +313,131 @@ class CauchyBias(md.AdditiveBias):
         return 1 / (1 + (distance / self.width.exp()[:, None, None]) ** 2)
 
 
-def parity_sample(batch, n, generator):
-    inputs = torch.randint(0, 2, (batch, n), generator=generator)
-    return inputs, inputs.sum(dim=1, keepdim=True) % 2
+class KerpleLikeBias(md.AdditiveBias):
+    """An unbounded CPD bias, written without clamping (the masked cells are never read)."""
+
+    def __init__(self, cfg):
+        super().__init__()
+        self.r = nn.Parameter(torch.ones(cfg.n_head))
+
+    def forward(self, q_pos, k_pos):
+        distance = (q_pos[:, None] - k_pos[None, :]).abs().float()
+        return -F.softplus(self.r)[:, None, None] * torch.log1p(distance)
+
+
+def bias_class(forward, parameters=True):
+    def __init__(self, cfg):
+        md.AdditiveBias.__init__(self)
+        if parameters:
+            self.width = nn.Parameter(torch.linspace(1.0, 4.0, cfg.n_head))
+        self.n_head = cfg.n_head
+    return type("WrongBias", (md.AdditiveBias,), {"__init__": __init__, "forward": forward})
+
+
+def distance(q, k):
+    return (q[:, None] - k[None, :]).clamp(min=0).float()
+
+
+class Runs(dict):
+    """The runs of exercise my_runs, built when the check reads them (pe="my_bias" exists only in a test)."""
+
+    def __init__(self, **first_overrides):
+        super().__init__()
+        self.first_overrides = first_overrides
+        self.drop = first_overrides.pop("drop", None)
+
+    def built(self):
+        config = dict(n_layer=2, n_head=4, n_embd=64, block_size=64)
+        runs = {"kerple": md.GPTConfig(pe="kerple_log", **{**config, **self.first_overrides}),
+                "mine": md.GPTConfig(pe="my_bias", **config),
+                "dape-mine": md.GPTConfig(pe="my_bias", refiner="dape", **config)}
+        return {name: cfg for name, cfg in runs.items() if name != self.drop}
+
+
+RUN_CURVES = {"kerple": {64: 20.0, 256: 21.0}, "mine": {64: 19.0, 256: 30.0}, "dape-mine": {64: 18.0, 256: 19.5}}
+
+
+# ------------------------------------------------------------------------------------- 07
+
+
+def addition_sample(batch, n, generator):
+    """Written from the task's definition: a per-row loop over Python integers."""
+    inputs, targets = torch.zeros(batch, n, dtype=torch.long), torch.zeros(batch, n + 1, dtype=torch.long)
+    for row in range(batch):
+        split = int(torch.randint(1, n - 1, (1,), generator=generator))
+        bits = torch.randint(0, 2, (n,), generator=generator)
+        while not (bits[:split].any() and bits[split + 1:].any()):
+            bits = torch.randint(0, 2, (n,), generator=generator)
+        bits[split] = 2
+        a = int("".join(map(str, bits[:split].flip(0).tolist())), 2)
+        b = int("".join(map(str, bits[split + 1:].flip(0).tolist())), 2)
+        answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
+        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+    return inputs, targets
+
+
+def addition_by_md_tasks(batch, n, generator):
+    """minidape's own sampler: an equivalent answer (the grader, not the check, rules the library out)."""
+    return md.tasks.get_task("binary_addition").sample(batch, n, generator)
+
+
+def addition_with(change):
+    """addition_sample with one mistake: `change(inputs, targets, n)` rewrites the correct pair."""
+    def sample(batch, n, generator):
+        return change(*addition_sample(batch, n, generator), n)
+    return sample
+
+
+def reversed_answer(inputs, targets, n):
+    """The sum's bits big-endian, END, 0s."""
+    out = torch.zeros_like(targets)
+    for row, target in enumerate(targets.tolist()):
+        bits = target[:target.index(2)][::-1] + [2]
+        out[row, :len(bits)] = torch.tensor(bits)
+    return inputs, out
+
+
+def without_end(inputs, targets, n):
+    return inputs, targets.masked_fill(targets == 2, 0)
+
+
+def end_padding(inputs, targets, n):
+    after = (targets == 2).int().cumsum(1) > 0
+    return inputs, targets.masked_fill(after, 2)
+
+
+def big_endian_operands(inputs, targets, n):
+    """The answers of operands read big-endian (in input order, most significant first)."""
+    out = torch.zeros_like(targets)
+    for row, bits in enumerate(inputs.tolist()):
+        split = bits.index(2)
+        a, b = (int("".join(map(str, part)), 2) for part in (bits[:split], bits[split + 1:]))
+        answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
+        out[row, :len(answer)] = torch.tensor(answer)
+    return inputs, out
+
+
+def zero_first_operand(inputs, targets, n):
+    before = (inputs == 2).int().cumsum(1) == 0
+    return inputs.masked_fill(before, 0), targets
+
+
+def fixed_split(batch, n, generator):
+    """The operator always in the middle."""
+    inputs, targets = torch.zeros(batch, n, dtype=torch.long), torch.zeros(batch, n + 1, dtype=torch.long)
+    for row in range(batch):
+        bits = torch.ones(n, dtype=torch.long)
+        bits[n // 2] = 2
+        a = b = sum(1 << i for i in range(n // 2))
+        b = sum(1 << i for i in range(n - 1 - n // 2))
+        answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
+        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+    return inputs, targets
 
 
 def output_length(name, n):
     return {"reverse_string": n, "duplicate_string": 2 * n, "compute_sqrt": math.ceil(n / 2),
-            "binary_addition": n + 1}[name]
+            "binary_multiplication": n, "parity_check": 1}[name]
 
 
 def masked_accuracy(logits, targets, end_token):
@@ -145,6 +445,19 @@ def masked_accuracy(logits, targets, end_token):
     scored = (is_end.cumsum(1) - is_end) == 0              # no END strictly before
     correct = (logits.argmax(-1) == targets) & scored
     return (correct.sum() / scored.sum()).item()
+
+
+def masked_accuracy_by_loop(logits, targets, end_token):
+    right = total = 0
+    for row_logits, row in zip(logits, targets):
+        for guess, target in zip(row_logits.argmax(-1).tolist(), row.tolist()):
+            right, total = right + (guess == target), total + 1
+            if target == end_token:
+                break
+    return right / total
+
+
+UNCHANGED = {"none, encoder": True, "none, decoder": False, "alibi, encoder": False, "rope, encoder": False}
 
 
 def stub(*args, **kwargs):
@@ -161,55 +474,208 @@ class StubBias(md.AdditiveBias):
         exercises.todo()
 
 
-class Runs(dict):
-    """The runs of exercise my_runs, built when the check reads them (pe="my_bias" exists only in a test)."""
-
-    def __init__(self, **first_overrides):
-        super().__init__()
-        self.first_overrides = first_overrides
-
-    def built(self):
-        config = dict(n_layer=2, n_head=4, n_embd=64, block_size=64)
-        return {"kerple": md.GPTConfig(pe="kerple_log", **{**config, **self.first_overrides}),
-                "mine": md.GPTConfig(pe="my_bias", **config),
-                "dape-mine": md.GPTConfig(pe="my_bias", refiner="dape", **config)}
-
-
-LAST_K = {"rope": {64: 10.0, 1024: 31.0}}
-HISTORIES = {"conv k=3": [{"val_loss": 2.0}], "leaky_conv k=3": [{"val_loss": 0.5}]}
-
-# name -> (correct answer, a wrong answer); each tuple is the argument list of exercises.check
-CASES = {
-    "sinusoidal_table": ((sinusoidal_table,),
-                         (lambda p, d: torch.cat([sinusoidal_table(p, d)[:, 0::2], sinusoidal_table(p, d)[:, 1::2]], 1),)),
-    "rope_ones_score": ((rope_ones_score,), (lambda t, d: float(d),)),
-    "alibi_bias": ((alibi_bias,), (lambda h, q, k: alibi_bias(h, q, k) / 2,)),
-    "find_shift": ((find_shift,), (lambda kernel, n: 2 * find_shift(kernel, n),)),
-    "square_quadratic_form": ((square_quadratic_form,), (lambda x, c: (c @ x) ** 2,)),
-    "kerple_log_bias": ((kerple_log_bias,), (lambda r1, r2, q, k: kerple_log_bias(r2, r1, q, k),)),
-    "protocols_from_curve": ((protocols_from_curve,), (lambda curve, T, k: protocols_from_curve(curve, T, k)[::-1],)),
-    "running_mean": ((running_mean,), (lambda curve, w: torch.nn.functional.avg_pool1d(
-        torch.nn.functional.pad(curve[None, None], (w - 1, 0), mode="replicate"), w, stride=1)[0, 0],)),
-    "rope_ratio": ((True, 3.1, LAST_K, 64, 1024), (True, 31.0, LAST_K, 64, 1024)),
-    "dape_refiner": ((MyDAPE,), (type("NoResidual", (MyDAPE,), {"forward": lambda self, s, b, m: MyDAPE.forward(
-        self, s, b, m) - b}),)),
-    "dape_parameter_count": ((dape_parameter_count,), (lambda h, w: 3 * h * w,)),
-    "far_attention": ((far_attention,), (lambda model, idx, L: far_attention(model, idx, L // 2),)),
-    "conv_refiner": ((MyConvRefiner,), (type("NoTril", (MyConvRefiner,), {"forward": lambda self, s, b, m: s + b
-                                                                         + self.conv(torch.cat([s, b.expand_as(s)], 1))}),)),
-    "receptive_keys": ((receptive_keys,), (lambda i, j, k: list(range(max(0, j - k // 2), j + k // 2 + 1)),)),
-    "leakage": ((True, {"conv k=3": 2.0, "leaky_conv k=3": 0.5}, HISTORIES),
-                (True, {"conv k=3": 0.5, "leaky_conv k=3": 2.0}, HISTORIES)),
-    "my_kernel": ((cauchy,), (lambda m, n: (m - n).abs(),)),
-    "my_bias": ((CauchyBias,), (type("Absolute", (CauchyBias,), {"forward": lambda self, q, k: CauchyBias.forward(
-        self, q, k) + q[:, None].float() / 100}),)),
-    "my_runs": ((Runs(),), (Runs(n_layer=1),)),
-    "parity_sample": ((parity_sample,), (lambda b, n, g: (torch.randint(0, 2, (b, n), generator=g),
-                                                           torch.zeros(b, 1, dtype=torch.long)),)),
-    "output_length": ((output_length,), (lambda name, n: n,)),
-    "masked_accuracy": ((masked_accuracy,), (lambda logits, targets, end: (logits.argmax(-1) == targets)
-                                             .float().mean().item(),)),
+# name -> the worked answer (the argument list of exercises.check)
+CORRECT = {
+    "sinusoidal_table": (sinusoidal_table,),
+    "rope_score": (rope_score,),
+    "alibi_bias": (alibi_bias,),
+    "alibi_entropy": (4.4, ENTROPY),
+    "square_quadratic_form": (square_quadratic_form,),
+    "find_shift": (find_shift,),
+    "shift_growth": ({"triangle": 256.0, "log": 8.0}, {"triangle": TRIANGLE_512, "log": LOG_512}),
+    "kerple_log_bias": (kerple_log_bias,),
+    "rope_ratio": (True, 3.1, LAST_K, 64, 1024),
+    "protocols_from_curve": (protocols_from_curve,),
+    "running_mean": (running_mean,),
+    "dape_refiner": (MyDAPE,),
+    "dape_cost": (dape_cost,),
+    "far_attention": (far_attention,),
+    "locality": ("kerple_log", SHARES),
+    "receptive_keys": (receptive_keys,),
+    "conv_refiner": (MyConvRefiner,),
+    "leakage": (True, FINAL, HISTORIES),
+    "my_kernel": (cauchy,),
+    "far_mass": (far_mass,),
+    "my_bias": (CauchyBias,),
+    "my_runs": (Runs(),),
+    "best_run": ("dape-mine", "dape-mine", RUN_CURVES, 256),
+    "addition_sample": (addition_sample,),
+    "output_length": (output_length,),
+    "masked_accuracy": (masked_accuracy,),
+    "shuffle_invariance": (dict(UNCHANGED), dict(UNCHANGED)),
 }
+
+# name -> correct answers written another way; each must pass too
+EQUIVALENT = [
+    ("sinusoidal_table", (sinusoidal_by_stacking,)),
+    ("rope_score", (rope_score_by_complex_numbers,)),
+    ("alibi_bias", (alibi_bias_geometric,)),
+    ("square_quadratic_form", (square_quadratic_form_expanded,)),
+    ("kerple_log_bias", (kerple_log_bias_einsum,)),
+    ("running_mean", (running_mean_by_loop,)),
+    ("dape_refiner", (DAPEByConv1x1,)),
+    ("dape_refiner", (DAPEInputFirst,)),
+    ("conv_refiner", (ConvByConv1d,)),
+    ("far_mass", (far_mass_by_softmax,)),
+    ("my_kernel", (md.kernels.log_kernel(),)),
+    ("my_bias", (KerpleLikeBias,)),
+    ("addition_sample", (addition_by_md_tasks,)),
+    ("masked_accuracy", (masked_accuracy_by_loop,)),
+]
+
+# (name, the wrong answer's argument list, words its message must contain): the mistakes students make
+MISTAKES = [
+    ("sinusoidal_table", (lambda p, d: torch.cat([sinusoidal_table(p, d)[:, 0::2],
+                                                  sinusoidal_table(p, d)[:, 1::2]], 1),),
+     "all the sines come first"),
+    ("sinusoidal_table", (lambda p, d: sinusoidal_table(p, d).reshape(-1, d // 2, 2).flip(-1).reshape(-1, d),),
+     "sin and cos are swapped"),
+    ("sinusoidal_table", (lambda p, d: sinusoidal_table(p, 2 * d)[:, :d],), "10000^(-i/d)"),
+    ("sinusoidal_table", (lambda p, d: torch.zeros(len(p), d),), "differs from minidape's at row"),
+    ("rope_score", (lambda q, k, t: rope_score(q, k, -t),), "score at -t"),
+    ("rope_score", (lambda q, k, t: rope_score(q, k, t) - rope_score_sin_part(q, k, t),), "only the cos term"),
+    ("rope_score", (lambda q, k, t: rope_score(interleaved(q), interleaved(k), t),), "pairs channels (2i, 2i+1)"),
+    ("rope_score", (lambda q, k, t: float(len(q)),), "at t = 0 nothing is rotated"),
+    ("alibi_bias", (lambda h, q, k: alibi_bias(h, q, k) * 2 ** (8 / h),), "count heads from 0"),
+    ("alibi_bias", (lambda h, q, k: -alibi_bias(h, q, k),), "bias is positive"),
+    ("alibi_bias", (lambda h, q, k: alibi_bias(h, q, k).flip(0),), "reverse order"),
+    ("alibi_bias", (lambda h, q, k: alibi_bias(h, q, k) / 2,), "differs from minidape's at head"),
+    ("alibi_entropy", (4.4, ENTROPY / math.log(2)), "bits, not nats"),
+    ("alibi_entropy", (4.4, math.log(1024)), "uniform attention"),
+    ("alibi_entropy", (4.4, 4 * ENTROPY), "sum over heads"),
+    ("square_quadratic_form", (lambda x, c: -2 * (c @ x) ** 2,), "sign is wrong"),
+    ("square_quadratic_form", (lambda x, c: (c @ x) ** 2,), "half of"),
+    ("square_quadratic_form", (lambda x, c: 2 * (c @ x ** 2),), "moves by 3"),
+    ("find_shift", (find_shift_one_too_many,), "one doubling too many"),
+    ("find_shift", (lambda kernel, n: find_shift(kernel, n) - 0.5,), "not one of 1, 2, 4"),
+    ("find_shift", (lambda kernel, n: 0.0,), "must be positive"),
+    ("find_shift", (lambda kernel, n: find_shift(kernel, n) / 4,), "stopped too early"),
+    ("shift_growth", ({"triangle": 256.0, "log": 8.0}, {"triangle": 16.0, "log": 4.0}), "not the c"),
+    ("shift_growth", ({"triangle": 256.0}, {"triangle": TRIANGLE_512, "log": LOG_512}), "keys"),
+    ("kerple_log_bias", (lambda r1, r2, q, k: kerple_log_bias(r2, r1, q, k),), "r1 and r2 swapped"),
+    ("kerple_log_bias", (lambda r1, r2, q, k: -r1[:, None, None] * torch.log(r2[:, None, None] * distance(q, k)),),
+     "infinite on the diagonal"),
+    ("kerple_log_bias", (lambda r1, r2, q, k: -kerple_log_bias(r1, r2, q, k),), "positive"),
+    ("kerple_log_bias", (lambda r1, r2, q, k: -r1[:, None, None] * torch.log1p(distance(q, k)),), "r2 is missing"),
+    ("kerple_log_bias", (lambda r1, r2, q, k: kerple_log_bias(r1, r2, q, k)[:, :, :-1],), "has shape"),
+    ("rope_ratio", (True, 1 / 3.1, LAST_K, 64, 1024), "upside down"),
+    ("rope_ratio", (True, 2.0, LAST_K, 64, 1024), "is not last_k"),
+    ("rope_ratio", ("yes", 3.1, LAST_K, 64, 1024), "True or False"),
+    ("protocols_from_curve", (lambda curve, T, k: protocols_from_curve(curve, T, k)[::-1],), "swapped"),
+    ("protocols_from_curve", (lambda curve, T, k: (math.exp(curve[max(0, T - min(k, T) - 1):T - 1].mean()),
+                                                   math.exp(curve[:T].mean())),), "ends one position early"),
+    ("protocols_from_curve", (lambda curve, T, k: (curve[T - min(k, T):T].exp().mean().item(),
+                                                   math.exp(curve[:T].mean())),), "averages exp(loss)"),
+    ("protocols_from_curve", (lambda curve, T, k: (protocols_from_curve(curve, T, k)[0], math.exp(curve.mean())),),
+     "whole curve"),
+    ("running_mean", (lambda curve, w: F.avg_pool1d(F.pad(curve[None, None], (w - 1, 0), mode="replicate"), w,
+                                                    stride=1)[0, 0],), "replicate padding"),
+    ("running_mean", (lambda curve, w: F.avg_pool1d(F.pad(curve[None, None], (w - 1, 0)), w, stride=1)[0, 0],),
+     "zero padding"),
+    ("running_mean", (lambda curve, w: torch.stack([curve[max(0, t - w // 2):t + (w - 1) // 2 + 1].mean()
+                                                    for t in range(len(curve))]),), "centred"),
+    ("dape_refiner", (dape_variant(combine=lambda s, b, o: s + o),), "residual + B is missing"),
+    ("dape_refiner", (dape_variant(combine=lambda s, b, o: b + o),), "residual + S is missing"),
+    ("dape_refiner", (dape_variant(combine=lambda s, b, o: o),), "f([S, B]) alone"),
+    ("dape_refiner", (dape_variant(order=True),), "[B, S]"),
+    ("dape_refiner", (dape_variant(activation=F.relu),), "ReLU"),
+    ("dape_refiner", (dape_variant(activation=F.gelu),), "GELU"),
+    ("dape_refiner", (dape_variant(activation=lambda x: x),), "no activation"),
+    ("dape_refiner", (DAPENoBias,), "parameter tensors"),
+    ("dape_refiner", (dape_variant(combine=lambda s, b, o: s + b + 1.01 * o),), "at batch"),
+    ("dape_cost", (lambda v, h, W, B, T: (dape_cost(v, h, W, B, T)[0] - W - h, dape_cost(v, h, W, B, T)[1]),),
+     "not the biases"),
+    ("dape_cost", (lambda v, h, W, B, T: (dape_cost(v, h, W, B, T)[0], 2 * dape_cost(v, h, W, B, T)[1]),), "FLOPs"),
+    ("dape_cost", (lambda v, h, W, B, T: (dape_cost(v, h, W, B, T)[0],
+                                          dape_cost(v, h, W, B, T)[1] // (T * T) * (T * (T + 1) // 2)),),
+     "causal triangle"),
+    ("dape_cost", (lambda v, h, W, B, T: dape_cost("dape", h, W, B, T),), "dape_add 2h inputs"),
+    ("far_attention", (lambda model, idx, L: far_attention(model, idx, idx.shape[1] - L) * 0 + near(model, idx, L),),
+     "near ones"),
+    ("far_attention", (lambda model, idx, L: far_attention(model, idx, L - 1),), "one key too many"),
+    ("far_attention", (lambda model, idx, L: far_attention(model, idx, L) * model.cfg.n_head,), "summed over heads"),
+    ("locality", ("kerple", SHARES), "one of"),
+    ("locality", ("kerple_log", {"kerple_log": 15.0, "dape-kerple": 20.0}), "between 0 and 1"),
+    ("receptive_keys", (lambda i, j, k: list(range(max(0, j - 2 * (k // 2)), j + 2 * (k // 2) + 1)),),
+     "keys after the query"),
+    ("receptive_keys", (lambda i, j, k: list(range(max(0, j - k // 2), min(i, j + k // 2) + 1)),), "one layer"),
+    ("conv_refiner", (conv_variant(tril=False),), "reads the future"),
+    ("conv_refiner", (conv_variant(residual_b=False),), "residual + B is missing"),
+    ("conv_refiner", (conv_variant(activation=F.relu),), "ReLU"),
+    ("leakage", (True, {"conv k=3": 3.0, "leaky_conv k=3": 3.0}, HISTORIES), "first val_loss"),
+    ("leakage", (True, {"conv k=3": 2.0}, HISTORIES), "keys"),
+    ("my_kernel", (lambda m, n: (m - n).abs(),), "grows with distance"),
+    ("my_kernel", (lambda m, n: 0 * (m - n),), "same at every distance"),
+    ("my_kernel", (lambda m, n: 3.0 + 0 * (m - n),), "same at every distance"),
+    ("my_kernel", (lambda m, n: -(m - n),), "symmetric"),
+    ("my_kernel", (lambda m, n: -(m - n).abs() ** 3,), "not CPD"),
+    ("my_kernel", (lambda m, n: 1.0 / (1 + m ** 2 + n ** 2),), "m - n only"),
+    ("far_mass", (lambda a, s, L, T: 1 - far_mass(a, s, L, T),), "near keys' share"),
+    ("far_mass", (lambda a, s, L, T: (lambda b: (b[L:].sum() / b.sum()).item())(
+        a / (1 + (torch.arange(T, dtype=torch.float64) / s) ** 2)),), "not exp(bias)"),
+    ("far_mass", (lambda a, s, L, T: far_mass(a, s, L + 1, T),), "d = L + 1"),
+    ("my_bias", (bias_class(lambda self, q, k: CauchyBias.forward(self, q, k) + q[:, None].float() / 100),),
+     "not relative"),
+    ("my_bias", (bias_class(lambda self, q, k: 0.1 * distance(q, k) * self.width[:, None, None]),),
+     "grows with distance"),
+    ("my_bias", (bias_class(lambda self, q, k: 0 * distance(q, k) * self.width[:, None, None]),),
+     "same at every distance"),
+    ("my_bias", (bias_class(lambda self, q, k: -(distance(q, k) ** 3).expand(self.n_head, -1, -1)
+                            * self.width[:, None, None]),), "not CPD"),
+    ("my_bias", (bias_class(lambda self, q, k: -distance(q, k).expand(self.n_head, -1, -1), parameters=False),),
+     "no learnable parameters"),
+    ("my_bias", (bias_class(lambda self, q, k: -distance(q, k)[None]),), "has shape"),
+    ("my_bias", (CauchyBias.forward,), "subclasses md.AdditiveBias"),
+    ("my_runs", (Runs(n_layer=1),), "n_layer"),
+    ("my_runs", (Runs(drop="dape-mine"),), "refiner='dape'"),
+    ("my_runs", (Runs(drop="kerple"),), "no reference run"),
+    ("best_run", ("dape-mine", "mine", RUN_CURVES, 256), "use min, not max"),
+    ("best_run", ("dape-mine", "kerple", RUN_CURVES, 256), "not the run with the lowest"),
+    ("addition_sample", (addition_with(reversed_answer),), "big-endian"),
+    ("addition_sample", (addition_with(without_end),), "no END"),
+    ("addition_sample", (addition_with(end_padding),), "END again"),
+    ("addition_sample", (addition_with(lambda x, y, n: (x, y[:, :n])),), "n + 1"),
+    ("addition_sample", (addition_with(lambda x, y, n: (x.masked_fill(x == 2, 0), y)),), "exactly one '+'"),
+    ("addition_sample", (addition_with(lambda x, y, n: (torch.cat([x[:, :1] * 0 + 2, x[:, 1:].masked_fill(
+        x[:, 1:] == 2, 1)], 1), y)),), "both operands need"),
+    ("addition_sample", (lambda b, n, g: addition_sample(b, n, torch.Generator().manual_seed(
+        int(torch.randint(0, 1000, (1,))))),), "generator you are given"),
+    ("addition_sample", (fixed_split,), "operator sits only"),
+    ("addition_sample", (addition_with(big_endian_operands),), "operands big-endian"),
+    ("addition_sample", (addition_with(zero_first_operand),), "operand equal to 0"),
+    ("addition_sample", (addition_with(lambda x, y, n: (x, y.float())),), "LongTensors"),
+    ("output_length", (lambda name, n: n // 2 if name == "compute_sqrt" else output_length(name, n),), "round up"),
+    ("output_length", (lambda name, n: n - 1 if name == "binary_multiplication" else output_length(name, n),), "END"),
+    ("output_length", (lambda name, n: n,), "input twice"),
+    ("masked_accuracy", (lambda logits, targets, end: (logits.argmax(-1) == targets).float().mean().item(),),
+     "padding after END"),
+    ("masked_accuracy", (lambda logits, targets, end: masked_accuracy_without_end(logits, targets, end),),
+     "leave out the END token"),
+    ("shuffle_invariance", (dict(UNCHANGED), {**UNCHANGED, "alibi, encoder": True}), "not what the models do"),
+    ("shuffle_invariance", ({"none": True}, dict(UNCHANGED)), "should map each of"),
+]
+
+
+def rope_score_sin_part(q, k, t):
+    half = len(q) // 2
+    theta = 10000.0 ** (-torch.arange(half, dtype=torch.float64) * 2 / len(q))
+    return (torch.sin(t * theta) * (q[:half] * k[half:] - q[half:] * k[:half])).sum().item()
+
+
+def interleaved(x):
+    """x with pairs (2i, 2i+1) moved to (i, i + d/2): rope_score on it pairs the original channels 2i, 2i+1."""
+    return torch.cat([x[0::2], x[1::2]])
+
+
+def near(model, idx, L):
+    T = idx.shape[1]
+    return torch.stack([model.attention_maps(idx, layer)["probs"][0, :, -1, T - L:].sum(-1)
+                        for layer in range(model.cfg.n_layer)]).mean().item()
+
+
+def masked_accuracy_without_end(logits, targets, end_token):
+    scored = (targets == end_token).int().cumsum(1) == 0
+    return (((logits.argmax(-1) == targets) & scored).sum() / scored.sum()).item()
 
 
 @pytest.fixture(autouse=True)
@@ -222,28 +688,40 @@ def resolved(answer):
     return tuple(value.built() if isinstance(value, Runs) else value for value in answer)
 
 
-def test_every_exercise_has_a_case_and_every_notebook_three_exercises():
-    assert set(CASES) == set(exercises.EXERCISES)
+def test_every_exercise_has_cases_and_every_notebook_three_kinds():
+    assert set(CORRECT) == set(exercises.EXERCISES)
+    assert {name for name, _, _ in MISTAKES} == set(exercises.EXERCISES), "an exercise without a known mistake"
     for notebook in ("01", "02", "03", "04", "05", "06", "07"):
-        assert len(exercises.exercises_of(notebook)) >= 3, notebook
-    kinds = {exercise.kind for exercise in exercises.EXERCISES.values()}
-    assert kinds == {"derive", "implement", "experiment"}
+        own = exercises.exercises_of(notebook)
+        assert len(own) >= 3, notebook
+        assert {exercise.kind for exercise in own} == {"derive", "implement", "experiment"}, notebook
+        assert all(exercise.points >= 1 for exercise in own)
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_correct_answer_passes(name):
-    assert verdict(name, *resolved(CASES[name][0])) == PASSED
+@pytest.mark.parametrize("name", sorted(CORRECT))
+def test_the_worked_answer_passes_with_full_points(name):
+    assert verdict(name, *resolved(CORRECT[name])) == PASSED
+    assert points(name) == exercises.EXERCISES[name].points
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
-def test_a_wrong_answer_fails_with_a_hint(name, capsys):
-    assert verdict(name, *resolved(CASES[name][1])) == FAILED
-    assert "hint:" in capsys.readouterr().out
+@pytest.mark.parametrize("name, answer", EQUIVALENT, ids=[f"{name}-{a[0].__name__}" for name, a in EQUIVALENT])
+def test_a_correct_answer_written_differently_passes(name, answer, capsys):
+    assert verdict(name, *answer) == PASSED, capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name", sorted(CASES))
+@pytest.mark.parametrize("name, answer, words", MISTAKES, ids=[f"{m[0]}-{m[2][:24]}" for m in MISTAKES])
+def test_a_known_mistake_fails_with_a_message_naming_it(name, answer, words, capsys):
+    """Failed, or (one wrong part of an exercise with parts) partly right: either way the mistake is named."""
+    status = verdict(name, *resolved(answer))
+    out = capsys.readouterr().out
+    assert words in out and "hint:" in out, out
+    full = exercises.EXERCISES[name].points
+    assert status == FAILED and points(name) == 0 or status == PARTLY and points(name) < full
+
+
+@pytest.mark.parametrize("name", sorted(CORRECT))
 def test_the_stub_is_not_done_yet(name):
-    correct = resolved(CASES[name][0])
+    correct = resolved(CORRECT[name])
     # the stub of an exercise is its first argument left as `todo()` (a function or class) or None (a value)
     first = correct[0]
     if isinstance(first, type) and issubclass(first, md.AdditiveBias):
@@ -251,6 +729,55 @@ def test_the_stub_is_not_done_yet(name):
     else:
         stubbed = stub if callable(first) and not isinstance(first, dict) else None
     assert verdict(name, stubbed, *correct[1:]) == NOT_DONE
+    assert points(name) == 0
+
+
+def test_derive_checks_draw_fresh_inputs_each_time():
+    """A table of answers for the inputs of one check run cannot pass the next."""
+    seen = []
+
+    def remembering(x, c):
+        seen.append(x.clone())
+        return 2 * (c @ x) ** 2
+
+    exercises.check("square_quadratic_form", remembering)
+    exercises.check("square_quadratic_form", remembering)
+    assert not torch.equal(seen[0], seen[3])
+
+
+def test_a_wrong_derive_answer_does_not_print_the_expected_value(capsys):
+    exercises.check("square_quadratic_form", lambda x, c: 3 * (c @ x) ** 2 + 1)
+    out = capsys.readouterr().out
+    assert "your form gives" in out and "expected" not in out and "minidape's" not in out
+
+
+def test_a_prediction_that_misses_keeps_the_measurement_point(capsys):
+    assert verdict("alibi_entropy", 6.9, ENTROPY) == PASSED
+    assert points("alibi_entropy") == 1 and "did not hold" in capsys.readouterr().out
+    assert verdict("shift_growth", {"triangle": 32.0, "log": 8.0}, {"triangle": TRIANGLE_512, "log": LOG_512}) == PASSED
+    assert points("shift_growth") == 2                       # measurement and the log prediction; triangle missed
+    assert verdict("rope_ratio", False, 3.1, LAST_K, 64, 1024) == PASSED and points("rope_ratio") == 1
+    assert verdict("shuffle_invariance", {**UNCHANGED, "none, decoder": True}, dict(UNCHANGED)) == PASSED
+    assert points("shuffle_invariance") == 1
+
+
+def test_an_exercise_with_parts_gives_partial_credit(capsys):
+    def params_without_biases(variant, h, W, B, T):
+        right = dape_cost(variant, h, W, B, T)
+        return right[0] - W - h, right[1]
+    assert verdict("dape_cost", params_without_biases) == PARTLY and points("dape_cost") == 1
+    assert "partly right, 1 of 2 points" in capsys.readouterr().out
+    both_wrong = lambda variant, h, W, B, T: (dape_cost(variant, h, W, B, T)[0] - W - h, 7)   # noqa: E731
+    assert verdict("dape_cost", both_wrong) == FAILED and points("dape_cost") == 0
+
+
+def test_a_bias_that_ignores_the_device_of_its_positions_fails_on_the_checks_device(monkeypatch):
+    """On a GPU machine the checks run modules on CUDA: a bias that builds CPU tensors fails there, not in training."""
+    class CPUBias(CauchyBias):
+        def forward(self, q_pos, k_pos):
+            return super().forward(q_pos, k_pos) + torch.zeros(1, device="cpu")
+    expected = PASSED if exercises.CHECK_DEVICE == "cpu" else FAILED
+    assert verdict("my_bias", CPUBias) == expected
 
 
 def test_a_class_stub_that_calls_todo_in_init_is_not_done_yet():
@@ -265,18 +792,25 @@ def test_summary_raises_on_a_wrong_answer_only(capsys):
     exercises.results.clear()
     exercises.check("output_length", stub)
     assert exercises.summary("07")["output_length"] == NOT_DONE
-    exercises.check("output_length", CASES["output_length"][1][0])
+    exercises.check("output_length", lambda name, n: n)
     with pytest.raises(exercises.ExerciseFailed, match="output_length"):
         exercises.summary("07")
 
 
-def test_checks_append_their_verdicts_to_the_grade_log(tmp_path, monkeypatch):
-    log = tmp_path / "log.jsonl"
-    monkeypatch.setenv(exercises.GRADE_LOG, str(log))
+def test_in_the_graders_worker_checks_record_their_answers_for_the_grader(monkeypatch):
+    monkeypatch.setattr(exercises, "answers", {})
     exercises.check("output_length", output_length)
-    exercises.check("running_mean", stub)
-    assert log.read_text().splitlines() == ['{"exercise": "output_length", "status": "passed"}',
-                                            '{"exercise": "running_mean", "status": "not done yet"}']
+    exercises.check("running_mean", stub, width=3)
+    assert exercises.answers == {"output_length": ((output_length,), {}), "running_mean": ((stub,), {"width": 3})}
+
+
+def test_summary_counts_points(capsys):
+    exercises.results.clear()
+    exercises.earned.clear()
+    exercises.check("output_length", output_length)
+    exercises.summary("07")
+    total = sum(exercise.points for exercise in exercises.exercises_of("07"))
+    assert f"2 of {total} points" in capsys.readouterr().out
 
 
 def test_an_unknown_exercise_names_the_valid_ones():

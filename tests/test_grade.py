@@ -1,80 +1,207 @@
-"""The grader: crafted notebooks that pass, raise, loop forever or delete their folder, and the CLI's errors.
+"""The grader's parts: the teacher's roster, restored check cells, unreadable files, student folders, the
+worker's data-only answers, the CLI; and one real notebook graded in both editions.
 
-Grading the real notebooks (student edition: 0 passed; worked solutions: every exercise passed) runs in
-`make test-notebooks`, which executes both editions anyway and sets MINIDAPE_EXPECT_EXERCISES; here one
-cheap real notebook (02, no training) is graded in both editions to show the whole path.
+The hostile class (one `grade` run over many hostile submissions) is in test_grade_hostile.py.
 """
 import csv
-import os
+import json
 import subprocess
 import sys
+import textwrap
+import time
 from pathlib import Path
 
-import nbformat
 import pytest
-from nbformat.v4 import new_code_cell, new_notebook
+import torch
 
-from minidape import exercises
-from minidape.grade import exercise_names, grade, grade_notebook
+from minidape import exercises, grade, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-ANSWER = ("lambda name, n: {'reverse_string': n, 'duplicate_string': 2 * n, 'compute_sqrt': (n + 1) // 2, "
-          "'binary_addition': n + 1}[name]")
+EDITIONS = grade.editions()
 
 
-def notebook(path, *sources):
-    nb = new_notebook(cells=[new_code_cell("from minidape import exercises"), *map(new_code_cell, sources)])
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3", "language": "python"}
-    nbformat.write(nb, path)
+def cells(*sources, kind="code"):
+    return [{"cell_type": kind, "source": source} for source in sources]
+
+
+def notebook_file(path, cell_list):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cells": [{"cell_type": c["cell_type"], "source": c["source"],
+                                           "metadata": {"tags": c.get("tags", [])},
+                                           **({"outputs": [], "execution_count": None}
+                                              if c["cell_type"] == "code" else {})}
+                                          for c in cell_list], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
     return path
 
 
-@pytest.fixture(autouse=True)
-def kernel_sees_this_checkout(monkeypatch):
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
-    monkeypatch.delenv(exercises.EXPECT, raising=False)
+def test_the_roster_of_every_notebook_is_the_registry_and_its_check_cells():
+    assert sorted(EDITIONS) == sorted({e.notebook for e in exercises.EXERCISES.values()})
+    for number, edition in EDITIONS.items():
+        assert [e.name for e in edition.roster] == [e.name for e in exercises.exercises_of(number)]
+        for name, index in edition.checks.items():
+            assert f'exercises.check("{name}"' in edition.cells[index]["source"]
 
 
-def test_exercise_names_come_from_the_check_calls():
-    nb = new_notebook(cells=[new_code_cell('exercises.check("running_mean", f)\nexercises.check( "alibi_bias", g)'),
-                             new_code_cell('exercises.check("not_an_exercise", h)  # ignored'),
-                             new_code_cell("exercises.check('running_mean', f)")])
-    assert exercise_names(nb) == ["running_mean", "alibi_bias"]
+def test_library_names_exist_and_belong_to_exercises():
+    assert set(exercises.LIBRARY) == set(exercises.EXERCISES)
+    for names in exercises.LIBRARY.values():
+        assert all(sandbox._code_objects([name]) for name in names), names
 
 
-def test_bad_submissions_cost_only_their_own_grade(tmp_path, capsys):
-    folder = tmp_path / "submissions"
-    folder.mkdir()
-    good = notebook(folder / "a_good.ipynb", f'exercises.check("output_length", {ANSWER})',
-                    'exercises.check("running_mean", None)')
-    raises = notebook(folder / "b_raises.ipynb", 'raise RuntimeError("oops")',
-                      f'exercises.check("output_length", {ANSWER})')
-    loops = notebook(folder / "c_loops.ipynb", f'exercises.check("output_length", {ANSWER})',
-                     "while True:\n    pass", f'exercises.check("masked_accuracy", None)')
-    deletes = notebook(folder / "d_deletes.ipynb",
-                       "import os, shutil\nfor name in os.listdir('.'):\n    os.remove(name)",
-                       f'exercises.check("output_length", {ANSWER})')
-    out = tmp_path / "grades.csv"
-    grades = grade([folder], csv_path=out, timeout=30)
+def student_cells(edition, answers=None, drop=()):
+    """The student edition of ``edition`` (solutions out), each exercise's stub replaced by answers[name]."""
+    answers = answers or {}
+    out = []
+    for index, cell in enumerate(edition.cells):
+        if "solution" in cell["tags"] or index in drop:
+            continue
+        source = cell["source"]
+        for name, answer in answers.items():
+            if f"def {name}(" in source and "todo(" in source:
+                source = answer
+        out.append({"cell_type": cell["cell_type"], "source": source, "tags": cell["tags"]})
+    return out
 
-    by_name = {Path(g.notebook).name: g for g in grades}
-    assert by_name["a_good.ipynb"].exercises == {"output_length": True, "running_mean": False}
-    assert by_name["b_raises.ipynb"].exercises == {"output_length": True}
-    assert "RuntimeError" in by_name["b_raises.ipynb"].problem
-    assert by_name["c_loops.ipynb"].exercises == {"output_length": True, "masked_accuracy": False}
-    assert "time limit" in by_name["c_loops.ipynb"].problem
-    assert by_name["d_deletes.ipynb"].exercises == {"output_length": True}
-    assert all(path.exists() for path in (good, raises, loops, deletes))      # graded in scratch copies
-    with open(out) as file:
-        rows = list(csv.DictReader(file))
-    assert [(Path(r["notebook"]).name, r["exercise"], r["passed"]) for r in rows] == [
-        ("a_good.ipynb", "output_length", "1"), ("a_good.ipynb", "running_mean", "0"),
-        ("b_raises.ipynb", "output_length", "1"),
-        ("c_loops.ipynb", "output_length", "1"), ("c_loops.ipynb", "masked_accuracy", "0"),
-        ("d_deletes.ipynb", "output_length", "1")]
-    table = capsys.readouterr().out
-    assert "a_good.ipynb" in table and " 1 / 2" in table
+
+def test_restore_puts_the_teachers_checks_back_where_the_teacher_has_them():
+    edition = EDITIONS["02"]
+    honest = student_cells(edition)
+    assert [c["source"] for c in grade.restore(edition, honest)] == [c["source"] for c in honest]
+    check = edition.checks["find_shift"]
+    # the check deleted, another one rewritten, a dead check call added: the teacher's three come back in place
+    tampered = student_cells(edition, drop={check})
+    rewritten = next(c for c in tampered if 'check("kerple_log_bias"' in c["source"])
+    rewritten["source"] = 'exercises.check("kerple_log_bias", lambda *a: None)'
+    tampered.insert(3, {"cell_type": "code", "source": 'if False:\n    exercises.check("find_shift", print)'})
+    restored = grade.restore(edition, tampered)
+    assert [c["source"] for c in restored] == [c["source"] for c in honest]
+    assert [c.get("checks") for c in restored if c.get("checks")] == list(edition.checks)
+
+
+def test_restore_appends_checks_whose_surroundings_are_gone():
+    edition = EDITIONS["02"]
+    restored = grade.restore(edition, cells("x = 1"))
+    assert [c.get("checks") for c in restored] == [None, *edition.checks]
+
+
+@pytest.mark.parametrize("content, message", [
+    (b"", "the file is empty"),
+    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "binary"),
+    (b'{"cells": [', "invalid JSON"),
+    (b'{"hello": 1}', r"no list of cells \(found: hello\)"),
+    (b'{"cells": [{"cell_type": "code"}]}', "cell 1 has no cell_type or source"),
+])
+def test_unreadable_files_are_described_in_words(tmp_path, content, message):
+    path = tmp_path / "02_x.ipynb"
+    path.write_bytes(content)
+    with pytest.raises(grade.NotANotebook, match=message):
+        grade.read_cells(path)
+
+
+def test_a_file_deleted_before_its_turn_gets_its_rows(tmp_path):
+    submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb")
+    grader = grade.Grader(EDITIONS, "none", [], {}, timeout=10)
+    grader._grade(submission, worker=None)
+    assert [(r.exercise, r.status, r.message) for r in submission.rows] == [
+        (name, "failed", "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks]
+
+
+def test_a_notebook_is_known_by_its_name_or_by_the_teachers_cells_it_holds(tmp_path):
+    edition = EDITIONS["05"]
+    assert grade.identify(tmp_path / "05_mine.ipynb", None, EDITIONS) is edition
+    assert grade.identify(tmp_path / "homework.ipynb", student_cells(edition), EDITIONS) is edition
+    assert grade.identify(tmp_path / "homework.ipynb", cells("print(1)"), EDITIONS) is None
+
+
+def test_student_folders_name_the_students(tmp_path):
+    notebook_file(tmp_path / "class" / "ann" / "02_kerple_cpd_kernels.ipynb", [])
+    notebook_file(tmp_path / "class" / "ann" / "sub" / "07_chomsky_hierarchy.ipynb", [])
+    notebook_file(tmp_path / "class" / "bob.ipynb", [])
+    (tmp_path / "class" / "cem").mkdir()
+    (tmp_path / "class" / ".hidden").mkdir()
+    found = grade.submissions([tmp_path / "class"])
+    assert [(s.student, s.path.name) for s in found] == [
+        ("ann", "02_kerple_cpd_kernels.ipynb"), ("ann", "07_chomsky_hierarchy.ipynb"), ("bob", "bob.ipynb"),
+        ("cem", "cem")]
+    assert "no notebook (.ipynb)" in found[-1].rows[0].message
+
+
+@pytest.fixture(scope="module")
+def worker():
+    with sandbox.Worker(sandbox.isolation(), 200, [], grade.worker_env()) as started:
+        started.wait_ready(grade.START_TIMEOUT)
+        yield started
+
+
+def test_the_worker_answers_with_data_and_handles_only(worker):
+    worker.request("run", 0, "import torch\nclass Sneaky:\n    def __reduce__(self):\n"
+                             "        return (print, ('pwned',))\n"
+                             "def answer(x):\n    return x * 2, Sneaky(), torch.nn.Linear(2, 3), {'k': [1.5, 'a']}",
+                   timeout=60)
+    worker.request("run", 1, "from minidape import exercises\nexercises.answers = {'f': ((answer,), {})}",
+                   timeout=60)
+    channel = sandbox.Channel(worker, time.monotonic() + 60)
+    answer = channel.request("answers")["f"][0][0]
+    assert isinstance(answer, sandbox.Remote)
+    doubled, sneaky, linear, plain = answer(torch.arange(3))
+    assert torch.equal(doubled, torch.arange(3) * 2) and plain == {"k": [1.5, "a"]}
+    assert isinstance(sneaky, sandbox.Remote) and isinstance(linear, sandbox.Remote)
+    assert exercises._is_module(linear) and not exercises._is_module(sneaky)
+    assert exercises._parameter_shapes(linear) == [(3, 2), (3,)] and linear.in_features == 2
+    source = torch.nn.Linear(2, 3)
+    (way,) = exercises._hand_over(source, linear, "it")
+    exercises._load_parameters(linear, way)
+    assert torch.allclose(linear(torch.ones(4, 2)), source(torch.ones(4, 2)).detach())
+    gradients = exercises._gradients_of_sum(linear, torch.ones(4, 2))
+    assert torch.equal(gradients[0], torch.full((3, 2), 4.0)) and torch.equal(gradients[1], torch.full((3,), 4.0))
+
+
+def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(worker):
+    worker.request("run", 0, textwrap.dedent("""
+        import torch
+        from torch import nn
+        class Conv1x1OutputFirst(nn.Module):            # f as 1x1 convolutions, declared output-first
+            def __init__(self, cfg):
+                super().__init__()
+                self.out = nn.Conv2d(cfg.refiner_width, cfg.n_head, 1)
+                self.inp = nn.Conv2d(2 * cfg.n_head, cfg.refiner_width, 1)
+            def forward(self, scores, bias, mask, residual=True):
+                bias = bias.expand_as(scores)
+                f = self.out(nn.functional.leaky_relu(self.inp(torch.cat([scores, bias], 1)), 0.01))
+                return scores + bias * residual + f
+        class WithoutB(Conv1x1OutputFirst):
+            def forward(self, scores, bias, mask):
+                return super().forward(scores, bias, mask, residual=False)
+        from minidape import exercises
+        exercises.answers = {"right": ((Conv1x1OutputFirst,), {}), "wrong": ((WithoutB,), {})}
+        """), timeout=60)
+    channel = sandbox.Channel(worker, time.monotonic() + 120)
+    answers = channel.request("answers")
+    channel.forbidden = exercises.LIBRARY["dape_refiner"]
+    assert exercises.verdict("dape_refiner", *answers["right"][0])[::2] == ("passed", 3)
+    status, message, points = exercises.verdict("dape_refiner", *answers["wrong"][0])
+    assert (status, points) == ("failed", 0) and "the residual + B is missing" in message
+
+
+def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
+    worker.request("run", 0, "import minidape as md\nmine = md.kernels.log_kernel()\n"
+                             "from minidape import exercises\nexercises.answers = {'k': ((mine,), {})}", timeout=60)
+    channel = sandbox.Channel(worker, time.monotonic() + 60)
+    kernel = channel.request("answers")["k"][0][0]
+    channel.forbidden = exercises.LIBRARY["my_kernel"]
+    with pytest.raises(sandbox.LibraryUsed, match="md.kernels.log_kernel"):
+        kernel(torch.zeros(2), torch.ones(2))
+
+
+def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
+    worker.request("run", 0, "def apply(f, n):\n    return f(n) / (n - 3)", timeout=60)
+    worker.request("run", 1, "from minidape import exercises\nexercises.answers = {'g': ((apply,), {})}", timeout=60)
+    apply = sandbox.Channel(worker, time.monotonic() + 60).request("answers")["g"][0][0]
+    offset = 10
+    assert apply(lambda n: n + offset, 5) == 7.5
+    with pytest.raises(sandbox.StudentError, match="ZeroDivisionError"):
+        apply(lambda n: n, 3)
 
 
 def run_cli(*args):
@@ -86,7 +213,9 @@ def run_cli(*args):
     (["missing.ipynb"], "no such notebook or folder: missing.ipynb"),
     (["README.md"], "is not a notebook"),
     (["notebooks", "--timeout", "0"], "argument --timeout: must be a number > 0"),
+    (["notebooks", "--jobs", "0"], "argument --jobs"),
     (["notebooks", "--csv", "no/such/folder/g.csv"], "does not exist"),
+    (["notebooks", "--feedback", "README.md"], "--feedback README.md is a file"),
 ])
 def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
     result = run_cli(*args)
@@ -96,7 +225,8 @@ def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
 
 def student_edition(source, folder):
     """What `make student` does for one notebook: jupytext, then nbconvert's tag and output preprocessors."""
-    full = folder / f"{source.stem}.ipynb"
+    full = folder / "teacher" / f"{source.stem}.ipynb"
+    full.parent.mkdir()
     subprocess.run([BIN / "jupytext", "--quiet", "--to", "ipynb", "-o", full, source], check=True)
     subprocess.run([BIN / "jupyter-nbconvert", "--to", "notebook", "--log-level", "WARN",
                     "--TagRemovePreprocessor.enabled=True", "--TagRemovePreprocessor.remove_cell_tags=solution",
@@ -107,10 +237,106 @@ def student_edition(source, folder):
 
 def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edition_none(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIDAPE_FAST", "1")
-    full, student = student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
-    names = [exercise.name for exercise in exercises.exercises_of("02")]
-    solution_cells = [cell for cell in nbformat.read(full, 4).cells if "solution" in cell.metadata.get("tags", [])]
-    assert solution_cells and not any("solution" in cell.metadata.get("tags", [])
-                                      for cell in nbformat.read(student, 4).cells)
-    assert grade_notebook(full, timeout=300).exercises == {name: True for name in names}
-    assert grade_notebook(student, timeout=300).exercises == {name: False for name in names}
+    student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
+    out = tmp_path / "grades.csv"
+    graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)
+    names = list(EDITIONS["02"].checks)
+    with open(out) as file:
+        rows = [(r["student"], r["exercise"], r["points"], r["status"]) for r in csv.DictReader(file)]
+    points = {e.name: f"{e.points:g}" for e in EDITIONS["02"].roster}
+    # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
+    assert rows == [("02_kerple_cpd_kernels", name, points[name], "passed") for name in names] + [
+        ("02_kerple_cpd_kernels", name, "0", "not done yet") for name in names]
+    assert [g.problem for g in graded] == ["", ""]
+    # the written answers, for the teacher: here both editions hold the question's cell as it is handed out
+    with open(grade.written_path(out)) as file:
+        written = list(csv.DictReader(file))
+    (question,) = [c["source"].strip() for c in EDITIONS["02"].cells if "rubric:shift_growth" in c["tags"]]
+    assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [("shift_growth", question, "")] * 2
+
+
+def test_predictions_are_the_literals_of_the_prediction_cells():
+    assert EDITIONS["02"].predictions == {"square_quadratic_form": {}, "find_shift": {},
+                                          "shift_growth": {0: "shift_prediction"}, "kerple_log_bias": {}}
+    assert grade.literal_assignments(cells("a = 1\nb = {'x': True}", "a = 2.5\nc = a + 1", "b = f()", "(")) == {
+        "a": 2.5}
+
+
+def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_check_time(monkeypatch):
+    class Alive:
+        alive = True
+    channel = sandbox.Channel(Alive(), time.monotonic() + 60)
+    judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
+    exercise = exercises.EXERCISES["shift_growth"]
+    measured = {"triangle": 256.0, "log": 8.0}
+    answers = {"shift_growth": ((measured, measured), {})}       # the prediction overwritten by the measurement
+    row = judge(exercise, answers, channel, "", {0: ("shift_prediction", {"triangle": 1.0, "log": 1.0})})
+    assert (row.status, row.points) == ("passed", 1) and "outside a factor of 2" in row.message
+    assert judge(exercise, answers, channel, "", {0: ("shift_prediction", measured)}).points == 3
+    row = judge(exercise, answers, channel, "", {0: ("shift_prediction", grade.NOT_RECORDED)})
+    assert (row.status, row.points) == ("failed", 0) and "tagged 'prediction'" in row.message
+
+
+def test_written_answers_are_collected_by_rubric_and_a_missing_one_is_named(tmp_path):
+    edition = EDITIONS["02"]
+    kept = [{**c, "source": "c grows linearly for the triangle"} if "written" in c["tags"] else c
+            for c in student_cells(edition)]
+    assert [(w.rubric, w.answer, w.problem) for w in grade.written_answers(edition, kept)] == [
+        ("shift_growth", "c grows linearly for the triangle", "")]
+    untagged = [{**c, "tags": []} for c in kept]
+    (missing,) = grade.written_answers(edition, untagged)
+    assert missing.answer == "" and "rubric:shift_growth" in missing.problem
+    submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb", edition.stem,
+                                  rows=[grade.Row("shift_growth", 1, 3, "partly right", "your prediction ...")],
+                                  cells=kept)
+    feedback = json.loads(grade.write_feedback(submission, tmp_path / "fb").read_text())
+    sources = [c["source"] for c in feedback["cells"]]
+    at = sources.index("c grows linearly for the triangle")
+    assert "written answer (rubric:shift_growth)" in sources[at + 1]
+
+
+def test_partial_credit_is_a_credit_of_fewer_points(monkeypatch):
+    def two_parts(answer):
+        if answer[0] != 1:
+            raise exercises.Wrong("both parts are wrong")
+        if answer[1] != 2:
+            return exercises.Credit(2, "the second part is wrong", answer_right=False)
+    monkeypatch.setitem(exercises.EXERCISES, "two_parts",
+                        exercises.Exercise("two_parts", "02", "derive", "two parts", "hint", two_parts, points=4))
+    assert exercises.verdict("two_parts", (1, 2))[::2] == ("passed", 4)
+    status, message, earned = exercises.verdict("two_parts", (1, 3))
+    assert (status, earned) == ("partly right", 2) and "second part" in message
+    assert exercises.verdict("two_parts", (0, 3))[::2] == ("failed", 0)
+
+
+def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(sandbox, "isolation", lambda: "none")
+    path = notebook_file(tmp_path / "ann" / "07_chomsky_hierarchy.ipynb", cells(
+        "from minidape import exercises",
+        "def output_length(name, n):\n    return {'reverse_string': n, 'duplicate_string': 2 * n, "
+        "'compute_sqrt': (n + 1) // 2, 'binary_multiplication': n, 'parity_check': 1}[name]",
+        'exercises.check("output_length", output_length)'))
+    graded = grade.grade([path.parent.parent], timeout=120, jobs=1)
+    assert "warning: no namespaces available" in capsys.readouterr().err
+    assert [(r.exercise, r.status) for r in graded[0].rows] == [
+        ("addition_sample", "failed"), ("output_length", "passed"), ("masked_accuracy", "failed"),
+        ("shuffle_invariance", "failed")]
+
+
+def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
+    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    assert sandbox.isolation() == "uid" and "user id of its own" in sandbox.WARNINGS["uid"]
+    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    assert sandbox.isolation() == "none"
+
+
+def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path, monkeypatch):
+    def broken(self, timeout):
+        self.close()
+        raise sandbox.WorkerGone("did not start (ModuleNotFoundError: No module named 'shlex')")
+    monkeypatch.setattr(sandbox.Worker, "wait_ready", broken)
+    path = notebook_file(tmp_path / "02_kerple_cpd_kernels.ipynb", cells("x = 1"))
+    with pytest.raises(OSError, match="did not start .*No module named 'shlex'.*must be able to read Python"):
+        grade.grade([path], csv_path=tmp_path / "g.csv", jobs=1)
+    assert not (tmp_path / "g.csv").exists()

@@ -74,14 +74,21 @@ def test_every_exercise_of_the_notebook_is_checked_in_it(source):
     assert f'exercises.summary("{number}")' in last, f"{source.name} must end with exercises.summary(\"{number}\")"
 
 
+def names_used(source):
+    return {node.id for node in ast.walk(ast.parse(source)) if isinstance(node, ast.Name)}
+
+
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
 def test_every_solution_replaces_a_stub_defined_before_it(source):
-    """The student edition drops the solution cells: whatever they define must exist there as a stub."""
+    """The student edition drops the solution cells: whatever they define for later cells must exist there as a
+    stub (a helper used only inside its solution need not)."""
     defined, solutions = set(), 0
-    for cell in code_cells(jupytext.read(source)):
+    cells = code_cells(jupytext.read(source))
+    for number, cell in enumerate(cells):
         if is_solution(cell):
             solutions += 1
-            missing = names_defined(cell.source) - defined
+            used_later = set().union(*(names_used(c.source) for c in cells[number + 1:] if not is_solution(c)))
+            missing = (names_defined(cell.source) - defined) & used_later
             assert not missing, f"{source.name}: solution cell defines {missing} with no stub before it"
         else:
             defined |= names_defined(cell.source)
@@ -99,3 +106,68 @@ def test_a_device_cell_comes_first_and_the_cost_is_stated(source):
     order = [device[0].find(name) for name in ('"cuda"', '"mps"', '"cpu"')]
     assert -1 not in order and order == sorted(order), f"{source.name}: DEVICE must try CUDA, then MPS, then CPU"
     assert "**Cost" in notebook.cells[0].source, f"{source.name}: the first cell must state what it trains and how long"
+
+
+# ------------------------------------------------------------------------ no answer before its question
+
+def student_edition(notebook):
+    """What `make student` keeps: every cell but the ones tagged `solution`."""
+    return [cell for cell in notebook.cells if not is_solution(cell)]
+
+
+def distinctive_lines(solution, stub):
+    """The lines of a solution cell a student could copy: code (or prose) not already in the stub before it,
+    without comments, docstrings, signatures and short generic lines."""
+    given = {line.strip() for line in stub.source.splitlines()} if stub is not None else set()
+    lines = set()
+    for line in solution.source.splitlines():
+        line = line.split("  #")[0].strip()
+        if (len(line) >= 24 and line not in given and not line.startswith(("#", '"""', "def ", "class ", "r\"\"\""))
+                and not line.endswith('"""')):
+            lines.add(line)
+    return lines
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_the_student_edition_reveals_no_solution(source):
+    """No line of a worked solution (code or worked answer) appears in any cell the student edition keeps."""
+    notebook = jupytext.read(source)
+    kept = "\n".join(cell.source for cell in student_edition(notebook))
+    kept_lines = {line.split("  #")[0].strip() for line in kept.splitlines()}
+    previous = None
+    for cell in notebook.cells:
+        if is_solution(cell):
+            leaked = sorted(line for line in distinctive_lines(cell, previous) if line in kept_lines)
+            assert not leaked, f"{source.name}: the student edition holds lines of a solution: {leaked}"
+        else:
+            previous = cell
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_predictions_are_recorded_as_literals_before_their_check(source):
+    """A prediction cell (tag `prediction`) holds only literal assignments, and comes before the check that grades
+    it, so a prediction is a number or a choice written down, not computed from the run."""
+    notebook = jupytext.read(source)
+    predictions = [cell for cell in code_cells(notebook) if "prediction" in cell.metadata.get("tags", [])]
+    assert predictions, f"{source.name} has no prediction cell (tag `prediction`)"
+    for cell in predictions:
+        for node in ast.parse(cell.source).body:
+            assert isinstance(node, ast.Assign), f"{source.name}: a prediction cell may only assign: {cell.source}"
+            ast.literal_eval(node.value)                   # raises on anything but a literal
+    cells = code_cells(notebook)
+    experiments = [e.name for e in exercises.exercises_of(source.name[:2]) if e.kind == "experiment"]
+    first_prediction = min(cells.index(cell) for cell in predictions)
+    last_check = max(i for i, cell in enumerate(cells) for name in experiments if f'check("{name}"' in cell.source)
+    assert first_prediction < last_check, f"{source.name}: the prediction comes after its experiment's check"
+
+
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_written_answer_cells_name_a_rubric_of_the_teachers_guide(source):
+    guide = (NOTEBOOKS.parent / "docs" / "teaching.md").read_text()
+    written = [cell for cell in jupytext.read(source).cells if "written" in cell.metadata.get("tags", [])]
+    assert written, f"{source.name} has no written-answer cell (tag `written`)"
+    for cell in written:
+        assert cell.cell_type == "markdown", f"{source.name}: a written answer is a markdown cell"
+        rubrics = [tag[len("rubric:"):] for tag in cell.metadata["tags"] if tag.startswith("rubric:")]
+        assert len(rubrics) == 1, f"{source.name}: a written cell needs one `rubric:<id>` tag, has {rubrics}"
+        assert f"`rubric:{rubrics[0]}`" in guide, f"docs/teaching.md has no rubric `rubric:{rubrics[0]}`"
