@@ -15,8 +15,8 @@
 4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
    the answers as handles: calling one runs the student's code in the worker and brings the result back as
    data. An answer that runs minidape's own implementation of the exercise (``exercises.LIBRARY``) fails.
-5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,status,message``
-   (status: passed, partly right, failed or not done yet), rewritten atomically after every submission (a
+5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,passed,message``
+   (passed: 1 or 0; partial credit in points; the message says passed, partly right, failed or not done yet), rewritten atomically after every submission (a
    crash of the grader keeps what was graded), and beside it ``FILE-written.csv`` (``student,notebook,rubric,
    answer,problem``): the written-answer cells (tagged ``written`` and ``rubric:<id>``) for the teacher to mark;
    ``--feedback DIR``: each executed notebook with the grader's verdict under each check cell and a note under
@@ -45,7 +45,7 @@ from . import exercises, sandbox
 
 TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
 CHECK_CALL = re.compile(r"""check\(\s*["'](\w+)["']""")
-COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "status", "message"]
+COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "passed", "message"]
 WRITTEN_COLUMNS = ["student", "notebook", "rubric", "answer", "problem"]
 NOT_RECORDED = object()         # a prediction variable that no prediction cell of the submission assigns literally
 START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
@@ -477,15 +477,21 @@ def _write_atomically(path: Path, text: str) -> None:
         raise
 
 
+def csv_message(row) -> str:
+    """The row's message, opening with its verdict (passed, partly right, failed or not done yet)."""
+    return row.message if row.message.startswith(row.status) else f"{row.status}: {row.message}"
+
+
 def write_csv(graded: list[Submission], path: str | os.PathLike) -> None:
-    """One row per exercise of every submission: ``student,notebook,exercise,points,max_points,status,message``."""
+    """One row per exercise of every submission: ``student,notebook,exercise,points,max_points,passed,message``
+    (``passed`` is 1 for a verdict of "passed", else 0; partial credit shows in ``points``)."""
     buffer = io.StringIO()
     writer = csv.writer(buffer)
     writer.writerow(COLUMNS)
     for submission in graded:
         for row in submission.rows:
             writer.writerow([submission.student, submission.notebook, row.exercise, f"{row.points:g}",
-                             f"{row.max_points:g}", row.status, row.message])
+                             f"{row.max_points:g}", int(row.status == exercises.PASSED), csv_message(row)])
     _write_atomically(Path(path), buffer.getvalue())
 
 

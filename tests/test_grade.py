@@ -242,11 +242,13 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
     graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)
     names = list(EDITIONS["02"].checks)
     with open(out) as file:
-        rows = [(r["student"], r["exercise"], r["points"], r["status"]) for r in csv.DictReader(file)]
+        verdicts = (exercises.PASSED, exercises.PARTLY, exercises.FAILED, exercises.NOT_DONE)
+        rows = [(r["student"], r["exercise"], r["points"], r["passed"],
+                 next(v for v in verdicts if r["message"].startswith(v))) for r in csv.DictReader(file)]
     points = {e.name: f"{e.points:g}" for e in EDITIONS["02"].roster}
     # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
-    assert rows == [("02_kerple_cpd_kernels", name, points[name], "passed") for name in names] + [
-        ("02_kerple_cpd_kernels", name, "0", "not done yet") for name in names]
+    assert rows == [("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names] + [
+        ("02_kerple_cpd_kernels", name, "0", "0", "not done yet") for name in names]
     assert [g.problem for g in graded] == ["", ""]
     # the written answers, for the teacher: here both editions hold the question's cell as it is handed out
     with open(grade.written_path(out)) as file:

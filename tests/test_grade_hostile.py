@@ -298,9 +298,9 @@ def test_the_time_limit_keeps_what_was_answered_before_it(graded):
 def test_unreadable_files_get_every_exercise_with_the_problem_in_words(graded, name):
     rows = [r for r in graded["rows"] if r["student"] == name]
     assert [r["exercise"] for r in rows] == list(NAMES)
-    assert all(r["status"] == "failed" and r["points"] == "0" for r in rows)
+    assert all(r["passed"] == "0" and r["points"] == "0" for r in rows)
     assert [r["max_points"] for r in rows] == [f"{POINTS[name]:g}" for name in NAMES]
-    assert rows[0]["message"].startswith("the file is")
+    assert rows[0]["message"].startswith("failed: the file is")
 
 
 def test_the_csv_has_every_exercise_of_every_submission(graded):
@@ -308,7 +308,7 @@ def test_the_csv_has_every_exercise_of_every_submission(graded):
     assert list(rows[0]) == grade.COLUMNS
     for case in [*CASES, *BROKEN]:
         assert [r["exercise"] for r in rows if r["student"] == case] == list(NAMES)
-    assert [(r["exercise"], r["status"]) for r in rows if r["student"] == "unnamed"] == [("", "failed")]
+    assert [(r["exercise"], r["passed"]) for r in rows if r["student"] == "unnamed"] == [("", "0")]
     assert "cannot tell which notebook" in graded["submissions"]["unnamed"].problem
 
 
