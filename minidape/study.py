@@ -142,7 +142,10 @@ def _spread(first: int, last: int, count: int) -> tuple[int, ...]:
     return tuple(round(first + i * (last - first) / (count - 1)) for i in range(count))
 
 
-# CPU budgets: "default" MEASURE; "small" MEASURE. "tiny" is for the tests only (every code path, no meaning).
+# CPU budgets. "default" (205 runs): 1 h 34 min as two processes sharing the folder on the project's 2-core AMD
+# EPYC while other jobs loaded it (load 4-19; the runs' own time 3 h 07 min, a Kerple-log run 30-80 s there
+# against about 10 s at load below 1). "small" (the same runs, half the steps, a third of the evaluation): not
+# timed with these settings. "tiny" is for the tests only (every code path, no meaning).
 BUDGETS = {
     "tiny": Budget(n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, lr=3e-3, train_lengths=(16, 8),
                    eval_factors=(1, 2), last_k=8, eval_windows=2, nonoverlap_tokens=64, che_steps=2,
