@@ -231,7 +231,7 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
         assert (out / "figures" / f"{claim.key}.png").stat().st_size > 0
     results = json.loads((out / "results.json").read_text())
     assert set(results["verdicts"]) == {claim.key for claim in study.CLAIMS}
-    allowed = {"reproduced", "not reproduced", "inconclusive at this budget"}
+    allowed = {"reproduced", "not reproduced", "inconclusive at this budget", study.NOT_TESTED}
     assert all(s["verdict"] in allowed for claim in results["verdicts"].values() for s in claim)
     runs = sorted(out.glob("runs/**/seed*.json"))
     progress = [line for line in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]   # one line per run
@@ -272,6 +272,22 @@ def che_results(within: dict[str, float]) -> dict:
     keys = [(task, label) for task in study.CHE_TASKS for label in study.CHE_MODELS]
     return {"che": {key: [0.6, 0.6] for key in keys}, "che_within": {key: [within[key[0]]] * 2 for key in keys},
             "che_chance": {task: 0.5 for task in study.CHE_TASKS}}
+
+
+def test_a_task_no_model_learned_is_not_tested_and_leaves_holms_family():
+    first, *rest = study.CHE_TASKS
+    results = che_results({first: 0.52, **{task: 0.9 for task in rest}})
+    accuracy = {"Kerple-log": [0.60, 0.61, 0.62], "DAPE-Kerple": [0.70, 0.72, 0.71]}   # DAPE 10 points higher
+    results["che"] = {(task, label): values for task in study.CHE_TASKS for label, values in accuracy.items()}
+    results["che_within"] = {key: [value[0]] * 3 for key, value in results["che_within"].items()}
+    (claim,) = [claim for claim in study.CLAIMS if claim.che]
+    judged = study.judge(results, [], (128,), claims=(claim,))
+    verdicts = {item["statement"].task: item["verdict"] for item in judged}
+    assert verdicts[first] == study.NOT_TESTED and math.isnan(judged[0]["p_holm"])
+    tested = [item for item in judged if item["statement"].task != first]
+    assert [item["p_holm"] for item in tested] == pytest.approx(study.holm([item["endpoint"].p for item in tested]))
+    assert study.claim_verdict([study.NOT_TESTED]) == "inconclusive at this budget"
+    assert study.claim_verdict([study.NOT_TESTED, "reproduced"]) == "reproduced"
 
 
 def test_che_table_names_the_tasks_no_model_learned_within_training():
