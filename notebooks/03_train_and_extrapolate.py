@@ -65,6 +65,7 @@ STEPS = 8 if FAST else 400                          # optimizer steps per model
 LR = 3e-3                                           # peak learning rate (AdamW, cosine schedule)
 BATCH = 8 if FAST else 16                           # sequences per step
 LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]   # evaluation lengths, up to 16 x L
+SCORED = min(256, min(LENGTHS))                     # tokens last_k scores, the same at every length
 EVAL_WINDOWS = 4 if FAST else 32                    # seeded validation windows per length (last_k)
 VAL_WINDOWS = 8 if FAST else 32                     # windows of the validation loss logged during training
 NONOVERLAP_TOKENS = 1024 if FAST else 16384         # stretch of validation text scored by nonoverlap
@@ -176,7 +177,7 @@ with warnings.catch_warnings():
                                                    n_windows=EVAL_WINDOWS)
               for pe, model in models.items()}
 md.plots.plot_extrapolation(last_k, train_length=TRAIN_LENGTH,
-                            title="Perplexity of the last 256 tokens (DAPE's last_k protocol)")
+                            title=f"Perplexity of the same {SCORED} scored tokens at every length (last_k)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, train_length=TRAIN_LENGTH)))
 at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in last_k.items()}
@@ -248,7 +249,7 @@ with warnings.catch_warnings():
                                                           n_tokens=NONOVERLAP_TOKENS)
 
 fig, axes = plt.subplots(1, 2, figsize=(13, 4.5), sharey=True)
-md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, ax=axes[0], title="last_k: score the final 256 tokens")
+md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, ax=axes[0], title=f"last_k: the same {SCORED} tokens at every length")
 md.plots.plot_extrapolation(nonoverlap, TRAIN_LENGTH, ax=axes[1],
                             title="nonoverlap: score every token of each window")
 fig.suptitle("The same six models under the two evaluation protocols")
@@ -324,8 +325,7 @@ print(f"{'pe':<7}{'T':>6}  {'last_k':>8} {'from curve':>10}   {'nonoverlap':>10}
 for pe in ["rope", "alibi"]:
     curve = position_loss[pe]
     for T in LENGTHS:
-        k = min(256, T)
-        predicted_last_k = math.exp(curve[T - k:T].mean())
+        predicted_last_k = math.exp(curve[T - SCORED:T].mean())   # the last SCORED positions of the window
         predicted_nonoverlap = math.exp(curve[:T].mean())
         print(f"{pe:<7}{T:>6}  {last_k[pe][T]:>8.2f} {predicted_last_k:>10.2f}   "
               f"{nonoverlap[pe][T]:>10.2f} {predicted_nonoverlap:>10.2f}")
