@@ -456,8 +456,8 @@ for name in TASKS:
 if not FAST:   # the claims of the text below, checked on this run (fast mode trains too little to show them)
     others = max(v for label, v in beyond["bucket_sort"].items() if label != "conv-Kerple")
     assert beyond["bucket_sort"]["conv-Kerple"] > others + 0.15, beyond["bucket_sort"]
-    assert all(results[name, label]["mean_within_train"] > md.tasks.get_task(name).chance_accuracy + 0.2
-               for name in TASKS for label in MODELS)
+    assert all(results[name, label]["mean_within_train"] > md.tasks.get_task(name).chance_accuracy + 0.15
+               for name in TASKS for label in MODELS), {key: r["mean_within_train"] for key, r in results.items()}
 
 # %% [markdown]
 # **What to look for.**
@@ -465,8 +465,9 @@ if not FAST:   # the claims of the text below, checked on this run (fast mode tr
 # (The tables and the ranking printed under them are this run's numbers; the text describes what to look for
 # and the cell asserts, in full mode, the two claims marked *checked*.)
 #
-# - *Within the training lengths* all four models fit both tasks far above chance (*checked*); compare the
-#   "train" columns to see which fits best, and the loss curves above to see which trains fastest.
+# - *Within the training lengths* all four models fit both tasks above chance (*checked*: by more than 15
+#   points), some much better than others: compare the "train" columns to see which fits best, and the loss
+#   curves above to see which trains fastest.
 # - *Beyond training* every curve falls. On `reverse_string` read the printed ranking: does it follow the fit
 #   inside the training lengths? Reversal is hard for any relative encoding: answer slot $k$ must read the input
 #   symbol at distance $2k+1$ from itself, and distances beyond 79 never occur in training.
