@@ -57,6 +57,7 @@ LIMITS = {"memory_bytes": 6 << 30, "processes": 256, "open_files": 256, "file_by
 MAX_MESSAGE = 256 << 20         # the most the grader reads from a worker in one answer
 MAX_CELL_OUTPUT = 200_000       # characters of printed output kept per cell
 UID_BASE = 2_000_000_000        # workers' user ids (levels root and uid): far above any real account
+SCRATCH_FOLDERS = ("/tmp", "/var/tmp", "/dev/shm")   # world-writable: each worker gets empty ones of its own
 REMOTE, CONFIG = "__minidape_remote__", "__minidape_config__"
 HEADER = struct.Struct("<Q")
 
@@ -649,19 +650,28 @@ def _isolate(setup: dict) -> None:
             if libc.mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
                 raise OSError(ctypes.get_errno(), f"mount {target}")
         read_only, nosuid, nodev, bind, recursive = 1, 2, 4, 4096, 16384
+        # Python, minidape and its corpora may lie in a folder that the scratch file systems below cover (a
+        # clone or a venv under /tmp): hold them open now and bind them back at their own paths afterwards.
+        covered = [path for path in _needed_trees() if any(path == top or path.startswith(top + "/")
+                                                            for top in SCRATCH_FOLDERS)]
+        held = {path: os.open(path, os.O_PATH) for path in covered}
         mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=1m,mode=0700")      # staging, root's only
         if setup["level"] == "root":
             _expose_python(mount, libc, bind | recursive)
-        for path in setup["hide"]:
+        owner = setup["uid"] if setup["level"] == "root" else 0
+        for path in SCRATCH_FOLDERS:
+            if os.path.isdir(path):
+                mount("tmpfs", path, "tmpfs", nosuid | nodev,
+                      f"size={setup['limits']['scratch_bytes']},mode=0700,uid={owner},gid={owner}")
+        for path, handle in held.items():
+            os.makedirs(path, mode=0o755, exist_ok=True)
+            mount(f"/proc/self/fd/{handle}", path, "", bind | recursive)
+            os.close(handle)
+        for path in setup["hide"]:          # last: a tree bound back above may hold some of them
             if os.path.isdir(path):
                 mount("tmpfs", path, "tmpfs", read_only | nosuid | nodev, "size=4k,mode=0555")
             elif os.path.exists(path):
                 mount("/dev/null", path, "", bind)
-        owner = setup["uid"] if setup["level"] == "root" else 0
-        for path in ("/tmp", "/var/tmp", "/dev/shm"):
-            if os.path.isdir(path):
-                mount("tmpfs", path, "tmpfs", nosuid | nodev,
-                      f"size={setup['limits']['scratch_bytes']},mode=0700,uid={owner},gid={owner}")
         os.chdir("/tmp")
     limits = setup["limits"]
     for name, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]), (resource.RLIMIT_AS, limits["memory_bytes"]),
@@ -681,10 +691,8 @@ def _expose_python(mount, libc, rbind: int) -> None:
     """Make the interpreter, its libraries and minidape reachable for the unprivileged user when they lie
     under a folder others may not enter (e.g. /root/.pyenv): an empty tmpfs over the top-most such folder,
     with only the needed trees bound back in at their own paths (so sys.path stays valid)."""
-    needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
-                                              *sys.path) if p and os.path.isdir(p)}
     blocked: dict[str, list[str]] = {}
-    for path in sorted(needed):
+    for path in sorted(_needed_trees()):
         ancestors = [a for a in _ancestors(path) if not os.stat(a).st_mode & 0o001]
         if ancestors:
             blocked.setdefault(ancestors[0], []).append(path)
@@ -698,6 +706,15 @@ def _expose_python(mount, libc, rbind: int) -> None:
             os.makedirs(inside, mode=0o755, exist_ok=True)
             mount(os.path.join(staging, os.path.relpath(path, top)), inside, "", rbind)
         libc.umount2(staging.encode(), 2)                                        # MNT_DETACH
+
+
+def _needed_trees() -> set[str]:
+    """The folders the worker reads its code and data from: the interpreter, sys.path, minidape and its corpora
+    (an editable install maps the package to the checkout, outside sys.path)."""
+    from . import data
+    package = os.path.dirname(os.path.abspath(__file__))
+    return {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable), *sys.path,
+                                          package, str(data.DATA_DIR)) if p and os.path.isdir(p)}
 
 
 def _ancestors(path: str) -> list[str]:
