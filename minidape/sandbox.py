@@ -652,18 +652,22 @@ def _isolate(setup: dict) -> None:
         read_only, nosuid, nodev, bind, recursive = 1, 2, 4, 4096, 16384
         # Python, minidape and its corpora may lie in a folder that the scratch file systems below cover (a
         # clone or a venv under /tmp): hold them open now and bind them back at their own paths afterwards.
-        covered = [path for path in _needed_trees() if any(path == top or path.startswith(top + "/")
-                                                            for top in SCRATCH_FOLDERS)]
-        held = {path: os.open(path, os.O_PATH) for path in covered}
+        # Only the innermost of them are bound: a folder above them (a checkout made by `mktemp -d`) may be
+        # closed to others, and the fresh tmpfs recreates the folders above at 0755.
+        needed = _needed_trees()
+        covered = {path for path in needed if any(path == top or path.startswith(top + "/")
+                                                  for top in SCRATCH_FOLDERS)}
+        held = {path: os.open(path, os.O_PATH) for path in covered
+                if not any(other.startswith(path + "/") for other in covered)}
         mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=1m,mode=0700")      # staging, root's only
         if setup["level"] == "root":
-            _expose_python(mount, libc, bind | recursive)
+            _expose_python(needed - covered, mount, libc, bind | recursive)
         owner = setup["uid"] if setup["level"] == "root" else 0
         for path in SCRATCH_FOLDERS:
             if os.path.isdir(path):
                 mount("tmpfs", path, "tmpfs", nosuid | nodev,
                       f"size={setup['limits']['scratch_bytes']},mode=0700,uid={owner},gid={owner}")
-        for path, handle in held.items():
+        for path, handle in held.items():      # in the fresh tmpfs: its folders above path are 0755
             os.makedirs(path, mode=0o755, exist_ok=True)
             mount(f"/proc/self/fd/{handle}", path, "", bind | recursive)
             os.close(handle)
@@ -687,12 +691,12 @@ def _isolate(setup: dict) -> None:
         ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)          # PR_SET_NO_NEW_PRIVS: no setuid programs either
 
 
-def _expose_python(mount, libc, rbind: int) -> None:
+def _expose_python(trees: set[str], mount, libc, rbind: int) -> None:
     """Make the interpreter, its libraries and minidape reachable for the unprivileged user when they lie
     under a folder others may not enter (e.g. /root/.pyenv): an empty tmpfs over the top-most such folder,
     with only the needed trees bound back in at their own paths (so sys.path stays valid)."""
     blocked: dict[str, list[str]] = {}
-    for path in sorted(_needed_trees()):
+    for path in sorted(trees):
         ancestors = [a for a in _ancestors(path) if not os.stat(a).st_mode & 0o001]
         if ancestors:
             blocked.setdefault(ancestors[0], []).append(path)
