@@ -59,6 +59,22 @@ class Wrong(Exception):
         self.hint = hint
 
 
+# When the grader runs a submission, its answers live in a worker process (``minidape.sandbox``, which builds on
+# this module): the checks hold handles on them, and the student's code fails in two more ways.
+
+
+class RemoteAnswer:
+    """Base of the grader's handles on answers that live in its worker (``sandbox.Remote``)."""
+
+
+class StudentError(Exception):
+    """The student's code raised (in the worker): the message names its type and text."""
+
+
+class WorkerGone(RuntimeError):
+    """The worker ended, broke the protocol or did not answer in time."""
+
+
 @dataclass(frozen=True)
 class Credit:
     """What a checker returns when an answer earns less than the exercise's points: the points earned, a note,
@@ -171,7 +187,6 @@ def verdict(name: str, *answer, **options) -> tuple[str, str, float]:
     except Wrong as wrong:
         status, points, message = FAILED, 0, f"not yet right: {wrong}\n    hint: {wrong.hint or exercise.hint}"
     except Exception as error:  # the student's code itself failed: say where, never stop the notebook
-        from .sandbox import StudentError, WorkerGone
         raised = (f"your code's worker {error}" if isinstance(error, WorkerGone) else
                   f"your code raised {error if isinstance(error, StudentError) else f'{type(error).__name__}: {error}'}")
         status, points, message = FAILED, 0, f"{raised}\n    hint: {exercise.hint}"
@@ -293,9 +308,8 @@ def _fresh_generator() -> torch.Generator:
 
 
 def _remote(answer) -> bool:
-    """Whether an answer lives in the grader's worker (a :class:`minidape.sandbox.Remote` handle)."""
-    from .sandbox import Remote
-    return isinstance(answer, Remote)
+    """Whether an answer lives in the grader's worker (a ``sandbox.Remote`` handle)."""
+    return isinstance(answer, RemoteAnswer)
 
 
 def _type_name(answer) -> str:

@@ -1,38 +1,49 @@
 r"""The fast path of ``model.py``: the same attention, computed faster and in memory linear in T.
 
-``model.py`` writes every refiner as the papers do, over the full ``(batch, h, T, T)`` scores. This module
-computes the same numbers (to float rounding, forward and gradients; ``tests/test_fast.py``) from the same
-parameters -- it reads the reference modules' ``nn.Linear`` and ``nn.Conv2d`` weights -- so ``state_dict`` keys,
-checkpoints and initialisation do not depend on the path. ``GPTConfig(fast=True)`` (the default) uses it.
+``model.py`` writes every refiner as the papers do, over the full ``(batch, h, T, T)`` scores, and knows nothing
+of this file. Imported (``minidape/__init__.py`` does it), this module installs ``attention`` below as
+``model.SelfAttention.fast_attention``; layers of a model with ``GPTConfig(fast=True)`` (the default) then use
+it. It computes the same numbers (to float rounding, forward and gradients; ``tests/test_fast.py``) from the
+same parameters -- it reads the reference modules' weights through their names (``HeadMLP.hidden_layer``,
+``ConvRefiner.conv1``, ...) -- so ``state_dict`` keys, checkpoints and initialisation do not depend on the path.
 
 How, in order of what it saves:
-  - **Query blocks** (``attend_blocks``): softmax is per query row and the built-in refiners act on each row
-    alone, so attention runs on blocks of rows, each against only the keys it can see; the causal upper
-    triangle beyond a block is never computed, and the refiner's hidden activations of one block fit a memory
-    budget. A user's refiner runs in blocks only when it declares ``row_local = True``; any other runs in the
-    reference form over the whole sequence (``runs_in_blocks``), so the fast path never computes another thing.
+  - **Query blocks** (``attend_in_query_blocks``): softmax is per query row and the built-in refiners act on
+    each row alone, so attention runs on blocks of query rows, each against only the keys it can see; the
+    causal upper triangle beyond a block is never computed, and the refiner's hidden activations of one block
+    fit a memory budget. A user's refiner runs in blocks only when it declares ``row_local = True``; any other
+    runs in the reference form over the whole sequence (``runs_in_query_blocks``).
   - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls in the scores' channels-first layout (no
     permute copies), with its hidden activation recomputed in backward instead of stored.
   - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
     over ``kernel`` shifted copies of the scores.
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
   - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner.
+
+The fused forms (``FUSED_FORMS``) rely on the structure of the reference modules. Before a layer first uses
+one, ``block_form`` checks that structure and compares the fused form with the module's own ``forward`` on a
+small input: a refiner edited in ``model.py`` (another activation, another equation) runs in its reference
+form, with a warning, instead of silently computing something else.
 """
 from __future__ import annotations
 
 import math
+import warnings
+import weakref
+from typing import Callable
 
 import torch
+import torch.nn as nn
 import torch.nn.functional as F
 
-from .model import (ConvRefiner, DAPEAddRefiner, DAPEConcatRefiner, DAPERefiner, PositionalInputs,
-                    attention_mask, refiner_view)
+from .model import (LEAKY_SLOPE, ConvRefiner, DAPEAddRefiner, DAPEConcatRefiner, DAPERefiner, PositionalInputs,
+                    SelfAttention, attend, attention_mask, refiner_view)
 from .model import attention as reference_attention
 
-# The refiner's hidden activations of one attention block are kept under this many elements (at least 16
-# query rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel
-# launches stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
-BLOCK_ELEMENTS = {"cpu": 2 ** 22, "accelerator": 2 ** 26}
+# The refiner's hidden activations of one query block are kept under this many elements (at least 16 query
+# rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel launches
+# stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
+QUERY_BLOCK_ELEMENTS = {"cpu": 2 ** 22, "accelerator": 2 ** 26}
 FULL_BIAS_ELEMENTS = 2 ** 24
 
 
@@ -40,34 +51,102 @@ FULL_BIAS_ELEMENTS = 2 ** 24
 # Attention in query blocks
 
 
-def attention(attn, q, k, v, positional: PositionalInputs):
-    """The attention of ``model.SelfAttention`` ``attn``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
-    dropout = attn.cfg.dropout if attn.training else 0.0
-    if attn.refiner is None and positional.bias_rows is None:
+def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
+    """The attention of the ``model.SelfAttention`` ``layer``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
+    dropout = layer.cfg.dropout if layer.training else 0.0
+    if layer.refiner is None and positional.bias_between is None:
         # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
-        return F.scaled_dot_product_attention(q, k, v, is_causal=attn.cfg.causal, dropout_p=dropout)
-    if attn.refiner is not None and not runs_in_blocks(type(attn.refiner)):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=layer.cfg.causal, dropout_p=dropout)
+    refine = None if layer.refiner is None else block_form(layer, positional.bias_between is not None)
+    if layer.refiner is not None and refine is None:
         T = q.shape[2]              # a refiner that may read other query rows: the paper form, whole sequence
-        mask = attention_mask(0, T, T, attn.cfg.causal, q.device)
-        return reference_attention(q, k, v, positional.full_bias, mask, attn.refiner, dropout)[0]
-    return torch.cat(attend_blocks(attn, q, k, v, positional, dropout), dim=2)
+        mask = attention_mask(T, layer.cfg.causal, q.device)
+        return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout)[0]
+    return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
 
 
-def runs_in_blocks(refiner_cls: type) -> bool:
-    """Whether query blocks give a refiner's exact output: a built-in one (exact class, see ``KERNELS``), or
+def runs_in_query_blocks(refiner_cls: type) -> bool:
+    """Whether query blocks give a refiner's exact output: a built-in one (exact class, see ``FUSED_FORMS``), or
     one that declares ``row_local = True`` (each output row reads only its own query row). Any other refiner,
     a subclass of a built-in one included, runs over the whole sequence: blocks would cut what it reads."""
-    return refiner_cls in KERNELS or getattr(refiner_cls, "row_local", False) is True
+    return refiner_cls in FUSED_FORMS or getattr(refiner_cls, "row_local", False) is True
 
 
-def block_rows(cfg, has_refiner: bool, batch: int, T: int, device: torch.device) -> int:
+def own_forward(refiner, scores, bias, mask):
+    """A row-local refiner's own ``forward``, run on each query block."""
+    return refiner(scores, bias, mask)
+
+
+def block_form(layer: SelfAttention, has_bias: bool) -> Callable | None:
+    """How a query block computes $A = \\mathrm{refine}(S, B)$ with this layer's refiner, as a function
+    (refiner, scores, bias, mask) -> A: its fused form (a built-in refiner whose structure checks out), its own
+    ``forward`` (``row_local = True``), or None: not in query blocks."""
+    refiner = layer.refiner
+    if type(refiner) not in FUSED_FORMS:
+        return own_forward if runs_in_query_blocks(type(refiner)) else None
+    if refiner not in _checked_forms:
+        problem = _structure_problem(refiner) or _probe_problem(refiner, layer.cfg.causal, has_bias)
+        if problem:
+            warnings.warn(f"fast path: {type(refiner).__name__} {problem}, so its fused form would compute something "
+                          f"else; this layer runs model.py's reference form (same result, slower)", stacklevel=2)
+        _checked_forms[refiner] = None if problem else FUSED_FORMS[type(refiner)]
+    return _checked_forms[refiner]
+
+
+_checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # refiner module -> its checked form
+
+
+def _structure_problem(refiner) -> str | None:
+    """What the fused form of this built-in refiner needs and does not find, or None."""
+    if isinstance(refiner, ConvRefiner):
+        convs = (getattr(refiner, "conv1", None), getattr(refiner, "conv2", None))
+        if not all(isinstance(c, nn.Conv2d) for c in convs):
+            return "has no nn.Conv2d conv1 and conv2"
+        kernel = convs[0].kernel_size[1]
+        for conv in convs:
+            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != \
+                    ((1, kernel), (0, kernel // 2), (1, 1), (1, 1), 1, "zeros"):
+                return "has a convolution that is not 1 x kernel with padding kernel // 2 along the keys"
+        return None
+    f = getattr(refiner, "f", None)
+    layers = [getattr(f, name, None) for name in ("hidden_layer", "activation", "output_layer")]
+    if not (isinstance(layers[0], nn.Linear) and isinstance(layers[2], nn.Linear)):
+        return "has no f.hidden_layer and f.output_layer (nn.Linear)"
+    if not isinstance(layers[1], nn.LeakyReLU) or layers[1].negative_slope != LEAKY_SLOPE:
+        return f"has an activation other than LeakyReLU({LEAKY_SLOPE})"
+    return None
+
+
+@torch.no_grad()
+def _probe_problem(refiner, causal: bool, has_bias: bool, T: int = 7) -> str | None:
+    """Compare the fused form with the refiner's own forward on random scores (and bias) of T x T cells."""
+    weight = next(refiner.parameters())
+    n_head = refiner.conv2.out_channels if isinstance(refiner, ConvRefiner) else refiner.f.output_layer.out_features
+    generator = torch.Generator().manual_seed(0)
+    scores = torch.randn(2, n_head, T, T, generator=generator).to(weight)
+    bias = torch.randn(n_head, T, T, generator=generator).to(weight) if has_bias else None
+    mask = attention_mask(T, causal, weight.device)
+    seen_bias, allowed = refiner_view(bias, mask)
+    with torch.autocast(weight.device.type, enabled=False):
+        expected = refiner(scores, seen_bias, mask)
+        fused = FUSED_FORMS[type(refiner)](refiner, scores, seen_bias, mask)
+    if expected.shape != fused.shape:
+        return f"returns shape {tuple(expected.shape)} where its fused form gives {tuple(fused.shape)}"
+    tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 3e-2   # relative to the largest score
+    error = (expected - fused).masked_fill(~allowed, 0).abs().max().item()
+    if not error <= tolerance * (1 + expected.masked_fill(~allowed, 0).abs().max().item()):
+        return f"differs from its fused form by {error:.3g} on a test input"
+    return None
+
+
+def rows_per_query_block(cfg, has_refiner: bool, batch: int, T: int, device: torch.device) -> int:
     """Query rows per block. Without a refiner one block, unless the (batch, h, T, T) scores would be large."""
     if cfg.attn_chunk:
         return cfg.attn_chunk
     if not has_refiner and batch * cfg.n_head * T * T <= FULL_BIAS_ELEMENTS:
         return T
     channels = max(cfg.n_head, cfg.refiner_width) if has_refiner else cfg.n_head
-    rows = BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] // (batch * channels * T)
+    rows = QUERY_BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] // (batch * channels * T)
     if device.type == "cpu":
         # Fewer, taller blocks have less per-block overhead, but a causal block also computes the upper half
         # of its diagonal square in vain (rows / T of the cells) and leaves the cache: T / 16 rows measured
@@ -76,65 +155,79 @@ def block_rows(cfg, has_refiner: bool, batch: int, T: int, device: torch.device)
     return max(16, rows)
 
 
-def attend_blocks(attn, q, k, v, positional: PositionalInputs, dropout: float) -> list[torch.Tensor]:
+def key_margin(refiner) -> int:
+    """Masked keys past the diagonal a refiner reads: DAPE-V2's 1 x kernel conv2 reads kernel // 2 of its hidden
+    cells there (zeros after tril at the input, but not after conv1); a row-local user refiner declares its own
+    as ``key_margin``."""
+    if type(refiner) is ConvRefiner:
+        return refiner.conv2.kernel_size[1] // 2
+    return getattr(refiner, "key_margin", 0)
+
+
+def query_block_mask(q0: int, q1: int, k1: int, causal: bool, device) -> torch.Tensor:
+    """Rows q0..q1-1 and keys 0..k1-1 of ``model.attention_mask``: (q1 - q0, k1) bool."""
+    if not causal:
+        return torch.ones(q1 - q0, k1, dtype=torch.bool, device=device)
+    return torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
+
+
+def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: PositionalInputs, refine: Callable | None,
+                           dropout: float) -> list[torch.Tensor]:
     """Attention in blocks of query rows, each against the keys it can see: (batch, nh, rows, hs) per block.
 
-    Keys come in chunks of the block's size; a causal block takes the chunks up to its last row, plus the
-    refiner's ``key_margin`` keys from the next chunk (a 1 x kernel conv reads kernel//2 masked keys past the
-    diagonal: zeros after tril, but its hidden layer is not). Concatenating chunks keeps the backward pass cheap:
-    each chunk receives only its own gradient, instead of a zero-filled full-length one per block. The last
-    (widest) block runs first, so the memory allocator can reuse its buffers for every narrower one: in the
-    other order each block needs slightly more than the last freed, and a 16k-token evaluation's peak memory
-    grew several-fold from fragmentation alone.
+    The keys are split at the same rows as the queries (key blocks); a causal query block takes the key blocks
+    up to its last row, plus the refiner's ``key_margin`` keys from the next one. Concatenating key blocks keeps
+    the backward pass cheap: each receives only its own gradient, instead of a zero-filled full-length one per
+    query block. The last (widest) query block runs first, so the memory allocator can reuse its buffers for
+    every narrower one: in the other order each block needs slightly more than the last freed, and a 16k-token
+    evaluation's peak memory grew several-fold from fragmentation alone.
     """
-    cfg, refiner = attn.cfg, attn.refiner
+    cfg, refiner = layer.cfg, layer.refiner
     batch, _, T, _ = q.shape
-    rows = block_rows(cfg, refiner is not None, batch, T, q.device)
+    rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device)
     k, v = k.contiguous(), v.contiguous()
-    margin = getattr(refiner, "key_margin", 0)
-    k_chunks, v_chunks = k.split(rows, dim=2), v.split(rows, dim=2)
-    q_blocks = q.split(rows, dim=2)
+    margin = key_margin(refiner)
+    key_blocks, value_blocks = k.split(rows, dim=2), v.split(rows, dim=2)
+    query_blocks = q.split(rows, dim=2)
+    pos = positional.positions
     # A bias computed once is cut into the blocks' rows the same way: slicing the full (h, T, T) bias per block
     # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step). Too large to
     # hold at once, it is computed per block instead.
-    precomputed = positional.bias_rows is not None and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
-    bias_blocks = positional.full_bias.split(rows, dim=1) if precomputed else None
-    outputs = [None] * len(q_blocks)
-    for i in reversed(range(len(q_blocks))):
-        q0, q1 = i * rows, i * rows + q_blocks[i].shape[2]
+    has_bias = positional.bias_between is not None
+    precomputed = has_bias and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
+    bias_rows = positional.full_bias.split(rows, dim=1) if precomputed else None
+    outputs = [None] * len(query_blocks)
+    for i in reversed(range(len(query_blocks))):
+        q0, q1 = i * rows, i * rows + query_blocks[i].shape[2]
         k1 = min(T, q1 + margin) if cfg.causal else T
-        keys, values = (k, v) if k1 == T else (_first_keys(k_chunks, k1), _first_keys(v_chunks, k1))
-        mask = attention_mask(q0, q1, k1, cfg.causal, q.device)
-        if positional.bias_rows is None:
+        keys, values = (k, v) if k1 == T else (_first_keys(key_blocks, k1), _first_keys(value_blocks, k1))
+        mask = query_block_mask(q0, q1, k1, cfg.causal, q.device)
+        if not has_bias:
             bias = None
         else:
-            bias = bias_blocks[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
-        outputs[i] = attend_block(refiner, q_blocks[i], keys, values, bias, mask, dropout)
+            bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_between(pos[q0:q1], pos[:k1])
+        outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout)
     return outputs
 
 
-def _first_keys(chunks, n: int):
-    """The first n keys (or values) from whole chunks, plus the start of the next one."""
-    rows = chunks[0].shape[2]
-    pieces = list(chunks[: n // rows])
+def _first_keys(key_blocks, n: int):
+    """The first n keys (or values) from whole key blocks, plus the start of the next one."""
+    rows = key_blocks[0].shape[2]
+    pieces = list(key_blocks[: n // rows])
     if n % rows:
-        pieces.append(chunks[n // rows][:, :, : n % rows])
+        pieces.append(key_blocks[n // rows][:, :, : n % rows])
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
 
 
-def attend_block(refiner, q, k, v, bias, mask, dropout: float):
+def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dropout: float):
     """``model.attention`` for a block of query rows: q (batch, nh, rows, hs), k/v (batch, nh, keys, hs), bias
-    (nh, rows, keys) or None, mask (rows, keys) -> (batch, nh, rows, hs)."""
+    (nh, rows, keys) or None, mask (rows, keys) -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
     if refiner is None:                  # S + B through the fused kernel, bias and mask as one float mask
         float_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)          # -inf in the bias stays -inf
         return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout)
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
-    kernel = KERNELS.get(type(refiner))  # exact type: a user's subclass may compute something else
-    refined = kernel(refiner, scores, seen_bias, mask) if kernel else refiner(scores, seen_bias, mask)
-    masked = refined.masked_fill(~allowed, torch.finfo(refined.dtype).min)
-    probs = F.dropout(F.softmax(masked, dim=-1), p=dropout)
-    return probs.to(v.dtype) @ v
+    return attend(refine(refiner, scores, seen_bias, mask), allowed, v, dropout)[0]   # softmax(mask(A)) V
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -173,7 +266,7 @@ class _CellMLP(torch.autograd.Function):
 
     @staticmethod
     def hidden(x, hidden_offset, w_in):
-        return F.leaky_relu_(torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x), 0.01)  # (batch, W, N)
+        return F.leaky_relu_(torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x), LEAKY_SLOPE)  # (batch, W, N)
 
     @staticmethod
     def backward(ctx, grad_out):
@@ -182,7 +275,7 @@ class _CellMLP(torch.autograd.Function):
         hidden = _CellMLP.hidden(x, hidden_offset, w_in)  # recomputed; LeakyReLU keeps the sign, all backward needs
         grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
         grad_hidden = torch.bmm(_CellMLP.batched(w_out.t(), batch), grad_out)
-        torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, 0.01, False, grad_input=grad_hidden)
+        torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden)
         grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()      # as (C, W): 1.6-2x faster than (W, C)
         grad_offset = grad_hidden.sum(0)
         if hidden_offset.shape[-1] == 1:
@@ -197,11 +290,11 @@ def _hidden_offset(b_in, w_bias=None, bias=None):
     return offset if bias is None else torch.addmm(offset, w_bias, bias)
 
 
-def head_mlp(mlp, x, bias=None, residual=None):
-    r"""$x + f([x, B]) + R$ with $f$ = ``mlp`` (a ``model.HeadMLP``'s Sequential): x (batch, h, Tq, Tk), the
+def head_mlp(f, x, bias=None, residual=None):
+    r"""$x + f([x, B]) + R$ with $f$ a ``model.HeadMLP``: x (batch, h, Tq, Tk), the
     bias $B$ and the residual $R$ (h, Tq, Tk) or None. The first layer is split as
     $W_1 [x; B] = W_x x + W_B B$: the bias half, the same for every sequence, is computed once and broadcast."""
-    first, last = mlp[0], mlp[2]
+    first, last = f.hidden_layer, f.output_layer
     batch, h, Tq, Tk = x.shape
     offset = _hidden_offset(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
     out = _CellMLP.run(x.reshape(batch, h, -1), offset, first.weight[:, :h], last.weight).view(batch, h, Tq, Tk)
@@ -219,17 +312,17 @@ def _residual_sum(x, out, out_bias, residual=None):
 
 def dape(refiner, scores, bias, mask):
     """$S + B + f([S, B])$ (``model.DAPERefiner``)."""
-    return head_mlp(refiner.f.mlp, scores, bias, residual=bias)
+    return head_mlp(refiner.f, scores, bias, residual=bias)
 
 
 def dape_concat(refiner, scores, bias, mask):
     """$S + f([S, B])$ (``model.DAPEConcatRefiner``)."""
-    return head_mlp(refiner.f.mlp, scores, bias)
+    return head_mlp(refiner.f, scores, bias)
 
 
 def dape_add(refiner, scores, bias, mask):
     """$(S + B) + f(S + B)$ (``model.DAPEAddRefiner``)."""
-    return head_mlp(refiner.f.mlp, scores if bias is None else scores + bias)
+    return head_mlp(refiner.f, scores if bias is None else scores + bias)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -299,5 +392,8 @@ def conv(refiner, scores, bias, mask):
     return _residual_sum(scores, convolved, refiner.conv2.bias, bias)
 
 
-# The fast kernel of each built-in refiner, by exact class; a row-local refiner runs its own forward in the blocks.
-KERNELS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner: dape_add, ConvRefiner: conv}
+# The fused form of each built-in refiner, by exact class (a subclass may compute something else); checked
+# against the module's own forward before first use (``block_form``).
+FUSED_FORMS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner: dape_add, ConvRefiner: conv}
+
+SelfAttention.fast_attention = attention

@@ -13,10 +13,10 @@ Read top to bottom:
      transformer block, ``GPT`` and ``check_causal``.
 
 Everything here is written as the papers write it, at full size: a ``(batch, n_head, T, T)`` tensor of scores per
-layer. ``fast.py`` (next to this file in the package) computes the same thing faster and in less memory, with
-the same parameters: it is used by default (``GPTConfig(fast=True)``). This file also runs alone: copied out of
-the package, with only torch and einops installed, it builds and trains every encoding and refiner in the
-forms below.
+layer. This file imports nothing else from the package and runs alone: copied out of it, with only torch and
+einops installed, it builds and trains every encoding and refiner in the forms below. Inside the package,
+``fast.py`` computes the same thing faster and in less memory, with the same parameters, when
+``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention``.
 
 Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
 number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
@@ -56,8 +56,8 @@ class GPTConfig:
     random_positions: int = 0     # L > 0: train on sorted random positions drawn from [0, L)
     rope_base: float = 10000.0
     tie_embeddings: bool = True   # the output layer shares the token embedding (GPT-2); False: its own weights
-    fast: bool = True             # use fast.py's kernels when the package has them; False: the forms below
-    attn_chunk: int = 0           # fast path: query rows per attention block; 0 picks from a memory budget
+    fast: bool = True             # the package's fast path when installed (see SelfAttention); False: forms below
+    attn_chunk: int = 0           # for the fast path: query rows per attention block; 0 picks from a memory budget
 
     def __post_init__(self):
         self.validate()
@@ -169,15 +169,10 @@ def register_refiner(name: str):
     ``1/sqrt(d_head)``, ``bias`` ``(h, Tq, Tk)`` or ``None``, ``mask`` ``(Tq, Tk)`` bool, True where attention
     is allowed. The result must include the bias (if any): it goes straight to the mask and softmax. The bias
     arrives as 0 at masked cells and where the encoding says ``-inf`` (attention is cut there after refining).
-
-    The fast path (``fast.py``) runs a refiner it does not know in this file's form over the whole sequence.
-    A refiner whose output row $i$ reads only query row $i$ of its inputs may declare the class attribute
-    ``row_local = True``: the fast path then computes attention in blocks of query rows, in memory linear in T
-    (a row-mixing refiner, e.g. one reading the query row above, must not: the blocks would cut its input). A
-    row-local refiner that also reads masked keys just past the diagonal declares how many as ``key_margin``.
-    A decoder's refiner must not read the future: ``check_causal(GPTConfig(refiner=name, ...))`` tells whether
-    any output depends on later tokens (a perturbation test); ``train``, ``compare`` and ``reproduce`` run it
-    before the first step and refuse a decoder that fails it.
+    For long sequences a refiner may declare ``row_local = True`` (see ``runs_in_query_blocks`` in the package's
+    ``fast.py``). A decoder's refiner must not read the future: ``check_causal(GPTConfig(refiner=name, ...))``
+    tells whether any output depends on later tokens (a perturbation test); ``train``, ``compare`` and
+    ``reproduce`` run it before the first step and refuse a decoder that fails it.
     """
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
@@ -205,9 +200,9 @@ class AbsolutePositions(nn.Module):
 class AdditiveBias(nn.Module):
     """Base class of relative biases: ``forward(q_pos (Tq,), k_pos (Tk,)) -> (n_head, Tq, Tk)``, added to the
     scores already scaled by ``1/sqrt(d_head)``. The model builds one instance, ``cls(cfg)``, shared by all
-    layers, and may ask it for blocks of query rows. A subclass's ``__init__`` receives ``cfg`` (the
-    ``GPTConfig``) and calls ``super().__init__()``, which takes no arguments. A value of ``-inf`` means "never
-    attend here" (a hard window); values on masked (future) cells are ignored."""
+    layers, and may ask it for any query positions against any key positions. A subclass's ``__init__``
+    receives ``cfg`` (the ``GPTConfig``) and calls ``super().__init__()``, which takes no arguments. A value of
+    ``-inf`` means "never attend here" (a hard window); values on masked (future) cells are ignored."""
 
     def __init__(self):
         super().__init__()
@@ -495,6 +490,9 @@ def pe_has_bias(pe: str) -> bool:
 # Refiners: rewrite the scaled scores S (batch, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
 
 
+LEAKY_SLOPE = 0.01   # LeakyReLU's negative slope in DAPE's MLP and DAPE-V2's convolutions (the authors' code)
+
+
 class HeadMLP(nn.Module):
     r"""DAPE's $f$: ``Linear(C_in, W) -> LeakyReLU(0.01) -> Linear(W, h)`` applied at every (query, key) cell
     over the channel axis, $f(X)_{:, i, j} = W_2\,\mathrm{LeakyReLU}(W_1 X_{:, i, j} + b_1) + b_2$. The channels
@@ -502,7 +500,20 @@ class HeadMLP(nn.Module):
 
     def __init__(self, n_in: int, width: int, n_head: int):
         super().__init__()
-        self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(0.01), nn.Linear(width, n_head))
+        # One Sequential, so that checkpoints keep the keys mlp.0 and mlp.2; the names below say what each is.
+        self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(LEAKY_SLOPE), nn.Linear(width, n_head))
+
+    @property
+    def hidden_layer(self) -> nn.Linear:      # W_1, b_1
+        return self.mlp[0]
+
+    @property
+    def activation(self) -> nn.LeakyReLU:
+        return self.mlp[1]
+
+    @property
+    def output_layer(self) -> nn.Linear:      # W_2, b_2
+        return self.mlp[2]
 
     def forward(self, x):
         """(batch, C_in, Tq, Tk) -> (batch, h, Tq, Tk)."""
@@ -583,12 +594,10 @@ class ConvRefiner(nn.Module):
         kernel = cfg.refiner_kernel
         self.conv1 = nn.Conv2d(n_in, cfg.refiner_width, (1, kernel), padding=(0, kernel // 2))
         self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, kernel), padding=(0, kernel // 2))
-        # conv2 reads hidden cells up to kernel // 2 keys past the diagonal (the fast path's query blocks keep them)
-        self.key_margin = kernel // 2
 
     def forward(self, scores, bias, mask):
         lower = stack_scores_and_bias(scores, bias).masked_fill(~mask, 0.0)     # tril([S, B]) (batch, C, Tq, Tk)
-        conv = self.conv2(F.leaky_relu(self.conv1(lower), 0.01))                  # (batch, h, Tq, Tk)
+        conv = self.conv2(F.leaky_relu(self.conv1(lower), LEAKY_SLOPE))           # (batch, h, Tq, Tk)
         refined = scores + conv
         return refined if bias is None else refined + bias
 
@@ -597,12 +606,11 @@ class ConvRefiner(nn.Module):
 # Attention, block, GPT
 
 
-def attention_mask(q0: int, q1: int, k1: int, causal: bool, device=None) -> torch.Tensor:
-    """(q1 - q0, k1) bool, True where query i (of q0..q1-1) may attend to key j (of 0..k1-1): j <= i in a
-    decoder, everywhere in an encoder."""
+def attention_mask(T: int, causal: bool, device=None) -> torch.Tensor:
+    """(T, T) bool, True where query i may attend to key j: j <= i in a decoder, everywhere in an encoder."""
     if not causal:
-        return torch.ones(q1 - q0, k1, dtype=torch.bool, device=device)
-    return torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
+        return torch.ones(T, T, dtype=torch.bool, device=device)
+    return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
 def refiner_view(bias, mask):
@@ -622,10 +630,9 @@ def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0):
     r"""$y = \mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$, $S = QK^\top/\sqrt{d_{head}}$, at full size.
 
     q (batch, nh, Tq, hs), k and v (batch, nh, Tk, hs), bias $B$ (nh, Tq, Tk) or None, mask (Tq, Tk) bool (True
-    where a query may attend). $\mathrm{refine}(S, B) = S + B$ without a refiner. The mask fills with the
-    dtype's minimum, as the authors' code does; cells where $B = -\infty$ are cut the same way
-    (``refiner_view``). Returns y (batch, nh, Tq, hs) and the pieces ``scores`` $S$, ``bias`` $B$ (as the
-    encoding gave it), ``refined`` $A$ (what reaches the mask) and ``probs``, for plots and teaching.
+    where a query may attend). $\mathrm{refine}(S, B) = S + B$ without a refiner. Returns y (batch, nh, Tq, hs)
+    and the pieces ``scores`` $S$, ``bias`` $B$ (as the encoding gave it), ``refined`` $A$ (what reaches the
+    mask) and ``probs``, for plots and teaching.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])                    # S (batch, nh, Tq, Tk)
     seen_bias, allowed = refiner_view(bias, mask)
@@ -633,28 +640,39 @@ def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0):
         refined = refiner(scores, seen_bias, mask)                               # A = refine(S, B)
     else:
         refined = scores if bias is None else scores + seen_bias                 # A = S + B
+    y, probs = attend(refined, allowed, v, dropout)
+    return y, {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
+
+
+def attend(refined, allowed, v, dropout: float = 0.0):
+    """softmax(mask(A)) V: (y (batch, nh, Tq, hs), probs (batch, nh, Tq, Tk)). The mask fills with the dtype's
+    minimum, as the authors' code does; cells where $B = -\\infty$ are cut the same way (``refiner_view``)."""
     masked = refined.masked_fill(~allowed, torch.finfo(refined.dtype).min)
     probs = F.dropout(F.softmax(masked, dim=-1), p=dropout)
-    y = probs @ v                                                                # (batch, nh, Tq, hs)
-    return y, {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
+    return probs.to(v.dtype) @ v, probs     # under autocast A may be float32 (bf16 S + float32 B), V bfloat16
 
 
 class PositionalInputs:
     """What every layer needs from the positions, computed once per forward and shared by all layers."""
 
-    def __init__(self, positions, rotary, bias_rows):
+    def __init__(self, positions, rotary, bias_between):
         self.positions = positions            # (T,)
         self.rotary = rotary                  # (cos, sin), each (T, hs/2), or None
-        self.bias_rows = bias_rows            # (q0, q1, k1) -> B[:, q0:q1, :k1] (nh, q1 - q0, k1), or None
+        self.bias_between = bias_between      # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no bias
 
     @cached_property
     def full_bias(self) -> torch.Tensor | None:
         """$B$ (nh, T, T), computed at the first layer that asks and reused by the others."""
-        T = len(self.positions)
-        return None if self.bias_rows is None else self.bias_rows(0, T, T)
+        pos = self.positions
+        return None if self.bias_between is None else self.bias_between(pos, pos)
 
 
 class SelfAttention(nn.Module):
+    # Another implementation of ``attention`` with the same parameters, installed by whoever has one (the
+    # package's fast.py does when imported): a function (layer, q, k, v, positional) -> y, used when
+    # cfg.fast is True. This file has none: copied alone, every layer runs the form below.
+    fast_attention: Callable | None = None
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.cfg = cfg
@@ -677,12 +695,12 @@ class SelfAttention(nn.Module):
     def forward(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
         q, k, v = self.qkv(x, positional)
-        if self.cfg.fast and fast_path is not None:
-            y = fast_path.attention(self, q, k, v, positional)
+        if self.cfg.fast and SelfAttention.fast_attention is not None:
+            y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
-            mask = attention_mask(0, T, T, self.cfg.causal, x.device)
             dropout = self.cfg.dropout if self.training else 0.0
-            y, _ = attention(q, k, v, positional.full_bias, mask, self.refiner, dropout)
+            y, _ = attention(q, k, v, positional.full_bias, attention_mask(T, self.cfg.causal, x.device),
+                             self.refiner, dropout)
         y = y.transpose(1, 2).contiguous().view(batch, T, C)                     # (batch, T, C)
         return self.resid_dropout(self.c_proj(y))
 
@@ -691,7 +709,7 @@ class SelfAttention(nn.Module):
         """The full-size pieces of this layer's attention (see ``attention``), always in the reference form."""
         q, k, v = self.qkv(x, positional)
         T = q.shape[2]
-        return attention(q, k, v, positional.full_bias, attention_mask(0, T, T, self.cfg.causal, x.device),
+        return attention(q, k, v, positional.full_bias, attention_mask(T, self.cfg.causal, x.device),
                          self.refiner)[1]
 
 
@@ -719,13 +737,10 @@ class Block(nn.Module):
         return x + self.mlp(self.ln_2(x))
 
 
-def _is_int(value) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 class GPT(nn.Module):
     """A compact GPT (decoder, or encoder with ``causal=False``) whose attention takes any ``pe`` and any
-    ``refiner``. ``logits, loss = model(idx, targets=None)``; targets equal to -1 are ignored."""
+    ``refiner``. ``logits, loss = model(idx, targets=None)``; targets equal to -1 are ignored. The checks on
+    what reaches the model (token ids, targets, a user's bias) follow the class."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -744,106 +759,17 @@ class GPT(nn.Module):
             nn.init.normal_(self.lm_head.weight, std=0.02)
         self._values_checked = set()                                   # see check_values
 
-    @property
-    def device(self) -> torch.device:
-        return self.wte.weight.device
-
-    def num_params(self) -> int:
-        return sum(p.numel() for p in self.parameters())
-
-    def positions(self, T: int, device) -> torch.Tensor:
-        """0..T-1, or in training with ``random_positions=L`` a sorted random subset of [0, L) (Ruoss et al.,
-        2023; one draw per batch). Evaluation always uses plain positions."""
-        L = self.cfg.random_positions
-        if L and self.training:
-            if T > L:
-                raise ValueError(f"sequence length {T} exceeds random_positions={L}")
-            return torch.randperm(L, device=device)[:T].sort().values
-        return torch.arange(T, device=device)
-
-    def positional_inputs(self, pos) -> PositionalInputs:
-        rotary = self.pe(pos, len(pos)) if isinstance(self.pe, RotaryEmbedding) else None
-        if not isinstance(self.pe, AdditiveBias):
-            return PositionalInputs(pos, rotary, None)
-        checked = set()           # every layer asks for the same blocks of rows: check each block's values once
-
-        def bias_rows(q0: int, q1: int, k1: int):
-            bias = self.bias_rows(pos, q0, q1, k1)
-            if (q0, q1, k1) not in checked:
-                self.check_values(("bias", len(pos), q0, q1, k1), lambda: self.check_bias_values(bias, q0, q1, k1))
-                checked.add((q0, q1, k1))
-            return bias.to(self.wte.weight.dtype)
-        return PositionalInputs(pos, rotary, bias_rows)
-
-    def bias_rows(self, pos, q0: int, q1: int, k1: int) -> torch.Tensor:
-        """Rows q0..q1-1 and keys 0..k1-1 of the bias, $B$[:, q0:q1, :k1] (nh, q1 - q0, k1), its shape checked."""
-        bias = self.pe(pos[q0:q1], pos[:k1])
-        expected = (self.cfg.n_head, q1 - q0, k1)
-        if tuple(bias.shape) != expected:
-            raise ValueError(f"pe={self.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
-                             f"(n_head, Tq, Tk) = {expected}")
-        return bias
-
-    @torch.no_grad()
-    def check_bias_values(self, bias, q0: int, q1: int, k1: int) -> None:
-        """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here")."""
-        mask = attention_mask(q0, q1, k1, self.cfg.causal, bias.device)
-        # One pass for the usual case: each row's largest visible value is finite unless the row holds a NaN or
-        # +inf (both propagate through amax) or nothing but -inf. Only then look for the culprit.
-        if torch.isfinite(bias.masked_fill(~mask, float("-inf")).amax(dim=-1)).all():
-            return
-        bad = mask & (bias.isnan() | (bias == float("inf")))
-        if bad.any():
-            head, i, j = bad.nonzero()[0].tolist()
-            raise ValueError(f"pe={self.cfg.pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, "
-                             f"query {q0 + i}, key {j}, a cell the query may attend to; a bias must be finite "
-                             f"there, or -inf for 'never attend here' (a hard window)")
-        head, i = (~mask | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
-        raise ValueError(f"pe={self.cfg.pe!r} returned -inf at every key that query {q0 + i} may attend to "
-                         f"(head {head}): its attention would be undefined; leave at least one key finite "
-                         f"(e.g. the query's own position)")
-
-    def check_values(self, shape: tuple, check: Callable[[], None]) -> None:
-        """Run ``check``, a check that reads tensor values on the host. On a GPU such a read waits for all the
-        work queued so far, so in training it runs on the first batch of each ``shape`` only (the training loop
-        checks its data's range up front and stops at the first non-finite loss); otherwise on every call."""
-        if self.training and shape in self._values_checked:
-            return
-        check()
-        if self.training:
-            self._values_checked.add(shape)
-
-    def _check_idx(self, idx):
-        if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
-                                                                    torch.int8, torch.uint8):
-            got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
-            raise TypeError(f"idx must be an integer tensor of token ids (torch.long); got {got}")
-        if idx.dim() != 2:
-            raise ValueError(f"idx must have shape (batch, T); got shape {tuple(idx.shape)}")
-        if idx.numel() == 0:
-            raise ValueError(f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at "
-                             f"least one token")
-
-        def in_range():
-            if idx.min() < 0 or idx.max() >= self.cfg.vocab_size:
-                raise ValueError(f"token ids must be in [0, vocab_size={self.cfg.vocab_size}); got values in "
-                                 f"[{int(idx.min())}, {int(idx.max())}]")
-        self.check_values(("idx", *idx.shape), in_range)
-
-    def _check_targets(self, targets, idx):
-        if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.is_complex() \
-                or targets.dtype == torch.bool:
-            got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
-            raise TypeError(f"targets must be an integer tensor of token ids (torch.long, -1 to ignore); got {got}")
-        if targets.shape != idx.shape:
-            raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)} (one target per input "
-                             f"token); got shape {tuple(targets.shape)}")
-
-        def in_range():
-            if targets.min() < -1 or targets.max() >= self.cfg.vocab_size:
-                raise ValueError(f"targets must be in [0, vocab_size={self.cfg.vocab_size}) or -1 (ignored); "
-                                 f"got values in [{int(targets.min())}, {int(targets.max())}]")
-        self.check_values(("targets", *targets.shape), in_range)
+    def forward(self, idx, targets=None):
+        check_idx(self, idx)
+        if targets is not None:
+            check_targets(self, targets, idx)
+        x, _ = self.hidden_states(idx)
+        logits = self.lm_head(self.ln_f(x))                            # (batch, T, vocab)
+        loss = None
+        if targets is not None:
+            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long().to(logits.device),
+                                   ignore_index=-1)
+        return logits, loss
 
     def hidden_states(self, idx, upto_layer: int | None = None):
         """Embed idx (checked by the caller) and run the first ``upto_layer`` blocks (all by default):
@@ -859,17 +785,42 @@ class GPT(nn.Module):
             x = block(x, positional)
         return x, positional
 
-    def forward(self, idx, targets=None):
-        self._check_idx(idx)
-        if targets is not None:
-            self._check_targets(targets, idx)
-        x, _ = self.hidden_states(idx)
-        logits = self.lm_head(self.ln_f(x))                            # (batch, T, vocab)
-        loss = None
-        if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long().to(logits.device),
-                                   ignore_index=-1)
-        return logits, loss
+    def positions(self, T: int, device) -> torch.Tensor:
+        """0..T-1, or in training with ``random_positions=L`` a sorted random subset of [0, L) (Ruoss et al.,
+        2023; one draw per batch). Evaluation always uses plain positions."""
+        L = self.cfg.random_positions
+        if L and self.training:
+            if T > L:
+                raise ValueError(f"sequence length {T} exceeds random_positions={L}")
+            return torch.randperm(L, device=device)[:T].sort().values
+        return torch.arange(T, device=device)
+
+    def positional_inputs(self, pos) -> PositionalInputs:
+        rotary = self.pe(pos, len(pos)) if isinstance(self.pe, RotaryEmbedding) else None
+        if not isinstance(self.pe, AdditiveBias):
+            return PositionalInputs(pos, rotary, None)
+        checked = set()           # every layer asks for the same query and key positions: check their values once
+
+        def bias_between(q_pos, k_pos):
+            bias = self.pe(q_pos, k_pos)                               # B (nh, Tq, Tk)
+            shape = (len(pos), len(q_pos), len(k_pos))
+            if shape not in checked:
+                check_bias_shape(self, bias, shape[1:])
+                self.check_values(("bias", *shape), lambda: check_bias_values(self, bias, q_pos, k_pos))
+                checked.add(shape)
+            return bias.to(self.wte.weight.dtype)
+        return PositionalInputs(pos, rotary, bias_between)
+
+    def check_values(self, key: tuple, check: Callable[[], None]) -> None:
+        """Run ``check``, a check that reads tensor values on the host. On a GPU such a read waits for all the
+        work queued so far, so in training it runs on the first batch of each ``key`` (kind and shape) only
+        (the training loop checks its data's range up front and stops at the first non-finite loss); otherwise
+        on every call."""
+        if self.training and key in self._values_checked:
+            return
+        check()
+        if self.training:
+            self._values_checked.add(key)
 
     @torch.no_grad()
     def attention_maps(self, idx, layer: int) -> dict[str, torch.Tensor]:
@@ -878,7 +829,7 @@ class GPT(nn.Module):
             raise ValueError(f"layer must be an integer in [0, {self.cfg.n_layer}); got {layer!r}")
         if isinstance(idx, torch.Tensor):
             idx = idx.to(self.device)
-        self._check_idx(idx)
+        check_idx(self, idx)
         x, positional = self.hidden_states(idx, upto_layer=layer)
         block = self.blocks[layer]
         return block.attn.inspect(block.ln_1(x), positional)
@@ -886,19 +837,10 @@ class GPT(nn.Module):
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None):
         """Sample continuations of idx (batch, T) autoregressively (decoders only), on the model's device."""
-        if not self.cfg.causal:
-            raise ValueError("generate needs a decoder; this model has causal=False")
-        if not _is_int(max_new_tokens) or max_new_tokens < 0:
-            raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-        if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-                or not 0 < temperature < math.inf:
-            raise ValueError(f"temperature must be a number > 0 (1 samples the model's distribution, lower is "
-                             f"greedier); got {temperature!r}")
-        if top_k is not None and (not _is_int(top_k) or top_k < 1):
-            raise ValueError(f"top_k must be None (no cut) or an integer >= 1; got {top_k!r}")
+        check_sampling(self, max_new_tokens, temperature, top_k)
         if isinstance(idx, torch.Tensor):
             idx = idx.to(self.device)
-        self._check_idx(idx)
+        check_idx(self, idx)
         for _ in range(max_new_tokens):
             logits = self(idx)[0][:, -1] / temperature
             if top_k is not None:
@@ -906,6 +848,99 @@ class GPT(nn.Module):
                 logits = logits.masked_fill(logits < kth, float("-inf"))
             idx = torch.cat((idx, torch.multinomial(F.softmax(logits, dim=-1), 1)), dim=1)
         return idx
+
+    @property
+    def device(self) -> torch.device:
+        return self.wte.weight.device
+
+    def num_params(self) -> int:
+        return sum(p.numel() for p in self.parameters())
+
+
+# Checks on what reaches the model: each error names the bad value and what is valid.
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_idx(model: GPT, idx) -> None:
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
+                                                                torch.int8, torch.uint8):
+        got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
+        raise TypeError(f"idx must be an integer tensor of token ids (torch.long); got {got}")
+    if idx.dim() != 2:
+        raise ValueError(f"idx must have shape (batch, T); got shape {tuple(idx.shape)}")
+    if idx.numel() == 0:
+        raise ValueError(f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at "
+                         f"least one token")
+    vocab = model.cfg.vocab_size
+
+    def in_range():
+        if idx.min() < 0 or idx.max() >= vocab:
+            raise ValueError(f"token ids must be in [0, vocab_size={vocab}); got values in "
+                             f"[{int(idx.min())}, {int(idx.max())}]")
+    model.check_values(("idx", *idx.shape), in_range)
+
+
+def check_targets(model: GPT, targets, idx) -> None:
+    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.is_complex() \
+            or targets.dtype == torch.bool:
+        got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
+        raise TypeError(f"targets must be an integer tensor of token ids (torch.long, -1 to ignore); got {got}")
+    if targets.shape != idx.shape:
+        raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)} (one target per input "
+                         f"token); got shape {tuple(targets.shape)}")
+    vocab = model.cfg.vocab_size
+
+    def in_range():
+        if targets.min() < -1 or targets.max() >= vocab:
+            raise ValueError(f"targets must be in [0, vocab_size={vocab}) or -1 (ignored); "
+                             f"got values in [{int(targets.min())}, {int(targets.max())}]")
+    model.check_values(("targets", *targets.shape), in_range)
+
+
+def check_bias_shape(model: GPT, bias, query_and_keys: tuple[int, int]) -> None:
+    expected = (model.cfg.n_head, *query_and_keys)
+    if tuple(bias.shape) != expected:
+        raise ValueError(f"pe={model.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
+                         f"(n_head, Tq, Tk) = {expected}")
+
+
+@torch.no_grad()
+def check_bias_values(model: GPT, bias, q_pos, k_pos) -> None:
+    """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here")."""
+    may_attend = k_pos[None, :] <= q_pos[:, None]          # (Tq, Tk): a decoder's query sees no later key
+    if not model.cfg.causal:
+        may_attend = torch.ones_like(may_attend)
+    # One pass for the usual case: each row's largest visible value is finite unless the row holds a NaN or
+    # +inf (both propagate through amax) or nothing but -inf. Only then look for the culprit.
+    if torch.isfinite(bias.masked_fill(~may_attend, float("-inf")).amax(dim=-1)).all():
+        return
+    pe = model.cfg.pe
+    bad = may_attend & (bias.isnan() | (bias == float("inf")))
+    if bad.any():
+        head, i, j = bad.nonzero()[0].tolist()
+        raise ValueError(f"pe={pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, query "
+                         f"{int(q_pos[i])}, key {int(k_pos[j])}, a cell the query may attend to; a bias must be "
+                         f"finite there, or -inf for 'never attend here' (a hard window)")
+    head, i = (~may_attend | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
+    raise ValueError(f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to (head "
+                     f"{head}): its attention would be undefined; leave at least one key finite (e.g. the query's "
+                     f"own position)")
+
+
+def check_sampling(model: GPT, max_new_tokens, temperature, top_k) -> None:
+    if not model.cfg.causal:
+        raise ValueError("generate needs a decoder; this model has causal=False")
+    if not _is_int(max_new_tokens) or max_new_tokens < 0:
+        raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
+            or not 0 < temperature < math.inf:
+        raise ValueError(f"temperature must be a number > 0 (1 samples the model's distribution, lower is "
+                         f"greedier); got {temperature!r}")
+    if top_k is not None and (not _is_int(top_k) or top_k < 1):
+        raise ValueError(f"top_k must be None (no cut) or an integer >= 1; got {top_k!r}")
 
 
 @torch.no_grad()
@@ -947,11 +982,3 @@ def check_causal(model_or_cfg: GPT | GPTConfig, length: int | None = None, seed:
             if (other[:, : t + 1] - logits[:, : t + 1]).abs().max().item() > tolerance:
                 return False
     return True
-
-
-# The fast path reads the modules above (same parameters). When this file runs alone, copied out of the package,
-# there is no fast.py and every model runs the reference forms above.
-try:
-    from . import fast as fast_path
-except ImportError:
-    fast_path = None

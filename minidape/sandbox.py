@@ -49,7 +49,7 @@ import traceback
 import types
 from dataclasses import dataclass
 
-from .exercises import NotDone, Wrong
+from .exercises import NotDone, RemoteAnswer, StudentError, WorkerGone, Wrong
 
 # Per worker. Memory is address space (torch alone reserves about 0.7 GB of it); processes count threads too.
 LIMITS = {"memory_bytes": 6 << 30, "processes": 256, "open_files": 256, "file_bytes": 64 << 20,
@@ -62,16 +62,8 @@ REMOTE, CONFIG = "__minidape_remote__", "__minidape_config__"
 HEADER = struct.Struct("<Q")
 
 
-class WorkerGone(RuntimeError):
-    """The worker ended, broke the protocol or did not answer in time."""
-
-
 class TimeLimit(WorkerGone):
     """The worker did not answer before the deadline (it still runs: interrupt it, or close it)."""
-
-
-class StudentError(Exception):
-    """The student's code raised (in the worker): the message names its type and text."""
 
 
 class LibraryUsed(Wrong):
@@ -175,7 +167,7 @@ class Description:
     parameter_shapes: tuple        # of an nn.Module instance, in registration order
 
 
-class Remote:
+class Remote(RemoteAnswer):
     """An object that lives in the worker: calling it runs the student's code there and returns data (or
     another handle). The checks use it like the object itself for calls; everything else goes through the
     helpers of :mod:`minidape.exercises` (``_is_module``, ``_build``, ``_load_parameters``, ``_gradients_of_sum`` ...)."""

@@ -310,7 +310,7 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
       logits, softmax, gradient); evaluation holds one layer's $8\,C$ and the logits.
     - Attention cells $T^2$ (half of them in a decoder's query blocks): a refiner the fast path runs in blocks
       keeps, in training, $S$, the refined scores, the probabilities and the refiner's input, about $4h$ values
-      per cell and layer; evaluation holds one block at a time (``fast.BLOCK_ELEMENTS``, counted as nothing),
+      per cell and layer; evaluation holds one block at a time (``fast.QUERY_BLOCK_ELEMENTS``, counted as nothing),
       and so does the fused kernel without a refiner. The reference form (``fast=False``, or a refiner the fast
       path does not run in blocks) holds all $T^2$ cells at once: $3h$ of scores, the refiner's hidden width
       $W$ twice, in every layer for backward.
@@ -332,11 +332,11 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
 
 def reference_form(cfg) -> bool:
     """Whether attention of this config is computed over all T x T cells at once: `fast=False`, or a refiner
-    the fast path does not run in query blocks (`fast.runs_in_blocks`)."""
+    the fast path does not run in query blocks (`fast.runs_in_query_blocks`)."""
     from . import fast                           # here: fast imports model, which runs without this module
     from .model import REFINER_REGISTRY
     refiner = REFINER_REGISTRY[cfg.refiner]
-    return not (cfg.fast and (refiner is None or fast.runs_in_blocks(refiner)))
+    return not (cfg.fast and (refiner is None or fast.runs_in_query_blocks(refiner)))
 
 
 def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device) -> None:

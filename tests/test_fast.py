@@ -28,7 +28,7 @@ def fast_and_reference(cfg):
             nn.init.normal_(p, std=0.3)
     reference = copy.deepcopy(model)
     reference.cfg.fast = False             # the copy's own config, shared by its layers
-    assert model.cfg.fast and M.fast_path is fast
+    assert model.cfg.fast and M.SelfAttention.fast_attention is fast.attention
     return model.train(), reference.train()
 
 
@@ -136,7 +136,7 @@ def test_a_user_refiner_runs_in_the_fast_blocks_and_matches_the_reference():
 def test_the_default_model_runs_the_fast_path_and_fast_false_does_not(monkeypatch):
     calls = []
     real = fast.attention
-    monkeypatch.setattr(fast, "attention", lambda *args: calls.append(1) or real(*args))
+    monkeypatch.setattr(M.SelfAttention, "fast_attention", lambda *args: calls.append(1) or real(*args))
     idx = torch.randint(0, 64, (1, 10))
     md.GPT(tiny(pe="kerple_log", refiner="dape"))(idx)
     assert len(calls) == 2                                     # one per layer
@@ -163,11 +163,11 @@ def test_cpu_query_blocks_keep_a_block_bounded_whatever_the_length(refiner):
     channels = cfg.refiner_width if refiner == "dape" else cfg.n_head
     for batch in (1, 2, 8, 32):
         for T in (100, 128, 512, 2048, 16384):
-            rows = fast.block_rows(cfg, refiner != "none", batch, T, torch.device("cpu"))
+            rows = fast.rows_per_query_block(cfg, refiner != "none", batch, T, torch.device("cpu"))
             if refiner == "none" and batch * cfg.n_head * T * T <= fast.FULL_BIAS_ELEMENTS:
                 assert rows == T                        # small: one block through the fused kernel
                 continue
-            assert rows >= 16 and (rows == 16 or batch * channels * rows * T <= fast.BLOCK_ELEMENTS["cpu"])
+            assert rows >= 16 and (rows == 16 or batch * channels * rows * T <= fast.QUERY_BLOCK_ELEMENTS["cpu"])
             assert rows < T
 
 
@@ -177,7 +177,7 @@ STANDALONE = textwrap.dedent("""
     import torch
     import model as M
     assert "minidape" not in sys.modules, "model.py imported the package"
-    assert M.fast_path is None
+    assert M.SelfAttention.fast_attention is None
     torch.manual_seed(0)
     trained = 0
     for pe in M.PE_NAMES:
@@ -207,3 +207,34 @@ def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
                          timeout=600)
     assert out.returncode == 0, out.stderr
     assert f"trained {len(BUILTIN_PES) * len(BUILTIN_REFINERS)} of" in out.stdout
+
+
+def test_a_refiner_edited_in_model_py_runs_its_reference_form_with_a_warning(monkeypatch):
+    """The fused form is checked against the module's own forward before first use: a student who edits DAPE's
+    equation in model.py (here: drops the + B) gets what the edited file says, and is told why it is slower."""
+    monkeypatch.setattr(M.DAPERefiner, "forward",
+                        lambda self, scores, bias, mask: scores + self.f(M.stack_scores_and_bias(scores, bias)))
+    model, reference = fast_and_reference(tiny(pe="kerple_log", refiner="dape", attn_chunk=7))
+    with pytest.warns(UserWarning, match=r"DAPERefiner differs from its fused form.*reference form"):
+        assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 30)))
+
+
+@pytest.mark.parametrize("refiner,edit", [
+    ("dape", lambda r: r.f.mlp.__setitem__(1, nn.LeakyReLU(0.2))),
+    ("dape_add", lambda r: r.f.mlp.__setitem__(1, nn.GELU())),
+    ("conv", lambda r: setattr(r.conv2, "dilation", (1, 2))),
+])
+def test_a_refiner_whose_structure_changed_runs_its_reference_form(refiner, edit):
+    model, reference = fast_and_reference(tiny(pe="alibi", refiner=refiner, attn_chunk=7))
+    for m in (model, reference):
+        for block in m.blocks:
+            edit(block.attn.refiner)
+    with pytest.warns(UserWarning, match="reference form"):
+        assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 30)))
+
+
+def test_an_unedited_refiner_keeps_its_fused_form_without_a_warning(recwarn):
+    model = md.GPT(tiny(pe="kerple_log", refiner="conv"))
+    model(torch.randint(0, 64, (2, 20)))
+    assert not [w for w in recwarn if "fast path" in str(w.message)]
+    assert all(fast.block_form(block.attn, True) is fast.conv for block in model.blocks)

@@ -692,11 +692,11 @@ def test_generate_and_attention_maps_move_idx_to_the_model_device(call, monkeypa
     monkeypatch.setattr(md.GPT, "device", property(lambda self: torch.device("meta")))
     seen = []
 
-    def probe(self, idx):
+    def probe(model, idx):
         seen.append(idx.device)
         raise DeviceProbe
 
-    monkeypatch.setattr(md.GPT, "_check_idx", probe)
+    monkeypatch.setattr(M, "check_idx", probe)
     idx = torch.zeros(1, 3, dtype=torch.long)
     with pytest.raises(DeviceProbe):
         model.generate(idx, max_new_tokens=1) if call == "generate" else model.attention_maps(idx, layer=0)

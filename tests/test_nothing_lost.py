@@ -270,8 +270,8 @@ def test_the_fast_path_equals_the_reference_form_for_a_users_refiner(cls, monkey
     if name not in md.REFINER_NAMES:
         md.register_refiner(name)(cls)
     blocked = []
-    original = fast.attend_blocks
-    monkeypatch.setattr(fast, "attend_blocks", lambda *a: blocked.append(1) or original(*a))
+    original = fast.attend_in_query_blocks
+    monkeypatch.setattr(fast, "attend_in_query_blocks", lambda *a: blocked.append(1) or original(*a))
     cfg = md.GPTConfig(n_layer=1, n_embd=32, n_head=2, block_size=96, pe="alibi", refiner=name)
     torch.manual_seed(0)
     blocked_model = md.GPT(cfg).double()

@@ -64,3 +64,50 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     where, size = done.stdout.split()
     assert Path(where) == corpora
     assert int(size) == len(md.load_corpus("austen")) + len(md.load_corpus("austen", "val"))
+
+
+def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_from_it():
+    """Every `from . import x` / `from .x import y` / `import minidape.x` inside minidape/, as a graph over its
+    modules: acyclic, and model.py (the one file a reader copies out) has no edge at all."""
+    import ast
+    root = Path(md.__file__).parent
+    modules = {p.relative_to(root).with_suffix("").as_posix().replace("/", "."): p
+               for p in root.rglob("*.py")}
+    modules = {name.removesuffix(".__init__"): path for name, path in modules.items()}
+    edges = {}
+    for name, path in modules.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        targets = set()
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".") if package else []
+                    parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
+                    base = ".".join(p for p in (*parts, base) if p)
+                elif base.startswith("minidape"):
+                    base = base.removeprefix("minidape").lstrip(".")
+                else:
+                    continue
+                for alias in node.names:
+                    full = f"{base}.{alias.name}".strip(".")
+                    targets.add(full if full in modules else base)
+            elif isinstance(node, ast.Import):
+                targets |= {a.name.removeprefix("minidape").lstrip(".") for a in node.names
+                            if a.name.startswith("minidape")}
+        edges[name] = {t for t in targets if t in modules and t != name and t != ""}
+    assert edges["model"] == set(), edges["model"]
+
+    def on_a_cycle(start):
+        seen, stack = set(), [(start, [start])]
+        while stack:
+            node, path = stack.pop()
+            for nxt in edges.get(node, ()):
+                if nxt == start:
+                    return path + [start]
+                if nxt not in seen:
+                    seen.add(nxt)
+                    stack.append((nxt, path + [nxt]))
+        return None
+    cycles = [c for c in map(on_a_cycle, edges) if c]
+    assert not cycles, f"import circles: {cycles}"
