@@ -448,91 +448,38 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
       Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
-    for name, value, minimum in (("steps", steps, 1), ("batch_size", batch_size, 1), ("warmup", warmup, 0),
-                                 ("eval_every", eval_every, 1), ("eval_windows", eval_windows, 1),
-                                 ("log_every", log_every, 1), ("checkpoint_every", checkpoint_every, 0),
-                                 ("seed", seed, 0)):
-        check_number(name, value, minimum)
-    for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
-        check_number(name, value, 0.0, integer=False)
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
-        raise ValueError(f"lr must be a number > 0, got {lr!r}")
-    if optimizer not in OPTIMIZERS:
-        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
-    if metrics is not None and not callable(metrics):
-        raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
+    _check_arguments(steps=steps, batch_size=batch_size, warmup=warmup, eval_every=eval_every,
+                     eval_windows=eval_windows, log_every=log_every, checkpoint_every=checkpoint_every, seed=seed,
+                     lr=lr, min_lr=min_lr, weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer,
+                     metrics=metrics)
     out = _check_out(out, resume, overwrite)
     context, device = setup_distributed(device)
-    checkpoint = resume_from = None
-    if resume:
-        resume_from = out / CHECKPOINT_NAME if resume is True else Path(resume)
-        checkpoint = read_checkpoint(resume_from, device)
-        seed = int(checkpoint["seed"])
+    resume_from = (out / CHECKPOINT_NAME if resume is True else Path(resume)) if resume else None
+    checkpoint = None if resume_from is None else read_checkpoint(resume_from, device)
+    seed = seed if checkpoint is None else int(checkpoint["seed"])
     seed_everything(seed)
     model = _resolve_model(model_or_cfg, checkpoint, resume_from).to(device)
     cfg = model.cfg
-    check_no_leak(cfg, allow_leakage)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
-    for name, tokens in (("data", train_data), ("val_data", val_data)):
-        if tokens is None or callable(tokens):
-            continue
-        if len(tokens) <= cfg.block_size + 1:
-            raise ValueError(f"{name} has {len(tokens)} tokens; training needs more than block_size + 1 = "
-                             f"{cfg.block_size + 1}")
-        if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
-            raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
-                             f"[0, vocab_size={cfg.vocab_size})")
+    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage)
 
-    if not callable(train_data):     # a batch function's batch size and lengths are its own business
-        check_memory(cfg, batch_size, cfg.block_size, True, device)
     warmup = max(1, steps // 20) if warmup is None else warmup
     min_lr = lr / 10 if min_lr is None else min_lr
     log_every = max(1, steps // 100) if log_every is None else log_every
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
     optim = _optimizer(model, optimizer, lr, weight_decay, device)
-    start, history, saved_step = 0, [], None
-    if checkpoint is not None:
-        _load_optimizer_state(optim, checkpoint["optimizer"])
-        start = int(checkpoint["step"])
-        history = [entry for entry in checkpoint["history"] if entry["step"] < start]
-        if start > steps:
-            raise ValueError(f"the checkpoint is at step {start}, beyond steps={steps}")
-        if out is not None and resume is True:
-            saved_step = start
+    start, history = _restore_optimizer(optim, checkpoint, steps)
+    saved_step = start if checkpoint is not None and out is not None and resume is True else None
     val_windows = None
     if val_data is not None and context.is_main:
         val_windows = fixed_windows(val_data, cfg.block_size + 1, eval_windows, seed)
-
     model.train()
-    step_model = model
-    if context.enabled:
-        step_model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
-    if compile:
-        step_model = torch.compile(step_model)
-
-    # A non-finite loss or gradient is caught without reading it on the host every step: `broken` turns 1 on the
-    # device at the first bad step, the fused optimizer then skips every update (`found_inf`, as under a
-    # GradScaler), and each step's (loss, gradient norm, health) waits in `unread` until the next logging step or
-    # checkpoint reads them all at once and raises at the first bad one.
-    broken = torch.zeros((), device=device)
-    optim.found_inf = broken
-    unread, last_loss = [], None
-
-    def read_health() -> None:
-        nonlocal last_loss
-        if not unread:
-            return
-        values = torch.stack([torch.stack(record) for _, record in unread]).tolist()    # the one host sync
-        for (step_done, _), (loss_value, norm_value, healthy) in zip(unread, values):
-            if not healthy:  # the same on every rank (all-reduced), so every rank stops here
-                raise FloatingPointError(_non_finite_message(step_done, loss_value, norm_value, last_loss, lr, out,
-                                                             saved_step))
-            last_loss = loss_value
-        unread.clear()
+    step_model = _wrap(model, context, device, compile)
+    watch = NonFiniteWatch(optim, device, context)
 
     def save(step_done: int) -> None:
         nonlocal saved_step
-        read_health()
+        watch.read(lambda *values: _non_finite_message(*values, lr, out, saved_step))
         if out is not None and context.is_main:
             save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus)
             saved_step = step_done
@@ -551,37 +498,19 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
             seed_everything(step_rng)
             generator.manual_seed(step_rng)
             x, y = _draw_batch(train_data, step, generator, batch_size, cfg.block_size, device)
-            if step == steps:  # the final entry measures the trained model; no update follows
-                with torch.no_grad(), autocast_for(device):
-                    logits, loss = model(x, y)
-                grad_norm = torch.zeros((), device=device)
-            else:
-                learning_rate = lr_at(step, steps, lr, min_lr, warmup)
-                for group in optim.param_groups:
-                    group["lr"] = learning_rate
-                with autocast_for(device):
-                    logits, loss = step_model(x, y)
-                loss.backward()
-                # the norm is needed to catch a non-finite gradient; an infinite bound leaves it unclipped
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-            # One check per step, before the update: a NaN or inf never reaches the weights or a checkpoint.
-            healthy = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).float()
-            if context.enabled:  # every rank stops together (gradients are shared, losses are not)
-                dist.all_reduce(healthy, op=dist.ReduceOp.MIN)
-            unread.append((step, (loss.detach().float(), grad_norm.float(), healthy)))
             if step < steps:
-                torch.maximum(broken, 1 - healthy, out=broken)
-                optim.step()
-                optim.zero_grad(set_to_none=True)
+                learning_rate = lr_at(step, steps, lr, min_lr, warmup)
+                logits, loss = _update(step_model, model, optim, x, y, learning_rate, grad_clip, device, watch, step)
                 tokens_trained += x.numel() * context.world_size
                 bar.update(1)
+            else:                # the final entry measures the trained model; no update follows
+                with torch.no_grad(), autocast_for(device):
+                    logits, loss = model(x, y)
+                watch.record(step, loss, torch.zeros((), device=device), update=False)
             if step % log_every == 0 or step == steps:
-                read_health()
-                loss = loss.detach().float()
-                if context.enabled:  # SUM then divide: gloo has no AVG
-                    dist.all_reduce(loss, op=dist.ReduceOp.SUM)
-                    loss /= context.world_size
-                entry = {"step": step, "loss": loss.item(), "lr": lr_at(step, steps, lr, min_lr, warmup)}
+                watch.read(lambda *values: _non_finite_message(*values, lr, out, saved_step))
+                entry = {"step": step, "loss": _mean_over_ranks(loss, context),
+                         "lr": lr_at(step, steps, lr, min_lr, warmup)}
                 if metrics is not None:
                     entry.update(metrics(logits.detach().float(), x, y))
                 if val_windows is not None and (step % eval_every == 0 or step == steps):
@@ -604,3 +533,113 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
         if context.created_group:
             dist.destroy_process_group()
     return model.eval(), history
+
+
+def _update(step_model, model, optim, x, y, learning_rate: float, grad_clip: float, device, watch, step: int):
+    """One optimizer step on the batch (x, y): forward under autocast, backward, clip, then the update, which
+    the fused optimizer skips on the device once ``watch`` has seen a non-finite value."""
+    for group in optim.param_groups:
+        group["lr"] = learning_rate
+    with autocast_for(device):
+        logits, loss = step_model(x, y)
+    loss.backward()
+    # the norm is needed to catch a non-finite gradient; an infinite bound leaves it unclipped
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
+    watch.record(step, loss, grad_norm, update=True)     # before the update: a NaN never reaches the weights
+    optim.step()
+    optim.zero_grad(set_to_none=True)
+    return logits, loss
+
+
+class NonFiniteWatch:
+    """Catches the first non-finite loss or gradient without reading it on the host every step: ``broken``
+    turns 1 on the device at the first bad step, the fused optimizer then skips every update (``found_inf``, as
+    under a GradScaler), and each step's (loss, gradient norm, health) waits until ``read`` (at the next logging
+    step or checkpoint) reads them all at once and raises at the first bad one."""
+
+    def __init__(self, optim: torch.optim.Optimizer, device: torch.device, context: DistributedContext):
+        self.broken = torch.zeros((), device=device)
+        optim.found_inf = self.broken
+        self.context, self.unread, self.last_loss = context, [], None
+
+    def record(self, step: int, loss, grad_norm, update: bool) -> None:
+        healthy = (torch.isfinite(loss.detach()) & torch.isfinite(grad_norm)).float()
+        if self.context.enabled:  # every rank stops together (gradients are shared, losses are not)
+            dist.all_reduce(healthy, op=dist.ReduceOp.MIN)
+        self.unread.append((step, (loss.detach().float(), grad_norm.float(), healthy)))
+        if update:
+            torch.maximum(self.broken, 1 - healthy, out=self.broken)
+
+    def read(self, message: Callable[[int, float, float, float | None], str]) -> None:
+        """Raise FloatingPointError(message(step, loss, grad_norm, last finite loss)) at the first bad step."""
+        if not self.unread:
+            return
+        values = torch.stack([torch.stack(record) for _, record in self.unread]).tolist()   # the one host sync
+        for (step, _), (loss, grad_norm, healthy) in zip(self.unread, values):
+            if not healthy:  # the same on every rank (all-reduced), so every rank stops here
+                raise FloatingPointError(message(step, loss, grad_norm, self.last_loss))
+            self.last_loss = loss
+        self.unread.clear()
+
+
+def _mean_over_ranks(loss, context: DistributedContext) -> float:
+    loss = loss.detach().float()
+    if context.enabled:  # SUM then divide: gloo has no AVG
+        dist.all_reduce(loss, op=dist.ReduceOp.SUM)
+        loss /= context.world_size
+    return loss.item()
+
+
+def _wrap(model: nn.Module, context: DistributedContext, device: torch.device, compile: bool) -> nn.Module:
+    """The module a training step calls: the model, in DDP when launched by torchrun, compiled on request."""
+    if context.enabled:
+        model = DistributedDataParallel(model, device_ids=[device.index] if device.type == "cuda" else None)
+    return torch.compile(model) if compile else model
+
+
+def _restore_optimizer(optim: torch.optim.Optimizer, checkpoint: dict | None, steps: int) -> tuple[int, list[dict]]:
+    """(first step, history so far): (0, []) for a new run; a resumed one's optimizer state is loaded."""
+    if checkpoint is None:
+        return 0, []
+    _load_optimizer_state(optim, checkpoint["optimizer"])
+    start = int(checkpoint["step"])
+    if start > steps:
+        raise ValueError(f"the checkpoint is at step {start}, beyond steps={steps}")
+    return start, [entry for entry in checkpoint["history"] if entry["step"] < start]
+
+
+# ----------------------------------------------------------------------------- checks before the first step
+
+
+def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics, **counts) -> None:
+    """`train`'s arguments, each error naming the bad value and what is valid."""
+    minimum = {"steps": 1, "batch_size": 1, "warmup": 0, "eval_every": 1, "eval_windows": 1, "log_every": 1,
+               "checkpoint_every": 0, "seed": 0}
+    for name, value in counts.items():
+        check_number(name, value, minimum[name])
+    for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
+        check_number(name, value, 0.0, integer=False)
+    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+        raise ValueError(f"lr must be a number > 0, got {lr!r}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
+    if metrics is not None and not callable(metrics):
+        raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
+
+
+def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device,
+               allow_leakage: bool) -> None:
+    """Before the first step: no leak (`check_no_leak`), token data longer than a window and within the
+    vocabulary, and a training step that fits in memory."""
+    check_no_leak(cfg, allow_leakage)
+    for name, tokens in (("data", train_data), ("val_data", val_data)):
+        if tokens is None or callable(tokens):
+            continue
+        if len(tokens) <= cfg.block_size + 1:
+            raise ValueError(f"{name} has {len(tokens)} tokens; training needs more than block_size + 1 = "
+                             f"{cfg.block_size + 1}")
+        if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
+            raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
+                             f"[0, vocab_size={cfg.vocab_size})")
+    if not callable(train_data):     # a batch function's batch size and lengths are its own business
+        check_memory(cfg, batch_size, cfg.block_size, True, device)
