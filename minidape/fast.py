@@ -67,8 +67,11 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
 
 def runs_in_query_blocks(refiner_cls: type) -> bool:
     """Whether query blocks give a refiner's exact output: a built-in one (exact class, see ``FUSED_FORMS``), or
-    one that declares ``row_local = True`` (each output row reads only its own query row). Any other refiner,
-    a subclass of a built-in one included, runs over the whole sequence: blocks would cut what it reads."""
+    one that declares ``row_local = True`` (each output row reads only its own query row; a row-mixing refiner,
+    e.g. one reading the query row above, must not). Such a refiner that also reads masked keys just past the
+    diagonal (as a 1 x k convolution along the keys does) declares how many as ``key_margin``. Any other
+    refiner, a subclass of a built-in one included, runs over the whole sequence: blocks would cut what it
+    reads."""
     return refiner_cls in FUSED_FORMS or getattr(refiner_cls, "row_local", False) is True
 
 
