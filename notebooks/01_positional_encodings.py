@@ -30,7 +30,7 @@
 # the question of the whole series: **what happens beyond the training length** `block_size`?
 #
 # **Cost.** Nothing is trained; full mode runs in about under a minute
-# (26 s measured on a 2-core AMD EPYC CPU shared with other jobs), and the same on a GPU. `MINIDAPE_FAST=1` shortens the longest length.
+# (26 s measured on a 2-core AMD EPYC CPU shared with other jobs), and the same on a GPU. `MINIDAPE_QUICK=1` shortens the longest length.
 #
 # **Exercises** (each has a check cell that says *passed* with its points, which mistake it sees with a hint
 # for it, or *not done yet*): 1.1 implement the sinusoidal table (2 points); 1.2 derive RoPE's score
@@ -48,9 +48,9 @@ import minidape as md
 from minidape import exercises
 from minidape.model import AbsolutePositions, AdditiveBias, RotaryEmbedding, apply_rotary
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
 TRAIN_LENGTH = 64                               # block_size: the training length of every model below
-LONG = 4 * TRAIN_LENGTH if FAST else 16 * TRAIN_LENGTH   # a length far beyond training
+LONG = 4 * TRAIN_LENGTH if QUICK else 16 * TRAIN_LENGTH   # a length far beyond training
 
 
 def tiny_config(pe, **overrides):

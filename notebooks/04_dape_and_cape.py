@@ -63,19 +63,19 @@ import minidape as md
 from minidape import exercises
 from minidape.model import REFINER_REGISTRY
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
 # The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
 # share the cores (threads that wait on each other can make such small operations 10x slower or worse).
 torch.set_num_threads(1)
 
 TRAIN_LENGTH = 64
-STEPS = 8 if FAST else 400
-BATCH = 8 if FAST else 16
+STEPS = 8 if QUICK else 400
+BATCH = 8 if QUICK else 16
 LR = 3e-3
-LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
-EVAL_WINDOWS = 4 if FAST else 32
-VAL_WINDOWS = 8 if FAST else 32
+LENGTHS = [64, 128, 256] if QUICK else [64, 128, 256, 512, 1024]
+EVAL_WINDOWS = 4 if QUICK else 32
+VAL_WINDOWS = 8 if QUICK else 32
 FIGURE1_LENGTH = LENGTHS[-1]           # DAPE's Figure 1: query 8192 for training length 512 (16x); ours 16x too
 
 train_tokens = md.load_corpus("austen", "train")
@@ -89,7 +89,7 @@ def config(pe="kerple_log", refiner="none", **overrides):
     return md.GPTConfig(**{**settings, **overrides})
 
 
-print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print("quick mode" if QUICK else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
@@ -282,7 +282,7 @@ for label, C, h in (("this notebook (C=64, h=4)", 64, 4), ("DAPE's 125M (C=768, 
 # forward pass (timings on a shared machine are noisy):
 
 # %%
-def forward_ms(refiner, T, batch=4 if FAST else 8, repeats=3):
+def forward_ms(refiner, T, batch=4 if QUICK else 8, repeats=3):
     torch.manual_seed(0)
     model = md.GPT(config(refiner=refiner)).to(DEVICE).eval()
     x = torch.randint(256, (batch, T)).to(DEVICE)
@@ -298,7 +298,7 @@ def forward_ms(refiner, T, batch=4 if FAST else 8, repeats=3):
     return 1000 * (time.perf_counter() - start) / repeats
 
 
-timing_lengths = [64, 128] if FAST else [64, 256, 1024]
+timing_lengths = [64, 128] if QUICK else [64, 256, 1024]
 print(f"{'refiner':<12}" + "".join(f"{'T=' + str(T):>16}" for T in timing_lengths))
 baseline = {T: forward_ms("none", T) for T in timing_lengths}
 for refiner in ("none", "dape_add", "dape", "conv"):
@@ -538,7 +538,7 @@ exercises.check("locality", more_local, far_shares)
 # %% [markdown] tags=["solution"]
 # **Worked answer.** In full-mode runs DAPE-Kerple is usually both the more local and the better model at 16×:
 # its gain comes from a sharper use of the near context (f lowers far cells the slow log decay leaves up), not
-# from reaching further. When a run shows the opposite (fast mode trains 8 steps: the shares then reflect the
+# from reaching further. When a run shows the opposite (quick mode trains 8 steps: the shares then reflect the
 # initial weights), the two numbers differ by little and one run cannot separate them from noise.
 
 # %% [markdown]

@@ -59,19 +59,19 @@ import minidape as md
 from minidape import exercises
 from minidape.model import ConvRefiner, DAPERefiner
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
 # The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
 # share the cores (threads that wait on each other can make such small operations 10x slower or worse).
 torch.set_num_threads(1)
 
 TRAIN_LENGTH = 64
-STEPS = 8 if FAST else 400
-BATCH = 8 if FAST else 16
+STEPS = 8 if QUICK else 400
+BATCH = 8 if QUICK else 16
 LR = 3e-3
-LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
-EVAL_WINDOWS = 4 if FAST else 32
-VAL_WINDOWS = 8 if FAST else 32
+LENGTHS = [64, 128, 256] if QUICK else [64, 128, 256, 512, 1024]
+EVAL_WINDOWS = 4 if QUICK else 32
+VAL_WINDOWS = 8 if QUICK else 32
 KERNEL_SIZES = [1, 3, 5]
 
 train_tokens = md.load_corpus("austen", "train")
@@ -93,7 +93,7 @@ def train(cfg, **options):
     return model, history, time.perf_counter() - start
 
 
-print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print("quick mode" if QUICK else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
@@ -507,7 +507,7 @@ plt.show()
 for name in ("conv k=3", "leaky_conv k=3"):
     loss = histories[name][-1]["val_loss"]
     print(f"{name:<15} final validation loss {loss:.3f} nats  (perplexity {math.exp(loss):.2f})")
-if not FAST:   # the text's claim, checked on this run (fast mode trains too little to show it)
+if not QUICK:   # the text's claim, checked on this run (quick mode trains too little to show it)
     assert histories["leaky_conv k=3"][-1]["val_loss"] < 0.5 * histories["conv k=3"][-1]["val_loss"]
 
 # %% [markdown]

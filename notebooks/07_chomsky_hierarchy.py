@@ -57,19 +57,19 @@ from IPython.display import Markdown, display
 import minidape as md
 from minidape import exercises
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
 NOTEBOOK_START = time.perf_counter()
 # Models this small run as fast on one thread, and far more steadily on a CPU shared with other jobs.
 torch.set_num_threads(1)
 
 MAX_TRAIN_LENGTH = 40                                   # training inputs: n ~ U{1..40}, as in the papers
-STEPS = 30 if FAST else 1000                            # Adam steps per model (the papers: 200k)
-BATCH = 16 if FAST else 32                              # sequences per step
-TEST_LENGTHS = [10, 40, 60] if FAST else list(range(10, 201, 10))   # 10..40 in training, 50..200 beyond
-EVAL_SAMPLES = 8 if FAST else 48                        # test sequences per length
+STEPS = 30 if QUICK else 1000                            # Adam steps per model (the papers: 200k)
+BATCH = 16 if QUICK else 32                              # sequences per step
+TEST_LENGTHS = [10, 40, 60] if QUICK else list(range(10, 201, 10))   # 10..40 in training, 50..200 beyond
+EVAL_SAMPLES = 8 if QUICK else 48                        # test sequences per length
 SIZE = dict(n_layer=2, n_embd=64, n_head=4)             # ~0.1M parameters
 
-print("fast mode" if FAST else "full mode", f"| {STEPS} steps of {BATCH} sequences, test lengths "
+print("quick mode" if QUICK else "full mode", f"| {STEPS} steps of {BATCH} sequences, test lengths "
       f"{TEST_LENGTHS[0]}..{TEST_LENGTHS[-1]}, {EVAL_SAMPLES} sequences each")
 
 # %%
@@ -453,7 +453,7 @@ beyond = {name: {label: results[name, label]["mean_beyond_train"] for label in M
 for name in TASKS:
     ranking = sorted(beyond[name], key=beyond[name].get, reverse=True)
     print(f"{name}: beyond training, best to worst: " + " > ".join(ranking))
-if not FAST:   # the claims of the text below, checked on this run (fast mode trains too little to show them)
+if not QUICK:   # the claims of the text below, checked on this run (quick mode trains too little to show them)
     others = max(v for label, v in beyond["bucket_sort"].items() if label != "conv-Kerple")
     assert beyond["bucket_sort"]["conv-Kerple"] > others + 0.15, beyond["bucket_sort"]
     assert all(results[name, label]["mean_within_train"] > md.tasks.get_task(name).chance_accuracy + 0.15

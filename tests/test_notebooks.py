@@ -1,7 +1,7 @@
 """Every notebook source notebooks/NN_topic.py has its executed twin NN_topic.ipynb with the same code.
 
 The .py (jupytext py:percent) is the source; the committed .ipynb is the same notebook executed in full mode
-(`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, fast mode).
+(`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, quick mode).
 """
 import ast
 from pathlib import Path
