@@ -39,16 +39,14 @@
 # prediction within ±0.5 nats), with a written answer.
 
 # %%
-import os
-
 import matplotlib.pyplot as plt
 import torch
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 from minidape.model import AbsolutePositions, AdditiveBias, RotaryEmbedding, apply_rotary
 
-QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
+QUICK = notebook.start(one_thread=False).quick   # seeds torch; MINIDAPE_QUICK=1 (CI) shortens LONG
 TRAIN_LENGTH = 64                               # block_size: the training length of every model below
 LONG = 4 * TRAIN_LENGTH if QUICK else 16 * TRAIN_LENGTH   # a length far beyond training
 
@@ -59,12 +57,11 @@ def tiny_config(pe, **overrides):
     return md.GPTConfig(**{**settings, **overrides})
 
 
-torch.manual_seed(0)
 print("registered positional encodings:", list(md.PE_NAMES))
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]

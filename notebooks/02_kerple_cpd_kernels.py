@@ -39,20 +39,18 @@
 
 # %%
 import math
-import os
 
 import matplotlib.pyplot as plt
 import torch
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 from minidape.model import T5Bias, alibi_slopes
 
 kernels = md.kernels
-QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
+QUICK = notebook.start(one_thread=False).quick   # seeds torch; MINIDAPE_QUICK=1 (CI): fewer sets, coarser scan
 N_SETS = 8 if QUICK else 32          # random point sets per is_cpd check
 N_EXPONENTS = 30 if QUICK else 120   # resolution of the p-scan below
-torch.manual_seed(0)
 
 
 def is_psd(matrix, rtol=1e-9):
@@ -69,7 +67,7 @@ def relative(value, matrix):
 # %%
 # DEVICE: where the one model of this notebook (section 5) lives: CUDA, then Apple's MPS, then the CPU. The kernel
 # maths stays on the CPU in float64.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]

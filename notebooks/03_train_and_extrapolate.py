@@ -42,7 +42,6 @@
 
 # %%
 import math
-import os
 import textwrap
 import time
 import warnings
@@ -52,23 +51,16 @@ import torch
 from IPython.display import Markdown, display
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 
-QUICK = os.environ.get("MINIDAPE_QUICK", "0") not in ("", "0")
-NOTEBOOK_START = time.perf_counter()
-# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
-# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
-torch.set_num_threads(1)
+RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
+QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps and lengths, the same code
 
-TRAIN_LENGTH = 64                                   # block_size: the training length of every model
-STEPS = 8 if QUICK else 400                          # optimizer steps per model
-LR = 3e-3                                           # peak learning rate (AdamW, cosine schedule)
-BATCH = 8 if QUICK else 16                           # sequences per step
-LENGTHS = [64, 128, 256] if QUICK else [64, 128, 256, 512, 1024]   # evaluation lengths, up to 16 x L
+BUDGET = notebook.books_budget(QUICK)   # the budget notebooks 03-06 share: print(BUDGET) or see its fields
+TRAIN_LENGTH, STEPS, BATCH, LR = BUDGET.train_length, BUDGET.steps, BUDGET.batch, BUDGET.lr
+LENGTHS, EVAL_WINDOWS, VAL_WINDOWS = BUDGET.lengths, BUDGET.eval_windows, BUDGET.val_windows
 SCORED = min(256, min(LENGTHS))                     # tokens last_k scores, the same at every length
-EVAL_WINDOWS = 4 if QUICK else 32                    # seeded validation windows per length (last_k)
-VAL_WINDOWS = 8 if QUICK else 32                     # windows of the validation loss logged during training
-NONOVERLAP_TOKENS = 1024 if QUICK else 16384         # stretch of validation text scored by nonoverlap
+NONOVERLAP_TOKENS = 1024 if QUICK else 16384        # stretch of validation text scored by nonoverlap
 LONGEST = LENGTHS[-1]
 
 
@@ -78,11 +70,11 @@ def config(pe, **overrides):
     return md.GPTConfig(**{**settings, **overrides})
 
 
-print("quick mode" if QUICK else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print(RUN, "|", BUDGET)
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -426,4 +418,4 @@ for left, right in zip(*[column + [""] * (max(map(len, columns)) - len(column)) 
 
 # %%
 exercises.summary("03")
-print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
+print(f"notebook run time: {RUN.seconds():.0f} s")
