@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from minidape import notebook
+from minidape import grade, notebook
 from minidape.utils import quick_mode
 
 
@@ -23,6 +23,16 @@ def test_nothing_else_switches_quick_mode_on(monkeypatch):
                             ("MINIDAPE_FASTER", "1"), ("QUICK", "1"), ("FAST", "1"), ("MINIDAPE_EXPECT_GPU", "1")]:
         monkeypatch.setenv(variable, value)
     assert not quick_mode() and not notebook.start(one_thread=False).quick
+
+
+@pytest.mark.parametrize("variable", ["MINIDAPE_QUICK", "MINIDAPE_FAST", None])
+def test_the_graders_workers_run_in_the_graders_mode_under_one_name(variable, monkeypatch):
+    monkeypatch.delenv("MINIDAPE_QUICK", raising=False)
+    monkeypatch.delenv("MINIDAPE_FAST", raising=False)
+    if variable:
+        monkeypatch.setenv(variable, "1")
+    env = grade.worker_env()
+    assert "MINIDAPE_FAST" not in env and env.get("MINIDAPE_QUICK") == ("1" if variable else None)
 
 
 @pytest.mark.parametrize("cuda, mps, expected", [(True, True, "cuda"), (False, True, "mps"), (False, False, "cpu")])
