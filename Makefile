@@ -29,14 +29,14 @@ test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q tests
 
 # On a machine with a CUDA GPU (and a CUDA build of torch: make test-gpu TORCH=torch): tests/test_gpu.py, which
-# MINIDAPE_EXPECT_GPU=1 makes fail instead of skip without a GPU (it also trains the demo in fast mode), then every
-# notebook in fast mode, where each picks CUDA by itself.
+# MINIDAPE_EXPECT_GPU=1 makes fail instead of skip without a GPU (it also trains the demo in quick mode), then every
+# notebook in quick mode, where each picks CUDA by itself.
 test-gpu: $(STAMP)
 	MINIDAPE_EXPECT_GPU=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs tests/test_gpu.py
 	$(MAKE) test-notebooks
 
 # The .py files are the notebooks' source: convert each one, keeping the outputs of its executed .ipynb (the
-# cells marked NBVAL_CHECK_OUTPUT are compared with them), and run every cell in fast mode. nbval runs a
+# cells marked NBVAL_CHECK_OUTPUT are compared with them), and run every cell in quick mode. nbval runs a
 # notebook in its own folder: .nbtest/ sits beside notebooks/, so paths like ../runs mean the same in both.
 # Then the student edition of the same notebooks (solution cells removed by nbconvert's TagRemovePreprocessor,
 # outputs kept so that the checked cells are compared too) in .nbtest-student/. MINIDAPE_EXPECT_EXERCISES makes
@@ -51,9 +51,9 @@ test-notebooks: $(STAMP)
 	  done && \
 	  $(BIN)/jupyter-nbconvert --to notebook --log-level WARN $(REMOVE_SOLUTIONS) --output-dir $(NBTEST)-student \
 	    $(NBTEST)/*.ipynb && \
-	  MINIDAPE_EXPECT_EXERCISES=all MINIDAPE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  MINIDAPE_EXPECT_EXERCISES=all MINIDAPE_QUICK=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    --nbval-lax --nbval-current-env $(NBTEST) && \
-	  MINIDAPE_EXPECT_EXERCISES=none MINIDAPE_FAST=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  MINIDAPE_EXPECT_EXERCISES=none MINIDAPE_QUICK=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    --nbval-lax --nbval-current-env $(NBTEST)-student; \
 	fi
 
@@ -78,7 +78,7 @@ lab: $(STAMP)
 # Execute every notebook in full mode (in its own folder) and write the committed .ipynb beside its source.
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_kerple_cpd_kernels.py
 notebooks: $(STAMP)
-	for f in $(NOTEBOOKS); do MINIDAPE_FAST=0 $(BIN)/jupytext --to ipynb --execute --set-kernel python3 $$f || exit 1; done
+	for f in $(NOTEBOOKS); do MINIDAPE_QUICK=0 $(BIN)/jupytext --to ipynb --execute --set-kernel python3 $$f || exit 1; done
 
 bench: $(STAMP)
 	$(BIN)/python -m minidape bench

@@ -153,7 +153,7 @@ def describe_corpus(identity: dict) -> str:
     return f"{identity['path']} ({identity['size']} bytes, sha256 {identity['sha256'][:12]}...)"
 
 
-def check_corpus(recorded: dict | str, name_or_path: str | os.PathLike | None, what: str) -> str:
+def corpus_to_read(recorded: dict | str, name_or_path: str | os.PathLike | None, what: str) -> str:
     """The corpus to read for a run that recorded `recorded` (a `corpus_identity`): `name_or_path` when given
     and identical, or the recorded one when None. A different corpus, or a recorded file that is gone or has
     changed since, is a ValueError that names both, starting with `what` (e.g. "resume of runs/a")."""
@@ -171,3 +171,6 @@ def check_corpus(recorded: dict | str, name_or_path: str | os.PathLike | None, w
     if given != recorded:
         raise ValueError(f"{what}: the corpus is {describe_corpus(given)}, but the run was trained on {expected}")
     return os.fspath(name_or_path)
+
+
+check_corpus = corpus_to_read  # the old name, imported by train.py and __main__.py until they are renamed (issue 25)

@@ -456,7 +456,7 @@ def _prediction_credit(points: int, held: bool, note: str) -> Credit:
 
 
 def _mlp(linear1: nn.Module, linear2: nn.Module, x: torch.Tensor, activation=None) -> torch.Tensor:
-    """DAPE's f with minidape's weights over the channel axis of (B, C, T, T), with another activation."""
+    """DAPE's f with minidape's weights over the channel axis of (batch, C, T, T), with another activation."""
     activation = activation or (lambda h: torch.nn.functional.leaky_relu(h, 0.01))
     cells = x.permute(0, 2, 3, 1)
     return linear2(activation(linear1(cells))).permute(0, 3, 1, 2)
@@ -914,22 +914,22 @@ def dape_refiner(your_class):
 
 @_exercise("04", "derive", "parameters and multiply-accumulates of f, for the three DAPE variants",
            "per cell f maps n_in -> W -> h with biases (n_in = 2h, or h for dape_add); it runs on every one of "
-           "the B·T² cells, masked ones too", points=2)
+           "the batch·T² cells, masked ones too", points=2)
 def dape_cost(your_function):
     from .model import REFINER_REGISTRY
     generator = _fresh_generator()
     draw = partial(_draw, generator)
     for variant in ("dape", "dape_concat", "dape_add"):
-        h, W, B, T = draw(2, 17), draw(3, 65), draw(1, 9), draw(8, 600)
+        h, W, batch, T = draw(2, 17), draw(3, 65), draw(1, 9), draw(8, 600)
         n_in = h if variant == "dape_add" else 2 * h
         cfg = _config(n_head=h, n_embd=4 * h, refiner=variant, refiner_width=W)
         params = sum(p.numel() for p in REFINER_REGISTRY[variant](cfg).parameters())
-        macs = B * T * T * (n_in * W + W * h)
-        answer = _given(your_function, "dape_cost")(variant, h, W, B, T)
+        macs = batch * T * T * (n_in * W + W * h)
+        answer = _given(your_function, "dape_cost")(variant, h, W, batch, T)
         if not (isinstance(answer, tuple) and len(answer) == 2):
             raise Wrong(f"dape_cost should return a pair (parameters, MACs), got {answer!r}")
         got_params, got_macs = (_number(v, label) for v, label in zip(answer, ("the parameter count", "the MACs")))
-        where = f"dape_cost({variant!r}, h={h}, W={W}, B={B}, T={T})"
+        where = f"dape_cost({variant!r}, h={h}, W={W}, batch={batch}, T={T})"
         problems = []
         if got_params != params:
             known = {n_in * W + W * h: ("counts the weights but not the biases", "each Linear has a bias of its "
@@ -942,10 +942,10 @@ def dape_cost(your_function):
         if got_macs != macs:
             known = {2 * macs: ("counts FLOPs (2 per multiply-accumulate)", "count multiply-accumulates: one per "
                                 "weight per cell"),
-                     B * T * (T + 1) // 2 * (n_in * W + W * h): (
+                     batch * T * (T + 1) // 2 * (n_in * W + W * h): (
                          "counts the causal triangle only", "f runs on all T² cells; the mask is applied after it"),
-                     B * T * T * (n_in * W + W * h + W + h): ("counts the biases as multiply-accumulates",
-                                                              "a bias is an addition, not a multiply-accumulate")}
+                     batch * T * T * (n_in * W + W * h + W + h): ("counts the biases as multiply-accumulates",
+                                                                  "a bias is an addition, not a multiply-accumulate")}
             what, hint = known.get(int(got_macs), ("is not the multiply-accumulates of f", None))
             problems.append((f"your MAC count {got_macs:g} {what}", hint))
         if len(problems) == 2:
@@ -956,7 +956,7 @@ def dape_cost(your_function):
 
 
 @_exercise("04", "implement", "attention mass beyond one training length",
-           "model.attention_maps(idx, layer)['probs'] is (B, heads, queries, keys); take the last query, keys "
+           "model.attention_maps(idx, layer)['probs'] is (batch, heads, queries, keys); take the last query, keys "
            "0 .. T - train_length - 1, sum over keys, then average over heads and layers", points=2)
 def far_attention(your_function):
     from .model import GPT

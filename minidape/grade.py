@@ -42,6 +42,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import exercises, sandbox
+from .utils import quick_mode
 
 TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
 CHECK_CALL = re.compile(r"""check\(\s*["'](\w+)["']""")
@@ -109,13 +110,13 @@ def editions(folder: Path = TEACHER) -> dict[str, Edition]:
         predicted = set(literal_assignments([c for c in cells if "prediction" in c["tags"]
                                              and "solution" not in c["tags"]]))
         for name, index in edition.checks.items():
-            edition.predictions[name] = {at: variable for at, variable in enumerate(_check_arguments(
+            edition.predictions[name] = {at: variable for at, variable in enumerate(_names_passed_to_check(
                 cells[index]["source"], name)) if variable in predicted}
         found[edition.number] = edition
     return found
 
 
-def _check_arguments(source: str, name: str) -> list[str | None]:
+def _names_passed_to_check(source: str, name: str) -> list[str | None]:
     """The variables passed, by position after the name, to ``exercises.check("name", ...)`` in ``source``."""
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
@@ -579,9 +580,8 @@ def worker_env() -> dict[str, str]:
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
            "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join([str(TEACHER.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    for name in ("MINIDAPE_FAST",):
-        if name in os.environ:
-            env[name] = os.environ[name]
+    if quick_mode():                    # switched on by either of its names here; the workers get one
+        env["MINIDAPE_QUICK"] = "1"
     return env
 
 

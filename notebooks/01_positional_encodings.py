@@ -30,7 +30,7 @@
 # the question of the whole series: **what happens beyond the training length** `block_size`?
 #
 # **Cost.** Nothing is trained; full mode runs in about under a minute
-# (26 s measured on a 2-core AMD EPYC CPU shared with other jobs), and the same on a GPU. `MINIDAPE_FAST=1` shortens the longest length.
+# (26 s measured on a 2-core AMD EPYC CPU shared with other jobs), and the same on a GPU. `MINIDAPE_QUICK=1` shortens the longest length.
 #
 # **Exercises** (each has a check cell that says *passed* with its points, which mistake it sees with a hint
 # for it, or *not done yet*): 1.1 implement the sinusoidal table (2 points); 1.2 derive RoPE's score
@@ -39,18 +39,16 @@
 # prediction within ±0.5 nats), with a written answer.
 
 # %%
-import os
-
 import matplotlib.pyplot as plt
 import torch
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 from minidape.model import AbsolutePositions, AdditiveBias, RotaryEmbedding, apply_rotary
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
+QUICK = notebook.start(one_thread=False).quick   # seeds torch; MINIDAPE_QUICK=1 (CI) shortens LONG
 TRAIN_LENGTH = 64                               # block_size: the training length of every model below
-LONG = 4 * TRAIN_LENGTH if FAST else 16 * TRAIN_LENGTH   # a length far beyond training
+LONG = 4 * TRAIN_LENGTH if QUICK else 16 * TRAIN_LENGTH   # a length far beyond training
 
 
 def tiny_config(pe, **overrides):
@@ -59,12 +57,11 @@ def tiny_config(pe, **overrides):
     return md.GPTConfig(**{**settings, **overrides})
 
 
-torch.manual_seed(0)
 print("registered positional encodings:", list(md.PE_NAMES))
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]

@@ -39,20 +39,18 @@
 
 # %%
 import math
-import os
 
 import matplotlib.pyplot as plt
 import torch
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 from minidape.model import T5Bias, alibi_slopes
 
 kernels = md.kernels
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-N_SETS = 8 if FAST else 32          # random point sets per is_cpd check
-N_EXPONENTS = 30 if FAST else 120   # resolution of the p-scan below
-torch.manual_seed(0)
+QUICK = notebook.start(one_thread=False).quick   # seeds torch; MINIDAPE_QUICK=1 (CI): fewer sets, coarser scan
+N_SETS = 8 if QUICK else 32          # random point sets per is_cpd check
+N_EXPONENTS = 30 if QUICK else 120   # resolution of the p-scan below
 
 
 def is_psd(matrix, rtol=1e-9):
@@ -69,7 +67,7 @@ def relative(value, matrix):
 # %%
 # DEVICE: where the one model of this notebook (section 5) lives: CUDA, then Apple's MPS, then the CPU. The kernel
 # maths stays on the CPU in float64.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -468,7 +466,7 @@ for n in (0, 15, 16, 30, 64, 127, 128, 1000, 10 ** 6):
     print(f"distance {n:>7} -> bucket {T5Bias.bucket(torch.tensor([n]), 32, 128).item():>2}")
 
 # %%
-distances = torch.arange(0, 2048 if not FAST else 512)
+distances = torch.arange(0, 2048 if not QUICK else 512)
 buckets = T5Bias.bucket(distances, 32, 128)
 kerple_log_curve = -1.0 * torch.log1p(0.5 * distances.double())              # r1 = 1, r2 = 0.5
 # The best T5 table for this curve, fitted on the distances below 128 (they reach all 32 buckets): the
@@ -502,7 +500,7 @@ plt.show()
 # the attention mass within distance $d$, i.e. each kernel's **effective window**.
 
 # %%
-L = 2048 if not FAST else 512
+L = 2048 if not QUICK else 512
 distances = torch.arange(L, dtype=torch.float64)
 families = {
     "Kerple-log  $-r_1\\ln(1 + r_2 d)$": [kernels.log_kernel(a=r2, b=r1) for r1, r2 in

@@ -42,7 +42,6 @@
 
 # %%
 import math
-import os
 import textwrap
 import time
 import warnings
@@ -52,23 +51,16 @@ import torch
 from IPython.display import Markdown, display
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-NOTEBOOK_START = time.perf_counter()
-# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
-# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
-torch.set_num_threads(1)
+RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
+QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps and lengths, the same code
 
-TRAIN_LENGTH = 64                                   # block_size: the training length of every model
-STEPS = 8 if FAST else 400                          # optimizer steps per model
-LR = 3e-3                                           # peak learning rate (AdamW, cosine schedule)
-BATCH = 8 if FAST else 16                           # sequences per step
-LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]   # evaluation lengths, up to 16 x L
+BUDGET = notebook.books_budget(QUICK)   # the budget notebooks 03-06 share: print(BUDGET) or see its fields
+TRAIN_LENGTH, STEPS, BATCH, LR = BUDGET.train_length, BUDGET.steps, BUDGET.batch, BUDGET.lr
+LENGTHS, EVAL_WINDOWS, VAL_WINDOWS = BUDGET.lengths, BUDGET.eval_windows, BUDGET.val_windows
 SCORED = min(256, min(LENGTHS))                     # tokens last_k scores, the same at every length
-EVAL_WINDOWS = 4 if FAST else 32                    # seeded validation windows per length (last_k)
-VAL_WINDOWS = 8 if FAST else 32                     # windows of the validation loss logged during training
-NONOVERLAP_TOKENS = 1024 if FAST else 16384         # stretch of validation text scored by nonoverlap
+NONOVERLAP_TOKENS = 1024 if QUICK else 16384        # stretch of validation text scored by nonoverlap
 LONGEST = LENGTHS[-1]
 
 
@@ -78,11 +70,11 @@ def config(pe, **overrides):
     return md.GPTConfig(**{**settings, **overrides})
 
 
-print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print(RUN, "|", BUDGET)
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -184,7 +176,7 @@ at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in last_k.items()}
 growth = {pe: curve[LONGEST] / curve[TRAIN_LENGTH] for pe, curve in last_k.items() if pe != "learned"}
 print(f"at the training length: best {min(at_train, key=at_train.get)}, worst {max(at_train, key=at_train.get)}")
 print(f"perplexity at {LONGEST} / at {TRAIN_LENGTH}: " + ", ".join(f"{pe} {g:.2f}x" for pe, g in growth.items()))
-if not FAST:   # the claims of the text below, checked on this run (fast mode trains too little to show them)
+if not QUICK:   # the claims of the text below, checked on this run (quick mode trains too little to show them)
     assert growth["rope"] > 2, "RoPE at 16x the training length should be more than twice its in-length perplexity"
     assert max(growth["alibi"], growth["kerple_log"]) < 1.25, "ALiBi and Kerple should stay nearly flat"
     assert growth["rope"] > max(growth["alibi"], growth["kerple_log"], growth["none"])
@@ -208,7 +200,7 @@ exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LON
 
 # %% [markdown] tags=["written", "rubric:rope_ratio"]
 # **Your answer** (two or three sentences): why does RoPE degrade beyond the training length while ALiBi and
-# Kerple stay nearly flat? Use the numbers of your own run (and say if fast mode trained too little to show it).
+# Kerple stay nearly flat? Use the numbers of your own run (and say if quick mode trained too little to show it).
 
 # %% [markdown] tags=["solution"]
 # **Worked answer.** Beyond $L$ the slow rotary pairs turn through angles $m\theta_i$ never seen in training, so
@@ -426,4 +418,4 @@ for left, right in zip(*[column + [""] * (max(map(len, columns)) - len(column)) 
 
 # %%
 exercises.summary("03")
-print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
+print(f"notebook run time: {RUN.seconds():.0f} s")

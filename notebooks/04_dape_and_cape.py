@@ -51,7 +51,6 @@
 
 # %%
 import dataclasses
-import os
 import time
 
 import matplotlib.pyplot as plt
@@ -60,22 +59,15 @@ import torch.nn as nn
 from IPython.display import Markdown, display
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 from minidape.model import REFINER_REGISTRY
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-NOTEBOOK_START = time.perf_counter()
-# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
-# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
-torch.set_num_threads(1)
+RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
+QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps and lengths, the same code
 
-TRAIN_LENGTH = 64
-STEPS = 8 if FAST else 400
-BATCH = 8 if FAST else 16
-LR = 3e-3
-LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
-EVAL_WINDOWS = 4 if FAST else 32
-VAL_WINDOWS = 8 if FAST else 32
+BUDGET = notebook.books_budget(QUICK)   # the budget notebooks 03-06 share: print(BUDGET) or see its fields
+TRAIN_LENGTH, STEPS, BATCH, LR = BUDGET.train_length, BUDGET.steps, BUDGET.batch, BUDGET.lr
+LENGTHS, EVAL_WINDOWS, VAL_WINDOWS = BUDGET.lengths, BUDGET.eval_windows, BUDGET.val_windows
 FIGURE1_LENGTH = LENGTHS[-1]           # DAPE's Figure 1: query 8192 for training length 512 (16x); ours 16x too
 
 train_tokens = md.load_corpus("austen", "train")
@@ -89,11 +81,11 @@ def config(pe="kerple_log", refiner="none", **overrides):
     return md.GPTConfig(**{**settings, **overrides})
 
 
-print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print(RUN, "|", BUDGET)
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -143,7 +135,7 @@ print("cells (head, i, j) that A[head 0, 5, 3] depends on:", touched.nonzero().t
 # ### Exercise 4.1 (implement) · DAPE's refiner
 #
 # Write the refiner yourself, as the extension API builds it: `MyDAPE(cfg)` is an `nn.Module`, and
-# `forward(scores, bias, mask)` takes `scores` $S$ `(B, h, T, T)`, `bias` $B$ `(h, T, T)` and the causal `mask`
+# `forward(scores, bias, mask)` takes `scores` $S$ `(batch, h, T, T)`, `bias` $B$ `(h, T, T)` and the causal `mask`
 # and returns eq. (3), $A = S + B + f([S, B])$, with $f$ = `Linear(2h, W)` → `LeakyReLU(0.01)` → `Linear(W, h)`
 # applied at every cell over the head axis ($W$ = `cfg.refiner_width`). The check builds minidape's `dape`
 # refiner and yours from the same config, hands yours minidape's weights by role (any layer order, `Linear` or
@@ -167,9 +159,9 @@ class MyDAPE(nn.Module):
                                nn.Linear(cfg.refiner_width, cfg.n_head))
 
     def forward(self, scores, bias, mask):
-        bias = bias.expand_as(scores)                                   # (B, h, T, T): the same B per sequence
-        features = torch.cat([scores, bias], dim=1).permute(0, 2, 3, 1)  # (B, T, T, 2h): heads last, per cell
-        return scores + bias + self.f(features).permute(0, 3, 1, 2)      # (B, h, T, T)
+        bias = bias.expand_as(scores)                                   # (batch, h, T, T): one bias for every sequence
+        features = torch.cat([scores, bias], dim=1).permute(0, 2, 3, 1)  # (batch, T, T, 2h): heads last, per cell
+        return scores + bias + self.f(features).permute(0, 3, 1, 2)      # (batch, h, T, T)
 
 
 # %%
@@ -178,25 +170,27 @@ exercises.check("dape_refiner", MyDAPE)
 # %% [markdown]
 # ### Exercise 4.2 (derive) · What does $f$ cost?
 #
-# Write `dape_cost(variant, h, W, B, T)` returning the pair (parameters of one layer's $f$, multiply-accumulates
-# of one layer's $f$ in a forward pass over a batch of $B$ sequences of length $T$), for `variant` one of
+# Write `dape_cost(variant, h, W, batch, T)` returning the pair (parameters of one layer's $f$, multiply-accumulates
+# of one layer's $f$ in a forward pass over a batch of `batch` sequences of length $T$), for `variant` one of
 # `"dape"`, `"dape_concat"` and `"dape_add"` (the table above says what each one feeds $f$), from your own
 # count: weights and biases of both `Linear` layers; one multiply-accumulate (MAC) per weight per cell it is
-# applied to. Each part earns a point; the check draws new $h, W, B, T$ each time it runs. (Section 2 then
+# applied to. Each part earns a point; the check draws new $h$, $W$, `batch` and $T$ each time it runs. (Section 2 then
 # puts your count into context.)
 
 # %%
-def dape_cost(variant, h, W, B, T):
-    """(parameters, multiply-accumulates) of one layer's f for the DAPE variant, h heads, width W, batch B, length T."""
+def dape_cost(variant, h, W, batch, T):
+    """(parameters, multiply-accumulates) of one layer's f for the DAPE variant: h heads, width W, batch sequences
+    of length T."""
     exercises.todo()                      # your formula here
 
 
 # %% tags=["solution"]
-def dape_cost(variant, h, W, B, T):
-    """(parameters, multiply-accumulates) of one layer's f for the DAPE variant, h heads, width W, batch B, length T."""
+def dape_cost(variant, h, W, batch, T):
+    """(parameters, multiply-accumulates) of one layer's f for the DAPE variant: h heads, width W, batch sequences
+    of length T."""
     n_in = h if variant == "dape_add" else 2 * h            # dape_add feeds f the sum S + B, the others [S, B]
     parameters = (n_in * W + W) + (W * h + h)               # each Linear: weights + biases
-    macs = B * T * T * (n_in * W + W * h)                   # f runs on all T² cells, masked ones too
+    macs = batch * T * T * (n_in * W + W * h)                   # f runs on all T² cells, masked ones too
     return parameters, macs
 
 
@@ -236,32 +230,32 @@ for name in ("dape", "dape_concat", "dape_add"):
 # %% [markdown]
 # ## 2. What $f$ costs
 #
-# Per layer, for batch $B$, $h$ heads, sequence length $T$, model width $C = h\,d_{\text{head}}$, DAPE width $W$
-# (multiply-accumulates, MACs; 1 MAC = 2 FLOPs):
+# Per layer and per sequence of length $T$ (a batch of `batch` sequences costs `batch` times as much), for $h$
+# heads, model width $C = h\,d_{\text{head}}$ and DAPE width $W$ (multiply-accumulates, MACs; 1 MAC = 2 FLOPs):
 #
 # | part | MACs | activations |
 # |---|---|---|
-# | projections $Q, K, V$, output | $4BTC^2$ | $O(BTC)$ |
-# | feed-forward ($4\times$) | $8BTC^2$ | $O(BTC)$ |
-# | $QK^\top$ and $\mathrm{softmax}\cdot V$ | $2BT^2C$ | scores $BhT^2$ |
-# | `dape` / `dape_concat`: $f$ on $2h \to W \to h$ | $BT^2 \cdot 2hW + BT^2 \cdot Wh = 3BT^2hW$ | hidden $BWT^2$ |
-# | `dape_add`: $f$ on $h \to W \to h$ | $2BT^2hW$ | hidden $BWT^2$ |
-# | `conv` (DAPE-V2), kernel $k$ | $3kBT^2hW$ | hidden $BWT^2$ |
+# | projections $Q, K, V$, output | $4TC^2$ | $O(TC)$ |
+# | feed-forward ($4\times$) | $8TC^2$ | $O(TC)$ |
+# | $QK^\top$ and $\mathrm{softmax}\cdot V$ | $2T^2C$ | scores $hT^2$ |
+# | `dape` / `dape_concat`: $f$ on $2h \to W \to h$ | $T^2 \cdot 2hW + T^2 \cdot Wh = 3T^2hW$ | hidden $WT^2$ |
+# | `dape_add`: $f$ on $h \to W \to h$ | $2T^2hW$ | hidden $WT^2$ |
+# | `conv` (DAPE-V2), kernel $k$ | $3kT^2hW$ | hidden $WT^2$ |
 #
-# So the refiner adds $O(BhT^2W)$ to the layer's $O(BTC^2 + BT^2C)$, as in DAPE §3.2 ("Computational costs
+# So the refiner adds $O(hT^2W)$ to the layer's $O(TC^2 + T^2C)$, as in DAPE §3.2 ("Computational costs
 # analysis"): small when $hW \ll C$ and $T$ is moderate, and quadratic in $T$ like attention itself. (minidape
-# computes the bias half of $f$'s first layer once per batch, since $B$ is the same for every sequence:
-# $BT^2hW + T^2hW$ instead of $2BT^2hW$.) The memory term matters more: the hidden activations are $W/h$ times
-# larger than the scores (8× here). minidape therefore computes refined attention in blocks of query rows
-# (each row is refined independently) and recomputes $f$'s hidden layer in the backward pass instead of storing
-# it.
+# computes the bias half of $f$'s first layer once per batch, since $B$ is the same for every sequence: for
+# `batch` sequences, $(\text{batch} + 1)\,T^2hW$ instead of $2\,\text{batch}\,T^2hW$.) The memory term matters
+# more: the hidden activations are $W/h$ times larger than the scores (8× here). minidape therefore computes
+# refined attention in blocks of query rows (each row is refined independently) and recomputes $f$'s hidden
+# layer in the backward pass instead of storing it.
 
 # %%
-def layer_macs(B, T, C, h, W=32, refiner="none", k=3):
+def layer_macs(batch, T, C, h, W=32, refiner="none", k=3):
     """Multiply-accumulates of one transformer layer (the table above)."""
-    base = 12 * B * T * C * C + 2 * B * T * T * C
-    extra = {"none": 0, "dape": 3 * B * T * T * h * W, "dape_add": 2 * B * T * T * h * W,
-             "conv": 3 * k * B * T * T * h * W}[refiner]
+    base = 12 * batch * T * C * C + 2 * batch * T * T * C
+    extra = {"none": 0, "dape": 3 * batch * T * T * h * W, "dape_add": 2 * batch * T * T * h * W,
+             "conv": 3 * k * batch * T * T * h * W}[refiner]
     return base, extra
 
 
@@ -278,11 +272,11 @@ for label, C, h in (("this notebook (C=64, h=4)", 64, 4), ("DAPE's 125M (C=768, 
 # where $hW = 128$ exceeds $C = 64$, it adds a large share already at $T = 64$: tiny models are the worst case for
 # DAPE's relative cost. (The table prints the percentages; they are exact arithmetic from the formulas above.)
 # And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise passes over
-# $(B, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick measurement of one
+# $(\text{batch}, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick measurement of one
 # forward pass (timings on a shared machine are noisy):
 
 # %%
-def forward_ms(refiner, T, batch=4 if FAST else 8, repeats=3):
+def forward_ms(refiner, T, batch=4 if QUICK else 8, repeats=3):
     torch.manual_seed(0)
     model = md.GPT(config(refiner=refiner)).to(DEVICE).eval()
     x = torch.randint(256, (batch, T)).to(DEVICE)
@@ -298,7 +292,7 @@ def forward_ms(refiner, T, batch=4 if FAST else 8, repeats=3):
     return 1000 * (time.perf_counter() - start) / repeats
 
 
-timing_lengths = [64, 128] if FAST else [64, 256, 1024]
+timing_lengths = [64, 128] if QUICK else [64, 256, 1024]
 print(f"{'refiner':<12}" + "".join(f"{'T=' + str(T):>16}" for T in timing_lengths))
 baseline = {T: forward_ms("none", T) for T in timing_lengths}
 for refiner in ("none", "dape_add", "dape", "conv"):
@@ -484,7 +478,7 @@ plt.show()
 #
 # Write `far_attention(model, idx, train_length)`: the attention probability of the **last** query on keys
 # $0 \dots T - 1 - $ `train_length` (more than one training length back), summed over those keys, averaged
-# over heads and layers, as a float. `model.attention_maps(idx, layer)["probs"]` is `(B, heads, queries, keys)`.
+# over heads and layers, as a float. `model.attention_maps(idx, layer)["probs"]` is `(batch, heads, queries, keys)`.
 
 # %%
 def far_attention(model, idx, train_length):
@@ -538,7 +532,7 @@ exercises.check("locality", more_local, far_shares)
 # %% [markdown] tags=["solution"]
 # **Worked answer.** In full-mode runs DAPE-Kerple is usually both the more local and the better model at 16×:
 # its gain comes from a sharper use of the near context (f lowers far cells the slow log decay leaves up), not
-# from reaching further. When a run shows the opposite (fast mode trains 8 steps: the shares then reflect the
+# from reaching further. When a run shows the opposite (quick mode trains 8 steps: the shares then reflect the
 # initial weights), the two numbers differ by little and one run cannot separate them from noise.
 
 # %% [markdown]
@@ -546,7 +540,7 @@ exercises.check("locality", more_local, far_shares)
 #
 # - DAPE/CAPE replaces the fixed $QK^\top + B$ by $QK^\top + B + f(QK^\top, B)$: a per-cell MLP across heads that
 #   reads content and position together. `dape_concat` drops the bias residual, `dape_add` feeds $f$ the sum.
-# - It costs $O(BhT^2W)$ extra per layer, and memory $W/h$ times the scores unless computed in blocks.
+# - It costs $O(\text{batch}\,hT^2W)$ extra per layer, and memory $W/h$ times the scores unless computed in blocks.
 # - Its correction to the Kerple bias depends on the text, which is what "data-adaptive" means; Figure 1 shows
 #   it for a query 16× beyond the training length.
 #
@@ -554,4 +548,4 @@ exercises.check("locality", more_local, far_shares)
 
 # %%
 exercises.summary("04")
-print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
+print(f"notebook run time: {RUN.seconds():.0f} s")

@@ -21,9 +21,9 @@
 #
 # - **Observation (§3, Figure 1).** DAPE helps even with *no* positional encoding (DAPE-NoPE), so its gain
 #   cannot come only from "adaptive positions": plain query-key dot products seem not expressive enough.
-# - **Change (§3, eq. 5).** Treat the scores of a layer, a tensor of shape $[B, h, T, T]$, like an image of
-#   shape $[B, C, H, W]$ (batch, channels, height, width) and process it with convolutions across heads and
-#   *neighbouring keys*:
+# - **Change (§3, eq. 5).** Treat the scores of a layer, a tensor of shape $[\text{batch}, h, T, T]$, like an
+#   image of shape $[\text{batch}, C, H, W]$ (batch, channels, height, width) and process it with convolutions
+#   across heads and *neighbouring keys*:
 #
 # $$A = QK^\top + B + \mathrm{Conv}\big(\mathrm{tril}([QK^\top, B])\big),$$
 #
@@ -47,7 +47,6 @@
 
 # %%
 import math
-import os
 import time
 
 import matplotlib.pyplot as plt
@@ -56,22 +55,15 @@ import torch.nn as nn
 from IPython.display import Markdown, display
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 from minidape.model import ConvRefiner, DAPERefiner
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-NOTEBOOK_START = time.perf_counter()
-# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
-# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
-torch.set_num_threads(1)
+RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
+QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps and lengths, the same code
 
-TRAIN_LENGTH = 64
-STEPS = 8 if FAST else 400
-BATCH = 8 if FAST else 16
-LR = 3e-3
-LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
-EVAL_WINDOWS = 4 if FAST else 32
-VAL_WINDOWS = 8 if FAST else 32
+BUDGET = notebook.books_budget(QUICK)   # the budget notebooks 03-06 share: print(BUDGET) or see its fields
+TRAIN_LENGTH, STEPS, BATCH, LR = BUDGET.train_length, BUDGET.steps, BUDGET.batch, BUDGET.lr
+LENGTHS, EVAL_WINDOWS, VAL_WINDOWS = BUDGET.lengths, BUDGET.eval_windows, BUDGET.val_windows
 KERNEL_SIZES = [1, 3, 5]
 
 train_tokens = md.load_corpus("austen", "train")
@@ -93,11 +85,11 @@ def train(cfg, **options):
     return model, history, time.perf_counter() - start
 
 
-print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print(RUN, "|", BUDGET)
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -204,7 +196,7 @@ print("conv k=1 equals DAPE on every unmasked cell (to 1e-6):", difference.abs()
 # ### Exercise 5.2 (implement) · The conv refiner
 #
 # Write `MyConvRefiner(cfg)`, an `nn.Module` whose `forward(scores, bias, mask)` returns DAPE-V2's
-# $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$: concatenate $S$ `(B, h, T, T)` and $B$ expanded to the same
+# $A = S + B + \mathrm{Conv}(\mathrm{tril}([S, B]))$: concatenate $S$ `(batch, h, T, T)` and $B$ expanded to the same
 # shape on the channel axis, zero the masked cells (`masked_fill(~mask, 0)`), then
 # `Conv2d(2h, W, (1, k), padding=(0, k // 2))` → `LeakyReLU(0.01)` → `Conv2d(W, h, (1, k), padding=(0, k // 2))`
 # with $k$ = `cfg.refiner_kernel`, $W$ = `cfg.refiner_width`. The check hands yours the weights of minidape's
@@ -230,10 +222,10 @@ class MyConvRefiner(nn.Module):
         self.conv2 = nn.Conv2d(width, cfg.n_head, (1, k), padding=(0, k // 2))
 
     def forward(self, scores, bias, mask):
-        bias = bias.expand_as(scores)                                           # (B, h, T, T)
-        features = torch.cat([scores, bias], dim=1).masked_fill(~mask, 0)      # tril([S, B]): (B, 2h, T, T)
-        hidden = nn.functional.leaky_relu(self.conv1(features), 0.01)          # (B, W, T, T)
-        return scores + bias + self.conv2(hidden)                              # (B, h, T, T)
+        bias = bias.expand_as(scores)                                           # (batch, h, T, T)
+        features = torch.cat([scores, bias], dim=1).masked_fill(~mask, 0)      # tril([S, B]): (batch, 2h, T, T)
+        hidden = nn.functional.leaky_relu(self.conv1(features), 0.01)          # (batch, W, T, T)
+        return scores + bias + self.conv2(hidden)                              # (batch, h, T, T)
 
 
 # %%
@@ -507,7 +499,7 @@ plt.show()
 for name in ("conv k=3", "leaky_conv k=3"):
     loss = histories[name][-1]["val_loss"]
     print(f"{name:<15} final validation loss {loss:.3f} nats  (perplexity {math.exp(loss):.2f})")
-if not FAST:   # the text's claim, checked on this run (fast mode trains too little to show it)
+if not QUICK:   # the text's claim, checked on this run (quick mode trains too little to show it)
     assert histories["leaky_conv k=3"][-1]["val_loss"] < 0.5 * histories["conv k=3"][-1]["val_loss"]
 
 # %% [markdown]
@@ -557,8 +549,8 @@ print("leaky_conv k=3, last_k perplexity:", {T: round(p, 2) for T, p in leaky_cu
 #
 # ## Summary
 #
-# - DAPE-V2 treats the $[B, h, T, T]$ scores as a $2h$-channel image and refines them with $1 \times k$ convolutions;
-#   $k = 1$ is DAPE.
+# - DAPE-V2 treats the $[\text{batch}, h, T, T]$ scores as a $2h$-channel image and refines them with
+#   $1 \times k$ convolutions; $k = 1$ is DAPE.
 # - A key-axis kernel gives attention a notion of "the token after": Proposition 1 builds associative recall
 #   with no PE from the kernel $[-1, 1]$, exactly, at any length.
 # - The kernel must not see the future: `tril` before the convolution is what keeps the model causal. Without
@@ -566,4 +558,4 @@ print("leaky_conv k=3, last_k perplexity:", {T: round(p, 2) for T, p in leaky_cu
 
 # %%
 exercises.summary("05")
-print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
+print(f"notebook run time: {RUN.seconds():.0f} s")

@@ -41,7 +41,6 @@
 
 # %%
 import math
-import os
 import time
 
 import matplotlib.pyplot as plt
@@ -51,30 +50,23 @@ import torch.nn.functional as F
 from IPython.display import Markdown, display
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-NOTEBOOK_START = time.perf_counter()
-# The models here are tiny: one CPU thread is nearly as fast as several, and it stays fast when other programs
-# share the cores (threads that wait on each other can make such small operations 10x slower or worse).
-torch.set_num_threads(1)
+RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
+QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps and lengths, the same code
 
-TRAIN_LENGTH = 64
-STEPS = 8 if FAST else 400
-BATCH = 8 if FAST else 16
-LR = 3e-3
-LENGTHS = [64, 128, 256] if FAST else [64, 128, 256, 512, 1024]
-EVAL_WINDOWS = 4 if FAST else 32
-VAL_WINDOWS = 8 if FAST else 32
+BUDGET = notebook.books_budget(QUICK)   # the budget notebooks 03-06 share: print(BUDGET) or see its fields
+TRAIN_LENGTH, STEPS, BATCH, LR = BUDGET.train_length, BUDGET.steps, BUDGET.batch, BUDGET.lr
+LENGTHS, EVAL_WINDOWS, VAL_WINDOWS = BUDGET.lengths, BUDGET.eval_windows, BUDGET.val_windows
 
 train_tokens = md.load_corpus("austen", "train")
 val_tokens = md.load_corpus("austen", "val")
-print("fast mode" if FAST else "full mode", f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH}")
+print(RUN, "|", BUDGET)
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
 # (The kernel checks of md.kernels run on the CPU in float64.)
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -414,7 +406,7 @@ plt.show()
 #    tells it how far each key is, up to where the Cauchy rows flatten).
 
 # %% tags=["solution"]
-if not FAST:   # the worked answer's claims, checked on this run (fast mode trains too little to show them)
+if not QUICK:   # the worked answer's claims, checked on this run (quick mode trains too little to show them)
     growth = {name: curve[longest] / curve[TRAIN_LENGTH] for name, curve in last_k.items()}
     assert growth["my_bias"] > growth["kerple_log"], growth
     assert growth["dape-my_bias"] < growth["my_bias"], growth
@@ -457,10 +449,10 @@ assert not leaky and ours
 # as `python -m minidape compare --pe my_bias.py:MyBias` on the command line).
 
 # %%
-# The study's small budget (9 runs of 150 steps at length 128); fast mode uses its test-sized budget.
+# The study's small budget (9 runs of 150 steps at length 128); quick mode uses its test-sized budget.
 if "my_bias" in md.PE_NAMES:
     study = md.study.compare("my_bias", refiner="none", against=("alibi", "kerple_log"), seeds=3,
-                             corpus="austen", budget="tiny" if FAST else "small", device=DEVICE, progress=False)
+                             corpus="austen", budget="tiny" if QUICK else "small", device=DEVICE, progress=False)
     display(Markdown(study["table"]))
     assert set(study["p_values"]) == {"alibi", "kerple_log"}, study["p_values"]
 else:
@@ -468,4 +460,4 @@ else:
 
 # %%
 exercises.summary("06")
-print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
+print(f"notebook run time: {RUN.seconds():.0f} s")

@@ -47,34 +47,30 @@
 # %%
 import dataclasses
 import math
-import os
-import time
 
 import matplotlib.pyplot as plt
 import torch
 from IPython.display import Markdown, display
 
 import minidape as md
-from minidape import exercises
+from minidape import exercises, notebook
 
-FAST = os.environ.get("MINIDAPE_FAST", "0") not in ("", "0")
-NOTEBOOK_START = time.perf_counter()
-# Models this small run as fast on one thread, and far more steadily on a CPU shared with other jobs.
-torch.set_num_threads(1)
+RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
+QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps and lengths, the same code
 
 MAX_TRAIN_LENGTH = 40                                   # training inputs: n ~ U{1..40}, as in the papers
-STEPS = 30 if FAST else 1000                            # Adam steps per model (the papers: 200k)
-BATCH = 16 if FAST else 32                              # sequences per step
-TEST_LENGTHS = [10, 40, 60] if FAST else list(range(10, 201, 10))   # 10..40 in training, 50..200 beyond
-EVAL_SAMPLES = 8 if FAST else 48                        # test sequences per length
+STEPS = 30 if QUICK else 1000                            # Adam steps per model (the papers: 200k)
+BATCH = 16 if QUICK else 32                              # sequences per step
+TEST_LENGTHS = [10, 40, 60] if QUICK else list(range(10, 201, 10))   # 10..40 in training, 50..200 beyond
+EVAL_SAMPLES = 8 if QUICK else 48                        # test sequences per length
 SIZE = dict(n_layer=2, n_embd=64, n_head=4)             # ~0.1M parameters
 
-print("fast mode" if FAST else "full mode", f"| {STEPS} steps of {BATCH} sequences, test lengths "
+print(RUN, f"| {STEPS} steps of {BATCH} sequences, test lengths "
       f"{TEST_LENGTHS[0]}..{TEST_LENGTHS[-1]}, {EVAL_SAMPLES} sequences each")
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
-DEVICE = "cuda" if torch.cuda.is_available() else "mps" if torch.backends.mps.is_available() else "cpu"
+DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
@@ -135,13 +131,13 @@ for name in md.tasks.TASK_NAMES:
 
 # %%
 def addition_sample(batch_size, n, generator):
-    """(inputs (B, n), targets (B, n + 1)) of the binary_addition task."""
+    """(inputs (batch_size, n), targets (batch_size, n + 1)) of the binary_addition task."""
     exercises.todo()                      # your code here
 
 
 # %% tags=["solution"]
 def addition_sample(batch_size, n, generator):
-    """(inputs (B, n), targets (B, n + 1)) of the binary_addition task."""
+    """(inputs (batch_size, n), targets (batch_size, n + 1)) of the binary_addition task."""
     inputs = torch.zeros(batch_size, n, dtype=torch.long)
     targets = torch.zeros(batch_size, n + 1, dtype=torch.long)                # padding: 0
     for row in range(batch_size):
@@ -228,7 +224,7 @@ print(f"accuracy: {md.tasks.accuracy(logits, targets, stack).item():.3f}  (2 of 
 # %% [markdown]
 # ### Exercise 7.3 (implement) · Accuracy with the `END` mask
 #
-# Write `masked_accuracy(logits, targets, end_token)`: `logits` `(B, L, C)`, `targets` `(B, L)`; a position of a
+# Write `masked_accuracy(logits, targets, end_token)`: `logits` `(batch, L, C)`, `targets` `(batch, L)`; a position of a
 # row is scored when no `END` occurs **before** it (the first `END` itself is scored; a row without `END` is
 # scored everywhere); return (correct argmax predictions on scored positions, summed over the batch) / (scored
 # positions, summed over the batch) as a float. The check compares with `md.tasks.accuracy` on random logits.
@@ -242,7 +238,7 @@ def masked_accuracy(logits, targets, end_token):
 # %% tags=["solution"]
 def masked_accuracy(logits, targets, end_token):
     """Per-token accuracy over the scored answer positions of a batch (a float)."""
-    is_end = (targets == end_token).int()                           # (B, L)
+    is_end = (targets == end_token).int()                           # (batch, L)
     scored = (is_end.cumsum(dim=1) - is_end) == 0                   # no END strictly before this position
     correct = (logits.argmax(dim=-1) == targets) & scored
     return (correct.sum() / scored.sum()).item()
@@ -453,7 +449,7 @@ beyond = {name: {label: results[name, label]["mean_beyond_train"] for label in M
 for name in TASKS:
     ranking = sorted(beyond[name], key=beyond[name].get, reverse=True)
     print(f"{name}: beyond training, best to worst: " + " > ".join(ranking))
-if not FAST:   # the claims of the text below, checked on this run (fast mode trains too little to show them)
+if not QUICK:   # the claims of the text below, checked on this run (quick mode trains too little to show them)
     others = max(v for label, v in beyond["bucket_sort"].items() if label != "conv-Kerple")
     assert beyond["bucket_sort"]["conv-Kerple"] > others + 0.15, beyond["bucket_sort"]
     assert all(results[name, label]["mean_within_train"] > md.tasks.get_task(name).chance_accuracy + 0.15
@@ -540,4 +536,4 @@ if not FAST:   # the claims of the text below, checked on this run (fast mode tr
 
 # %%
 exercises.summary("07")
-print(f"notebook run time: {time.perf_counter() - NOTEBOOK_START:.0f} s")
+print(f"notebook run time: {RUN.seconds():.0f} s")

@@ -1,6 +1,13 @@
-"""Shared test set-up."""
+"""Shared test set-up: one CPU thread, and every test's registrations undone after it."""
+import contextlib
+import sys
+
 import pytest
 import torch
+
+from minidape.model import PE_REGISTRY, REFINER_REGISTRY
+
+USER_MODULES = "minidape_user_"     # how utils.import_file (and the study's --pe FILE.py:Class) name a user's file
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -11,3 +18,35 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def registrations_restored():
+    """Put the PE and refiner registries back as they were, and forget the users' files imported meanwhile (a
+    file imported again must register its names again, as the registrations it made are gone)."""
+    saved = [(registry, dict(registry)) for registry in (PE_REGISTRY, REFINER_REGISTRY)]
+    modules = {name for name in sys.modules if name.startswith(USER_MODULES)}
+    try:
+        yield
+    finally:
+        for registry, entries in saved:
+            registry.clear()
+            registry.update(entries)
+        for name in [name for name in sys.modules if name.startswith(USER_MODULES) and name not in modules]:
+            del sys.modules[name]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def module_registrations_undone():
+    """What a test module's module-scoped fixtures register lasts for that module's tests, and no longer.
+    (pytest sets up module fixtures before function ones, so `registrations_undone` below keeps them.)"""
+    with registrations_restored():
+        yield
+
+
+@pytest.fixture(autouse=True)
+def registrations_undone():
+    """`md.register_pe` / `register_refiner` in a test (its own classes, a user's file, the study's leaky
+    refiner) last until the test ends: tests may reuse a name, and none sees another's registrations."""
+    with registrations_restored():
+        yield

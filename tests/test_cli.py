@@ -121,7 +121,7 @@ def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
     tiny = dataclasses.replace(cli.FAST_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2,
                                eval_lengths=(128, 256), eval_windows=1)
     monkeypatch.setattr(cli, "FAST_BUDGET", tiny)
-    monkeypatch.setenv("MINIDAPE_FAST", "1")
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
     cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
     printed = capsys.readouterr().out
     names = [name for name, _ in cli.DEMO_MODELS]

@@ -13,7 +13,6 @@ from torch import nn
 import minidape as md
 from minidape import exercises
 from minidape.exercises import FAILED, NOT_DONE, PARTLY, PASSED
-from minidape.model import PE_REGISTRY
 
 F = nn.functional
 
@@ -154,7 +153,7 @@ class MyDAPE(nn.Module):
         self.second = nn.Linear(cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        both = torch.cat([scores, bias.expand_as(scores)], dim=1)                       # (B, 2h, T, T)
+        both = torch.cat([scores, bias.expand_as(scores)], dim=1)                       # (batch, 2h, T, T)
         hidden = torch.einsum("wc,bcij->bwij", self.first.weight, both) + self.first.bias[:, None, None]
         hidden = F.leaky_relu(hidden, 0.01)
         out = torch.einsum("hw,bwij->bhij", self.second.weight, hidden) + self.second.bias[:, None, None]
@@ -214,9 +213,9 @@ class DAPENoBias(nn.Module):
         return scores + bias + self.f(torch.cat([scores, bias], 1).permute(0, 2, 3, 1)).permute(0, 3, 1, 2)
 
 
-def dape_cost(variant, h, W, B, T):
+def dape_cost(variant, h, W, batch, T):
     n_in = h if variant == "dape_add" else 2 * h
-    return n_in * W + W + W * h + h, B * T * T * (n_in * W + W * h)
+    return n_in * W + W + W * h + h, batch * T * T * (n_in * W + W * h)
 
 
 def far_attention(model, idx, train_length):
@@ -583,13 +582,14 @@ MISTAKES = [
     ("dape_refiner", (dape_variant(activation=lambda x: x),), "no activation"),
     ("dape_refiner", (DAPENoBias,), "parameter tensors"),
     ("dape_refiner", (dape_variant(combine=lambda s, b, o: s + b + 1.01 * o),), "at batch"),
-    ("dape_cost", (lambda v, h, W, B, T: (dape_cost(v, h, W, B, T)[0] - W - h, dape_cost(v, h, W, B, T)[1]),),
-     "not the biases"),
-    ("dape_cost", (lambda v, h, W, B, T: (dape_cost(v, h, W, B, T)[0], 2 * dape_cost(v, h, W, B, T)[1]),), "FLOPs"),
-    ("dape_cost", (lambda v, h, W, B, T: (dape_cost(v, h, W, B, T)[0],
-                                          dape_cost(v, h, W, B, T)[1] // (T * T) * (T * (T + 1) // 2)),),
+    ("dape_cost", (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0] - W - h,
+                                              dape_cost(v, h, W, batch, T)[1]),), "not the biases"),
+    ("dape_cost", (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0],
+                                              2 * dape_cost(v, h, W, batch, T)[1]),), "FLOPs"),
+    ("dape_cost", (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0],
+                                              dape_cost(v, h, W, batch, T)[1] // (T * T) * (T * (T + 1) // 2)),),
      "causal triangle"),
-    ("dape_cost", (lambda v, h, W, B, T: dape_cost("dape", h, W, B, T),), "dape_add 2h inputs"),
+    ("dape_cost", (lambda v, h, W, batch, T: dape_cost("dape", h, W, batch, T),), "dape_add 2h inputs"),
     ("far_attention", (lambda model, idx, L: far_attention(model, idx, idx.shape[1] - L) * 0 + near(model, idx, L),),
      "near ones"),
     ("far_attention", (lambda model, idx, L: far_attention(model, idx, L - 1),), "one key too many"),
@@ -679,9 +679,9 @@ def masked_accuracy_without_end(logits, targets, end_token):
 
 
 @pytest.fixture(autouse=True)
-def my_bias_registered(monkeypatch):
-    """pe="my_bias" registered for one test only, so that tests looping over md.PE_NAMES never meet it."""
-    monkeypatch.setitem(PE_REGISTRY, "my_bias", CauchyBias)
+def my_bias_registered():
+    """pe="my_bias" registered for each test (conftest undoes it after each), as notebook 06 registers it."""
+    md.register_pe("my_bias")(CauchyBias)
 
 
 def resolved(answer):
@@ -762,12 +762,12 @@ def test_a_prediction_that_misses_keeps_the_measurement_point(capsys):
 
 
 def test_an_exercise_with_parts_gives_partial_credit(capsys):
-    def params_without_biases(variant, h, W, B, T):
-        right = dape_cost(variant, h, W, B, T)
+    def params_without_biases(variant, h, W, batch, T):
+        right = dape_cost(variant, h, W, batch, T)
         return right[0] - W - h, right[1]
     assert verdict("dape_cost", params_without_biases) == PARTLY and points("dape_cost") == 1
     assert "partly right, 1 of 2 points" in capsys.readouterr().out
-    both_wrong = lambda variant, h, W, B, T: (dape_cost(variant, h, W, B, T)[0] - W - h, 7)   # noqa: E731
+    both_wrong = lambda variant, h, W, batch, T: (dape_cost(variant, h, W, batch, T)[0] - W - h, 7)   # noqa: E731
     assert verdict("dape_cost", both_wrong) == FAILED and points("dape_cost") == 0
 
 

@@ -1,6 +1,6 @@
 """Training and evaluation on a CUDA GPU: bf16 training, resume across devices, the fast path under bf16, bias
 gradients through PyTorch's CUDA attention kernels, 16k-token evaluation memory, no host sync between logging
-steps, DDP with NCCL, and the demo in fast mode.
+steps, DDP with NCCL, and the demo in quick mode.
 
 Skipped with a reason where there is no GPU (CI, the project's CPU machine). `make test-gpu` runs them with
 MINIDAPE_EXPECT_GPU=1, which turns "no GPU" into an error instead of a row of skips.
@@ -212,9 +212,9 @@ def test_ddp_on_two_gpus_joins_with_nccl(tmp_path):
 
 
 @requires_cuda
-def test_the_demo_runs_on_cuda_in_fast_mode(tmp_path):
+def test_the_demo_runs_on_cuda_in_quick_mode(tmp_path):
     done = subprocess.run([sys.executable, "-m", "minidape", "demo", "--device", "cuda", "--out", str(tmp_path)],
-                          env={**os.environ, "MINIDAPE_FAST": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
+                          env={**os.environ, "MINIDAPE_QUICK": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())

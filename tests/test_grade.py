@@ -236,7 +236,7 @@ def student_edition(source, folder):
 
 
 def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edition_none(tmp_path, monkeypatch):
-    monkeypatch.setenv("MINIDAPE_FAST", "1")
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
     student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
     out = tmp_path / "grades.csv"
     graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)

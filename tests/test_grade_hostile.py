@@ -256,8 +256,10 @@ def graded(tmp_path_factory):
     (folder / "unnamed.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4}))
     protected = [*folder.rglob("*.ipynb"), *(ROOT / "notebooks").iterdir(), *(ROOT / "minidape").glob("*.py")]
     before = digest(protected)
-    os.environ["MINIDAPE_FAST"] = "1"
-    submissions = grade.grade([folder], csv_path=out / "grades.csv", timeout=60, jobs=2, feedback=out / "feedback")
+    with pytest.MonkeyPatch.context() as patch:       # quick mode for this grading only
+        patch.setenv("MINIDAPE_QUICK", "1")
+        submissions = grade.grade([folder], csv_path=out / "grades.csv", timeout=60, jobs=2,
+                                  feedback=out / "feedback")
     with open(out / "grades.csv") as file:
         rows = list(csv.DictReader(file))
     return {"submissions": {s.student: s for s in submissions}, "rows": rows, "before": before,

@@ -53,7 +53,7 @@ def test_an_encoder_sees_the_future_and_check_causal_says_so(pe, refiner):
 
 @pytest.mark.parametrize("fast", [True, False])
 def test_check_causal_catches_a_user_refiner_that_reads_the_next_key(fast):
-    name = f"test_peeking_refiner_{fast}"
+    name = "peeks_ahead"
 
     @md.register_refiner(name)
     class PeekNextKey(nn.Module):
@@ -239,7 +239,7 @@ def register_window_pe(name, width, future=0.0):
 @pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
 @pytest.mark.parametrize("fast", [True, False])
 def test_a_minus_inf_bias_is_a_hard_window_with_every_refiner(refiner, fast):
-    name = f"test_window_{refiner}_{fast}"
+    name = "window"
     register_window_pe(name, width=4)
     torch.manual_seed(0)
     model = md.GPT(tiny(pe=name, refiner=refiner, fast=fast, attn_chunk=6))
@@ -258,7 +258,7 @@ def test_a_minus_inf_bias_is_a_hard_window_with_every_refiner(refiner, fast):
 @pytest.mark.parametrize("fast", [True, False])
 def test_whatever_a_bias_holds_on_masked_cells_changes_nothing(refiner, fast):
     """NaN (or anything) on masked future cells: the same output and gradients as 0 there."""
-    names = [register_window_pe(f"test_future_{value}_{refiner}_{fast}", width=1000, future=value)
+    names = [register_window_pe(f"future_{value}", width=1000, future=value)
              for value in (0.0, float("nan"), float("inf"), 1e30)]
     torch.manual_seed(0)
     models = [md.GPT(tiny(pe=name, refiner=refiner, fast=fast, attn_chunk=6)) for name in names]
@@ -279,7 +279,7 @@ def test_whatever_a_bias_holds_on_masked_cells_changes_nothing(refiner, fast):
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
 @pytest.mark.parametrize("fast", [True, False])
 def test_nan_or_plus_inf_where_a_query_may_attend_is_an_error_naming_the_pe(value, fast):
-    name = f"test_bad_value_{value}_{fast}"
+    name = "bad_value"
 
     @md.register_pe(name)
     class Broken(md.AdditiveBias):

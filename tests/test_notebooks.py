@@ -1,7 +1,7 @@
 """Every notebook source notebooks/NN_topic.py has its executed twin NN_topic.ipynb with the same code.
 
 The .py (jupytext py:percent) is the source; the committed .ipynb is the same notebook executed in full mode
-(`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, fast mode).
+(`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, quick mode).
 """
 import ast
 from pathlib import Path
@@ -101,10 +101,9 @@ def test_every_solution_replaces_a_stub_defined_before_it(source):
 def test_a_device_cell_comes_first_and_the_cost_is_stated(source):
     notebook = jupytext.read(source)
     cells = code_cells(notebook)[:3]
-    device = [cell.source for cell in cells if "DEVICE = " in cell.source]
-    assert device, f"{source.name}: no DEVICE cell among its first code cells"
-    order = [device[0].find(name) for name in ('"cuda"', '"mps"', '"cpu"')]
-    assert -1 not in order and order == sorted(order), f"{source.name}: DEVICE must try CUDA, then MPS, then CPU"
+    device = [cell.source for cell in cells if "DEVICE = notebook.device()" in cell.source]   # CUDA, MPS, CPU
+    assert device, f"{source.name}: no DEVICE cell (DEVICE = notebook.device()) among its first code cells"
+    assert "print(" in device[0], f"{source.name}: the DEVICE cell must show the device"
     assert "**Cost" in notebook.cells[0].source, f"{source.name}: the first cell must state what it trains and how long"
 
 

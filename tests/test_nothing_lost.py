@@ -266,9 +266,8 @@ class ScalesItsRow(nn.Module):
 
 @pytest.mark.parametrize("cls", [ReadsTheRowAbove, ScalesItsRow])
 def test_the_fast_path_equals_the_reference_form_for_a_users_refiner(cls, monkeypatch):
-    name = f"test_{cls.__name__}"
-    if name not in md.REFINER_NAMES:
-        md.register_refiner(name)(cls)
+    name = "users_refiner"
+    md.register_refiner(name)(cls)
     blocked = []
     original = fast.attend_in_query_blocks
     monkeypatch.setattr(fast, "attend_in_query_blocks", lambda *a: blocked.append(1) or original(*a))
