@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .data import check_corpus, check_tokens, corpus_identity, fixed_windows, get_batch, load_corpus
+from .data import corpus_to_read, check_tokens, corpus_identity, fixed_windows, get_batch, load_corpus
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
 from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
                     holds_out_folder, model_label, resolve_device, source_file)
@@ -278,7 +278,7 @@ def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple
                              f"function, not a corpus; pass the same data again")
         data = "austen" if checkpoint is None else None
     if recorded is not None and (data is None or isinstance(data, (str, os.PathLike))):
-        data = check_corpus(recorded, data, f"resume of {resume_from}")
+        data = corpus_to_read(recorded, data, f"resume of {resume_from}")
     corpus = None
     if isinstance(data, (str, os.PathLike)):
         corpus = corpus_identity(data)
