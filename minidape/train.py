@@ -51,7 +51,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from .data import corpus_to_read, check_tokens, corpus_identity, fixed_windows, get_batch, load_corpus
+from .data import check_tokens, corpus_identity, corpus_to_read, fixed_windows, get_batch, load_corpus
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
 from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
                     holds_out_folder, model_label, resolve_device, source_file)
