@@ -245,7 +245,7 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
 # ----------------------------------------------------------------------------- training
 
 
-def _check_out(out, resume, overwrite) -> Path | None:
+def _run_folder(out, resume, overwrite) -> Path | None:
     """The run folder, checked before any work: a folder we can write, not holding a checkpoint that this
     run would silently replace."""
     if resume and overwrite:
@@ -452,7 +452,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
                      eval_windows=eval_windows, log_every=log_every, checkpoint_every=checkpoint_every, seed=seed,
                      lr=lr, min_lr=min_lr, weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer,
                      metrics=metrics)
-    out = _check_out(out, resume, overwrite)
+    out = _run_folder(out, resume, overwrite)
     context, device = setup_distributed(device)
     resume_from = (out / CHECKPOINT_NAME if resume is True else Path(resume)) if resume else None
     checkpoint = None if resume_from is None else read_checkpoint(resume_from, device)

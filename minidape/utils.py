@@ -329,7 +329,7 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
     h, layers, tokens = cfg.n_head, cfg.n_layer, batch * T
     per_token = layers * 16 * cfg.n_embd + 3 * cfg.vocab_size if training else 8 * cfg.n_embd + cfg.vocab_size
     refiner = REFINER_REGISTRY[cfg.refiner]
-    if not reference_form(cfg):
+    if not attends_all_cells(cfg):
         cells = batch * T * T * (0.5 if cfg.causal else 1.0)            # query blocks: a decoder's lower half
         attention = layers * 4 * h * cells if training and refiner is not None else 0
     else:                                                                # the reference form: all cells at once
@@ -338,7 +338,7 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
     return int(size * (tokens * per_token + attention))
 
 
-def reference_form(cfg) -> bool:
+def attends_all_cells(cfg) -> bool:
     """Whether attention of this config is computed over all T x T cells at once: `fast=False`, or a refiner
     the fast path does not run in query blocks (`fast.runs_in_query_blocks`)."""
     from . import fast                           # here: fast imports model, which runs without this module
@@ -357,7 +357,7 @@ def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device) 
     what = "a training step" if training else "evaluating"
     change = ("a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
               if training else "shorter --lengths")
-    if reference_form(cfg):
+    if attends_all_cells(cfg):
         change += (" (this model computes all T x T attention cells at once: fast=False, or a refiner without "
                    "row_local = True)")
     raise MemoryError(f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
