@@ -181,7 +181,7 @@ torch.manual_seed(0)
 cfg = config(refiner="conv", refiner_kernel=1)
 conv1x1, dape = ConvRefiner(cfg), DAPERefiner(config(refiner="dape"))
 with torch.no_grad():
-    first, last = dape.f.mlp[0], dape.f.mlp[2]
+    first, last = dape.f.hidden_layer, dape.f.output_layer
     first.weight.copy_(conv1x1.conv1.weight[:, :, 0, 0])
     first.bias.copy_(conv1x1.conv1.bias)
     last.weight.copy_(conv1x1.conv2.weight[:, :, 0, 0])
