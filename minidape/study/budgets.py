@@ -92,6 +92,7 @@ def matched_dape_width(n_head: int, conv_width: int = 32, kernel: int = 3) -> in
 
 
 def lm_config(budget: Budget, train_length: int, overrides: dict) -> GPTConfig:
+    """A language model of the budget's size trained at `train_length` (a `MODELS` entry's overrides)."""
     if overrides.get("refiner_width") == MATCHED_WIDTH:
         overrides = {**overrides, "refiner_width": matched_dape_width(budget.n_head)}
     return GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head, block_size=train_length,

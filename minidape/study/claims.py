@@ -10,6 +10,8 @@ import torch
 
 from ..model import REFINER_NAMES, ConvRefiner, GPTConfig, register_refiner
 
+# ----------------------------------------------------------------------------- the leaky refiner of C4
+
 
 class ConvRefinerWithoutTril(ConvRefiner):
     """BROKEN ON PURPOSE (claim C4 only): DAPE-V2's conv refiner without ``tril``, the paper's "cheating"
@@ -36,6 +38,7 @@ def register_leaky_refiner() -> None:
     """Register C4's broken refiner, only when the study runs (it is no choice for ordinary models)."""
     if LEAKY_REFINER not in REFINER_NAMES:
         register_refiner(LEAKY_REFINER)(ConvRefinerWithoutTril)
+
 
 # ----------------------------------------------------------------------------- the study's models
 

@@ -52,7 +52,7 @@ def _endpoint_text(statement: Statement) -> str:
             f"protocols and {lengths}), {per}; claimed {threshold}")
 
 
-# ----------------------------------------------------------------------------- report: tables and figures
+# ----------------------------------------------------------------------------- tables, notes and the report
 
 
 def _curve_table(results: dict, corpus: str, train_length: int, protocol: str, labels) -> str:
