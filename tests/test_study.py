@@ -371,3 +371,20 @@ def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file
     total = sum(counts.values())
     expected = math.exp(-sum(math.log(counts[byte] / total) for byte in val.tolist()) / len(val))
     assert study.unigram_perplexity(str(corpus_file)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
+    """`--import FILE.py` and `--pe FILE.py:Class` load one module (`md.utils.import_file`): the file runs once, so
+    a class that registers itself keeps its name instead of failing as registered twice."""
+    path = tmp_path / "self_registering.py"
+    path.write_text("import minidape as md\nimport torch\n\nwith open(__file__ + '.runs', 'a') as f:\n    f.write('x')\n\n"
+                    "@md.register_pe('self_registering_bias')\nclass Bias(md.AdditiveBias):\n"
+                    "    def forward(self, q_pos, k_pos):\n"
+                    "        return torch.zeros(1, len(q_pos), len(k_pos))\n")
+    try:
+        md.utils.import_file(path)
+        name, digest = study.resolve_pe(f"{path}:Bias")
+        assert name == "self_registering_bias" and study.resolve_pe(f"{path}:Bias") == (name, digest)
+        assert Path(f"{path}.runs").read_text() == "x"
+    finally:
+        md.model.PE_REGISTRY.pop("self_registering_bias", None)
