@@ -1,4 +1,4 @@
-"""Command line: `python -m minidape {demo,train,eval,che,bench} ...` (`--help` on each for its flags).
+"""Command line: `python -m minidape {demo,train,eval,che,bench,reproduce,compare,grade} ...` (`--help` on each).
 
     python -m minidape demo                                  # 7 PEs/refiners, trained and compared
     python -m minidape train --pe alibi --steps 2000 --out runs/alibi
@@ -10,72 +10,23 @@
 Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
 itself, so a field added to the model is a flag without touching this file. Every command takes
 `--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices.
-A mistake in the command line is one line on stderr and exit code 2.
+A mistake in the command line is one line on stderr and exit code 2. This file only parses the command line;
+what each command does is in `minidape.commands` (which calls the study, the grader and the benchmark).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import dataclasses
-import json
-import os
-import runpy
 import sys
-import time
 import typing
-from pathlib import Path
 
-import matplotlib.pyplot as plt
-import torch
-
-from . import plots
-from .che import accuracy_table, train_task
-from .data import check_corpus, load_corpus
-from .evaluate import PROTOCOLS, perplexity_by_length
+from .commands import COMMANDS, bench_command
+from .evaluate import PROTOCOLS
 from .model import PE_NAMES, REFINER_NAMES, GPTConfig
-from .tasks import TASK_NAMES, get_task
-from .train import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint, train
-from .utils import (DEVICE_CHOICES, RESULT_FILES, atomic_path, check_writable_folder, fast_mode, folder_lock,
-                    import_file, model_label, refuse_to_replace, resolve_device, write_results)
-
-# The demo's models: (name, GPTConfig overrides). Kerple-log is the bias both refiners build on.
-DEMO_MODELS = (
-    ("NoPE", {"pe": "none"}),
-    ("RoPE", {"pe": "rope"}),
-    ("ALiBi", {"pe": "alibi"}),
-    ("Kerple-log", {"pe": "kerple_log"}),
-    ("FIRE", {"pe": "fire"}),
-    ("DAPE-Kerple", {"pe": "kerple_log", "refiner": "dape"}),
-    ("conv-Kerple", {"pe": "kerple_log", "refiner": "conv"}),
-)
-DEMO_TRAIN_LENGTH = 128
-DEMO_LAST_K = 256            # DAPE's k; the demo's shortest length (128) caps it
-
-
-@dataclasses.dataclass(frozen=True)
-class DemoBudget:
-    """Model size, training and evaluation budget of the demo on one kind of machine."""
-
-    n_layer: int
-    n_embd: int
-    n_head: int
-    steps: int
-    batch_size: int
-    lr: float
-    eval_lengths: tuple[int, ...]
-    eval_windows: int
-
-
-# CPU: about half a minute of training per model on 2 cores, so the 7 models and their evaluation fit in 10 min.
-# 32 windows: last_k scores the same 32 x 128 = 4,096 tokens at every length.
-CPU_BUDGET = DemoBudget(n_layer=2, n_embd=64, n_head=4, steps=500, batch_size=16, lr=3e-3,
-                        eval_lengths=(128, 256, 512, 1024, 2048), eval_windows=32)
-CUDA_BUDGET = DemoBudget(n_layer=4, n_embd=256, n_head=8, steps=4000, batch_size=64, lr=1e-3,
-                         eval_lengths=(128, 256, 512, 1024, 2048, 4096, 8192), eval_windows=32)
-# MINIDAPE_FAST=1 (tests, CI): the same code paths with a token budget.
-FAST_BUDGET = dataclasses.replace(CPU_BUDGET, steps=4, batch_size=4, eval_windows=2)
-
+from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
+from .tasks import TASK_NAMES
+from .utils import DEVICE_CHOICES, import_file
 
 
 # ----------------------------------------------------------------------------- argument parsing
@@ -157,10 +108,11 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True)
 
     demo = add_command(commands, "demo", help="train 7 PEs/refiners at length 128 and compare their extrapolation",
-                       description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and conv-Kerple at "
-                                   "length 128, evaluate each up to 16x that length (last-256-tokens protocol), "
-                                   "write results.md, results.json and extrapolation.png. Budget: CPU ~10 min; "
-                                   "larger on CUDA; tiny with MINIDAPE_FAST=1.")
+                       description="Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and DAPE1x3-Kerple "
+                                   "(the study's models of those names) at length 128, evaluate each up to 16x "
+                                   "that length (last-256-tokens protocol), write results.md, results.json and "
+                                   "extrapolation.png. Budget: CPU ~10 min; larger on CUDA; tiny with "
+                                   "MINIDAPE_QUICK=1.")
     demo.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")
     demo.add_argument("--out", default="runs/demo", help="output directory (default runs/demo)")
     demo.add_argument("--overwrite", action="store_true", help="replace an earlier demo in OUT")
@@ -241,221 +193,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_device_flag(run)
 
     bench = add_command(commands, "bench", add_help=False,
-                        help="refiner speed and memory benchmark (benchmarks/bench_refiners.py; its flags: "
-                             "bench --help)")
+                        help="refiner speed and memory benchmark (minidape.bench; its flags: bench --help)")
     bench.add_argument("--pe", choices=list(PE_NAMES), help=argparse.SUPPRESS)
-    add_grade_command(commands)
-    add_study_commands(commands)
-    return parser
 
-
-# ----------------------------------------------------------------------------- outputs
-
-
-def run_directory(checkpoint_path: str | os.PathLike) -> Path:
-    """The run directory of a checkpoint given as a file (its folder) or as the directory itself."""
-    path = Path(checkpoint_path).resolve()
-    return path if path.is_dir() else path.parent
-
-
-def write_extrapolation(out: Path, results: dict[str, dict[int, float]], train_length: int | None, title: str,
-                        details: dict) -> str:
-    """results.md, results.json and extrapolation.png of perplexity curves; returns the markdown table."""
-    table = plots.markdown_table(results, train_length=train_length)
-    write_results(out, title, f"Perplexity by evaluation length (lower is better).\n\n{table}", details,
-                  {"results": results, "train_length": train_length, **details})
-    fig = plots.plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
-    plt.close(fig)
-    return table
-
-
-# ----------------------------------------------------------------------------- commands
-
-
-def run_train(args: argparse.Namespace) -> None:
-    out = check_writable_folder(args.out, "--out")
-    main_process = int(os.environ.get("RANK", "0")) == 0
-    with folder_lock(out) if main_process else contextlib.nullcontext():   # history.json too, under the lock
-        _train_into(args, out, main_process)
-
-
-def _train_into(args: argparse.Namespace, out: Path, main_process: bool) -> None:
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    overrides = {name: value for name, value in vars(args).items() if name in fields}
-    if args.resume:  # the checkpoint's config, with the flags given; train refuses any change
-        checkpoint_path = out / CHECKPOINT_NAME
-        cfg = dataclasses.replace(checkpoint_config(read_checkpoint(checkpoint_path), checkpoint_path), **overrides)
-    else:
-        cfg = GPTConfig(**overrides)
-    model, history = train(cfg, args.corpus, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                           min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
-                           grad_clip=args.grad_clip, eval_every=args.eval_every,
-                           checkpoint_every=args.checkpoint_every, device=args.device, seed=args.seed,
-                           compile=args.compile, out=out, resume=args.resume, overwrite=args.overwrite,
-                           allow_leakage=args.allow_leakage)
-    if main_process:
-        with atomic_path(out / "history.json") as tmp:
-            tmp.write_text(json.dumps(history, indent=1) + "\n")
-        last = history[-1]
-        val = f", val loss {last['val_loss']:.4f}" if "val_loss" in last else ""
-        print(f"{model_label(cfg)}: step {last['step']}, loss {last['loss']:.4f}{val} -> {out / CHECKPOINT_NAME}")
-
-
-def _eval_corpus(path: str, checkpoint: dict, corpus: str | None) -> str:
-    """The corpus to score a checkpoint on: `--corpus` when given, else the one it was trained on, checked to
-    be the same file as then."""
-    if corpus is not None:
-        return corpus
-    recorded = checkpoint.get("corpus")
-    if recorded is None:
-        raise ValueError(f"{path} was trained on data given as a tensor, not a corpus; pass --corpus")
-    return check_corpus(recorded, None, f"eval of {path}")
-
-
-def run_eval(args: argparse.Namespace) -> None:
-    if args.out:      # a folder of the user's choice: never over results already there, unless --overwrite
-        out = refuse_to_replace(args.out, RESULT_FILES, args.overwrite)
-    else:             # the first run's own folder: its results are updated
-        out = run_directory(args.checkpoints[0])
-    with folder_lock(out):
-        _evaluate_into(args, out)
-
-
-def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
-    device = resolve_device(args.device)
-    runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
-    corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
-    results, train_lengths = {}, set()
-    for path, model, _ in runs:
-        block_size = model.cfg.block_size
-        lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
-        label = model_label(model.cfg)
-        if label in results:  # two checkpoints of the same kind: tell them apart by their run directory
-            label = f"{label} ({run_directory(path).name})"
-        results[label] = perplexity_by_length(model, load_corpus(corpora[path], "val"), lengths,
-                                              last_k=args.last_k, protocol=args.protocol,
-                                              n_windows=args.n_windows, n_tokens=args.n_tokens, seed=args.seed,
-                                              progress=True)
-        train_lengths.add(block_size)
-    train_length = train_lengths.pop() if len(train_lengths) == 1 else None
-    details = {"protocol": args.protocol, "corpus": ", ".join(sorted(set(corpora.values()))), "seed": args.seed}
-    details["last_k" if args.protocol == "last_k" else "n_tokens"] = (
-        args.last_k if args.protocol == "last_k" else args.n_tokens or "all")
-    table = write_extrapolation(out, results, train_length, "Length extrapolation", details)
-    print(table)
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'}")
-
-
-def demo_budget(device: torch.device) -> DemoBudget:
-    if fast_mode():
-        return FAST_BUDGET
-    return CUDA_BUDGET if device.type == "cuda" else CPU_BUDGET
-
-
-def run_demo(args: argparse.Namespace) -> None:
-    device = resolve_device(args.device)
-    budget = demo_budget(device)
-    steps = args.steps or budget.steps
-    out = refuse_to_replace(args.out, RESULT_FILES + tuple(f"{name}/{CHECKPOINT_NAME}" for name, _ in DEMO_MODELS),
-                            args.overwrite)
-    with folder_lock(out):
-        _demo_into(args, out, device, budget, steps)
-
-
-def _demo_into(args: argparse.Namespace, out: Path, device: torch.device, budget: DemoBudget, steps: int) -> None:
-    val_tokens = load_corpus(args.corpus, "val")
-    scored = min(DEMO_LAST_K, min(budget.eval_lengths))
-    what_is_scored = (f"last_k: the same {budget.eval_windows} x {scored} = {budget.eval_windows * scored} tokens "
-                      f"scored at every length, only their context grows")
-    print(f"minidape demo on {device}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
-          f"wide, {steps} steps of {budget.batch_size} x {DEMO_TRAIN_LENGTH} tokens each, evaluated at "
-          f"{', '.join(map(str, budget.eval_lengths))} ({what_is_scored})")
-    results, seconds, started = {}, {}, time.perf_counter()
-    for name, overrides in DEMO_MODELS:
-        clock = time.perf_counter()
-        cfg = GPTConfig(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head,
-                        block_size=DEMO_TRAIN_LENGTH, **overrides)
-        model, _ = train(cfg, args.corpus, steps=steps, batch_size=budget.batch_size, lr=budget.lr, device=device,
-                         seed=args.seed, out=out / name, overwrite=args.overwrite, eval_every=steps)
-        results[name] = perplexity_by_length(model, val_tokens, budget.eval_lengths, last_k=DEMO_LAST_K,
-                                             protocol="last_k", n_windows=budget.eval_windows, seed=args.seed)
-        seconds[name] = round(time.perf_counter() - clock, 1)
-        print(f"{name}: {seconds[name]:.0f} s, perplexity " +
-              ", ".join(f"{length}: {ppl:.2f}" for length, ppl in results[name].items()), flush=True)
-    details = {"corpus": args.corpus, "device": str(device), "steps": steps, "batch_size": budget.batch_size,
-               "model": f"{budget.n_layer} layers, n_embd {budget.n_embd}, {budget.n_head} heads",
-               "protocol": what_is_scored, "windows per length": budget.eval_windows,
-               "seed": args.seed, "fast mode": fast_mode(),
-               "wall time (s)": round(time.perf_counter() - started, 1), "seconds per model": seconds}
-    table = write_extrapolation(out, results, DEMO_TRAIN_LENGTH,
-                                f"minidape demo: trained at {DEMO_TRAIN_LENGTH} tokens", details)
-    print()
-    print(table)
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'} "
-          f"in {details['wall time (s)']:.0f} s")
-
-
-def run_che(args: argparse.Namespace) -> None:
-    task = get_task(args.task)
-    fixed = [name for name in ("vocab_size", "causal", "block_size") if name in vars(args)]
-    if fixed:
-        raise ValueError(f"the task sets {', '.join(fixed)}; drop "
-                         f"{', '.join('--' + name.replace('_', '-') for name in fixed)}")
-    fields = {f.name for f in dataclasses.fields(GPTConfig)}
-    cfg = GPTConfig(**{name: value for name, value in vars(args).items() if name in fields})
-    lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
-    if not lengths:
-        raise ValueError(f"--length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
-    label = model_label(cfg)
-    out = refuse_to_replace(args.out or Path("runs") / "che" / f"{task.name}-{label}", RESULT_FILES, args.overwrite)
-    with folder_lock(out):
-        _che_into(args, out, task, cfg, label, lengths)
-
-
-def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: str, lengths: range) -> None:
-    _, history, results = train_task(task, cfg, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                     max_train_length=args.max_train_length, test_lengths=lengths,
-                                     eval_samples=args.eval_samples, device=args.device, seed=args.seed)
-    table = accuracy_table({label: results}, train_length=args.max_train_length)
-    settings = {key: results[key] for key in ("level", "steps", "batch_size", "lr", "max_train_length",
-                                              "eval_samples", "seed", "device", "parameters", "train_seconds",
-                                              "eval_seconds")}
-    settings["model"] = f"{cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, {label}"
-    settings["chance accuracy"] = f"{100 * task.chance_accuracy:.0f}%"
-    write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
-                  {**results, "history": history})
-    fig = plots.plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
-                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}",
-                              path=out / "accuracy.png")
-    plt.close(fig)
-    print(table)
-    print(f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
-          f"(chance {100 * task.chance_accuracy:.0f}%)")
-    print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
-
-
-def run_bench(args: argparse.Namespace, bench_args: list[str]) -> None:
-    """Run the benchmark script with its own flags. It lives in the repository's benchmarks/ folder, not in the
-    installed package: from an installed copy this says where to get it."""
-    script = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"
-    if not script.is_file():
-        raise FileNotFoundError("bench runs benchmarks/bench_refiners.py from a clone of the minidape repository "
-                                "(it is not part of the installed package); run it there: python -m minidape bench")
-    if args.pe is not None:
-        bench_args = ["--pe", args.pe, *bench_args]
-    sys.argv = [str(script), *bench_args]
-    runpy.run_path(str(script), run_name="__main__")
-
-
-COMMANDS = {"demo": run_demo, "train": run_train, "eval": run_eval, "che": run_che}
-
-
-# ----------------------------------------------------------------------------- study: reproduce, compare
-# (the claim study and the bias comparison live in study.py; this block only parses their flags)
-
-
-def add_study_commands(commands) -> None:
-    from .study import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
     budget_help = argparse.SUPPRESS  # "tiny" (tests only) is accepted but not advertised
     reproduce = add_command(
         commands, "reproduce", help="test the papers' claims C1-C6 with seeds, intervals and Holm-adjusted tests",
@@ -497,32 +237,6 @@ def add_study_commands(commands) -> None:
     compare.add_argument("--budget", default="default", choices=list(BUDGETS), help=budget_help)
     _add_device_flag(compare)
 
-
-def run_reproduce(args: argparse.Namespace) -> None:
-    from .study import reproduce
-    command = "python -m minidape " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    reproduce(budget=args.budget, seeds=args.seeds, corpora=args.corpus, out=args.out, device=args.device,
-              command=command)
-
-
-def run_compare(args: argparse.Namespace) -> None:
-    from .study import compare
-    name = args.pe.rpartition(":")[2] if ":" in args.pe else args.pe
-    out = args.out or Path("runs") / "compare" / name
-    compare(args.pe, refiner=args.refiner, against=tuple(args.against), seeds=args.seeds, steps=args.steps,
-            corpus=args.corpus, out=out, budget=args.budget, device=args.device, overwrite=args.overwrite,
-            allow_leakage=args.allow_leakage)
-
-
-COMMANDS.update(reproduce=run_reproduce, compare=run_compare)
-# ----------------------------------------------------------------------------- end of study block
-
-
-# ----------------------------------------------------------------------------- grade (notebooks' exercises)
-# One block: the subcommand's flags and what it runs; build_parser calls add_grade_command.
-
-
-def add_grade_command(commands) -> None:
     grade = add_command(commands, "grade", help="grade students' notebooks against the teacher's edition",
                         description="Run each submission in its own sandbox with the teacher's check cells "
                                     "restored; judge every exercise of its notebook in the grader's process. A "
@@ -539,16 +253,7 @@ def add_grade_command(commands) -> None:
     grade.add_argument("--feedback", metavar="DIR",
                        help="write DIR/<student>/<notebook>.ipynb: the executed notebook with the grader's "
                             "verdict under each exercise and a note under each written answer")
-
-
-def run_grade(args: argparse.Namespace) -> None:
-    from .grade import grade
-
-    grade(args.paths, csv_path=args.csv, timeout=args.timeout, jobs=args.jobs, feedback=args.feedback)
-
-
-COMMANDS["grade"] = run_grade
-# ----------------------------------------------------------------------------- end of grade
+    return parser
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -560,7 +265,7 @@ def main(argv: list[str] | None = None) -> None:
         parser = build_parser()
         args, rest = parser.parse_known_args(argv)
         if args.command == "bench":  # every flag the benchmark does not share belongs to the script
-            return run_bench(args, rest)
+            return bench_command(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         COMMANDS[args.command](args)

@@ -171,6 +171,3 @@ def corpus_to_read(recorded: dict | str, name_or_path: str | os.PathLike | None,
     if given != recorded:
         raise ValueError(f"{what}: the corpus is {describe_corpus(given)}, but the run was trained on {expected}")
     return os.fspath(name_or_path)
-
-
-check_corpus = corpus_to_read  # the old name, imported by train.py and __main__.py until they are renamed (issue 25)

@@ -16,7 +16,7 @@ import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
 
-from .utils import atomic_path
+from .utils import atomic_path, write_results
 
 
 # One colour and line style per model in every figure (demo, notebooks, study, compare). A PE has one colour,
@@ -27,7 +27,7 @@ PE_COLORS = {"none": "#7f7f7f", "rope": "#d62728", "yarn": "#ff9896", "sinusoida
              "kerple_power": "#bcbd22", "fire": "#ff7f0e"}
 REFINER_LINESTYLES = {"none": "-", "dape": "--", "cape": "--", "dape_concat": (0, (6, 2, 1, 2)),
                       "dape_add": ":", "conv": "-.", "conv_no_tril": (0, (1, 1))}
-# The names the demo and the study give their models: (pe, refiner) or an explicit colour and style.
+# The names the study (and its demo) and notebook 07 give their models: (pe, refiner) or an explicit colour and style.
 MODEL_STYLES = {
     "NoPE": ("none", "none"), "RoPE": ("rope", "none"), "sinusoidal APE": ("sinusoidal", "none"),
     "learned APE": ("learned", "none"), "ALiBi": ("alibi", "none"), "Kerple-log": ("kerple_log", "none"),
@@ -191,3 +191,16 @@ def plot_accuracy(curves: dict[str, dict[int, float]], train_length: int | None 
     if path is not None:
         save_figure(fig, path)
     return fig
+
+
+def write_extrapolation(out: str | os.PathLike, results: dict[str, dict[int, float]], train_length: int | None,
+                        title: str, details: dict) -> str:
+    """``out/results.md``, ``results.json`` and ``extrapolation.png`` of perplexity curves (the demo's and
+    ``eval``'s); returns the markdown table."""
+    out = Path(out)
+    table = markdown_table(results, train_length=train_length)
+    write_results(out, title, f"Perplexity by evaluation length (lower is better).\n\n{table}", details,
+                  {"results": results, "train_length": train_length, **details})
+    fig = plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
+    plt.close(fig)
+    return table

@@ -393,10 +393,10 @@ def _interrupted_message(step: int, out: Path | None, saved_step: int | None) ->
             f"with resume=True (CLI: --resume)")
 
 
-def check_no_leak(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
-    """Refuse a decoder whose outputs depend on later tokens (``check_causal`` on a one-layer model of the same
-    PE and refiner, at up to 64 tokens: a few milliseconds), unless ``allow_leakage``, then only warn. Returns
-    whether it leaks; encoders (``causal=False``) see every token by design and are not checked."""
+def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
+    """Whether a decoder's outputs depend on later tokens (``check_causal`` on a one-layer model of the same PE
+    and refiner, at up to 64 tokens: a few milliseconds). A leaking one is refused (ValueError) unless
+    ``allow_leakage``, then only warned about. Encoders (``causal=False``) see every token by design: False."""
     if not cfg.causal:
         return False
     small = dataclasses.replace(cfg, n_layer=1, block_size=min(cfg.block_size, 64), dropout=0.0)
@@ -442,7 +442,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file; the seed and
       step come from the checkpoint, and the same arguments continue the run exactly.
     - A folder another process is training into is refused; so is a decoder that reads the future
-      (`check_no_leak`) unless `allow_leakage=True`, and a step that cannot fit in memory (`check_memory`).
+      (`decoder_leaks`) unless `allow_leakage=True`, and a step that cannot fit in memory (`check_memory`).
     - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights (at
       the next logging step or checkpoint, naming the step it happened at; the updates in between are skipped);
       Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
@@ -629,9 +629,9 @@ def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics,
 
 def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device,
                allow_leakage: bool) -> None:
-    """Before the first step: no leak (`check_no_leak`), token data longer than a window and within the
+    """Before the first step: no leak (`decoder_leaks`), token data longer than a window and within the
     vocabulary, and a training step that fits in memory."""
-    check_no_leak(cfg, allow_leakage)
+    decoder_leaks(cfg, allow_leakage)
     for name, tokens in (("data", train_data), ("val_data", val_data)):
         if tokens is None or callable(tokens):
             continue

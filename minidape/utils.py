@@ -81,8 +81,6 @@ def quick_mode() -> bool:
     return any(os.environ.get(name, "0") not in ("", "0") for name in QUICK_MODE_VARIABLES)
 
 
-fast_mode = quick_mode  # the old name, still imported by __main__.py: removed when that file is renamed (issue 25)
-
 
 def check_number(name: str, value, minimum: float, integer: bool = True, allow_none: bool = True):
     """`value` itself if it is a number >= `minimum` (an integer when `integer`), or None when `allow_none`;

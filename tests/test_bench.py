@@ -1,5 +1,4 @@
 """The refiner benchmark compares like with like: its reference row (`fast=False`) computes what `dape` computes."""
-import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -7,22 +6,12 @@ from pathlib import Path
 import torch
 
 import minidape as md
+from minidape import bench
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"
-
-
-def load_bench():
-    if "bench_refiners" in sys.modules:        # loaded by an earlier test in this session
-        return sys.modules["bench_refiners"]
-    spec = importlib.util.spec_from_file_location("bench_refiners", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["bench_refiners"] = module
-    spec.loader.exec_module(module)
-    return module
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"   # the repository's entry
 
 
 def test_reference_row_is_the_dape_row_in_its_paper_form():
-    bench = load_bench()
     torch.manual_seed(0)
     fast = bench.build("tiny", "kerple_log", "dape", 40, torch.device("cpu"))
     torch.manual_seed(0)
@@ -33,7 +22,6 @@ def test_reference_row_is_the_dape_row_in_its_paper_form():
 
 
 def test_plain_rope_gpt_matches_ours_in_size():
-    bench = load_bench()
     ours = bench.build("tiny", "rope", "none", 64, torch.device("cpu"))
     plain = bench.build("tiny", "rope", "none", 64, torch.device("cpu"), plain=True)
     assert sum(p.numel() for p in ours.parameters()) == sum(p.numel() for p in plain.parameters())
@@ -45,7 +33,6 @@ def test_bench_cli_help():
 
 
 def test_ratio_table_gives_the_median_ratio_of_the_rounds_and_their_range():
-    bench = load_bench()
     rounds = [{"none": 0.100, "dape": 0.150}, {"none": 0.200, "dape": 0.260}, {"none": 0.100, "dape": 0.170}]
     table = bench.ratio_table("t", rounds, "none", tokens=1000)
     dape_row = next(line for line in table.splitlines() if line.startswith("| dape"))
@@ -57,7 +44,6 @@ def test_ratio_table_gives_the_median_ratio_of_the_rounds_and_their_range():
 
 
 def test_timing_round_in_a_fresh_process_reports_every_case():
-    bench = load_bench()
     cases = {"none": ("kerple_log", "none", False), "dape": ("kerple_log", "dape", False)}
     rounds = bench.timed_rounds(cases, T=16, B=2, size="tiny", device=torch.device("cpu"), repeats=1, rounds=2)
     assert len(rounds) == 2
@@ -73,7 +59,6 @@ def test_bench_rejects_zero_rounds():
 def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
     """What `bench --import FILE.py --pe NAME` relies on: a PE registered from a user's file builds and times,
     in this process and in the fresh processes of `--rounds` (which load the file again)."""
-    bench = load_bench()
     path = tmp_path / "bench_bias.py"
     path.write_text("import torch\nimport minidape as md\n\n\n@md.register_pe('bench_bias')\n"
                     "class BenchBias(md.AdditiveBias):\n    def __init__(self, cfg):\n        super().__init__()\n"
@@ -95,7 +80,6 @@ def table_rows(text: str) -> dict[str, list[str]]:
 
 
 def test_cape_table_gives_each_phase_its_ratio_to_the_base_pe_beside_the_papers(monkeypatch):
-    bench = load_bench()
     medians = {"none": {"forward": 0.010, "backward": 0.030, "step": 0.040},
                "dape": {"forward": 0.025, "backward": 0.045, "step": 0.070},
                "conv": {"forward": 0.020, "backward": 0.060, "step": 0.080}}

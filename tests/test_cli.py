@@ -13,6 +13,8 @@ import pytest
 
 import minidape as md
 from minidape import __main__ as cli
+from minidape import study
+from minidape.study import demo
 from minidape.train import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
@@ -118,14 +120,17 @@ def test_resume_and_eval_of_two_runs_in_process(tmp_path, corpus_file, capsys):
 
 def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
     # the demo's real budget is its own business; here every code path runs on a token budget
-    tiny = dataclasses.replace(cli.FAST_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2,
-                               eval_lengths=(128, 256), eval_windows=1)
-    monkeypatch.setattr(cli, "FAST_BUDGET", tiny)
+    tiny = dataclasses.replace(demo.QUICK_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2,
+                               eval_factors=(1, 2), eval_windows=1)
+    monkeypatch.setattr(demo, "QUICK_BUDGET", tiny)
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
     cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
     printed = capsys.readouterr().out
-    names = [name for name, _ in cli.DEMO_MODELS]
-    assert names == ["NoPE", "RoPE", "ALiBi", "Kerple-log", "FIRE", "DAPE-Kerple", "conv-Kerple"]
+    names = list(demo.DEMO_MODELS)
+    assert names == ["NoPE", "RoPE", "ALiBi", "Kerple-log", "FIRE", "DAPE-Kerple", "DAPE1x3-Kerple"]
+    for name in names:   # the study's model of that name, at the demo's size
+        config = read_checkpoint(tmp_path / name)["config"]
+        assert {key: config[key] for key in study.MODELS[name]} == study.MODELS[name] and config["n_layer"] == 1
     results = json.loads((tmp_path / "results.json").read_text())["results"]
     assert list(results) == names and all(set(curve) == {"128", "256"} for curve in results.values())
     table = (tmp_path / "results.md").read_text()

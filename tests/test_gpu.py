@@ -218,5 +218,5 @@ def test_the_demo_runs_on_cuda_in_quick_mode(tmp_path):
                           text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
-    assert results["device"].startswith("cuda") and results["fast mode"] is True
+    assert results["device"].startswith("cuda") and results["quick mode"] is True
     assert all(0 < ppl for curve in results["results"].values() for ppl in curve.values() if ppl is not None)

@@ -180,7 +180,8 @@ def test_compare_out_refuses_a_users_own_results_before_training(tmp_path, capsy
     mine.mkdir()
     (mine / "compare.md").write_text("my notes\n")
     (mine / "compare.json").write_text("{}\n")
-    monkeypatch.setattr(study, "train_and_evaluate", lambda *a, **k: pytest.fail("trained before refusing"))
+    monkeypatch.setattr(study.comparison, "train_and_evaluate",
+                        lambda *a, **k: pytest.fail("trained before refusing"))
     code, lines = failing(capsys, ["compare", "--pe", "alibi", "--against", "kerple_log", "--seeds", "2",
                                    "--budget", "tiny", "--out", str(mine)])
     assert code == 2 and len(lines) == 1 and str(mine) in lines[0] and "compare.md" in lines[0], lines
@@ -223,7 +224,7 @@ def test_compare_refuses_a_leaking_model_and_says_so_when_allowed(tmp_path, peek
 def test_reproduce_refuses_a_leaking_model_but_runs_c4_through_its_flag(tmp_path, peeking_refiner, monkeypatch):
     utils.import_file(peeking_refiner)
     monkeypatch.setitem(study.MODELS, "peeking", {"pe": "alibi", "refiner": "peeks_ahead"})
-    monkeypatch.setattr(study, "train_and_evaluate", lambda *a, **k: pytest.fail("trained before refusing"))
+    monkeypatch.setattr(study.runs, "train_and_evaluate", lambda *a, **k: pytest.fail("trained before refusing"))
     with pytest.raises(ValueError, match="alibi\\+peeks_ahead reads the future"):
         study.reproduce(budget="tiny", seeds=2, corpora=["austen"], out=tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / "manifest.json").exists()

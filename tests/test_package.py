@@ -57,6 +57,7 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = ("import minidape as md, minidape.data as data\n"
+            "import minidape.study.demo, minidape.bench  # the study subpackage and the benchmark ship too\n"
             "print(data.DATA_DIR)\n"
             "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n")
     done = run_python(code, elsewhere, tmp_path / "site")

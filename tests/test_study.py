@@ -128,7 +128,7 @@ def test_statement_endpoints_are_mean_log_ratios_per_corpus_and_seed():
     b = {128: [11.0, 11.0], 256: [13.0, 14.0], 512: [20.0, 25.0]}
     results = {"lm": {(corpus, 128, label): curves(values) for corpus in ("austen", "python")
                       for label, values in (("DAPE-Kerple", a), ("Kerple-log", b))}}
-    statement = study._lower("DAPE-Kerple", "Kerple-log")
+    statement = study.claims._lower("DAPE-Kerple", "Kerple-log")
     units = study.statement_units(statement, results, ["austen", "python"], (128,))
     assert list(units) == [f"{corpus} T=128 seed {seed}" for corpus in ("austen", "python") for seed in (0, 1)]
     seed1 = (math.log(11 / 11) + math.log(13 / 14) + math.log(21 / 25)) / 3
@@ -138,10 +138,10 @@ def test_statement_endpoints_are_mean_log_ratios_per_corpus_and_seed():
     half = study.statement_units(dataclasses.replace(statement, factor=0.5), results, ["austen"], (128,))
     assert half["austen T=128 seed 0"] == pytest.approx(units["austen T=128 seed 0"] - math.log(0.5))
     # "degrades": the model at 16x (here the longest length) against itself at the training length
-    degrades = study.statement_units(study._degrades("DAPE-Kerple"), results, ["austen"], (128,))
+    degrades = study.statement_units(study.claims._degrades("DAPE-Kerple"), results, ["austen"], (128,))
     assert degrades == pytest.approx({"austen T=128 seed 0": math.log(20 / 10),
                                       "austen T=128 seed 1": math.log(21 / 11)})
-    cells = study.statement_cells(study._degrades("DAPE-Kerple"), results, ["austen"], (128,))
+    cells = study.statement_cells(study.claims._degrades("DAPE-Kerple"), results, ["austen"], (128,))
     assert [cell.where for cell in cells] == [f"austen T=128 {protocol} {factor}xT"
                                               for protocol in md.evaluate.PROTOCOLS for factor in (2, 4)]
     assert cells[1].a == a[512] and cells[1].b == a[128]
@@ -292,10 +292,10 @@ def test_a_task_no_model_learned_is_not_tested_and_leaves_holms_family():
 
 def test_che_table_names_the_tasks_no_model_learned_within_training():
     first, *rest = study.CHE_TASKS
-    table = study._che_table(che_results({first: 0.52, **{task: 0.9 for task in rest}}))
+    table = study.report.che_table(che_results({first: 0.52, **{task: 0.9 for task in rest}}))
     assert f"above chance on {first}:" in table and "did not learn that task" in table
     assert f"| {first} | 50 | 52.00 ± 0.00 |" in table
-    table = study._che_table(che_results({task: 0.9 for task in study.CHE_TASKS}))
+    table = study.report.che_table(che_results({task: 0.9 for task in study.CHE_TASKS}))
     assert "Every task is learned" in table and "did not learn" not in table
 
 
@@ -371,3 +371,20 @@ def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file
     total = sum(counts.values())
     expected = math.exp(-sum(math.log(counts[byte] / total) for byte in val.tolist()) / len(val))
     assert study.unigram_perplexity(str(corpus_file)) == pytest.approx(expected, rel=1e-9)
+
+
+def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
+    """`--import FILE.py` and `--pe FILE.py:Class` load one module (`md.utils.import_file`): the file runs once, so
+    a class that registers itself keeps its name instead of failing as registered twice."""
+    path = tmp_path / "self_registering.py"
+    path.write_text("import minidape as md\nimport torch\n\nwith open(__file__ + '.runs', 'a') as f:\n    f.write('x')\n\n"
+                    "@md.register_pe('self_registering_bias')\nclass Bias(md.AdditiveBias):\n"
+                    "    def forward(self, q_pos, k_pos):\n"
+                    "        return torch.zeros(1, len(q_pos), len(k_pos))\n")
+    try:
+        md.utils.import_file(path)
+        name, digest = study.resolve_pe(f"{path}:Bias")
+        assert name == "self_registering_bias" and study.resolve_pe(f"{path}:Bias") == (name, digest)
+        assert Path(f"{path}.runs").read_text() == "x"
+    finally:
+        md.model.PE_REGISTRY.pop("self_registering_bias", None)

@@ -1,0 +1,59 @@
+r"""The papers' claims tested with seeds and statistics (`reproduce`), and any bias put through the same
+protocol (`compare`).
+
+```python
+import minidape as md
+from minidape.study import compare, reproduce
+reproduce(budget="small", out="runs/reproduce-small")          # claims C1-C6 -> REPRODUCTION.md, figures
+compare("my_bias", against=("alibi", "kerple_log"), seeds=3)   # a registered bias against the baselines
+compare("my_bias.py:MyBias", out="runs/compare/my_bias")       # or a class in a file, registered on the fly
+```
+
+The protocol. Every model of a comparison is trained with the same budget once per seed (seed ``s`` fixes
+the initialisation and the batches, so seed ``s`` of two models saw the same data), then evaluated at the
+training length ``T`` times 1, 2, 4, 8, 16 with both protocols of `md.evaluate.perplexity_by_length`, which
+score the same tokens at every length (``last_k``: fixed disjoint stretches placed over the whole validation
+split, each length reading the window that ends at them; ``nonoverlap``: one stretch cut into windows), for
+every model and seed. Each statement of a claim is judged by one endpoint per unit (a corpus and seed): its
+mean over the units with a 95 % confidence interval, a t-test and an exact sign-flip permutation test
+(`scipy.stats`), Holm's adjustment across the report's statements; the verdict rule is `VERDICT_RULE`.
+
+Runs are resumable: each (corpus, training length, model, seed) run writes one JSON file, atomically, under
+``OUT/runs/``; a restart skips the files already there, and a restart with other settings into the same
+``OUT`` is refused (``OUT/manifest.json`` records them), so results of two budgets never mix. The same
+command started twice (two terminals) shares the runs between the two processes.
+
+One job per module, each importing only those above it:
+
+- `claims`: the models (label -> `GPTConfig` overrides) and the claims C1-C6 as statements; C4's leaky refiner.
+- `budgets`: model size, training and evaluation of every run (`BUDGETS`), and the configs they build.
+- `statistics`: endpoints, intervals and tests, Holm's adjustment, the verdict rule.
+- `runs`: one run trained and evaluated, its JSON file, the folder's manifest, progress lines.
+- `endpoints`: where each statement is tested, its endpoint per unit, `judge`.
+- `figures`, `report`: the figures and REPRODUCTION.md / results.json.
+- `reproduction`: `reproduce`; `comparison`: `compare` and `resolve_pe`; `demo`: `python -m minidape demo`.
+"""
+
+from .budgets import (BUDGET_NAMES, BUDGETS, CHE_MAX_TRAIN_LENGTH, CUDA_OVERRIDES, DEFAULT_CORPORA, DEFAULT_SEEDS,
+                      Budget, matched_dape_width, resolve_budget)
+from .claims import (CHE_MODELS, CHE_TASKS, CLAIMS, FLAT_MARGIN, KINDS, LEAKY_REFINER, LEARNED_MARGIN,
+                     MATCHED_WIDTH, MODELS, NEAR_MARGIN, NOT_TESTED, SCOPES, UNIGRAM_SHARE, Claim,
+                     ConvRefinerWithoutTril, Statement, register_leaky_refiner)
+from .comparison import compare, resolve_pe
+from .endpoints import judge, statement_cells, statement_units, study_plan, unlearned_tasks
+from .figures import plot_bands
+from .report import unigram_perplexity, write_report
+from .reproduction import collect_results, reproduce
+from .runs import Progress, che_train_and_evaluate, check_settings, train_and_evaluate
+from .statistics import ALPHA, VERDICT_RULE, Cell, Endpoint, claim_verdict, format_mean_std, holm, mean_std, verdict
+
+__all__ = [
+    "ALPHA", "BUDGETS", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS", "CUDA_OVERRIDES",
+    "DEFAULT_CORPORA", "DEFAULT_SEEDS", "FLAT_MARGIN", "KINDS", "LEAKY_REFINER", "LEARNED_MARGIN", "MATCHED_WIDTH",
+    "MODELS", "NEAR_MARGIN", "NOT_TESTED", "SCOPES", "UNIGRAM_SHARE", "VERDICT_RULE", "Budget", "Cell", "Claim",
+    "ConvRefinerWithoutTril", "Endpoint", "Progress", "Statement", "che_train_and_evaluate", "check_settings",
+    "claim_verdict", "collect_results", "compare", "format_mean_std", "holm", "judge", "matched_dape_width",
+    "mean_std", "plot_bands", "register_leaky_refiner", "reproduce", "resolve_budget", "resolve_pe",
+    "statement_cells", "statement_units", "study_plan", "train_and_evaluate", "unigram_perplexity",
+    "unlearned_tasks", "verdict", "write_report",
+]

@@ -1,0 +1,120 @@
+"""`reproduce`: every run of the claim study, resumable and shared between processes, then the report."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+
+import torch
+
+from ..evaluate import PROTOCOLS
+from ..train import decoder_leaks
+from ..utils import file_lock, holds_out_folder, resolve_device
+from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_config, resolve_budget
+from .claims import CHE_MODELS, CHE_TASKS, LEAKY_REFINER, MODELS, register_leaky_refiner
+from .endpoints import study_plan
+from .report import write_report
+from .runs import (Progress, as_float, che_run_path, check_seeds, check_settings, lm_run_path, read_json,
+                   refuse_foreign_results, run_one, run_place, write_json)
+
+
+@holds_out_folder(shared=True)      # two `reproduce` into one folder share its runs; anything else is refused
+def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAULT_CORPORA, out="runs/reproduce",
+              device: str | torch.device = "auto", progress: bool = True, command: str | None = None) -> dict:
+    """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
+    ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results.
+    Refused before any training: a folder holding another command's results, and a model that reads the future
+    (but C4's, which does so on purpose: the report's causality note says it does)."""
+    device = resolve_device(device)
+    budget_settings = resolve_budget(budget, device)
+    seeds = check_seeds(seeds)
+    refuse_foreign_results(out, overwrite=False)
+    register_leaky_refiner()
+    corpora = [str(corpus) for corpus in corpora]
+    if len(corpora) < 1 or len(set(corpora)) != len(corpora):
+        raise ValueError(f"corpora must name at least one corpus, each once; got {corpora}")
+    for corpus in corpora:
+        check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
+    out = Path(out)
+    for overrides in MODELS.values():   # C4's leaky model reads the future on purpose: the report says it does
+        if overrides.get("refiner") != LEAKY_REFINER:
+            decoder_leaks(lm_config(budget_settings, budget_settings.train_lengths[0], overrides))
+    check_settings(out, {"command": "reproduce", "budget": budget, "settings": dataclasses.asdict(budget_settings),
+                         "corpora": corpora, "device": device.type})
+    plan = study_plan(corpora, budget_settings)
+    # Seeds outermost: a study stopped early has every model (and task) at its first seeds, not some at all.
+    runs = [(seed, kind, where, label) for seed in range(seeds)
+            for kind, where, labels in ([("lm", place, labels) for place, labels in plan.items()]
+                                        + [("che", task, tuple(CHE_MODELS)) for task in CHE_TASKS])
+            for label in labels]
+    meter = Progress(len(runs), progress)
+    started = time.perf_counter()
+    if progress:
+        count = sum(kind == "lm" for _, kind, _, _ in runs)
+        print(f"minidape reproduce on {device}: budget {budget} ({budget_settings.n_layer} layers x "
+              f"{budget_settings.n_embd}, {budget_settings.steps} steps of {budget_settings.batch_size} windows), "
+              f"{seeds} seeds, corpora {', '.join(corpora)}: {count} language models and {len(runs) - count} "
+              f"CHE encoders -> {out}", flush=True)
+    # A second `reproduce` into the same folder (another terminal) shares the work: each run is taken by one
+    # process through a lock file; runs another live process holds are waited for at the end.
+    waiting = runs
+    while waiting:
+        held = []
+        for seed, kind, where, label in waiting:
+            path, what = run_place(out, kind, where, label, seed)
+            if path.is_file():
+                meter.report(what, None)
+                continue
+            with file_lock(path.with_name(path.name + ".lock")) as holder:     # one process per run
+                if holder is not None:
+                    held.append((seed, kind, where, label))
+                    continue
+                result, detail = run_one(kind, where, label, seed, budget_settings, device)
+                write_json(path, {"label": label, **result})
+            meter.report(what, result["train_seconds"] + result["eval_seconds"], detail)
+        if held and progress and len(held) == len(waiting):
+            print(f"waiting for {len(held)} runs that another process is training", flush=True)
+        if held:
+            time.sleep(10 if len(held) == len(waiting) else 0)
+        waiting = held
+    results = collect_results(out, plan, seeds)
+    report = write_report(out, results, corpora, budget, budget_settings, seeds, device,
+                          command or _command_line(budget, seeds, corpora, out),
+                          time.perf_counter() - started, trained=meter.timed)
+    if progress:
+        print(report["summary"])
+        print(f"wrote {out / 'REPRODUCTION.md'}, {out / 'results.json'} and {out / 'figures'}/")
+    return report
+
+
+def _command_line(budget: str, seeds: int, corpora: list[str], out: Path) -> str:
+    return (f"python -m minidape reproduce --budget {budget} --seeds {seeds} --corpus {' '.join(corpora)} "
+            f"--out {out}")
+
+
+def collect_results(out: Path, plan: dict, seeds: int) -> dict:
+    """Every run's numbers, as lists over seeds: ``lm[(corpus, T, label)][protocol][length]`` and
+    ``che[(task, label)]`` (mean accuracy beyond training), ``che_within[(task, label)]`` (within it: did the
+    model learn the task?), ``che_curves[(task, label)][n]`` and ``che_chance[task]``."""
+    lm, che, che_within, che_curves, che_chance, seconds = {}, {}, {}, {}, {}, []
+    for (corpus, train_length), labels in plan.items():
+        for label in labels:
+            runs = [read_json(lm_run_path(out, corpus, train_length, label, seed)) for seed in range(seeds)]
+            seconds += [run["train_seconds"] + run["eval_seconds"] for run in runs]
+            lm[(corpus, train_length, label)] = {
+                protocol: {int(length): [as_float(run["perplexity"][protocol][length]) for run in runs]
+                           for length in runs[0]["perplexity"][protocol]}
+                for protocol in PROTOCOLS}
+    for task in CHE_TASKS:
+        for label in CHE_MODELS:
+            runs = [read_json(che_run_path(out, task, label, seed)) for seed in range(seeds)]
+            seconds += [run["train_seconds"] + run["eval_seconds"] for run in runs]
+            che[(task, label)] = [run["mean_beyond_train"] for run in runs]
+            che_within[(task, label)] = [as_float(run["mean_within_train"]) for run in runs]
+            che_curves[(task, label)] = {int(n): [run["accuracy"][n] for run in runs] for n in runs[0]["accuracy"]}
+            che_chance[task] = runs[0]["chance"]
+    return {"lm": lm, "che": che, "che_within": che_within, "che_curves": che_curves, "che_chance": che_chance,
+            "runs": len(seconds), "run_seconds": sum(seconds)}
+
+
