@@ -27,7 +27,7 @@ PE_COLORS = {"none": "#7f7f7f", "rope": "#d62728", "yarn": "#ff9896", "sinusoida
              "kerple_power": "#bcbd22", "fire": "#ff7f0e"}
 REFINER_LINESTYLES = {"none": "-", "dape": "--", "cape": "--", "dape_concat": (0, (6, 2, 1, 2)),
                       "dape_add": ":", "conv": "-.", "conv_no_tril": (0, (1, 1))}
-# The names the study (and its demo) and notebook 07 give their models: (pe, refiner) or an explicit colour and style.
+# The names the study (and its demo and notebook 07) give their models: (pe, refiner) or an explicit colour and style.
 MODEL_STYLES = {
     "NoPE": ("none", "none"), "RoPE": ("rope", "none"), "sinusoidal APE": ("sinusoidal", "none"),
     "learned APE": ("learned", "none"), "ALiBi": ("alibi", "none"), "Kerple-log": ("kerple_log", "none"),
@@ -35,7 +35,7 @@ MODEL_STYLES = {
     "DAPE-Kerple": ("kerple_log", "dape"), "DAPE-Kerple-power": ("kerple_power", "dape"),
     "DAPE-FIRE": ("fire", "dape"), "DAPE-Kerple Concat": ("kerple_log", "dape_concat"),
     "DAPE-Kerple Add_Residual": ("kerple_log", "dape_add"), "DAPE1x3-Kerple": ("kerple_log", "conv"),
-    "conv-Kerple": ("kerple_log", "conv"), "DAPE1x5-Kerple": {"color": "#9467bd", "linestyle": "-."},
+    "DAPE1x5-Kerple": {"color": "#9467bd", "linestyle": "-."},
     "DAPE-Kerple, 1x3's parameters": {"color": "#004d00", "linestyle": "--"},
     "DAPE1x3-Kerple without tril": {"color": "black", "linestyle": (0, (1, 1))},
 }
