@@ -112,3 +112,19 @@ def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_fro
         return None
     cycles = [c for c in map(on_a_cycle, edges) if c]
     assert not cycles, f"import circles: {cycles}"
+
+
+def test_the_readme_layout_table_names_every_module():
+    """The README's layout table is where a newcomer looks a file up: every module of the package is in it (a
+    subpackage by its folder or by each of its files)."""
+    readme = (REPO / "README.md").read_text()
+    table = readme.split("## Layout", 1)[1].split("\n## ", 1)[0]
+    package = Path(md.__file__).parent
+    missing = []
+    for path in sorted(package.rglob("*.py")):
+        relative = path.relative_to(package.parent).as_posix()
+        folder = path.parent.relative_to(package.parent).as_posix() + "/"
+        named = f"`{relative}`" in table or (path.parent != package and f"`{folder}`" in table)
+        if path.name != "__init__.py" and not named:
+            missing.append(relative)
+    assert not missing, f"not in the README's layout table: {missing}"
