@@ -17,6 +17,7 @@ import minidape as md
 from minidape import __main__ as cli
 from minidape import fast, study, utils
 from minidape.train import CHECKPOINT_NAME, read_checkpoint
+from test_cli import error_lines, failing
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--batch-size", "2"]
@@ -57,18 +58,6 @@ def cli_process(*args: str, cwd: Path) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def cli_lines(stderr: str) -> list[str]:
-    """The lines the CLI itself wrote to stderr (progress bars and warnings write there too)."""
-    assert "Traceback" not in stderr
-    return [line for line in stderr.splitlines() if line.startswith("python -m minidape")]
-
-
-def failing(capsys, argv: list[str]) -> tuple[int, list[str]]:
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main(argv)
-    return exit_info.value.code, cli_lines(capsys.readouterr().err)
-
-
 def train_tiny(out: Path, corpus: Path, *extra: str) -> None:
     cli.main(["train", *TINY, "--steps", "2", "--corpus", str(corpus), "--out", str(out), *extra])
 
@@ -92,7 +81,7 @@ def test_two_trainings_into_one_folder_one_trains_the_other_is_refused(tmp_path,
     _, first_err = first.communicate(timeout=300)
     assert first.returncode == 0, first_err
     assert second.returncode == 2
-    lines = cli_lines(second_err)
+    lines = error_lines(second_err)
     assert len(lines) == 1 and str(out) in lines[0] and f"PID {first.pid}" in lines[0], lines
     checkpoint = read_checkpoint(out / CHECKPOINT_NAME)
     assert checkpoint["step"] == int(steps) and checkpoint["seed"] == 0
