@@ -80,6 +80,9 @@ def own_forward(refiner, scores, bias, mask):
     return refiner(scores, bias, mask)
 
 
+_checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # refiner module -> its checked form
+
+
 def block_form(layer: SelfAttention, has_bias: bool) -> Callable | None:
     """How a query block computes $A = \\mathrm{refine}(S, B)$ with this layer's refiner, as a function
     (refiner, scores, bias, mask) -> A: its fused form (a built-in refiner whose structure checks out), its own
@@ -94,9 +97,6 @@ def block_form(layer: SelfAttention, has_bias: bool) -> Callable | None:
                           f"else; this layer runs model.py's reference form (same result, slower)", stacklevel=2)
         _checked_forms[refiner] = None if problem else FUSED_FORMS[type(refiner)]
     return _checked_forms[refiner]
-
-
-_checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # refiner module -> its checked form
 
 
 def _structure_problem(refiner) -> str | None:
@@ -269,7 +269,8 @@ class _CellMLP(torch.autograd.Function):
 
     @staticmethod
     def hidden(x, hidden_offset, w_in):
-        return F.leaky_relu_(torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x), LEAKY_SLOPE)  # (batch, W, N)
+        pre_activation = torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x)      # (batch, W, N)
+        return F.leaky_relu_(pre_activation, LEAKY_SLOPE)
 
     @staticmethod
     def backward(ctx, grad_out):

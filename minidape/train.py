@@ -477,9 +477,12 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     step_model = _wrap(model, context, device, compile)
     watch = NonFiniteWatch(optim, device, context)
 
+    def read_health() -> None:    # raises at the first non-finite step since the last read, naming the checkpoint kept
+        watch.read(lambda *values: _non_finite_message(*values, lr, out, saved_step))
+
     def save(step_done: int) -> None:
         nonlocal saved_step
-        watch.read(lambda *values: _non_finite_message(*values, lr, out, saved_step))
+        read_health()
         if out is not None and context.is_main:
             save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus)
             saved_step = step_done
@@ -508,7 +511,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
                     logits, loss = model(x, y)
                 watch.record(step, loss, torch.zeros((), device=device), update=False)
             if step % log_every == 0 or step == steps:
-                watch.read(lambda *values: _non_finite_message(*values, lr, out, saved_step))
+                read_health()
                 entry = {"step": step, "loss": _mean_over_ranks(loss, context),
                          "lr": lr_at(step, steps, lr, min_lr, warmup)}
                 if metrics is not None:
