@@ -10,7 +10,6 @@ submission changed.
 import csv
 import hashlib
 import json
-import os
 import textwrap
 from pathlib import Path
 
