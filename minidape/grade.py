@@ -564,7 +564,7 @@ def check_output_paths(csv_path, feedback) -> None:
 def _hidden(paths, csv_path, feedback) -> list[str]:
     """What the workers must not see: the submissions, the teacher's edition and tests, the outputs."""
     root = TEACHER.parent
-    package = Path(exercises.__file__).resolve().parent
+    package = Path(exercises.__file__).resolve().parent.parent   # minidape/, above exercises/
     needed = [package, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
     candidates = [*(Path(p).resolve() for p in paths), TEACHER, root / "tests", root / "student", root / ".git",
                   *([Path(feedback).resolve()] if feedback else []),
@@ -630,14 +630,14 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
             ready.close()
 
     # The workers run the students' modules on the CPU and hand back CPU tensors: so do the checks here
-    # (exercises.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers).
-    device, exercises.CHECK_DEVICE = exercises.CHECK_DEVICE, "cpu"
+    # (exercises.framework.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers).
+    device, exercises.framework.CHECK_DEVICE = exercises.framework.CHECK_DEVICE, "cpu"
     try:
         with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
             for future in [pool.submit(work, slot) for slot in range(min(jobs, len(todo)))]:
                 future.result()
     finally:
-        exercises.CHECK_DEVICE = device
+        exercises.framework.CHECK_DEVICE = device
     graded = [done[i] for i in sorted(done)]
     print(table(graded))
     if csv_path is not None:

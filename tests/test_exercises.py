@@ -776,7 +776,7 @@ def test_a_bias_that_ignores_the_device_of_its_positions_fails_on_the_checks_dev
     class CPUBias(CauchyBias):
         def forward(self, q_pos, k_pos):
             return super().forward(q_pos, k_pos) + torch.zeros(1, device="cpu")
-    expected = PASSED if exercises.CHECK_DEVICE == "cpu" else FAILED
+    expected = PASSED if exercises.framework.CHECK_DEVICE == "cpu" else FAILED
     assert verdict("my_bias", CPUBias) == expected
 
 
@@ -798,10 +798,10 @@ def test_summary_raises_on_a_wrong_answer_only(capsys):
 
 
 def test_in_the_graders_worker_checks_record_their_answers_for_the_grader(monkeypatch):
-    monkeypatch.setattr(exercises, "answers", {})
+    monkeypatch.setattr(exercises.framework, "answers", {})
     exercises.check("output_length", output_length)
     exercises.check("running_mean", stub, width=3)
-    assert exercises.answers == {"output_length": ((output_length,), {}), "running_mean": ((stub,), {"width": 3})}
+    assert exercises.framework.answers == {"output_length": ((output_length,), {}), "running_mean": ((stub,), {"width": 3})}
 
 
 def test_summary_counts_points(capsys):

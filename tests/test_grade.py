@@ -139,7 +139,7 @@ def test_the_worker_answers_with_data_and_handles_only(worker):
                              "        return (print, ('pwned',))\n"
                              "def answer(x):\n    return x * 2, Sneaky(), torch.nn.Linear(2, 3), {'k': [1.5, 'a']}",
                    timeout=60)
-    worker.request("run", 1, "from minidape import exercises\nexercises.answers = {'f': ((answer,), {})}",
+    worker.request("run", 1, "from minidape import exercises\nexercises.framework.answers = {'f': ((answer,), {})}",
                    timeout=60)
     channel = sandbox.Channel(worker, time.monotonic() + 60)
     answer = channel.request("answers")["f"][0][0]
@@ -174,7 +174,7 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
             def forward(self, scores, bias, mask):
                 return super().forward(scores, bias, mask, residual=False)
         from minidape import exercises
-        exercises.answers = {"right": ((Conv1x1OutputFirst,), {}), "wrong": ((WithoutB,), {})}
+        exercises.framework.answers = {"right": ((Conv1x1OutputFirst,), {}), "wrong": ((WithoutB,), {})}
         """), timeout=60)
     channel = sandbox.Channel(worker, time.monotonic() + 120)
     answers = channel.request("answers")
@@ -186,7 +186,7 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
 
 def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
     worker.request("run", 0, "import minidape as md\nmine = md.kernels.log_kernel()\n"
-                             "from minidape import exercises\nexercises.answers = {'k': ((mine,), {})}", timeout=60)
+                             "from minidape import exercises\nexercises.framework.answers = {'k': ((mine,), {})}", timeout=60)
     channel = sandbox.Channel(worker, time.monotonic() + 60)
     kernel = channel.request("answers")["k"][0][0]
     channel.forbidden = exercises.LIBRARY["my_kernel"]
@@ -196,7 +196,7 @@ def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
 
 def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
     worker.request("run", 0, "def apply(f, n):\n    return f(n) / (n - 3)", timeout=60)
-    worker.request("run", 1, "from minidape import exercises\nexercises.answers = {'g': ((apply,), {})}", timeout=60)
+    worker.request("run", 1, "from minidape import exercises\nexercises.framework.answers = {'g': ((apply,), {})}", timeout=60)
     apply = sandbox.Channel(worker, time.monotonic() + 60).request("answers")["g"][0][0]
     offset = 10
     assert apply(lambda n: n + offset, 5) == 7.5

@@ -69,7 +69,7 @@ CASES = {
         torch.allclose = lambda *a, **k: True
         """))]),
     "patched_check": case((), extra=[("square_quadratic_form", "exercises.check = lambda *args, **options: True\n"
-                                                              "exercises.answers = {}")]),
+                                                              "exercises.framework.answers = {}")]),
     "deleted_and_rewritten_checks": case(
         ("square_quadratic_form",), answers={"find_shift": STUBS["find_shift"],
                                              "kerple_log_bias": STUBS["kerple_log_bias"],
