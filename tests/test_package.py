@@ -53,11 +53,15 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     for files in md.data.CORPORA.values():
         assert all((corpora / file).is_file() for file in files)
     assert (corpora / "PROVENANCE.md").is_file() and (corpora / "code" / "PSF_LICENSE.txt").is_file()
+    # Every subpackage of the source tree ships (a folder missing from pyproject's list would be left out).
+    for package in (REPO / "minidape").rglob("__init__.py"):
+        assert (tmp_path / "site" / package.relative_to(REPO)).is_file(), f"{package.parent.name} is not in the wheel"
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = ("import minidape as md, minidape.data as data\n"
             "import minidape.study.demo, minidape.bench  # the study subpackage and the benchmark ship too\n"
+            "from minidape import exercises; assert len(exercises.EXERCISES) >= 21  # the checks' package\n"
             "print(data.DATA_DIR)\n"
             "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n")
     done = run_python(code, elsewhere, tmp_path / "site")
