@@ -162,7 +162,7 @@ def square_quadratic_form(x, c):
 # %%
 exercises.check("square_quadratic_form", square_quadratic_form)
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # The closed form: $\sum_{ij} c_i c_j (x_i - x_j)^2 = 2(\sum_i c_i x_i^2)(\sum_j c_j) - 2(\sum_i c_i x_i)^2
 # = -2(\sum_i c_i x_i)^2$ for zero-sum $c$, so $c^\top K c = 2(\sum_i c_i x_i)^2 \ge 0$: CPD, and exactly 0 on
 # the zero-sum vectors orthogonal to $x$ — a whole subspace, hence the eigenvalue 0.

@@ -298,7 +298,7 @@ def protocols_from_curve(curve, T, k):
 # %%
 exercises.check("protocols_from_curve", protocols_from_curve)
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # The two formulas (approximately equal to the measured protocols, because the windows are drawn from different
 # places of the validation text):
 #

@@ -224,8 +224,7 @@ for name in ("dape", "dape_concat", "dape_add"):
     reference.load_state_dict(model.state_dict())     # same parameters: the fast path is the same function
     same = torch.allclose(model(window)[0], reference(window)[0], atol=1e-5)
     print(f"{name:<12} A matches its equation: {torch.allclose(A, expected, atol=1e-5)}   "
-          f"fast path == paper form (fast=False): {same}   "
-          f"(f has {sum(p.numel() for p in f.parameters())} parameters per layer)")
+          f"fast path == paper form (fast=False): {same}")
 
 # %% [markdown]
 # ## 2. What $f$ costs
@@ -238,39 +237,45 @@ for name in ("dape", "dape_concat", "dape_add"):
 # | projections $Q, K, V$, output | $4TC^2$ | $O(TC)$ |
 # | feed-forward ($4\times$) | $8TC^2$ | $O(TC)$ |
 # | $QK^\top$ and $\mathrm{softmax}\cdot V$ | $2T^2C$ | scores $hT^2$ |
-# | `dape` / `dape_concat`: $f$ on $2h \to W \to h$ | $T^2 \cdot 2hW + T^2 \cdot Wh = 3T^2hW$ | hidden $WT^2$ |
-# | `dape_add`: $f$ on $h \to W \to h$ | $2T^2hW$ | hidden $WT^2$ |
-# | `conv` (DAPE-V2), kernel $k$ | $3kT^2hW$ | hidden $WT^2$ |
+# | `dape`, `dape_concat`, `dape_add`: $f$ | your `dape_cost` (exercise 4.2) | hidden $WT^2$ |
+# | `conv` (DAPE-V2), kernel $k$ | $k$ times `dape`'s | hidden $WT^2$ |
 #
 # So the refiner adds $O(hT^2W)$ to the layer's $O(TC^2 + T^2C)$, as in DAPE §3.2 ("Computational costs
-# analysis"): small when $hW \ll C$ and $T$ is moderate, and quadratic in $T$ like attention itself. (minidape
-# computes the bias half of $f$'s first layer once per batch, since $B$ is the same for every sequence: for
-# `batch` sequences, $(\text{batch} + 1)\,T^2hW$ instead of $2\,\text{batch}\,T^2hW$.) The memory term matters
-# more: the hidden activations are $W/h$ times larger than the scores (8× here). minidape therefore computes
-# refined attention in blocks of query rows (each row is refined independently) and recomputes $f$'s hidden
-# layer in the backward pass instead of storing it.
+# analysis"): small when $hW \ll C$ and $T$ is moderate, and quadratic in $T$ like attention itself. The memory
+# term matters more: the hidden activations are $W/h$ times larger than the scores (8× here). minidape therefore
+# computes refined attention in blocks of query rows (each row is refined independently) and recomputes $f$'s
+# hidden layer in the backward pass instead of storing it. The percentages below use your `dape_cost` as soon as
+# it passes its check.
+
+# %% [markdown] tags=["solution"]
+# **Worked answer (4.2).** `dape` and `dape_concat`: $T^2 \cdot 2hW + T^2 \cdot Wh = 3T^2hW$ MACs per sequence;
+# `dape_add`: $2T^2hW$; `conv` with kernel $k$: $3kT^2hW$. (minidape computes the bias half of $f$'s first layer
+# once per batch, since $B$ is the same for every sequence: for `batch` sequences, $(\text{batch} + 1)\,T^2hW$
+# instead of $2\,\text{batch}\,T^2hW$.)
 
 # %%
-def layer_macs(batch, T, C, h, W=32, refiner="none", k=3):
-    """Multiply-accumulates of one transformer layer (the table above)."""
+def layer_macs(batch, T, C, h, W=32, refiner="dape", k=3):
+    """Multiply-accumulates of one transformer layer (the table above): (without the refiner, the refiner's)."""
     base = 12 * batch * T * C * C + 2 * batch * T * T * C
-    extra = {"none": 0, "dape": 3 * batch * T * T * h * W, "dape_add": 2 * batch * T * T * h * W,
-             "conv": 3 * k * batch * T * T * h * W}[refiner]
-    return base, extra
+    _, macs = dape_cost("dape_add" if refiner == "dape_add" else "dape", h, W, batch, T)   # your count (4.2)
+    return base, macs * (k if refiner == "conv" else 1)
 
 
-print(f"{'model':<28}{'T':>6}{'dape extra':>12}{'conv k=3 extra':>16}")
-for label, C, h in (("this notebook (C=64, h=4)", 64, 4), ("DAPE's 125M (C=768, h=12)", 768, 12)):
-    for T in (64, 512, 8192):
-        base, dape_extra = layer_macs(1, T, C, h, refiner="dape")
-        _, conv_extra = layer_macs(1, T, C, h, refiner="conv")
-        print(f"{label:<28}{T:>6}{dape_extra / base:>11.0%}{conv_extra / base:>15.0%}")
+if exercises.passed("dape_cost"):
+    print(f"{'model':<28}{'T':>6}{'dape extra':>12}{'conv k=3 extra':>16}")
+    for label, C, h in (("this notebook (C=64, h=4)", 64, 4), ("DAPE's 125M (C=768, h=12)", 768, 12)):
+        for T in (64, 512, 8192):
+            base, dape_extra = layer_macs(1, T, C, h, refiner="dape")
+            _, conv_extra = layer_macs(1, T, C, h, refiner="conv")
+            print(f"{label:<28}{T:>6}{dape_extra / base:>11.0%}{conv_extra / base:>15.0%}")
+else:
+    print("the percentages appear here once your dape_cost (exercise 4.2) passes its check")
 
 # %% [markdown]
 # For the paper's 125M model at its training length 512 the refiner adds a small fraction to a layer's
 # arithmetic, and a large share at the evaluation length 8192 (the $T^2$ terms take over). For our tiny model,
 # where $hW = 128$ exceeds $C = 64$, it adds a large share already at $T = 64$: tiny models are the worst case for
-# DAPE's relative cost. (The table prints the percentages; they are exact arithmetic from the formulas above.)
+# DAPE's relative cost. (The cell prints the percentages; they are exact arithmetic from your count.)
 # And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise passes over
 # $(\text{batch}, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick measurement of one
 # forward pass (timings on a shared machine are noisy):
@@ -381,7 +386,8 @@ ax.set(xscale="log", xlabel="evaluation length T", ylabel="perplexity (last_k)",
 ax.set_xticks(LENGTHS, [str(T) for T in LENGTHS])
 ax.legend()
 plt.show()
-#
+
+# %% [markdown]
 # ## 4. DAPE's Figure 1 for our model
 #
 # DAPE's Figure 1 plots, for the query at position 8192 of a model trained at length 512, every head's

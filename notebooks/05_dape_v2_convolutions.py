@@ -149,11 +149,11 @@ def receptive_keys(i, j, k):
 # %%
 exercises.check("receptive_keys", receptive_keys)
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # The same measurement in the open, on minidape's `ConvRefiner`: the gradient of one refined cell $A_{i,j}$ with
 # respect to every score $S_{i,\cdot}$ of its row shows which scores it reads.
 
-# %%
+# %% tags=["solution"]
 # NBVAL_CHECK_OUTPUT
 def keys_read(kernel, i, j, T=16):
     """Keys j' whose score S[i, j'] changes the refined cell A[i, j] (nonzero gradient)."""
@@ -169,11 +169,14 @@ def keys_read(kernel, i, j, T=16):
 for k in KERNEL_SIZES:
     print(f"k={k}:  A[10, 5] reads keys {keys_read(k, 10, 5)}   A[10, 10] reads keys {keys_read(k, 10, 10)}")
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # With $k = 3$ the cell $(10, 5)$ reads keys $3..7$ (two layers of reach 1), but the diagonal cell $(10, 10)$
 # reads only keys $8..10$: keys 11 and 12 are the future of query 10, zeroed by `tril`. With $k = 1$ every cell
-# reads only itself: **a $1 \times 1$ convolution is DAPE's per-cell MLP** (DAPE-V2 calls DAPE the
-# $1 \times 1$ case). Numerically: copy the weights of a $k=1$ conv refiner into a DAPE refiner and compare.
+# reads only itself.
+
+# %% [markdown]
+# **A $1 \times 1$ convolution is DAPE's per-cell MLP** (DAPE-V2 calls DAPE the $1 \times 1$ case).
+# Numerically: copy the weights of a $k=1$ conv refiner into a DAPE refiner and compare.
 
 # %%
 # NBVAL_CHECK_OUTPUT

@@ -166,10 +166,11 @@ def far_mass(a, s, L, T):
 
 # %%
 exercises.check("far_mass", far_mass)
-#
+
+# %% [markdown]
 # ## Task 2 · A bias module
 #
-# The extension API (DESIGN.md, "Extension API"): subclass `md.AdditiveBias` (an `nn.Module`), build it from
+# The extension API (the README's "Use it" section shows one): subclass `md.AdditiveBias` (an `nn.Module`), build it from
 # the model's config, and return the bias for a block of query and key positions:
 #
 # ```python

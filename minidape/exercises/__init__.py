@@ -11,9 +11,9 @@ The grader's worker and the grader set two switches on ``exercises.framework`` i
 """
 # ruff: noqa: I001  (the notebook modules are imported in the notebooks' order: it is EXERCISES' order)
 from . import framework
-from .framework import (EXERCISES, EXPECT, FAILED, LIBRARY, NOT_DONE, PARTLY, PASSED, Credit, Exercise,
-                        ExerciseFailed, NotDone, RemoteAnswer, StudentError, WorkerGone, Wrong, check, earned,
-                        exercises_of, passed, results, summary, todo, verdict)
+from .framework import (EXERCISES, EXPECT, FAILED, LIBRARY, NEEDS_FULL, NOT_DONE, PARTLY, PASSED, Credit, Exercise,
+                        ExerciseFailed, NeedsFullMode, NotDone, RemoteAnswer, StudentError, Verdict, WorkerGone, Wrong,
+                        check, earned, exercises_of, mistake_code, passed, results, summary, todo, verdict)
 
 # One module per notebook: importing each registers its checks in EXERCISES.
 from . import positional_encodings, kerple_cpd_kernels, train_and_extrapolate, dape_and_cape  # noqa: F401
@@ -21,7 +21,7 @@ from . import dape_v2_convolutions, your_own_bias, chomsky_hierarchy  # noqa: F4
 from .chomsky_hierarchy import SHUFFLE_CASES
 from .helpers import _gradients_of_sum, _hand_over, _is_module, _load_parameters, _parameter_shapes
 
-__all__ = ["framework", "EXERCISES", "EXPECT", "FAILED", "LIBRARY", "NOT_DONE", "PARTLY", "PASSED", "Credit",
-           "Exercise", "ExerciseFailed", "NotDone", "RemoteAnswer", "StudentError", "WorkerGone", "Wrong", "check",
-           "earned", "exercises_of", "passed", "results", "summary", "todo", "verdict", "SHUFFLE_CASES",
+__all__ = ["framework", "EXERCISES", "EXPECT", "FAILED", "LIBRARY", "NEEDS_FULL", "NOT_DONE", "PARTLY", "PASSED", "Credit",
+           "Exercise", "ExerciseFailed", "NeedsFullMode", "NotDone", "RemoteAnswer", "StudentError", "Verdict", "WorkerGone", "Wrong", "check",
+           "earned", "exercises_of", "mistake_code", "passed", "results", "summary", "todo", "verdict", "SHUFFLE_CASES",
            "_gradients_of_sum", "_hand_over", "_is_module", "_load_parameters", "_parameter_shapes"]

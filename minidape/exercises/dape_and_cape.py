@@ -7,7 +7,8 @@ import torch
 
 from . import framework  # framework.CHECK_DEVICE is read at call time (the grader sets it)
 from .framework import Credit, Wrong, _exercise
-from .helpers import _choice, _compare_refiners, _config, _draw, _fresh_generator, _given, _number, _prediction_credit
+from .helpers import (_choice, _compare_refiners, _config, _draw, _fresh_generator, _given, _measurement, _number,
+                      _prediction_credit)
 
 
 @_exercise("04", "implement", "DAPE's refiner, eq. (3): A = S + B + f([S, B])",
@@ -105,7 +106,8 @@ def locality(prediction, shares):
     if not all(0 <= value <= 1 for value in values.values()):
         raise Wrong(f"attention shares lie between 0 and 1; yours are {values}", hint="far_attention returns a "
                     "probability mass: a sum of softmax weights, averaged")
-    local = min(values, key=values.get)
-    return _prediction_credit(2, predicted == local, f"{local} puts less attention beyond one training length "
-                                                     f"({100 * values[local]:.1f}% against "
-                                                     f"{100 * max(values.values()):.1f}%)")
+    truth, source = _measurement("locality", values, {name: f"far attention share of {name}" for name in values})
+    local = min(truth, key=truth.get)
+    return _prediction_credit(2, predicted == local, f"in {source}, {local} puts less attention beyond one training "
+                                                     f"length ({100 * truth[local]:.1f}% against "
+                                                     f"{100 * max(truth.values()):.1f}%)")

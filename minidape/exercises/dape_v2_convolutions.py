@@ -5,8 +5,8 @@ import math
 from functools import partial
 
 from .framework import Wrong, _exercise
-from .helpers import (_compare_refiners, _config, _draw, _fresh_generator, _given, _number, _prediction,
-                      _prediction_credit, _refiner_inputs)
+from .helpers import (_compare_refiners, _config, _draw, _fresh_generator, _given, _measurement, _number,
+                      _prediction, _prediction_credit, _refiner_inputs)
 
 
 @_exercise("05", "derive", "which keys a refined cell A[i, j] reads",
@@ -75,6 +75,8 @@ def leakage(prediction, measured, histories):
                         hint="the final loss is the last entry: histories[name][-1]['val_loss']")
         if abs(got - value) > 1e-9:
             raise Wrong(f"final_losses[{name!r}] is not the last val_loss of histories[{name!r}]")
-    lower = want["leaky_conv k=3"] < want["conv k=3"]
-    return _prediction_credit(2, predicted == lower, f"the leaky model's final loss is "
-                                                     f"{'lower' if lower else 'not lower'} than the honest one's")
+    truth, source = _measurement("leakage", want, {name: f"final validation loss of {name!r}" for name in want})
+    lower = truth["leaky_conv k=3"] < truth["conv k=3"]
+    return _prediction_credit(2, predicted == lower, f"in {source} the leaky model's final loss "
+                                                     f"({truth['leaky_conv k=3']:.3f}) is {'lower' if lower else 'not lower'} "
+                                                     f"than the honest one's ({truth['conv k=3']:.3f})")

@@ -33,6 +33,7 @@ comes back as data.
 from __future__ import annotations
 
 import os
+import re
 import secrets
 from dataclasses import dataclass
 from typing import Callable
@@ -40,6 +41,7 @@ from typing import Callable
 import torch
 
 PASSED, PARTLY, FAILED, NOT_DONE = "passed", "partly right", "failed", "not done yet"
+NEEDS_FULL = "needs full mode"           # graded in quick mode, an experiment the grader cannot judge there
 EXPECT = "MINIDAPE_EXPECT_EXERCISES"     # "all" (worked solutions) or "none" (student edition): see summary()
 
 
@@ -49,11 +51,28 @@ class NotDone(NotImplementedError):
 
 class Wrong(Exception):
     """Raised by a check: the answer runs, but does not do what the exercise asks. The message says how; ``hint``
-    (when the check recognised a known mistake) replaces the exercise's general hint."""
+    (when the check recognised a known mistake) replaces the exercise's general hint. ``code`` names the mistake
+    the same way whatever the random inputs (the class summary counts mistakes by it): given, or made from the
+    message's words without its numbers, quoted values and bracketed parts."""
 
-    def __init__(self, message: str, hint: str | None = None):
+    def __init__(self, message: str, hint: str | None = None, code: str | None = None):
         super().__init__(message)
         self.hint = hint
+        self.code = code or mistake_code(message)
+
+
+def mistake_code(message: str) -> str:
+    """``"your ratio 0.19 is upside down"`` -> ``"your-ratio-is-upside-down"``: the words that do not change with
+    the inputs (numbers, quoted values and anything in brackets dropped), at most eight."""
+    text = message.split("\n")[0]
+    for pattern in (r"'[^']*'", r'"[^"]*"', r"\([^()]*\)", r"\[[^\[\]]*\]", r"\{[^{}]*\}", r"\([^()]*\)"):
+        text = re.sub(pattern, " ", text)
+    words = [w for w in re.findall(r"[a-z_]+", text.lower()) if not re.fullmatch(r"e|x|k|t|h|w|d|i|j", w)]
+    return "-".join(words[:8]) or "wrong"
+
+
+class NeedsFullMode(Exception):
+    """Raised by a check that cannot judge this answer in quick mode (the measurement needs the full budget)."""
 
 
 # When the grader runs a submission, its answers live in a worker process (``minidape.sandbox``, which builds on
@@ -106,6 +125,9 @@ EXERCISES: dict[str, Exercise] = {}
 results: dict[str, str] = {}     # this session's verdicts, by exercise name
 earned: dict[str, float] = {}    # this session's points, by exercise name
 answers: dict | None = None      # the grader's worker sets {}: check() then records (answer, options) by name
+# The grader sets the teacher's reference measurements (notebooks/references.json, see helpers._measurement):
+# {"full": {exercise: {...}}, "quick": {...}}; None in a notebook, where an experiment uses its own run.
+references: dict | None = None
 CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # where answers' modules run (the grader sets "cpu")
 
 
@@ -168,10 +190,21 @@ def exercises_of(notebook: str) -> list[Exercise]:
     return [exercise for exercise in EXERCISES.values() if exercise.notebook == notebook]
 
 
-def verdict(name: str, *answer, **options) -> tuple[str, str, float]:
-    """Run exercise ``name``'s check on an answer: (status, message, points earned). Random inputs are drawn
-    afresh on every call (a seed nobody chose), and the caller's random stream is left as it was."""
+class Verdict(tuple):
+    """(status, message, points earned), and ``code``: the stable name of the mistake ("" when none)."""
+
+    def __new__(cls, status: str, message: str, points: float, code: str = ""):
+        made = super().__new__(cls, (status, message, points))
+        made.code = code
+        return made
+
+
+def verdict(name: str, *answer, **options) -> Verdict:
+    """Run exercise ``name``'s check on an answer: (status, message, points earned) and its mistake code. Random
+    inputs are drawn afresh on every call (a seed nobody chose), and the caller's random stream is left as it
+    was."""
     exercise = EXERCISES[name]
+    code = ""
     try:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(secrets.randbits(63))
@@ -181,14 +214,19 @@ def verdict(name: str, *answer, **options) -> tuple[str, str, float]:
         points = min(credit.points, exercise.points)
         message = f"{status}, {points:g} of {exercise.points} points" + (f". {credit.note}" if credit.note else "")
     except NotImplementedError:
-        status, points, message = NOT_DONE, 0, "not done yet (the stub is still there)"
+        status, points, message, code = NOT_DONE, 0, "not done yet (the stub is still there)", "not-done"
+    except NeedsFullMode as needs:
+        status, points, message, code = NEEDS_FULL, 0, f"not judged in quick mode: {needs}", "needs-full-mode"
     except Wrong as wrong:
         status, points, message = FAILED, 0, f"not yet right: {wrong}\n    hint: {wrong.hint or exercise.hint}"
+        code = wrong.code
     except Exception as error:  # the student's code itself failed: say where, never stop the notebook
         raised = (f"your code's worker {error}" if isinstance(error, WorkerGone) else
                   f"your code raised {error if isinstance(error, StudentError) else f'{type(error).__name__}: {error}'}")
         status, points, message = FAILED, 0, f"{raised}\n    hint: {exercise.hint}"
-    return status, message, points
+        kind = re.match(r"\w*", str(error)).group() if isinstance(error, StudentError) else type(error).__name__
+        code = "worker-gone" if isinstance(error, WorkerGone) else f"raised-{kind or 'error'}"
+    return Verdict(status, message, points, code)
 
 
 def check(name: str, *answer, **options) -> bool:
@@ -200,7 +238,7 @@ def check(name: str, *answer, **options) -> bool:
     exercise = EXERCISES[name]
     status, message, points = verdict(name, *answer, **options)
     results[name], earned[name] = status, points
-    mark = {PASSED: "✓", PARTLY: "±", FAILED: "✗", NOT_DONE: "…"}[status]
+    mark = {PASSED: "✓", PARTLY: "±", FAILED: "✗", NOT_DONE: "…", NEEDS_FULL: "?"}[status]
     print(f"{mark} exercise {exercise.notebook}·{name} ({exercise.kind}): {message}")
     return status == PASSED
 

@@ -313,3 +313,66 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
         except Wrong as wrong:
             failure = failure or wrong
     raise failure
+
+
+# ------------------------------------------------------------------ experiments: the measurement a verdict uses
+# An experiment on the models a notebook trains (03-05) is judged against the teacher's reference measurement:
+# `make notebooks` runs the teacher's edition with RECORD set, in full mode and in quick mode, and each such check
+# writes its measurement to notebooks/references.json. The grader loads that file into framework.references: the
+# tables a submission hands in must agree with the reference of the mode it was re-run in (an invented table does
+# not), and its prediction is judged against the full-mode reference, whatever the grading mode.
+
+RECORD = "MINIDAPE_RECORD_REFERENCES"     # a path: the teacher's edition records its measurements there
+AGREE = 0.25                              # relative difference between two honest runs' tables (other CPUs),
+                                          # with 0.01 more for shares near 0
+
+
+def _graded_in_quick_mode() -> bool:
+    """Whether the grader (which loads the references) judges this answer in quick mode."""
+    return framework.references is not None and _mode() == "quick"
+
+
+def _mode() -> str:
+    from ..utils import quick_mode
+    return "quick" if quick_mode() else "full"
+
+
+def _record(path: str, name: str, measured: dict) -> None:
+    """Merge this run's measurement of ``name`` into the references file (written whole or not at all)."""
+    import json
+    import os
+    import platform
+    import tempfile
+    from pathlib import Path
+    target = Path(path)
+    recorded = json.loads(target.read_text()) if target.exists() else {}
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+        else platform.processor()
+    recorded.setdefault(_mode(), {})[name] = {**measured, "_machine": cpu}
+    descriptor, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(recorded, file, indent=1, sort_keys=True)
+        file.write("\n")
+    os.replace(partial, target)
+
+
+def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) -> tuple[dict[str, float], str]:
+    """The measurement experiment ``name``'s verdict uses, and where it comes from. ``measured``: what the check
+    derived from the tables the notebook handed in; ``labels`` says in words what each entry is."""
+    import os
+    if os.environ.get(RECORD):
+        _record(os.environ[RECORD], name, measured)
+    if framework.references is None:
+        return measured, "your run"
+    mode = _mode()
+    same_mode = framework.references[mode][name]
+    for key, value in measured.items():
+        reference = same_mode[key]
+        if not abs(value - reference) <= AGREE * abs(reference) + 0.01:
+            raise Wrong(f"your run's {labels[key]} is {value:.4g}; the teacher's reference run ({mode} mode, the "
+                        f"same notebook) measured {reference:.4g}", code="measurement-not-reproduced",
+                        hint="a measurement comes from the models the notebook trains, as it trains them: re-run "
+                        "the notebook's cells unchanged and take the numbers from its tables, never type them in")
+    full = framework.references["full"][name]
+    return {key: full[key] for key in measured}, "the teacher's reference run (full mode)"

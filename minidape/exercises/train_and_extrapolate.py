@@ -6,7 +6,7 @@ import math
 import torch
 
 from .framework import Wrong, _exercise
-from .helpers import _compare, _fresh_generator, _given, _number, _prediction, _prediction_credit
+from .helpers import _compare, _fresh_generator, _given, _measurement, _number, _prediction, _prediction_credit
 
 
 @_exercise("03", "experiment", "predict, then measure, how RoPE degrades at 16× its training length",
@@ -15,14 +15,19 @@ from .helpers import _compare, _fresh_generator, _given, _number, _prediction, _
 def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
     predicted = _prediction(prediction, "rope_breaks (your prediction)")
     measured = _number(measured_ratio, "rope_ratio (your measurement)")
-    want = last_k["rope"][longest] / last_k["rope"][train_length]
-    if abs(measured - 1 / want) <= 1e-6 / want:
+    yours = last_k["rope"][longest] / last_k["rope"][train_length]
+    if abs(measured - 1 / yours) <= 1e-6 / yours:
         raise Wrong(f"your ratio {measured:.4g} is upside down", hint="divide the perplexity at the longest length "
                     "by the one at the training length")
-    if abs(measured - want) > 1e-6 * want:
+    if abs(measured - yours) > 1e-6 * yours:
         raise Wrong(f"your ratio {measured:.4g} is not last_k['rope'][{longest}] / last_k['rope'][{train_length}]")
-    return _prediction_credit(2, predicted == (want > 2), f"RoPE's ratio is {want:.2f}, so it "
-                                                          f"{'more' if want > 2 else 'less'} than doubles")
+    truth, source = _measurement("rope_ratio", {
+        "train_length": last_k["rope"][train_length], "longest": last_k["rope"][longest]}, {
+        "train_length": f"RoPE perplexity at {train_length}", "longest": f"RoPE perplexity at {longest}"})
+    want = truth["longest"] / truth["train_length"]
+    return _prediction_credit(2, predicted == (want > 2), f"RoPE's ratio in {source} is {want:.2f} (yours "
+                                                          f"{measured:.2f}), so it {'more' if want > 2 else 'less'} "
+                                                          f"than doubles")
 
 
 @_exercise("03", "derive", "both protocols' perplexities from one position-wise loss curve",
