@@ -33,7 +33,7 @@ def dape_cost(your_function):
         params = sum(p.numel() for p in REFINER_REGISTRY[variant](cfg).parameters())
         macs = batch * T * T * (n_in * W + W * h)
         answer = _given(your_function, "dape_cost")(variant, h, W, batch, T)
-        if not (isinstance(answer, tuple) and len(answer) == 2):
+        if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
             raise Wrong(f"dape_cost should return a pair (parameters, MACs), got {answer!r}")
         got_params, got_macs = (_number(v, label) for v, label in zip(answer, ("the parameter count", "the MACs")))
         where = f"dape_cost({variant!r}, h={h}, W={W}, batch={batch}, T={T})"

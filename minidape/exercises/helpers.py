@@ -19,14 +19,17 @@ def _given(value, what: str):
     return value
 
 
-def _tensor(value, what: str, shape: tuple | None = None) -> torch.Tensor:
+def _tensor(value, what: str, shape: tuple | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor of that shape, finite on the ``visible`` cells (all when None; masked cells may hold -inf)."""
     _given(value, what)
     if not isinstance(value, torch.Tensor):
         raise Wrong(f"{what} should be a torch.Tensor, got {_type_name(value)}")
     if shape is not None and tuple(value.shape) != tuple(shape):
         raise Wrong(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
-    if not torch.isfinite(value).all():
-        raise Wrong(f"{what} holds NaN or infinite values")
+    finite = torch.isfinite(value)
+    if not (finite if visible is None else finite | ~visible.to(value.device).expand_as(finite)).all():
+        raise Wrong(f"{what} holds NaN or infinite values" + (" where attention may look" if visible is not None
+                                                              else ""))
     return value
 
 
@@ -200,9 +203,9 @@ def _compare(got, want: torch.Tensor, what: str, axes: tuple[str, ...], visible:
     """Pass when ``got`` equals ``want`` (on the ``visible`` cells). Otherwise name the first known mistake whose
     output ``got`` equals — ``mistakes`` maps a description to (that mistake's output, its hint) — or the cell,
     by its named ``axes``, where the answer differs most."""
-    got = _tensor(got, what, tuple(want.shape)).detach().double().cpu()
-    want = want.detach().double().cpu()
     visible = None if visible is None else visible.cpu()
+    got = _tensor(got, what, tuple(want.shape), visible).detach().double().cpu()
+    want = want.detach().double().cpu()
     if _first_difference(got, want, visible, atol, rtol) is None:
         return
     for description, (output, hint) in (mistakes or {}).items():

@@ -19,9 +19,11 @@ def square_quadratic_form(your_function):
         c = torch.randn(n, generator=generator, dtype=torch.float64)
         c = c - c.mean()                                              # zero-sum
         want = (c @ -(x[:, None] - x[None, :]) ** 2 @ c).item()
+        # float32 (torch's default dtype) is a right answer too: allow its rounding of the terms' sum
+        tolerance = 1e-8 * max(1.0, abs(want)) + 1e-6 * (c.abs() @ (x[:, None] - x[None, :]) ** 2 @ c.abs()).item()
         answer = _given(your_function, "square_quadratic_form")
         got = _number(answer(x.clone(), c.clone()), "square_quadratic_form(x, c)")
-        if abs(got - want) <= 1e-8 * max(1.0, abs(want)):
+        if abs(got - want) <= tolerance:
             continue
         where = f"for {n} random points and a random zero-sum c your form gives {got:.6g}"
         ratio = got / want if want else math.inf
@@ -33,9 +35,9 @@ def square_quadratic_form(your_function):
             if abs(ratio - value) < 1e-6:
                 raise Wrong(f"{where}, {what}", hint=hint)
         shifted = _number(answer(x + 3.0, c.clone()), "square_quadratic_form(x + 3, c)")
-        if abs(shifted - got) > 1e-8 * max(1.0, abs(got)):
-            raise Wrong(f"{where}; it changes to {shifted:.6g} when every x_i moves by 3, but K depends on "
-                        f"differences only, so cᵀKc cannot",
+        if abs(shifted - got) > tolerance:
+            raise Wrong(f"{where}; it changes by {shifted - got:.3g} (to {shifted:.10g}) when every x_i moves by 3, "
+                        f"but K depends on differences only, so cᵀKc cannot",
                         hint="terms like Σ c_i x_i² must cancel: use Σ c_i = 0")
         raise Wrong(f"{where}, which is not cᵀKc")
 
@@ -53,6 +55,10 @@ def _power_kernel_1_5(m, n):
     return -(m - n).abs() ** 1.5
 
 
+def _gaussian_kernel(m, n):
+    return torch.exp(-((m - n) / 4.0) ** 2)
+
+
 @_exercise("02", "implement", "the geometric search for Kerple's shift c",
            "start at c = 1 and double until the smallest eigenvalue of c + K is >= -1e-10·max|c + K|; "
            "md.kernels.gram and md.kernels.smallest_eigenvalue do the linear algebra", points=2)
@@ -62,7 +68,7 @@ def find_shift(your_function):
 
     n = partial(_draw, generator)
     cases = [("-|m-n|", _triangle_kernel, n(8, 48)), ("-log(1+|m-n|)", _log_kernel, n(16, 96)),
-             ("-|m-n|^1.5", _power_kernel_1_5, n(8, 24))]
+             ("-|m-n|^1.5", _power_kernel_1_5, n(8, 24)), ("exp(-((m-n)/4)²)", _gaussian_kernel, n(4, 32))]
     for label, kernel, size in cases:
         got = _number(_given(your_function, "find_shift")(kernel, size), "find_shift(kernel, n)")
         want = kernels.pd_shift(kernel, size)
@@ -75,6 +81,9 @@ def find_shift(your_function):
             raise Wrong(f"{where}: c must be positive", hint="start at c = 1, not 0: doubling 0 stays 0")
         if got != 2.0 ** round(math.log2(got)):
             raise Wrong(f"{where}, not one of 1, 2, 4, 8, …", hint="start at c = 1.0 and multiply by 2 each step")
+        if want == 1 and got > 1:
+            raise Wrong(f"{where}, but c = 1 already makes c + K PSD (this kernel is positive definite): your "
+                        f"search never tries c = 1", hint="start at c = 1 and test before the first doubling")
         if got == 2 * want:
             raise Wrong(f"{where}, but c / 2 already makes c + K PSD: one doubling too many",
                         hint="test before you double: return c as soon as c + K is PSD")

@@ -39,7 +39,7 @@ def protocols_from_curve(your_function):
     lengths = torch.randint(2, 300, (3,), generator=generator).tolist()
     for T, k in zip([300] + lengths, [256, 256, int(lengths[1]) + 7, max(1, lengths[2] // 3)]):
         answer = _given(your_function, "protocols_from_curve")(curve.clone(), T, k)
-        if not (isinstance(answer, tuple) and len(answer) == 2):
+        if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
             raise Wrong(f"protocols_from_curve should return a pair (last_k, nonoverlap), got {answer!r}")
         got = [_number(value, f"the {label} perplexity") for value, label in zip(answer, ("last_k", "nonoverlap"))]
         kk = min(k, T)
