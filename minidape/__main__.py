@@ -242,10 +242,17 @@ def build_parser() -> argparse.ArgumentParser:
                                     "restored; judge every exercise of its notebook in the grader's process. A "
                                     "folder stands for its *.ipynb files and its student folders (one per "
                                     "student: folder/<id>/*.ipynb).")
-    grade.add_argument("paths", nargs="+", metavar="PATH", help="notebooks (.ipynb) or folders of notebooks")
-    grade.add_argument("--csv", help="also write FILE: student,notebook,exercise,points,max_points,status,message "
-                                     "(one row per exercise, rewritten after every submission), and beside it "
-                                     "FILE-written.csv: the written answers with their rubric ids")
+    grade.add_argument("paths", nargs="*", metavar="PATH", help="notebooks (.ipynb) or folders of notebooks")
+    grade.add_argument("--csv", help="also write FILE: student,notebook,exercise,points,max_points,passed,message,"
+                                     "mistake (one row per exercise, rewritten after every submission), and beside "
+                                     "it the gradebook: FILE-written.csv (the written answers, a points column for "
+                                     "you), FILE-totals.csv, FILE-summary.csv and FILE-gradescope/ (results.json)")
+    grade.add_argument("--overwrite", action="store_true",
+                       help="replace an earlier batch's --csv FILE (marks entered for unchanged written answers "
+                            "are kept); without it grade refuses")
+    grade.add_argument("--gradebook", metavar="FILE",
+                       help="grade nothing: rebuild FILE's totals, summary and export from FILE and "
+                            "FILE-written.csv, with the points you entered for written answers")
     grade.add_argument("--timeout", type=positive_float, default=600,
                        help="seconds allowed for each notebook's cells, and again for its checks (default 600)")
     grade.add_argument("--jobs", type=positive_int, default=None,

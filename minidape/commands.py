@@ -183,8 +183,20 @@ def compare_command(args: argparse.Namespace) -> None:
 
 
 def grade_command(args: argparse.Namespace) -> None:
+    from . import gradebook
     from .grade import grade
-    grade(args.paths, csv_path=args.csv, timeout=args.timeout, jobs=args.jobs, feedback=args.feedback)
+    if args.gradebook is not None:          # the teacher's marks folded in, nothing graded again
+        if args.paths or args.csv:
+            raise ValueError("--gradebook FILE rebuilds the gradebook of an earlier grade --csv FILE: give no "
+                             "notebooks and no --csv with it")
+        with gradebook.held(args.gradebook, overwrite=True):
+            written = gradebook.gradebook(args.gradebook)
+        print(f"wrote {', '.join(map(str, written))} from {args.gradebook} and {gradebook.written_path(args.gradebook)}")
+        return
+    if not args.paths:
+        raise ValueError("grade needs notebooks or folders to grade (or --gradebook FILE)")
+    grade(args.paths, csv_path=args.csv, timeout=args.timeout, jobs=args.jobs, feedback=args.feedback,
+          overwrite=args.overwrite)
 
 
 def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:

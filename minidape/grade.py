@@ -28,26 +28,23 @@
 from __future__ import annotations
 
 import ast
-import csv
-import io
+import inspect
 import json
 import os
 import re
 import sys
-import tempfile
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import exercises, sandbox
+from . import exercises, gradebook, sandbox
+from .gradebook import COLUMNS, WRITTEN_COLUMNS, csv_message, write_csv, write_written, written_path  # noqa: F401
 from .utils import quick_mode
 
 TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
-CHECK_CALL = re.compile(r"""check\(\s*["'](\w+)["']""")
-COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "passed", "message"]
-WRITTEN_COLUMNS = ["student", "notebook", "rubric", "answer", "problem"]
+REFERENCES = TEACHER / "references.json"     # the teacher's reference measurements (make notebooks records them)
 NOT_RECORDED = object()         # a prediction variable that no prediction cell of the submission assigns literally
 START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
 
@@ -67,8 +64,8 @@ class Edition:
     cells: list[dict]                           # {"cell_type", "source", "tags"}
     roster: list[exercises.Exercise]
     checks: dict[str, int] = field(default_factory=dict)   # exercise name -> index of its check cell
-    # experiment name -> {position of an argument of its check call: the prediction variable passed there}
-    predictions: dict[str, dict[int, str]] = field(default_factory=dict)
+    # experiment name -> {the checker's parameter: the prediction variable the check cell passes to it}
+    predictions: dict[str, dict[str, str]] = field(default_factory=dict)
 
     @property
     def rubrics(self) -> list[str]:
@@ -80,12 +77,37 @@ def _rubrics(cell: dict) -> list[str]:
     return [tag.removeprefix("rubric:") for tag in cell.get("tags", ()) if tag.startswith("rubric:")]
 
 
+def check_calls(source: str) -> list[ast.Call]:
+    """The calls ``check("name", ...)`` (or ``exercises.check(name="name", ...)``) in a cell's code, found in its
+    syntax tree: a call, not a mention in a comment or a string. A cell that does not parse calls nothing."""
+    try:
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError):
+        return []
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call) and _checked_name(node) is not None]
+
+
+def _checked_name(call: ast.Call) -> str | None:
+    """The exercise name a ``check`` call names as a string literal (by position or as ``name=``)."""
+    function = call.func
+    if not ((isinstance(function, ast.Attribute) and function.attr == "check") or
+            (isinstance(function, ast.Name) and function.id == "check")):
+        return None
+    named = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
+    return named.value if isinstance(named, ast.Constant) and isinstance(named.value, str) else None
+
+
+def checked(source: str) -> list[str]:
+    """The exercise names a cell's code checks, in order."""
+    return [_checked_name(call) for call in check_calls(source)]
+
+
 def exercise_names(notebook) -> list[str]:
     """The exercises a notebook's code cells check (solution cells aside), in order of first appearance."""
     names = []
     for cell in notebook.cells:
         if cell.cell_type == "code" and "solution" not in cell.metadata.get("tags", []):
-            names += [n for n in CHECK_CALL.findall(cell.source) if n in exercises.EXERCISES and n not in names]
+            names += [n for n in checked(cell.source) if n in exercises.EXERCISES and n not in names]
     return names
 
 
@@ -102,27 +124,29 @@ def editions(folder: Path = TEACHER) -> dict[str, Edition]:
         edition = Edition(path.stem, path.name[:2], cells, exercises.exercises_of(path.name[:2]))
         for name in exercise_names(notebook):
             edition.checks[name] = next(i for i, c in enumerate(notebook.cells) if c.cell_type == "code" and
-                                        "solution" not in c.metadata.get("tags", []) and name in
-                                        CHECK_CALL.findall(c.source))
+                                        "solution" not in c.metadata.get("tags", []) and name in checked(c.source))
         if list(edition.checks) != [e.name for e in edition.roster]:
             raise RuntimeError(f"{path}: its check cells ({list(edition.checks)}) differ from the registered "
                                f"exercises of {edition.number} ({[e.name for e in edition.roster]})")
         predicted = set(literal_assignments([c for c in cells if "prediction" in c["tags"]
                                              and "solution" not in c["tags"]]))
         for name, index in edition.checks.items():
-            edition.predictions[name] = {at: variable for at, variable in enumerate(_names_passed_to_check(
-                cells[index]["source"], name)) if variable in predicted}
+            edition.predictions[name] = {parameter: variable for parameter, variable in _names_passed_to_check(
+                cells[index]["source"], name).items() if variable in predicted}
         found[edition.number] = edition
     return found
 
 
-def _names_passed_to_check(source: str, name: str) -> list[str | None]:
-    """The variables passed, by position after the name, to ``exercises.check("name", ...)`` in ``source``."""
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) and \
-                node.args[0].value == name:
-            return [arg.id if isinstance(arg, ast.Name) else None for arg in node.args[1:]]
-    return []
+def _names_passed_to_check(source: str, name: str) -> dict[str, str | None]:
+    """The variables passed to ``exercises.check("name", ...)`` in ``source``, by the checker's parameter they
+    bind to (by position or by keyword)."""
+    parameters = list(inspect.signature(exercises.EXERCISES[name].checker).parameters)
+    for call in check_calls(source):
+        if _checked_name(call) == name:
+            passed = dict(zip(parameters, call.args[1:]))     # args[0] is the name, unless given as name=
+            passed.update({k.arg: k.value for k in call.keywords if k.arg not in (None, "name")})
+            return {parameter: value.id if isinstance(value, ast.Name) else None for parameter, value in passed.items()}
+    return {}
 
 
 def literal_assignments(cells: list[dict]) -> dict:
@@ -196,11 +220,34 @@ def identify(path: Path, cells: list[dict] | None, known: dict[str, Edition]) ->
     return known[best] if best is not None and counts[best] >= 3 else None
 
 
+def defined_in_check_cells(edition: Edition, cells: list[dict]) -> dict[str, list[str]]:
+    """Per exercise, the names a submission's own check cells define that the teacher's check cell of that
+    exercise passes: an answer written inside a check cell, which :func:`restore` drops with the cell."""
+    lost: dict[str, list[str]] = {}
+    for cell in cells:
+        names = set(checked(cell["source"])) & set(edition.checks) if cell["cell_type"] == "code" else set()
+        if not names:
+            continue
+        defined = _defined(cell["source"])
+        for name in names:
+            used = set(_names_passed_to_check(edition.cells[edition.checks[name]]["source"], name).values())
+            lost.setdefault(name, []).extend(sorted(defined & used))
+    return lost
+
+
+def _defined(source: str) -> set[str]:
+    """The names a cell's top level binds (functions, classes, assignments)."""
+    tree = ast.parse(source)
+    names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
+    return names | {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
+                    if isinstance(target, ast.Name)}
+
+
 def restore(edition: Edition, cells: list[dict]) -> list[dict]:
     """The submission with its check cells replaced by the teacher's (see the module doc, step 2). Each
     restored check cell carries ``"checks": name``."""
     names = set(edition.checks)
-    kept = [c for c in cells if not (c["cell_type"] == "code" and set(CHECK_CALL.findall(c["source"])) & names)]
+    kept = [c for c in cells if not (c["cell_type"] == "code" and set(checked(c["source"])) & names)]
     check_cells = set(edition.checks.values())
     # Anchors: the teacher's other cells, matched in order to the submission's unchanged ones.
     position, matched = 0, {}
@@ -233,8 +280,9 @@ class Row:
     exercise: str
     points: float
     max_points: float
-    status: str                             # exercises.PASSED, PARTLY, FAILED or NOT_DONE
+    status: str                             # exercises.PASSED, PARTLY, FAILED, NOT_DONE or NEEDS_FULL
     message: str
+    code: str = ""                          # the mistake's stable code (exercises.Wrong.code), "" when none
 
 
 @dataclass
@@ -347,6 +395,7 @@ class Grader:
             return
         submission.cells = restore(edition, cells)
         submission.written = written_answers(edition, cells)
+        lost = defined_in_check_cells(edition, cells)
         predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
                                            c.get("tags", ())])
         answers, channel = None, None
@@ -364,9 +413,15 @@ class Grader:
         if not isinstance(answers, dict):
             answers = None
         for exercise in edition.roster:
-            predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
-                         for at, variable in edition.predictions.get(exercise.name, {}).items()}
-            submission.rows.append(self._judge(exercise, answers, channel, submission.problem, predicted))
+            predicted = {parameter: (variable, predictions.get(variable, NOT_RECORDED))
+                         for parameter, variable in edition.predictions.get(exercise.name, {}).items()}
+            row = self._judge(exercise, answers, channel, submission.problem, predicted)
+            if row.status != exercises.PASSED and lost.get(exercise.name):
+                row.code = "answer-in-check-cell"
+                row.message += (f"\n    note: your check cell also defined {', '.join(lost[exercise.name])}; the "
+                                f"grader replaces every check cell with the teacher's, so that definition was not "
+                                f"run. Move it into a cell of its own above the check cell.")
+            submission.rows.append(row)
 
     def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
@@ -396,39 +451,52 @@ class Grader:
         return f"{len(errors)} cell(s) raised, first {errors[0]}" if errors else ""
 
     def _judge(self, exercise, answers: dict | None, channel, problem: str, predicted: dict) -> Row:
-        """``predicted``: the experiment's predictions as its prediction cell wrote them, by argument position
-        (variable, value)."""
+        """``predicted``: the experiment's predictions as its prediction cell wrote them, by the checker's
+        parameter: (variable, value)."""
         name, points = exercise.name, exercise.points
         if answers is None:
-            return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}")
+            return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}",
+                       "not-graded")
         answer = answers.get(name)
         if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], (tuple, list))
                 and isinstance(answer[1], dict) and all(isinstance(k, str) for k in answer[1])):
             why = f" ({problem})" if problem else ""
-            return Row(name, 0, points, exercises.FAILED, f"no answer: its check cell did not run{why}")
+            return Row(name, 0, points, exercises.FAILED, f"no answer: its check cell did not run{why}", "no-answer")
         if not channel.worker.alive:
             return Row(name, 0, points, exercises.FAILED,
-                       "not graded: the worker ended while an earlier exercise was checked")
+                       "not graded: the worker ended while an earlier exercise was checked", "not-graded")
         channel.forbidden = exercises.LIBRARY.get(name, ())
         missing = [variable for variable, value in predicted.values() if value is NOT_RECORDED]
         if missing:
             return Row(name, 0, points, exercises.FAILED, f"no recorded prediction: the grader reads {missing[0]} "
                        f"from your cell tagged 'prediction', as a literal value (a number, True/False, a name or a "
-                       f"dict of them) written before the run; keep that cell and its tag")
-        arguments = [predicted[at][1] if at in predicted else value for at, value in enumerate(answer[0])]
-        status, message, earned = exercises.verdict(name, *arguments, **answer[1])
-        return Row(name, earned, points, status, message)
+                       f"dict of them) written before the run; keep that cell and its tag", "no-recorded-prediction")
+        arguments, options = list(answer[0]), dict(answer[1])
+        try:        # the recorded prediction replaces what the call passed, by position or by keyword alike
+            bound = inspect.signature(exercise.checker).bind(*arguments, **options)
+        except TypeError:
+            pass    # a call the checker cannot take: the verdict says so
+        else:
+            bound.arguments.update({parameter: value for parameter, (_, value) in predicted.items()})
+            arguments, options = list(bound.args), dict(bound.kwargs)
+        result = exercises.verdict(name, *arguments, **options)
+        return Row(name, result[2], points, result[0], result[1], result.code)
 
 
 def written_answers(edition: Edition, cells: list[dict]) -> list[Written]:
-    """The submission's answer to each written question of the teacher's edition, found by its rubric tag."""
-    found = {}
+    """The submission's answer to each written question of the teacher's edition, found by its rubric tag; one
+    that still holds the teacher's prompt unchanged is flagged "not answered"."""
+    found, prompts = {}, {}
     for cell in cells:
         if "written" in cell.get("tags", ()):
             for rubric in _rubrics(cell):
                 found.setdefault(rubric, cell["source"].strip())
-    return [Written(rubric, found[rubric]) if rubric in found else
-            Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
+    for cell in edition.cells:
+        if "written" in cell["tags"] and "solution" not in cell["tags"]:
+            prompts.update({rubric: _same(cell["source"]) for rubric in _rubrics(cell)})
+    return [(Written(rubric, found[rubric], gradebook.NOT_ANSWERED if _same(found[rubric]) == prompts.get(rubric)
+                     else "") if rubric in found else
+             Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)"))
             for rubric in edition.rubrics]
 
 
@@ -464,56 +532,6 @@ def table(graded: list[Submission]) -> str:
     return "\n".join(lines)
 
 
-def _write_atomically(path: Path, text: str) -> None:
-    """Write whole or not at all, readable by the grader's user only (grades are personal)."""
-    descriptor, partial = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(descriptor, "w", newline="") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(partial, path)
-    except BaseException:
-        Path(partial).unlink(missing_ok=True)
-        raise
-
-
-def csv_message(row) -> str:
-    """The row's message, opening with its verdict (passed, partly right, failed or not done yet)."""
-    return row.message if row.message.startswith(row.status) else f"{row.status}: {row.message}"
-
-
-def write_csv(graded: list[Submission], path: str | os.PathLike) -> None:
-    """One row per exercise of every submission: ``student,notebook,exercise,points,max_points,passed,message``
-    (``passed`` is 1 for a verdict of "passed", else 0; partial credit shows in ``points``)."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(COLUMNS)
-    for submission in graded:
-        for row in submission.rows:
-            writer.writerow([submission.student, submission.notebook, row.exercise, f"{row.points:g}",
-                             f"{row.max_points:g}", int(row.status == exercises.PASSED), csv_message(row)])
-    _write_atomically(Path(path), buffer.getvalue())
-
-
-def written_path(csv_path: str | os.PathLike) -> Path:
-    """Where the written answers go: beside the CSV of grades, ``grades.csv`` -> ``grades-written.csv``."""
-    path = Path(csv_path)
-    return path.with_name(f"{path.stem}-written.csv")
-
-
-def write_written(graded: list[Submission], path: str | os.PathLike) -> None:
-    """One row per written question of every submission: ``student,notebook,rubric,answer,problem``."""
-    buffer = io.StringIO()
-    writer = csv.writer(buffer)
-    writer.writerow(WRITTEN_COLUMNS)
-    for submission in graded:
-        for written in submission.written:
-            writer.writerow([submission.student, submission.notebook, written.rubric, written.answer,
-                             written.problem])
-    _write_atomically(Path(path), buffer.getvalue())
-
-
 def write_feedback(submission: Submission, folder: Path) -> Path:
     """The executed notebook with the grader's verdict (a markdown cell) under each exercise's check cell,
     after a first cell with the total and what stopped the run (alone when the file could not be run)."""
@@ -530,7 +548,7 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
             cells.append({"cell_type": cell["cell_type"], "metadata": {}, "source": cell["source"]})
         row = rows.get(cell.get("checks"))
         if row is not None:
-            mark = {exercises.PASSED: "✓", exercises.PARTLY: "±"}.get(row.status, "✗")
+            mark = {exercises.PASSED: "✓", exercises.PARTLY: "±", exercises.NEEDS_FULL: "?"}.get(row.status, "✗")
             message = "\n".join(f"    {line}" for line in row.message.splitlines())
             cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
                           f"**Grader · {row.exercise}: {mark} {row.points:g} / {row.max_points:g}**\n\n{message}\n"})
@@ -543,7 +561,7 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
     target = folder / submission.student / (submission.path.name if submission.path.suffix == ".ipynb"
                                              else f"{submission.path.name}.ipynb")
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    _write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
+    gradebook.write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
     return target
 
 
@@ -585,17 +603,40 @@ def worker_env() -> dict[str, str]:
     return env
 
 
+def references(path: Path = REFERENCES) -> dict:
+    """The teacher's reference measurements, by mode and experiment (see ``exercises.helpers._measurement``)."""
+    if not path.is_file():
+        raise FileNotFoundError(f"the teacher's edition has no reference measurements ({path}): run `make notebooks` "
+                                f"once, which records them")
+    return json.loads(path.read_text())
+
+
 def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600, jobs: int | None = None,
-          feedback: str | os.PathLike | None = None) -> list[Submission]:
-    """Grade every submission named (files or folders), print the table, write the CSV and feedback if asked."""
+          feedback: str | os.PathLike | None = None, overwrite: bool = False) -> list[Submission]:
+    """Grade every submission named (files or folders), print the table, write the CSV and feedback if asked.
+    With a CSV, the gradebook beside it too (:mod:`minidape.gradebook`), under the CSV's lock; an earlier
+    batch's CSV is replaced only with ``overwrite`` (the teacher's marks for unchanged written answers kept)."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds; got {timeout}")
     jobs = os.cpu_count() or 1 if jobs is None else jobs
     if not 1 <= jobs <= 127:
         raise ValueError(f"--jobs must be between 1 and 127; got {jobs}")
     check_output_paths(csv_path, feedback)
+    if csv_path is None:
+        return _grade(paths, None, timeout, jobs, feedback, {})
+    with gradebook.held(csv_path, overwrite) as entered:
+        graded = _grade(paths, csv_path, timeout, jobs, feedback, entered)
+        written = gradebook.gradebook(csv_path)
+    print(f"wrote {csv_path}, the written answers to {written_path(csv_path)} (fill in their points column, then "
+          f"grade --gradebook {csv_path}), and {', '.join(map(str, written))}")
+    return graded
+
+
+def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) -> list[Submission]:
+    known = editions()
+    measured = references()
     todo = submissions(paths)
-    grader = Grader(editions(), sandbox.isolation(), _hidden(paths, csv_path, feedback), worker_env(), timeout)
+    grader = Grader(known, sandbox.isolation(), _hidden(paths, csv_path, feedback), worker_env(), timeout)
     if grader.level in sandbox.WARNINGS:
         print(f"warning: {sandbox.WARNINGS[grader.level]}", file=sys.stderr)
     with grader.start(255) as probe:        # a worker that cannot start is this machine's problem, not a student's
@@ -623,25 +664,26 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
                           f"{submission.max_points:g} ({submission.seconds:.1f} s)", flush=True)
                     if csv_path is not None:
                         write_csv([done[i] for i in sorted(done)], csv_path)
-                        write_written([done[i] for i in sorted(done)], written_path(csv_path))
+                        write_written([done[i] for i in sorted(done)], written_path(csv_path), entered)
                     if feedback is not None:
                         write_feedback(submission, Path(feedback))
         finally:
             ready.close()
 
     # The workers run the students' modules on the CPU and hand back CPU tensors: so do the checks here
-    # (exercises.framework.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers).
-    device, exercises.framework.CHECK_DEVICE = exercises.framework.CHECK_DEVICE, "cpu"
+    # (exercises.framework.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers), and
+    # experiments are judged against the teacher's reference measurements (a notebook uses its own run).
+    framework = exercises.framework
+    saved = framework.CHECK_DEVICE, framework.references
+    framework.CHECK_DEVICE, framework.references = "cpu", measured
     try:
         with ThreadPoolExecutor(max_workers=min(jobs, len(todo))) as pool:
             for future in [pool.submit(work, slot) for slot in range(min(jobs, len(todo)))]:
                 future.result()
     finally:
-        exercises.framework.CHECK_DEVICE = device
+        framework.CHECK_DEVICE, framework.references = saved
     graded = [done[i] for i in sorted(done)]
     print(table(graded))
-    if csv_path is not None:
-        print(f"wrote {csv_path} and the written answers to {written_path(csv_path)}")
     return graded
 
 

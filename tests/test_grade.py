@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from minidape import exercises, grade, sandbox
+from minidape import exercises, grade, gradebook, sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -254,12 +254,13 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
     with open(grade.written_path(out)) as file:
         written = list(csv.DictReader(file))
     (question,) = [c["source"].strip() for c in EDITIONS["02"].cells if "rubric:shift_growth" in c["tags"]]
-    assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [("shift_growth", question, "")] * 2
+    assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [
+        ("shift_growth", question, gradebook.NOT_ANSWERED)] * 2
 
 
 def test_predictions_are_the_literals_of_the_prediction_cells():
     assert EDITIONS["02"].predictions == {"square_quadratic_form": {}, "find_shift": {},
-                                          "shift_growth": {0: "shift_prediction"}, "kerple_log_bias": {}}
+                                          "shift_growth": {"prediction": "shift_prediction"}, "kerple_log_bias": {}}
     assert grade.literal_assignments(cells("a = 1\nb = {'x': True}", "a = 2.5\nc = a + 1", "b = f()", "(")) == {
         "a": 2.5}
 
@@ -272,10 +273,10 @@ def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_
     exercise = exercises.EXERCISES["shift_growth"]
     measured = {"triangle": 256.0, "log": 8.0}
     answers = {"shift_growth": ((measured, measured), {})}       # the prediction overwritten by the measurement
-    row = judge(exercise, answers, channel, "", {0: ("shift_prediction", {"triangle": 1.0, "log": 1.0})})
+    row = judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", {"triangle": 1.0, "log": 1.0})})
     assert (row.status, row.points) == ("passed", 1) and "outside a factor of 2" in row.message
-    assert judge(exercise, answers, channel, "", {0: ("shift_prediction", measured)}).points == 3
-    row = judge(exercise, answers, channel, "", {0: ("shift_prediction", grade.NOT_RECORDED)})
+    assert judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", measured)}).points == 3
+    row = judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", grade.NOT_RECORDED)})
     assert (row.status, row.points) == ("failed", 0) and "tagged 'prediction'" in row.message
 
 
