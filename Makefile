@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
-.PHONY: demo test test-unit test-gpu test-notebooks notebooks student lab bench clean
+.PHONY: demo test test-unit test-gpu test-notebooks notebooks student lab handout bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -75,6 +75,11 @@ lab: $(STAMP)
 	@if [ ! -d student ]; then $(MAKE) --no-print-directory student; fi
 	$(BIN)/jupyter lab student/
 
+# What a teacher hands out (never the repository, which holds the worked solutions): handout/ with the student
+# edition of NOTEBOOKS, the package as a wheel and a README for students. Refuses to replace an existing handout/.
+handout: $(STAMP)
+	$(BIN)/python -m minidape handout handout $(if $(HANDOUT),--notebooks $(HANDOUT))
+
 # Execute every notebook in full mode (in its own folder) and write the committed .ipynb beside its source; then
 # once more in quick mode (output thrown away). Both runs record the reference measurements of the experiments
 # on the notebooks' trained models in notebooks/references.json, which the grader judges experiments against.
@@ -93,4 +98,4 @@ bench: $(STAMP)
 	$(BIN)/python -m minidape bench
 
 clean:
-	rm -rf $(VENV) $(NBTEST) $(NBTEST)-student student runs
+	rm -rf $(VENV) $(NBTEST) $(NBTEST)-student student runs handout

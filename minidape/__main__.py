@@ -260,6 +260,13 @@ def build_parser() -> argparse.ArgumentParser:
     grade.add_argument("--feedback", metavar="DIR",
                        help="write DIR/<student>/<notebook>.ipynb: the executed notebook with the grader's "
                             "verdict under each exercise and a note under each written answer")
+    handout = add_command(commands, "handout", help="write what a teacher hands out: the student edition and a wheel",
+                          description="From a checkout: OUT/notebooks/NN_topic.ipynb (the student edition: no "
+                                      "solution cells, no outputs), the package as a wheel, and a README for "
+                                      "students. Refused if any line of a worked solution would be in it.")
+    handout.add_argument("out", metavar="OUT", help="a new (or empty) folder")
+    handout.add_argument("--notebooks", nargs="+", metavar="NN", help="only these notebooks, e.g. 03 04 "
+                                                                      "(default: all)")
     return parser
 
 

@@ -182,6 +182,13 @@ def compare_command(args: argparse.Namespace) -> None:
             allow_leakage=args.allow_leakage)
 
 
+def handout_command(args: argparse.Namespace) -> None:
+    from .handout import handout
+    out = handout(args.out, args.notebooks)
+    print(f"wrote the hand-out to {out}: {len(list(out.glob('notebooks/*.ipynb')))} notebooks, "
+          f"{next(out.glob('*.whl')).name}, README.md")
+
+
 def grade_command(args: argparse.Namespace) -> None:
     from . import gradebook
     from .grade import grade
@@ -206,4 +213,5 @@ def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:
 
 
 COMMANDS = {"demo": demo_command, "train": train_command, "eval": eval_command, "che": che_command,
-            "reproduce": reproduce_command, "compare": compare_command, "grade": grade_command}
+            "reproduce": reproduce_command, "compare": compare_command, "grade": grade_command,
+            "handout": handout_command}

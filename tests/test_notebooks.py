@@ -4,6 +4,8 @@ The .py (jupytext py:percent) is the source; the committed .ipynb is the same no
 (`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, quick mode).
 """
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import jupytext
@@ -11,7 +13,7 @@ import nbformat
 import pytest
 
 from minidape import exercises
-from minidape.grade import exercise_names
+from minidape.grade import checked, exercise_names
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
@@ -170,3 +172,100 @@ def test_written_answer_cells_name_a_rubric_of_the_teachers_guide(source):
         rubrics = [tag[len("rubric:"):] for tag in cell.metadata["tags"] if tag.startswith("rubric:")]
         assert len(rubrics) == 1, f"{source.name}: a written cell needs one `rubric:<id>` tag, has {rubrics}"
         assert f"`rubric:{rubrics[0]}`" in guide, f"docs/teaching.md has no rubric `rubric:{rubrics[0]}`"
+
+
+# ------------------------------------------------------------------------ lint: mistakes a reader would trip on
+# Each rule is a function returning what it finds, run on every notebook source (any future notebook included)
+# and on a small notebook that makes the mistake, so that each rule is seen to fail.
+
+REPO = NOTEBOOKS.parent
+FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.(?:md|py|ipynb|json|txt|csv|png|pt|gz|toml))\b")
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]{8,}?\$", re.S)
+
+
+def markdown_in_code(notebook):
+    """Code cells holding a markdown-looking comment block: a heading (`# ## ...`) or a bare `#` line, what a
+    missing `# %% [markdown]` marker leaves behind."""
+    return [line for cell in code_cells(notebook) for line in cell.source.splitlines()
+            if re.match(r"#\s?#{1,6}\s", line) or line.strip() == "#"]
+
+
+def missing_files(notebook):
+    """File names a cell mentions that exist nowhere: not in the repository, and not in minidape's source (the
+    files its commands write, the authors' files it cites)."""
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
+    known = set(tracked) | {Path(path).name for path in tracked}
+    package = "\n".join(path.read_text() for path in (REPO / "minidape").rglob("*.py"))
+    return [name for cell in notebook.cells for name in FILE_NAME.findall(cell.source)
+            if name not in known and Path(name).name not in known and name not in package]
+
+
+def answers_after_checks(notebook):
+    """In the student edition, a derive exercise's answer stated after its check: display math or a "closed
+    form" in the markdown right after the check cell; and anywhere, a formula of a worked answer (an equation
+    or inequality in $...$)."""
+    kept = student_edition(notebook)
+    derive = {e.name for e in exercises.EXERCISES.values() if e.kind == "derive"}
+    found = []
+    for index, cell in enumerate(kept):
+        if cell.cell_type != "code" or not set(checked(cell.source)) & derive:
+            continue
+        for after in kept[index + 1:]:
+            if after.cell_type != "markdown" or re.match(r"#+ ", after.source):
+                break
+            found += [f"after {checked(cell.source)}: {text[:60]}" for text in re.findall(r"\$\$.+?\$\$", after.source,
+                                                                                        re.S)]
+            found += [f"after {checked(cell.source)}: closed form"] if "closed form" in after.source.lower() else []
+    worked = {span for cell in notebook.cells if is_solution(cell) and cell.cell_type == "markdown"
+              for span in MATH.findall(cell.source) if re.search(r"=|\\[lg]e\b|\\approx", span)}   # a statement
+    found += [f"a worked answer's formula: {span[:60]}" for cell in kept for span in MATH.findall(cell.source)
+              if span in worked]
+    return found
+
+
+LINT = {"markdown in a code cell": markdown_in_code, "a file that does not exist": missing_files,
+        "an answer after its check": answers_after_checks}
+
+
+@pytest.mark.parametrize("rule", LINT)
+@pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
+def test_the_notebook_passes_the_lint(source, rule):
+    assert LINT[rule](jupytext.read(source)) == [], f"{source.name}: {rule}"
+
+
+LINTED_MISTAKES = '''# %% [markdown]
+# ### Exercise (derive)
+
+# %%
+def square_quadratic_form(x, c):
+    exercises.todo()
+
+# %% tags=["solution"]
+def square_quadratic_form(x, c):
+    return 2 * (c @ x).item() ** 2
+
+# %%
+exercises.check("square_quadratic_form", square_quadratic_form)
+
+# %% [markdown]
+# The closed form is $$c^T K c = 2 (\\sum_i c_i x_i)^2$$, see DESIGN.md.
+
+# %% [markdown] tags=["solution"]
+# **Worked answer.** It is $2(\\sum_i c_i x_i)^2 \\ge 0$.
+
+# %%
+plt.show()
+#
+# ## 4. A heading that lost its marker
+#
+# and the text that follows it: $2(\\sum_i c_i x_i)^2 \\ge 0$
+'''
+
+
+def test_each_lint_rule_finds_its_mistake():
+    notebook = jupytext.reads(LINTED_MISTAKES, fmt="py:percent")
+    assert markdown_in_code(notebook) == ["#", "# ## 4. A heading that lost its marker", "#"]
+    assert missing_files(notebook) == ["DESIGN.md"]
+    found = answers_after_checks(notebook)
+    assert len([f for f in found if f.startswith("after")]) == 2                 # the display math, "closed form"
+    assert found[-1] == "a worked answer's formula: $2(\\sum_i c_i x_i)^2 \\ge 0$"

@@ -28,10 +28,12 @@ def dape_cost(your_function):
     draw = partial(_draw, generator)
     for variant in ("dape", "dape_concat", "dape_add"):
         h, W, batch, T = draw(2, 17), draw(3, 65), draw(1, 9), draw(8, 600)
-        n_in = h if variant == "dape_add" else 2 * h
         cfg = _config(n_head=h, n_embd=4 * h, refiner=variant, refiner_width=W)
-        params = sum(p.numel() for p in REFINER_REGISTRY[variant](cfg).parameters())
-        macs = batch * T * T * (n_in * W + W * h)
+        refiner = REFINER_REGISTRY[variant](cfg)
+        params = sum(p.numel() for p in refiner.parameters())
+        layers = [m for m in refiner.modules() if isinstance(m, torch.nn.Linear)]
+        n_in = layers[0].in_features                            # what f reads per cell
+        macs = batch * T ** 2 * sum(layer.weight.numel() for layer in layers)   # one MAC per weight per cell
         answer = _given(your_function, "dape_cost")(variant, h, W, batch, T)
         if not (isinstance(answer, (tuple, list)) and len(answer) == 2):
             raise Wrong(f"dape_cost should return a pair (parameters, MACs), got {answer!r}")

@@ -43,7 +43,8 @@ def receptive_keys(your_function):
         refiner = REFINER_REGISTRY["conv"](cfg)
         scores, _, mask = _refiner_inputs(cfg, 1, 16, generator)
         scores.requires_grad_(True)
-        refiner(scores, None, mask)[0, 0, i, j].backward()
+        refined = refiner(scores, None, mask)                  # (1, h, 16, 16)
+        refined[0, 0, i, j].backward()
         want = scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
         got = _keys(_given(your_function, "receptive_keys")(i, j, kernel))
         if got == want:
