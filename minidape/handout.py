@@ -67,6 +67,16 @@ def solution_lines(notebook) -> set[str]:
     return lines
 
 
+def copyable_lines(sources) -> set[str]:
+    """The solution lines of the notebooks ``sources`` that no student-edition cell of any of them shows anyway
+    (a generic line, such as a causal mask, that a worked solution shares with another notebook's text)."""
+    import jupytext
+    notebooks = [jupytext.read(source) for source in sources]
+    shown = {line.split("  #")[0].strip() for notebook in notebooks for cell in notebook.cells
+             if not is_solution(cell) for line in cell.source.splitlines()}
+    return set().union(*(solution_lines(notebook) for notebook in notebooks)) - shown
+
+
 def student_notebook(notebook):
     """The student edition of a teacher's notebook: its solution cells removed and no outputs."""
     import nbformat
@@ -184,15 +194,12 @@ def handout(out, numbers=None, course: str = "minidape") -> Path:
     partial = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent.resolve()))
     try:
         (partial / "notebooks").mkdir()
-        lines = set()
         for source in sources:
-            notebook = jupytext.read(source)
-            lines |= solution_lines(notebook)
-            nbformat.write(student_notebook(notebook), partial / "notebooks" / f"{source.stem}.ipynb")
+            nbformat.write(student_notebook(jupytext.read(source)), partial / "notebooks" / f"{source.stem}.ipynb")
         wheel = build_wheel(partial)
         (partial / "README.md").write_text(STUDENT_README.format(
             course=course, wheel=wheel.name, names=", ".join(source.stem for source in sources)))
-        found = leaks(partial, lines)
+        found = leaks(partial, copyable_lines(teacher_notebooks()))
         if found:
             raise RuntimeError(f"the hand-out would hold lines of worked solutions: {found[:3]}")
         if out.exists():

@@ -13,7 +13,6 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-import jupytext
 import nbformat
 import pytest
 
@@ -37,10 +36,7 @@ def made(tmp_path_factory):
 
 
 def all_solution_lines():
-    lines = set()
-    for source in handout.teacher_notebooks():
-        lines |= handout.solution_lines(jupytext.read(source))
-    return lines
+    return handout.copyable_lines(handout.teacher_notebooks())
 
 
 def test_the_handout_holds_no_solution_line_and_no_teacher_file(made):

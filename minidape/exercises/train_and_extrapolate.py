@@ -16,7 +16,7 @@ def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
     predicted = _prediction(prediction, "rope_breaks (your prediction)")
     measured = _number(measured_ratio, "rope_ratio (your measurement)")
     yours = last_k["rope"][longest] / last_k["rope"][train_length]
-    if abs(measured - 1 / yours) <= 1e-6 / yours:
+    if abs(measured - yours) > 1e-6 * yours and abs(measured - 1 / yours) <= 1e-6 / yours:
         raise Wrong(f"your ratio {measured:.4g} is upside down", hint="divide the perplexity at the longest length "
                     "by the one at the training length")
     if abs(measured - yours) > 1e-6 * yours:
