@@ -1,0 +1,278 @@
+"""The gradebook beside grade's CSV (minidape/gradebook.py), and the grader's rules that feed it: check calls found
+in the syntax tree, predictions bound by parameter name, answers defined inside a check cell, unchanged written
+prompts, the CSV's lock and no silent replacement of an earlier batch.
+
+Gradescope's autograder format (https://gradescope-autograders.readthedocs.io/en/latest/specs/): the fields of
+results.json and of each test, as published there.
+"""
+import csv
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from minidape import exercises, grade, gradebook, sandbox
+
+ROOT = Path(__file__).resolve().parents[1]
+EDITIONS = grade.editions()
+GRADESCOPE_TOP = {"score", "execution_time", "output", "output_format", "test_output_format", "test_name_format",
+                  "visibility", "stdout_visibility", "extra_data", "tests", "leaderboard"}
+GRADESCOPE_TEST = {"score", "max_score", "status", "name", "name_format", "number", "output", "output_format",
+                   "tags", "visibility", "extra_data"}
+
+
+def submission(student, notebook, rows, written=()):
+    return grade.Submission(student, Path(f"{notebook}.ipynb"), notebook, rows=list(rows), written=list(written))
+
+
+def rows_of(path):
+    with open(path, newline="") as file:
+        return list(csv.DictReader(file))
+
+
+# ------------------------------------------------------------------------------------------ spreadsheets
+
+
+def test_every_field_is_neutralised_for_spreadsheets(tmp_path):
+    hostile = submission("=HYPERLINK(\"http://x\")", "02_kerple_cpd_kernels", [
+        grade.Row("find_shift", 0, 2, exercises.FAILED, "-1 is not a shift", "code")],
+        [grade.Written("shift_growth", "@SUM(A1:A9)"), grade.Written("shift_growth", "+cmd|' /C calc'!A0")])
+    out = tmp_path / "grades.csv"
+    gradebook.write_csv([hostile], out)
+    gradebook.write_written([hostile], gradebook.written_path(out))
+    (row,) = rows_of(out)
+    assert row["student"] == "'=HYPERLINK(\"http://x\")" and row["points"] == "0"
+    assert row["message"].startswith("failed")            # the verdict opens it: nothing to escape there
+    written = rows_of(gradebook.written_path(out))
+    assert [w["answer"] for w in written] == ["'@SUM(A1:A9)", "'+cmd|' /C calc'!A0"]
+    for text in ("=1+2", "+1", "-1", "@x", "\tx", "\rx"):
+        assert gradebook.spreadsheet_safe(text) == "'" + text
+    assert gradebook.spreadsheet_safe("ann") == "ann" and gradebook.spreadsheet_safe(-1.5) == "-1.5"
+
+
+# ---------------------------------------------------------------------- totals, summary, marks, export
+
+
+def batch(tmp_path):
+    """Two students of notebook 02, graded: ann right but one mistake, bob the same mistake and an empty answer."""
+    wrong = "not yet right: for 3 random points ... one doubling too many"
+    graded = [submission("ann", "02_kerple_cpd_kernels", [
+                  grade.Row("square_quadratic_form", 2, 2, exercises.PASSED, "passed, 2 of 2 points"),
+                  grade.Row("find_shift", 0, 2, exercises.FAILED, wrong, "one-doubling-too-many")],
+                  [grade.Written("shift_growth", "c grows linearly for the triangle")]),
+              submission("bob", "02_kerple_cpd_kernels", [
+                  grade.Row("square_quadratic_form", 0, 2, exercises.NOT_DONE, "not done yet", "not-done"),
+                  grade.Row("find_shift", 0, 2, exercises.FAILED, wrong.replace("3", "17"), "one-doubling-too-many")],
+                  [grade.Written("shift_growth", "**Your answer** ...", gradebook.NOT_ANSWERED)]),
+              submission("bob", "06_your_own_bias", [
+                  grade.Row("best_run", 0, 2, exercises.NEEDS_FULL, "not judged in quick mode", "needs-full-mode")])]
+    out = tmp_path / "grades.csv"
+    gradebook.write_csv(graded, out)
+    gradebook.write_written(graded, gradebook.written_path(out))
+    return graded, out
+
+
+def test_totals_summary_and_written_marks_folded_in_without_grading(tmp_path):
+    graded, out = batch(tmp_path)
+    gradebook.gradebook(out)
+    totals = {row["student"]: row for row in rows_of(gradebook.sibling(out, "totals"))}
+    assert totals["ann"]["02_kerple_cpd_kernels"] == "2" and totals["ann"]["total"] == "2"
+    assert totals["ann"]["max_total"] == "6" and totals["ann"]["written_to_mark"] == "1"
+    assert totals["bob"]["06_your_own_bias"] == "0" and totals["bob"]["not_judged"] == "1"
+    assert totals["ann"]["06_your_own_bias"] == ""                 # ann handed in no 06
+    summary = {row["exercise"]: row for row in rows_of(gradebook.sibling(out, "summary"))}
+    assert summary["find_shift"]["common_mistakes"] == "one-doubling-too-many (2)"
+    assert summary["square_quadratic_form"]["mean_points"] == "1" and summary["find_shift"]["share_passed"] == "0"
+    assert summary["best_run"]["judged"] == "0" and summary["rubric:shift_growth"]["common_mistakes"] == \
+        "not-answered (1)"
+    # the teacher marks ann's written answer; the gradebook is rebuilt from the files, nothing graded again
+    written = rows_of(gradebook.written_path(out))
+    written[0]["points"] = "1.5"
+    with open(gradebook.written_path(out), "w", newline="") as file:
+        writer = csv.DictWriter(file, gradebook.WRITTEN_COLUMNS)
+        writer.writeheader()
+        writer.writerows(written)
+    done = subprocess.run([sys.executable, "-m", "minidape", "grade", "--gradebook", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    totals = {row["student"]: row for row in rows_of(gradebook.sibling(out, "totals"))}
+    assert totals["ann"]["total"] == "3.5" and totals["ann"]["written_to_mark"] == "0"
+    summary = {row["exercise"]: row for row in rows_of(gradebook.sibling(out, "summary"))}
+    assert summary["rubric:shift_growth"]["mean_points"] == "1.5"
+
+
+def test_a_mark_outside_the_rubric_is_one_line_and_exit_2(tmp_path):
+    _, out = batch(tmp_path)
+    text = gradebook.written_path(out).read_text().replace(",,2\n", ",7,2\n", 1)
+    gradebook.written_path(out).write_text(text)
+    done = subprocess.run([sys.executable, "-m", "minidape", "grade", "--gradebook", str(out)], capture_output=True,
+                          text=True, timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "outside 0 .. 2" in done.stderr
+
+
+def test_the_gradescope_export_uses_the_published_field_names(tmp_path):
+    _, out = batch(tmp_path)
+    gradebook.gradebook(out)
+    files = sorted(gradebook.sibling(out, "gradescope").rglob("results.json"))
+    assert [f.relative_to(gradebook.sibling(out, "gradescope")).parts[:2] for f in files] == [
+        ("02_kerple_cpd_kernels", "ann"), ("02_kerple_cpd_kernels", "bob"), ("06_your_own_bias", "bob")]
+    results = json.loads(files[0].read_text())
+    assert set(results) <= GRADESCOPE_TOP and {"score", "tests"} <= set(results)
+    assert results["score"] == 2
+    for test in results["tests"]:
+        assert set(test) <= GRADESCOPE_TEST and {"name", "score", "max_score", "output"} <= set(test)
+        assert test["status"] in ("passed", "failed")
+    assert [t["name"] for t in results["tests"]] == ["square_quadratic_form", "find_shift",
+                                                     "written answer (rubric:shift_growth)"]
+
+
+# ---------------------------------------------------------------------------- the lock, no overwrite
+
+
+def test_a_second_run_into_the_same_csv_is_refused_naming_the_holder(tmp_path):
+    out = tmp_path / "grades.csv"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom minidape import gradebook\n"
+        f"with gradebook.held({str(out)!r}, overwrite=False):\n    print('held', flush=True)\n    time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ValueError, match=f"another grade run \\(pid {holder.pid} on "):
+            with gradebook.held(out, overwrite=False):
+                pass
+    finally:
+        holder.kill()
+        holder.wait()
+    with gradebook.held(out, overwrite=False):        # released when its holder ended
+        pass
+
+
+def test_an_earlier_batch_is_never_replaced_without_overwrite_and_marks_survive_it(tmp_path):
+    graded, out = batch(tmp_path)
+    with pytest.raises(ValueError, match="earlier batch's grades.*--overwrite"):
+        with gradebook.held(out, overwrite=False):
+            pass
+    text = gradebook.written_path(out).read_text().replace(",,2\n", ",2,2\n", 1)     # ann's answer marked 2
+    gradebook.written_path(out).write_text(text)
+    graded[1].written = [grade.Written("shift_growth", "now bob wrote something")]      # bob answered since
+    graded[1].written[0].problem = ""
+    with gradebook.held(out, overwrite=True) as entered:
+        gradebook.write_written(graded, gradebook.written_path(out), entered)
+    points = {(w["student"], w["answer"]): w["points"] for w in rows_of(gradebook.written_path(out))}
+    assert points == {("ann", "c grows linearly for the triangle"): "2", ("bob", "now bob wrote something"): ""}
+
+
+def test_the_cli_refuses_an_earlier_batch_in_one_line(tmp_path):
+    _, out = batch(tmp_path)
+    before = out.read_text()
+    done = subprocess.run([sys.executable, "-m", "minidape", "grade", str(tmp_path / "nothing.ipynb"), "--csv",
+                           str(out)], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    assert out.read_text() == before
+
+
+# ------------------------------------------------------------------------------ the grader's rules
+
+
+def test_a_check_mentioned_in_a_comment_is_not_a_check_cell():
+    edition = EDITIONS["01"]
+    answer = {"cell_type": "code", "tags": [], "source": (
+        "# like the bias of exercises.check(\"alibi_bias\", ...) asks:\n"
+        "def alibi_bias(n_head, q_pos, k_pos):\n    return None  # 'check(\"alibi_bias\"' in a string too\n")}
+    restored = grade.restore(edition, [answer])
+    assert answer["source"] in [cell["source"] for cell in restored]
+    assert grade.checked(answer["source"]) == []
+    assert grade.checked('exercises.check(name="alibi_bias", your_function=f)') == ["alibi_bias"]
+    assert grade.checked("if False:\n    exercises.check('alibi_bias', f)") == ["alibi_bias"]   # dead, still a call
+
+
+def test_a_prediction_passed_by_keyword_follows_the_prediction_cell_rule():
+    class Alive:
+        alive = True
+    channel = sandbox.Channel(Alive(), time.monotonic() + 60)
+    judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
+    exercise = exercises.EXERCISES["shift_growth"]
+    measured = {"triangle": 256.0, "log": 8.0}
+    by_keyword = {"shift_growth": ((), {"prediction": measured, "measured": measured})}
+    recorded = {"prediction": ("shift_prediction", {"triangle": 1.0, "log": 1.0})}
+    row = judge(exercise, by_keyword, channel, "", recorded)
+    assert (row.status, row.points) == ("passed", 1), row.message          # the recorded prediction, not the call's
+    mixed = {"shift_growth": ((measured,), {"measured": measured})}
+    assert judge(exercise, mixed, channel, "", recorded).points == 1
+    source = 'exercises.check("shift_growth", measured=shift_measured, prediction=shift_prediction)'
+    assert grade._names_passed_to_check(source, "shift_growth") == {"measured": "shift_measured",
+                                                                   "prediction": "shift_prediction"}
+
+
+def test_an_answer_defined_inside_a_check_cell_is_named():
+    edition = EDITIONS["05"]
+    inside = {"cell_type": "code", "tags": [], "source": (
+        "def receptive_keys(i, j, k):\n    return list(range(j, i + 1))\n\n"
+        "exercises.check(\"receptive_keys\", receptive_keys)\n")}
+    assert grade.defined_in_check_cells(edition, [inside]) == {"receptive_keys": ["receptive_keys"]}
+    alone = {**inside, "source": 'exercises.check("receptive_keys", receptive_keys)'}
+    assert grade.defined_in_check_cells(edition, [alone]) == {"receptive_keys": []}
+
+
+def test_an_unchanged_written_prompt_is_not_answered():
+    edition = EDITIONS["03"]
+    kept = [dict(cell) for cell in edition.cells if "solution" not in cell["tags"]]
+    (unchanged,) = grade.written_answers(edition, kept)
+    assert unchanged.problem == gradebook.NOT_ANSWERED
+    for cell in kept:
+        if "written" in cell["tags"]:
+            cell["source"] += "\nRoPE's ratio was 2.5 in my run."
+    (answered,) = grade.written_answers(edition, kept)
+    assert answered.problem == ""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="the sandbox needs Linux")
+def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path, monkeypatch):
+    """Graded for real (quick mode): receptive_keys as a range, a set and a numpy array come back from the worker
+    as handles and pass; the answer written inside the check cell gets the note that says how to fix it."""
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    edition = EDITIONS["05"]
+    stub = "exercises.todo()                      # your code here"
+    reach = "max(0, j - 2 * (k // 2)), min(i, j + 2 * (k // 2)) + 1"
+    returns = {"range": f"range({reach})", "set": f"set(range({reach}))", "array": f"np.arange({reach})"}
+    for student, value in returns.items():
+        cells = []
+        for cell in edition.cells:
+            if "solution" in cell["tags"]:
+                continue
+            source = cell["source"]
+            if "def receptive_keys" in source and stub in source:
+                source = "import numpy as np\n" + source.replace(stub, f"return {value}")
+            cells.append({**cell, "source": source})
+        notebook_file(tmp_path / "work" / student / f"{edition.stem}.ipynb", cells)
+    inside = []
+    for cell in edition.cells:
+        if "solution" in cell["tags"]:
+            continue
+        if "def receptive_keys" in cell["source"]:
+            continue                                                    # moved into the check cell below
+        source = cell["source"]
+        if grade.checked(source) == ["receptive_keys"]:
+            source = f"def receptive_keys(i, j, k):\n    return list(range({reach}))\n\n" + source
+        inside.append({**cell, "source": source})
+    notebook_file(tmp_path / "work" / "zoe" / f"{edition.stem}.ipynb", inside)
+    graded = grade.grade([tmp_path / "work"], timeout=300, jobs=2)
+    rows = {(s.student, r.exercise): r for s in graded for r in s.rows}
+    for student in returns:
+        assert rows[student, "receptive_keys"].status == exercises.PASSED, rows[student, "receptive_keys"].message
+    assert rows["zoe", "receptive_keys"].code == "answer-in-check-cell"
+    assert "Move it into a cell of its own" in rows["zoe", "receptive_keys"].message
+
+
+def notebook_file(path, cell_list):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"cells": [{"cell_type": c["cell_type"], "source": c["source"],
+                                           "metadata": {"tags": c.get("tags", [])},
+                                           **({"outputs": [], "execution_count": None}
+                                              if c["cell_type"] == "code" else {})}
+                                          for c in cell_list], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
+    return path
