@@ -1,5 +1,5 @@
-# `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab` (on them);
-# each creates .venv and installs on first use.
+# `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab` (on them),
+# `make handout` (what students get); each creates .venv and installs on first use.
 # TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
