@@ -77,7 +77,7 @@ def batch(tmp_path):
 
 
 def test_totals_summary_and_written_marks_folded_in_without_grading(tmp_path):
-    graded, out = batch(tmp_path)
+    _, out = batch(tmp_path)
     gradebook.gradebook(out)
     totals = {row["student"]: row for row in rows_of(gradebook.sibling(out, "totals"))}
     assert totals["ann"]["02_kerple_cpd_kernels"] == "2" and totals["ann"]["total"] == "2"

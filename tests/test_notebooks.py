@@ -180,7 +180,7 @@ def test_written_answer_cells_name_a_rubric_of_the_teachers_guide(source):
 
 REPO = NOTEBOOKS.parent
 FILE_NAME = re.compile(r"(?<![\w/.-])((?:[\w.-]+/)*[\w-]+\.(?:md|py|ipynb|json|txt|csv|png|pt|gz|toml))\b")
-MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]{8,}?\$", re.S)
+MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]{8,}?\$", re.DOTALL)
 
 
 def markdown_in_code(notebook):
@@ -214,7 +214,7 @@ def answers_after_checks(notebook):
             if after.cell_type != "markdown" or re.match(r"#+ ", after.source):
                 break
             found += [f"after {checked(cell.source)}: {text[:60]}" for text in re.findall(r"\$\$.+?\$\$", after.source,
-                                                                                        re.S)]
+                                                                                        re.DOTALL)]
             found += [f"after {checked(cell.source)}: closed form"] if "closed form" in after.source.lower() else []
     worked = {span for cell in notebook.cells if is_solution(cell) and cell.cell_type == "markdown"
               for span in MATH.findall(cell.source) if re.search(r"=|\\[lg]e\b|\\approx", span)}   # a statement
