@@ -278,6 +278,14 @@ def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_
     assert judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", measured)}).points == 3
     row = judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", grade.NOT_RECORDED)})
     assert (row.status, row.points) == ("failed", 0) and "tagged 'prediction'" in row.message
+    # passed by keyword, or mixed, the prediction follows the same rule (bound by the checker's parameter name)
+    recorded = {"prediction": ("shift_prediction", {"triangle": 1.0, "log": 1.0})}
+    for call in (((), {"prediction": measured, "measured": measured}), ((measured,), {"measured": measured})):
+        row = judge(exercise, {"shift_growth": call}, channel, "", recorded)
+        assert (row.status, row.points) == ("passed", 1), row.message
+    source = 'exercises.check("shift_growth", measured=shift_measured, prediction=shift_prediction)'
+    assert grade._names_passed_to_check(source, "shift_growth") == {"measured": "shift_measured",
+                                                                   "prediction": "shift_prediction"}
 
 
 def test_written_answers_are_collected_by_rubric_and_a_missing_one_is_named(tmp_path):

@@ -10,14 +10,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
-from minidape import exercises, grade, gradebook, sandbox
+from minidape import exercises, grade, gradebook
+from test_grade import notebook_file
 
-ROOT = Path(__file__).resolve().parents[1]
 EDITIONS = grade.editions()
 GRADESCOPE_TOP = {"score", "execution_time", "output", "output_format", "test_output_format", "test_name_format",
                   "visibility", "stdout_visibility", "extra_data", "tests", "leaderboard"}
@@ -190,24 +189,6 @@ def test_a_check_mentioned_in_a_comment_is_not_a_check_cell():
     assert grade.checked("if False:\n    exercises.check('alibi_bias', f)") == ["alibi_bias"]   # dead, still a call
 
 
-def test_a_prediction_passed_by_keyword_follows_the_prediction_cell_rule():
-    class Alive:
-        alive = True
-    channel = sandbox.Channel(Alive(), time.monotonic() + 60)
-    judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
-    exercise = exercises.EXERCISES["shift_growth"]
-    measured = {"triangle": 256.0, "log": 8.0}
-    by_keyword = {"shift_growth": ((), {"prediction": measured, "measured": measured})}
-    recorded = {"prediction": ("shift_prediction", {"triangle": 1.0, "log": 1.0})}
-    row = judge(exercise, by_keyword, channel, "", recorded)
-    assert (row.status, row.points) == ("passed", 1), row.message          # the recorded prediction, not the call's
-    mixed = {"shift_growth": ((measured,), {"measured": measured})}
-    assert judge(exercise, mixed, channel, "", recorded).points == 1
-    source = 'exercises.check("shift_growth", measured=shift_measured, prediction=shift_prediction)'
-    assert grade._names_passed_to_check(source, "shift_growth") == {"measured": "shift_measured",
-                                                                   "prediction": "shift_prediction"}
-
-
 def test_an_answer_defined_inside_a_check_cell_is_named():
     edition = EDITIONS["05"]
     inside = {"cell_type": "code", "tags": [], "source": (
@@ -267,12 +248,3 @@ def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path
     assert rows["zoe", "receptive_keys"].code == "answer-in-check-cell"
     assert "Move it into a cell of its own" in rows["zoe", "receptive_keys"].message
 
-
-def notebook_file(path, cell_list):
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cells": [{"cell_type": c["cell_type"], "source": c["source"],
-                                           "metadata": {"tags": c.get("tags", [])},
-                                           **({"outputs": [], "execution_count": None}
-                                              if c["cell_type"] == "code" else {})}
-                                          for c in cell_list], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
-    return path

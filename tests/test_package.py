@@ -1,11 +1,11 @@
 """The package as users get it: light to import, and installable with its corpora (no repository around it)."""
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import minidape as md
+from minidape import handout
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -36,16 +36,7 @@ def test_importing_the_model_loads_neither_matplotlib_nor_tqdm(tmp_path):
 def test_the_built_package_carries_its_corpora(tmp_path):
     """Build the wheel from a copy of the sources, install it into a bare folder, and read a corpus from there,
     far from the repository's data/."""
-    source = tmp_path / "source"
-    source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
-        shutil.copy(REPO / name, source / name)
-    for folder in ("minidape", "data"):
-        shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                            str(source), "-w", str(tmp_path / "wheel")], capture_output=True, text=True, timeout=300)
-    assert built.returncode == 0, built.stderr[-2000:]
-    wheel = next((tmp_path / "wheel").glob("minidape-*.whl"))
+    wheel = handout.build_wheel(tmp_path / "wheel")          # from a copy of the sources, as the hand-out does
     installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
                                 str(tmp_path / "site"), str(wheel)], capture_output=True, text=True, timeout=300)
     assert installed.returncode == 0, installed.stderr[-2000:]
