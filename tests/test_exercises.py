@@ -889,7 +889,7 @@ def test_a_changed_value_is_never_reported_as_the_same_number(capsys):
 def test_every_wrong_carries_a_stable_mistake_code():
     """The same mistake on fresh random inputs gives the same code, whatever numbers its message holds."""
     codes = {exercises.verdict("square_quadratic_form", lambda x, c: -2 * (c @ x).item() ** 2).code for _ in range(3)}
-    assert len(codes) == 1 and codes.pop().startswith("for-random-points")
+    assert len(codes) == 1 and codes.pop().endswith("the-sign-is-wrong")
     assert exercises.mistake_code("your ratio 0.19 is upside down") == "your-ratio-is-upside-down"
     assert exercises.mistake_code("receptive_keys(3, 0, k=3) = [0, 1] includes keys") == "receptive_keys-includes-keys"
     assert exercises.Wrong("anything", code="given").code == "given"

@@ -63,12 +63,14 @@ class Wrong(Exception):
 
 def mistake_code(message: str) -> str:
     """``"your ratio 0.19 is upside down"`` -> ``"your-ratio-is-upside-down"``: the words that do not change with
-    the inputs (numbers, quoted values and anything in brackets dropped), at most eight."""
+    the inputs (numbers, quoted values and anything in brackets dropped), the last eight (a message names where
+    first and the mistake last: "for 3 random points ... your form gives 2.1, which is minus cᵀKc: the sign is
+    wrong")."""
     text = message.split("\n")[0]
     for pattern in (r"'[^']*'", r'"[^"]*"', r"\([^()]*\)", r"\[[^\[\]]*\]", r"\{[^{}]*\}", r"\([^()]*\)"):
         text = re.sub(pattern, " ", text)
     words = [w for w in re.findall(r"[a-z_]+", text.lower()) if not re.fullmatch(r"e|x|k|t|h|w|d|i|j", w)]
-    return "-".join(words[:8]) or "wrong"
+    return "-".join(words[-8:]) or "wrong"
 
 
 class NeedsFullMode(Exception):
