@@ -943,6 +943,13 @@ def test_invented_measurements_earn_nothing(graded_in, capsys):
         "measurement-not-reproduced"
 
 
+def test_an_experiment_without_a_reference_is_not_judged(graded_in, monkeypatch):
+    graded_in(quick=True)
+    monkeypatch.setattr(exercises.framework, "references", {"full": REFERENCES["full"], "quick": {}})
+    status, message, earned = exercises.verdict("locality", "dape-kerple", QUICK_TABLES["locality"])
+    assert (status, earned) == (exercises.NEEDS_FULL, 0) and "make notebooks" in message
+
+
 def test_an_experiment_on_the_students_own_code_needs_full_mode(graded_in):
     graded_in(quick=True)
     status, message, earned = exercises.verdict("best_run", *CORRECT["best_run"])

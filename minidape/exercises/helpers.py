@@ -369,7 +369,11 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
     if framework.references is None:
         return measured, "your run"
     mode = _mode()
-    same_mode = framework.references[mode][name]
+    same_mode, full = (framework.references.get(m, {}).get(name) for m in (mode, "full"))
+    if same_mode is None or full is None:
+        raise framework.NeedsFullMode(f"the teacher's edition holds no reference measurement of {name} in "
+                                      f"{mode if same_mode is None else 'full'} mode: your teacher runs `make "
+                                      f"notebooks` once, then grades again")
     for key, value in measured.items():
         reference = same_mode[key]
         if not abs(value - reference) <= AGREE * abs(reference) + 0.01:
@@ -377,5 +381,4 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
                         f"same notebook) measured {reference:.4g}", code="measurement-not-reproduced",
                         hint="a measurement comes from the models the notebook trains, as it trains them: re-run "
                         "the notebook's cells unchanged and take the numbers from its tables, never type them in")
-    full = framework.references["full"][name]
     return {key: full[key] for key in measured}, "the teacher's reference run (full mode)"
