@@ -175,6 +175,8 @@ for k in KERNEL_SIZES:
 # reads only itself.
 
 # %% [markdown]
+# ### A $1 \times 1$ kernel is DAPE
+#
 # **A $1 \times 1$ convolution is DAPE's per-cell MLP** (DAPE-V2 calls DAPE the $1 \times 1$ case).
 # Numerically: copy the weights of a $k=1$ conv refiner into a DAPE refiner and compare.
 

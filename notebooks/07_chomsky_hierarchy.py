@@ -183,7 +183,7 @@ def output_length(name, n):
 # %%
 exercises.check("output_length", output_length)
 
-# %% [markdown]
+# %% [markdown] tags=["solution"]
 # The lengths, for reference: 1 for classification tasks, $n$ for `reverse_string` and `odds_first`, $2n$ for
 # `duplicate_string`, $\lceil n/2 \rceil$ for `compute_sqrt`, $n$ for `binary_multiplication`, and $n + 1$ for
 # `stack_manipulation` and `binary_addition` (the benchmark's convention leaves one token more than the longest

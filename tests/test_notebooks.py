@@ -201,9 +201,9 @@ def missing_files(notebook):
 
 
 def answers_after_checks(notebook):
-    """In the student edition, a derive exercise's answer stated after its check: display math or a "closed
-    form" in the markdown right after the check cell; and anywhere, a formula of a worked answer (an equation
-    or inequality in $...$)."""
+    """In the student edition, a derive exercise's answer stated after its check: maths or a "closed form" in the
+    markdown right after the check cell (before a heading starts the next topic); and anywhere, a formula of a
+    worked answer (an equation or inequality in $...$)."""
     kept = student_edition(notebook)
     derive = {e.name for e in exercises.EXERCISES.values() if e.kind == "derive"}
     found = []
@@ -213,8 +213,7 @@ def answers_after_checks(notebook):
         for after in kept[index + 1:]:
             if after.cell_type != "markdown" or re.match(r"#+ ", after.source):
                 break
-            found += [f"after {checked(cell.source)}: {text[:60]}" for text in re.findall(r"\$\$.+?\$\$", after.source,
-                                                                                        re.DOTALL)]
+            found += [f"after {checked(cell.source)}: {text[:60]}" for text in re.findall(r"\$[^$]+\$", after.source)]
             found += [f"after {checked(cell.source)}: closed form"] if "closed form" in after.source.lower() else []
     worked = {span for cell in notebook.cells if is_solution(cell) and cell.cell_type == "markdown"
               for span in MATH.findall(cell.source) if re.search(r"=|\\[lg]e\b|\\approx", span)}   # a statement
