@@ -7,23 +7,26 @@
    matched to NN by its file name (``NN_...``) or else by the teacher's cells it contains; every exercise of NN
    gets a row, whatever the submission did with its checks.
 2. **Restored checks.** Every submission cell that calls ``exercises.check("name", ...)`` for an exercise of NN
-   is dropped, and the teacher's check cell is put back where the teacher has it: just before the first
-   teacher's cell after it that the submission still holds unchanged (or at the end). Edits to check cells,
-   deleted or moved checks, dead ``if False: exercises.check(...)`` lines: none of them counts.
+   (a call in its syntax tree, not a mention) is dropped, and the teacher's check cell is put back where the
+   teacher has it: just before the first teacher's cell after it that the submission still holds unchanged (or
+   at the end). Edits to check cells, deleted or moved checks, dead ``if False: exercises.check(...)`` lines:
+   none of them counts; an answer defined inside a dropped check cell is named in its row.
 3. **Execution.** The cells run in a sandboxed worker (:mod:`minidape.sandbox`): its own namespaces, user id,
    scratch tmpfs and limits. In the worker, ``exercises.check`` only records the answer it is given.
 4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
    the answers as handles: calling one runs the student's code in the worker and brings the result back as
    data. An answer that runs minidape's own implementation of the exercise (``exercises.LIBRARY``) fails.
-5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,passed,message``
-   (passed: 1 or 0; partial credit in points; the message says passed, partly right, failed or not done yet), rewritten atomically after every submission (a
-   crash of the grader keeps what was graded), and beside it ``FILE-written.csv`` (``student,notebook,rubric,
-   answer,problem``): the written-answer cells (tagged ``written`` and ``rubric:<id>``) for the teacher to mark;
+5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,passed,message,mistake``
+   rewritten atomically after every submission (a crash of the grader keeps what was graded), under a lock on
+   ``FILE``, never over an earlier batch without ``overwrite``; and beside it the gradebook
+   (:mod:`minidape.gradebook`: the written answers to mark, totals, the class summary, the Gradescope export).
    ``--feedback DIR``: each executed notebook with the grader's verdict under each check cell and a note under
    each written answer. The submission's own cells (predictions, written answers, its code) are kept as it has
    them; only check cells are the teacher's. An experiment's recorded prediction is read by the grader from the
-   submission's ``prediction`` cell (literal values only), not taken from the variable at check time, so a
-   prediction rewritten after the measurement does not count.
+   submission's ``prediction`` cell (literal values only) and bound to the checker's parameter it was passed to
+   (by position or keyword), not taken from the variable at check time, so a prediction rewritten after the
+   measurement does not count. Experiments on the notebooks' own models are judged against the teacher's
+   reference measurements (``notebooks/references.json``), whatever the grading mode.
 """
 from __future__ import annotations
 
