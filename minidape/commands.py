@@ -196,6 +196,9 @@ def grade_command(args: argparse.Namespace) -> None:
         if args.paths or args.csv:
             raise ValueError("--gradebook FILE rebuilds the gradebook of an earlier grade --csv FILE: give no "
                              "notebooks and no --csv with it")
+        if not Path(args.gradebook).is_file():         # before its lock file is made beside it
+            raise FileNotFoundError(f"--gradebook {args.gradebook}: no such grades file (write it with grade --csv "
+                                    f"{args.gradebook})")
         with gradebook.held(args.gradebook, overwrite=True):
             written = gradebook.gradebook(args.gradebook)
         print(f"wrote {', '.join(map(str, written))} from {args.gradebook} and {gradebook.written_path(args.gradebook)}")

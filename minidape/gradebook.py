@@ -170,8 +170,6 @@ def gradebook(csv_path) -> list[Path]:
     """Rebuild totals, the class summary and the Gradescope export from ``grades.csv`` and its written answers
     (marks included) without grading anything; the files written."""
     path = Path(csv_path)
-    if not path.is_file():
-        raise FileNotFoundError(f"--gradebook {path}: no such grades file (write it with grade --csv {path})")
     rows = _read(path)
     if not rows or set(COLUMNS) - set(rows[0]):
         missing = sorted(set(COLUMNS) - set(rows[0])) if rows else COLUMNS
