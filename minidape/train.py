@@ -245,6 +245,34 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
 # ----------------------------------------------------------------------------- training
 
 
+# The settings that make a run what it is: a resumed run takes them from its checkpoint (key `settings`).
+RUN_SETTINGS = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip", "optimizer", "seed")
+DEFAULT_SETTINGS = dict(steps=1000, batch_size=32, lr=1e-3, weight_decay=0.1, grad_clip=1.0, optimizer="adamw",
+                        seed=0)
+
+
+def _run_settings(given: dict, checkpoint: dict | None, resume_from, is_main: bool) -> dict:
+    """The run's `RUN_SETTINGS`, every one resolved. A new run: those given, else the defaults (`warmup` 5% of
+    `steps`, `min_lr` a tenth of `lr`). A resumed run: its checkpoint's; one given that differs is refused,
+    except `steps`, which extends the run (said on stderr). A checkpoint of an earlier version, without
+    `settings`, keeps its seed and takes the rest as a new run does."""
+    saved = {} if checkpoint is None else checkpoint.get("settings", {"seed": int(checkpoint["seed"])})
+    differing = [f"{name}={given[name]!r} (the run's own: {saved[name]!r})" for name in RUN_SETTINGS
+                 if name != "steps" and given[name] is not None and name in saved and given[name] != saved[name]]
+    if differing:
+        raise ValueError(f"resume of {resume_from}: {', '.join(differing)}; a resumed run continues with the run's "
+                         f"own settings: drop the differing ones, or start a new run (overwrite=True / --overwrite)")
+    settings = {**DEFAULT_SETTINGS, **{name: value for name, value in given.items() if value is not None}, **saved}
+    if given["steps"] is not None:
+        if is_main and "steps" in saved and given["steps"] != saved["steps"]:
+            print(f"resume of {resume_from}: from {saved['steps']} to {given['steps']} steps (the cosine schedule "
+                  f"continues over the new length)", file=sys.stderr)
+        settings["steps"] = given["steps"]
+    settings["warmup"] = max(1, settings["steps"] // 20) if settings.get("warmup") is None else settings["warmup"]
+    settings["min_lr"] = settings["lr"] / 10 if settings.get("min_lr") is None else settings["min_lr"]
+    return settings
+
+
 def _run_folder(out, resume, overwrite) -> Path | None:
     """The run folder, checked before any work: a folder we can write, not holding a checkpoint that this
     run would silently replace."""
@@ -413,11 +441,12 @@ def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
 
 
 @holds_out_folder()
-def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int = 1000, batch_size: int = 32,
-          lr: float = 1e-3, min_lr: float | None = None, warmup: int | None = None, weight_decay: float = 0.1,
-          grad_clip: float = 1.0, optimizer: str = "adamw", val_data=None, eval_every: int | None = None,
+def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int | None = None,
+          batch_size: int | None = None, lr: float | None = None, min_lr: float | None = None,
+          warmup: int | None = None, weight_decay: float | None = None, grad_clip: float | None = None,
+          optimizer: str | None = None, val_data=None, eval_every: int | None = None,
           eval_windows: int = 32, log_every: int | None = None, metrics: Callable | None = None,
-          device: str | torch.device = "auto", seed: int = 0, compile: bool = False,
+          device: str | torch.device = "auto", seed: int | None = None, compile: bool = False,
           out: str | os.PathLike | None = None, checkpoint_every: int | None = None,
           resume: bool | str | os.PathLike = False, overwrite: bool = False, allow_leakage: bool = False,
           progress: bool = True) -> tuple[nn.Module, list[dict]]:
@@ -430,17 +459,21 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
       `val_data` is given. Or a batch function `data(step, generator) -> (inputs, targets)` drawing with the
       `torch.Generator` it is given (seeded per step, so a resumed run draws the same batches); `batch_size`
       is then the function's business.
-    - Schedule: `optimizer="adamw"` (betas 0.9, 0.95) or `"adam"` (betas 0.9, 0.999), weight decay on matrices
-      only, `warmup` linear steps (default 5% of `steps`), cosine decay to `min_lr` (default `lr / 10`),
-      gradient norm clipped to `grad_clip` (0 disables).
+    - Schedule: `steps` updates (default 1000) of `batch_size` windows (default 32), `optimizer="adamw"`
+      (betas 0.9, 0.95; the default) or `"adam"` (betas 0.9, 0.999), weight decay `weight_decay` (default 0.1)
+      on matrices only, `warmup` linear steps (default 5% of `steps`), cosine decay from `lr` (default 1e-3) to
+      `min_lr` (default `lr / 10`), gradient norm clipped to `grad_clip` (default 1; 0 disables); `seed`
+      (default 0) draws the initial weights, the batches and the dropout.
     - `history`: one dict per logged step with `step` (updates done), `loss` (training loss of that step's
       batch, averaged over ranks), `lr`, `val_loss` every `eval_every` steps, and whatever
       `metrics(logits, inputs, targets) -> dict` returns for that batch; the first entry is at step 0, the
       last at `steps` (measured on a fresh batch, after the last update).
     - `out`: directory for `checkpoint.pt`, written at the end and every `checkpoint_every` steps. A folder
       already holding one is refused unless `resume` (continue it) or `overwrite` (replace it).
-    - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file; the seed and
-      step come from the checkpoint, and the same arguments continue the run exactly.
+    - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file, exactly (see
+      Reproducibility): the step and the run's own schedule settings (`RUN_SETTINGS`) come from the checkpoint,
+      so none needs repeating. One given with a value other than the run's is refused (a run continued with
+      another learning rate or batch is not that run); `steps` may grow, which extends the run (said on stderr).
     - A folder another process is training into is refused; so is a decoder that reads the future
       (`decoder_leaks`) unless `allow_leakage=True`, and a step that cannot fit in memory (`check_memory`).
     - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights (at
@@ -448,23 +481,23 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
       Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
-    _check_arguments(steps=steps, batch_size=batch_size, warmup=warmup, eval_every=eval_every,
-                     eval_windows=eval_windows, log_every=log_every, checkpoint_every=checkpoint_every, seed=seed,
-                     lr=lr, min_lr=min_lr, weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer,
-                     metrics=metrics)
+    given = dict(steps=steps, batch_size=batch_size, lr=lr, min_lr=min_lr, warmup=warmup,
+                 weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer, seed=seed)
+    _check_arguments(**given, eval_every=eval_every, eval_windows=eval_windows, log_every=log_every,
+                     checkpoint_every=checkpoint_every, metrics=metrics)
     out = _run_folder(out, resume, overwrite)
     context, device = setup_distributed(device)
     resume_from = (out / CHECKPOINT_NAME if resume is True else Path(resume)) if resume else None
     checkpoint = None if resume_from is None else read_checkpoint(resume_from, device)
-    seed = seed if checkpoint is None else int(checkpoint["seed"])
+    settings = _run_settings(given, checkpoint, resume_from, context.is_main)
+    steps, batch_size, lr, min_lr, warmup, weight_decay, grad_clip, optimizer, seed = (
+        settings[name] for name in RUN_SETTINGS)
     seed_everything(seed)
     model = _resolve_model(model_or_cfg, checkpoint, resume_from).to(device)
     cfg = model.cfg
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
     _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage)
 
-    warmup = max(1, steps // 20) if warmup is None else warmup
-    min_lr = lr / 10 if min_lr is None else min_lr
     log_every = max(1, steps // 100) if log_every is None else log_every
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
     optim = _optimizer(model, optimizer, lr, weight_decay, device)
@@ -484,7 +517,8 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
         nonlocal saved_step
         read_health()
         if out is not None and context.is_main:
-            save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus)
+            save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus,
+                            settings=settings)
             saved_step = step_done
 
     from tqdm import tqdm  # here, not at the top: `import minidape` stays free of tqdm (text bars, not tqdm.auto)
@@ -622,9 +656,9 @@ def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics,
         check_number(name, value, minimum[name])
     for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
         check_number(name, value, 0.0, integer=False)
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0):
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
-    if optimizer not in OPTIMIZERS:
+    if optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
     if metrics is not None and not callable(metrics):
         raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
@@ -632,9 +666,11 @@ def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics,
 
 def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device,
                allow_leakage: bool) -> None:
-    """Before the first step: no leak (`decoder_leaks`), token data longer than a window and within the
-    vocabulary, and a training step that fits in memory."""
-    decoder_leaks(cfg, allow_leakage)
+    """Before the first step: a decoder's windows of 2 tokens or more, token data longer than a window and
+    within the vocabulary, no leak (`decoder_leaks`), and a training step that fits in memory."""
+    if cfg.causal and cfg.block_size < 2:
+        raise ValueError(f"block_size={cfg.block_size} is too short for a language model: it must be >= 2, so that "
+                         f"a window holds a token that can read an earlier one")
     for name, tokens in (("data", train_data), ("val_data", val_data)):
         if tokens is None or callable(tokens):
             continue
@@ -644,5 +680,6 @@ def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: to
         if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
             raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
                              f"[0, vocab_size={cfg.vocab_size})")
+    decoder_leaks(cfg, allow_leakage)
     if not callable(train_data):     # a batch function's batch size and lengths are its own business
         check_memory(cfg, batch_size, cfg.block_size, True, device)

