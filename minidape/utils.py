@@ -394,11 +394,13 @@ def import_file(path: str | os.PathLike):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:  # the user's code failed: say where, in one line
+    except (Exception, SystemExit) as err:  # the user's code failed, or tried to end the command: say where
         del sys.modules[name]
         line = err.lineno if isinstance(err, SyntaxError) else next(
             (frame.lineno for frame in reversed(inspect.trace()) if Path(frame.filename) == path), "?")
-        raise ValueError(f"--import {str(path)!r} failed at line {line}: {type(err).__name__}: {err}") from err
+        what = (f"called exit ({err.code!r}): a file to import must define and register, not end the command"
+                if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}")
+        raise ValueError(f"--import {str(path)!r} failed at line {line}: {what}") from err
     return module
 
 

@@ -114,3 +114,19 @@ def test_eval_of_runs_of_one_kind_labels_each_by_the_path_that_tells_it_apart(tm
     code, err = failing(capsys, [*evaluate, runs[0], str(Path(runs[0]) / CHECKPOINT_NAME), "--out",
                                  str(tmp_path / "twice")])
     assert code == 2 and len(err) == 1 and "given twice" in err[0]
+
+
+# ----------------------------------------------------------------------------- a user's file that exits
+
+
+@pytest.mark.parametrize("ending", ["import sys\nsys.exit(0)\n", "raise SystemExit('bye')\n"])
+def test_an_imported_file_that_exits_is_an_error_naming_it(tmp_path, corpus_file, capsys, ending):
+    """`--import` of a file that calls sys.exit: one line naming the file and its line, exit code 2, nothing
+    trained (it used to end `train` with exit code 0, having done nothing)."""
+    user = tmp_path / "exits.py"
+    user.write_text("import minidape as md\n" + ending)
+    code, err = failing(capsys, ["train", "--import", str(user), *TINY, "--corpus", str(corpus_file), "--steps", "1",
+                                 "--out", str(tmp_path / "run")])
+    exit_line = len(user.read_text().splitlines())
+    assert code == 2 and len(err) == 1 and str(user) in err[0] and f"line {exit_line}: called exit" in err[0], err
+    assert not (tmp_path / "run").exists()
