@@ -189,12 +189,13 @@ def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: 
                                               "eval_seconds")}
     settings["model"] = f"{cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, {label}"
     settings["chance accuracy"] = f"{100 * task.chance_accuracy:.0f}%"
-    write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
-                  {**results, "history": history})
     fig = plots.plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
-                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}",
-                              path=out / "accuracy.png")
-    plt.close(fig)
+                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}")
+    try:
+        write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
+                      {**results, "history": history}, figures={"accuracy.png": plots.figure_writer(fig, "accuracy.png")})
+    finally:
+        plt.close(fig)
     print(table)
     print(f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
           f"(chance {100 * task.chance_accuracy:.0f}%)")

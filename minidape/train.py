@@ -58,6 +58,8 @@ from .utils import (atomic_path, autocast_for, check_memory, check_number, check
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
+CHECKPOINT_TYPES = {"model": (dict,), "config": (dict,), "optimizer": (dict, type(None)), "step": (int,),
+                    "seed": (int,), "history": (list,)}
 OPTIMIZERS = ("adamw", "adam")
 TOKENS_EXPECTED = "a 1-D integer token tensor, a corpus name/path, or a batch function (step, generator) -> (x, y)"
 NON_FINITE_CAUSES = ("a learning rate too high for this model", "a config value out of range (e.g. rope_base <= 0)",
@@ -122,7 +124,10 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
         **extra,
     }
     with atomic_path(path) as tmp:
-        torch.save(checkpoint, tmp)
+        try:
+            torch.save(checkpoint, tmp)
+        except RuntimeError as err:     # torch's zip writer reports a failed write so, without the OS's reason
+            raise OSError(f"the write failed, as on a full disk ({str(err).splitlines()[0]})") from err
     return Path(path)
 
 
@@ -141,6 +146,10 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise ValueError(f"{path} is not a minidape checkpoint: missing {', '.join(missing)}")
+    for key, kinds in CHECKPOINT_TYPES.items():
+        if not isinstance(checkpoint[key], kinds):
+            raise ValueError(f"{path} is not a minidape checkpoint: its {key} is a {type(checkpoint[key]).__name__}, "
+                             f"where a {' or '.join(kind.__name__ for kind in kinds)} belongs")
     return checkpoint
 
 
@@ -159,7 +168,25 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
             where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
                           "import the file that registers it first (CLI: --import FILE.py)")
             raise ValueError(f"{where} uses {kind} {config[kind]!r}, which is not registered here; {where_from}")
-    return GPTConfig(**config)
+    try:
+        return GPTConfig(**config)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: its config is not valid: {err}") from err
+
+
+def load_weights(model: nn.Module, weights: dict, where: str | os.PathLike) -> None:
+    """Load a checkpoint's `weights` into `model`, built from its config; weights that do not fit that config
+    (a missing or stray tensor, another shape) are a ValueError naming `where` and the first mismatch."""
+    expected = model.state_dict()
+    mismatches = [f"{key} is missing" if key not in weights else
+                  f"{key} has shape {tuple(weights[key].shape)} where its config needs {tuple(tensor.shape)}"
+                  for key, tensor in expected.items()
+                  if key not in weights or getattr(weights[key], "shape", None) != tensor.shape]
+    mismatches += [f"it holds {key}, which its config has no place for" for key in weights if key not in expected]
+    if mismatches:
+        raise ValueError(f"{where}: its weights do not fit its config ({len(mismatches)} mismatch(es)); first: "
+                         f"{mismatches[0]}")
+    model.load_state_dict(weights)
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
@@ -171,7 +198,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     device = resolve_device(device)
     checkpoint = read_checkpoint(path, device)
     model = GPT(checkpoint_config(checkpoint, path)).to(device)
-    model.load_state_dict(checkpoint["model"])
+    load_weights(model, checkpoint["model"], path)
     return model.eval(), checkpoint
 
 
@@ -328,7 +355,7 @@ def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Mod
             raise ValueError(f"the model to resume differs from the checkpoint's in: {', '.join(changed)}; "
                              f"pass None to use the checkpoint's config")
         model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else GPT(saved)
-        model.load_state_dict(checkpoint["model"])
+        load_weights(model, checkpoint["model"], resume_from)
         return model
     if isinstance(model_or_cfg, GPTConfig):
         return GPT(model_or_cfg)
@@ -517,8 +544,12 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
         nonlocal saved_step
         read_health()
         if out is not None and context.is_main:
-            save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus,
-                            settings=settings)
+            try:
+                save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus,
+                                settings=settings)
+            except OSError as err:
+                kept = "nothing was saved" if saved_step is None else f"it still holds step {saved_step}"
+                raise OSError(f"training stopped at step {step_done}: {err}; {kept}") from err
             saved_step = step_done
 
     from tqdm import tqdm  # here, not at the top: `import minidape` stays free of tqdm (text bars, not tqdm.auto)

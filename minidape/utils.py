@@ -200,25 +200,66 @@ def holds_out_folder(shared: bool = False):
     return decorate
 
 
+def _temporary_beside(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)                   # mkstemp makes the file private; give it the usual mode
+    os.replace(tmp, path)
+
+
+def _write_error(path: Path, err: OSError) -> OSError:
+    """An OSError that names the file being written (a failed write's own names none: "[Errno 28] No space
+    left on device")."""
+    return OSError(f"cannot write {path}: {err.strerror or err}")
+
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; on success move it over `path` in one step (`os.replace`).
-
-    Readers therefore see either the old file or the complete new one, never a half-written file.
-    """
+    """Yield a temporary path beside `path` (`.NAME.*.tmp`); on success move it over `path` in one step
+    (`os.replace`). Readers therefore see either the old file or the complete new one, never a half-written
+    file; a failure (a full disk) removes the temporary file and is an OSError naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = None
     try:
-        yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, path)
+        try:
+            tmp = _temporary_beside(path)
+            yield tmp
+            _publish(tmp, path)
+        except OSError as err:
+            raise _write_error(path, err) from err
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def write_together(writers: dict) -> None:
+    """Write files that belong together: `{path: write(temporary_path)}`, each into a temporary file beside its
+    path, then all moved into place. A failure in any (a full disk) leaves none of them written, and is an
+    OSError naming the file."""
+    temporaries = {}
+    try:
+        for path, write in writers.items():
+            path = Path(path)
+            try:
+                temporaries[path] = _temporary_beside(path)
+                write(temporaries[path])
+            except OSError as err:
+                raise _write_error(path, err) from err
+        for path, tmp in temporaries.items():
+            _publish(tmp, path)
+    finally:
+        for tmp in temporaries.values():
+            tmp.unlink(missing_ok=True)
 
 
 def check_writable_folder(folder: str | os.PathLike, what: str = "out") -> Path:
@@ -270,15 +311,16 @@ def json_ready(value):
     return value
 
 
-def write_results(out: str | os.PathLike, title: str, table: str, details: dict, payload: dict) -> Path:
+def write_results(out: str | os.PathLike, title: str, table: str, details: dict, payload: dict,
+                  figures: dict | None = None) -> Path:
     """The one results writer: `out/results.md` (the title, the markdown table, then one line per scalar
-    detail) and `out/results.json` (`payload`, strict JSON), each written atomically; returns `out`."""
+    detail), `out/results.json` (`payload`, strict JSON) and the `figures` (`{name: write(path)}`, e.g. a plot),
+    written together (`write_together`: all of them, or on a failure none); returns `out`."""
     out = Path(out)
     settings = "\n".join(f"- {key}: {value}" for key, value in details.items() if not isinstance(value, dict))
-    with atomic_path(out / "results.md") as tmp:
-        tmp.write_text(f"# {title}\n\n{table}\n{settings}\n")
-    with atomic_path(out / "results.json") as tmp:
-        tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n")
+    write_together({out / "results.md": lambda tmp: tmp.write_text(f"# {title}\n\n{table}\n{settings}\n"),
+                    out / "results.json": lambda tmp: tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n"),
+                    **{out / name: write for name, write in (figures or {}).items()}})
     return out
 
 

@@ -130,3 +130,80 @@ def test_an_imported_file_that_exits_is_an_error_naming_it(tmp_path, corpus_file
     exit_line = len(user.read_text().splitlines())
     assert code == 2 and len(err) == 1 and str(user) in err[0] and f"line {exit_line}: called exit" in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+
+def limited_files(size: int):
+    """For a child process: files it writes cannot grow beyond `size` bytes, as on a disk that is full (Python
+    ignores SIGXFSZ, so the write fails with an error, the way a full disk's does)."""
+    import resource
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (size, size))
+
+
+def test_a_full_disk_at_a_checkpoint_write_is_one_line_and_the_earlier_checkpoint_stays(tmp_path, corpus_file):
+    run = tmp_path / "run"
+    cli.main(["train", *TINY, "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--out", str(run)])
+    before = (run / CHECKPOINT_NAME).read_bytes()
+    resumed = cli_process("train", "--out", str(run), "--resume", "--steps", "4", cwd=tmp_path,
+                          preexec_fn=limited_files(20_000))
+    _, err = resumed.communicate(timeout=300)
+    lines = error_lines(err)
+    assert resumed.returncode == 2 and len(lines) == 1, err[-2000:]
+    assert f"cannot write {run / CHECKPOINT_NAME}" in lines[0] and "holds step 2" in lines[0], lines
+    assert (run / CHECKPOINT_NAME).read_bytes() == before
+    assert sorted(os.listdir(run)) == [CHECKPOINT_NAME, "history.json"]      # no temporary file left behind
+
+
+def test_a_full_disk_during_eval_names_the_file_and_writes_no_result(tmp_path, corpus_file):
+    """The table and the JSON are small and the plot is not: on a full disk at the plot, none of the three
+    results appears (so the next run needs no --overwrite), and the line names the file."""
+    cli.main(["train", *TINY, "--corpus", str(corpus_file), "--steps", "1", "--batch-size", "2",
+              "--out", str(tmp_path / "run")])
+    evaluate = ["eval", str(tmp_path / "run"), "--lengths", "16", "32", "--n-windows", "2", "--last-k", "8",
+                "--out", str(tmp_path / "results")]
+    full = cli_process(*evaluate, cwd=tmp_path, preexec_fn=limited_files(20_000))
+    _, err = full.communicate(timeout=300)
+    lines = error_lines(err)
+    assert full.returncode == 2 and len(lines) == 1, err[-2000:]
+    assert f"cannot write {tmp_path / 'results' / 'extrapolation.png'}" in lines[0], lines
+    assert not (tmp_path / "results").exists() or os.listdir(tmp_path / "results") == []
+    cli.main(evaluate)                                               # no --overwrite needed: nothing was written
+    assert {"results.md", "results.json", "extrapolation.png"} <= set(os.listdir(tmp_path / "results"))
+
+
+# ----------------------------------------------------------------------------- checkpoints that do not fit
+
+
+def broken_checkpoints(run: Path, folder: Path) -> list[tuple[Path, str]]:
+    """Copies of `run`'s checkpoint, each damaged in one way, with what its error must say."""
+    def damaged(name: str, damage) -> Path:
+        checkpoint = read_checkpoint(run)
+        damage(checkpoint)
+        (folder / name).mkdir(parents=True)
+        torch.save(checkpoint, folder / name / CHECKPOINT_NAME)
+        return folder / name / CHECKPOINT_NAME
+
+    def reshape(checkpoint):
+        checkpoint["model"]["lm_head.weight"] = checkpoint["model"]["lm_head.weight"][:, :8]
+
+    return [(damaged("shape", reshape), "lm_head.weight has shape (256, 8)"),
+            (damaged("missing", lambda checkpoint: checkpoint["model"].pop("ln_f.weight")), "ln_f.weight is missing"),
+            (damaged("extra", lambda checkpoint: checkpoint["model"].update(stray=torch.zeros(1))), "stray"),
+            (damaged("vocab", lambda checkpoint: checkpoint["config"].update(vocab_size=128)), "(256, 16)"),
+            (damaged("list", lambda checkpoint: checkpoint.update(config=[1, 2])), "config is a list"),
+            (damaged("none", lambda checkpoint: checkpoint.update(model=None)), "model is a NoneType"),
+            (damaged("bad", lambda checkpoint: checkpoint["config"].update(n_head=3)), "n_head")]
+
+
+def test_a_checkpoint_that_does_not_fit_its_config_is_one_line_naming_the_file(tmp_path, corpus_file, capsys):
+    run = tmp_path / "run"
+    cli.main(["train", *TINY, "--corpus", str(corpus_file), "--steps", "1", "--batch-size", "2", "--out", str(run)])
+    for checkpoint, message in broken_checkpoints(run, tmp_path / "broken"):
+        for argv in (["eval", str(checkpoint), "--lengths", "16"], ["train", "--out", str(checkpoint.parent),
+                                                                     "--resume", "--steps", "2"]):
+            code, err = failing(capsys, argv)
+            assert code == 2 and len(err) == 1 and str(checkpoint) in err[0] and message in err[0], (argv, err)
+        with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
+            load_checkpoint(checkpoint)
