@@ -207,3 +207,25 @@ def test_a_checkpoint_that_does_not_fit_its_config_is_one_line_naming_the_file(t
             assert code == 2 and len(err) == 1 and str(checkpoint) in err[0] and message in err[0], (argv, err)
         with pytest.raises(ValueError, match=message.replace("(", r"\(").replace(")", r"\)")):
             load_checkpoint(checkpoint)
+
+
+# ----------------------------------------------------------------------------- corpora that cannot be read
+
+
+def test_corrupt_compressed_corpora_fifos_and_devices_are_refused_with_the_reason(tmp_path, capsys):
+    import gzip
+    text = bytes(md.load_corpus("austen", "val")[:5000].tolist())
+    corrupt = tmp_path / "corrupt.txt.gz"
+    packed = bytearray(gzip.compress(text))
+    packed[len(packed) // 2: len(packed) // 2 + 64] = bytes(64)          # the deflate stream, damaged mid-way
+    corrupt.write_bytes(bytes(packed))
+    fifo = tmp_path / "pipe.txt"
+    os.mkfifo(fifo)
+    cases = [(corrupt, "corrupt"), (fifo, "named pipe"), (Path("/dev/null"), "character device")]
+    for path, reason in cases:
+        with pytest.raises(ValueError, match=reason):
+            md.load_corpus(path, "train")
+        code, err = failing(capsys, ["train", *TINY, "--corpus", str(path), "--steps", "1",
+                                     "--out", str(tmp_path / "run")])
+        assert code == 2 and len(err) == 1 and str(path) in err[0] and reason in err[0], err
+    assert not (tmp_path / "run").exists()
