@@ -26,7 +26,9 @@ from .evaluate import PROTOCOLS
 from .model import PE_NAMES, REFINER_NAMES, GPTConfig
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .tasks import TASK_NAMES
-from .utils import DEVICE_CHOICES, import_file
+from .utils import DEVICE_CHOICES, import_file, quick_mode
+
+QUICK_MODE_COMMANDS = ("demo", "grade")       # the commands that quick mode changes
 
 
 # ----------------------------------------------------------------------------- argument parsing
@@ -268,10 +270,13 @@ def main(argv: list[str] | None = None) -> None:
             return bench_command(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        if quick_mode() and args.command in QUICK_MODE_COMMANDS:   # a bad value of its variable: refused here
+            print(f"{prog}: quick mode (MINIDAPE_QUICK=1): fewer steps and shorter lengths, the same code paths",
+                  file=sys.stderr)
         COMMANDS[args.command](args)
     except KeyboardInterrupt as interrupted:  # in training, the message says which checkpoint survives
         print(f"{prog}: {interrupted or 'interrupted'}", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(getattr(interrupted, "exit_code", 130))      # SIGTERM, SIGHUP: 128 + the signal's number
     except (ValueError, TypeError, OSError, FloatingPointError, MemoryError) as err:  # the user's mistake: one line
         print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)

@@ -39,7 +39,9 @@ import math
 import numbers
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -67,7 +69,41 @@ NON_FINITE_CAUSES = ("a learning rate too high for this model", "a config value 
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `train`; the message says which checkpoint survives and how to resume from it."""
+    """Ctrl-C, SIGTERM or SIGHUP during `train`; the message says which checkpoint survives and how to resume
+    from it, `exit_code` is the shell's for that signal (130 for Ctrl-C, 128 + its number for the others)."""
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Stopped(KeyboardInterrupt):
+    """Raised in the training loop by a SIGTERM or SIGHUP, so that it ends as Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# A `kill`, a batch system's stop, a closed terminal: stop training as Ctrl-C does (Windows has no SIGHUP).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _stop_on_signals() -> Callable[[], None]:
+    """From now on `STOP_SIGNALS` raise `_Stopped`; returns the function that puts their handlers back. (Handlers
+    can only be set in the main thread; elsewhere the signals keep their effect.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+
+    def restore() -> None:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    return restore
 
 
 # ----------------------------------------------------------------------------- seeds and schedule
@@ -346,7 +382,8 @@ def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple
     return data if callable(data) else check_tokens(data, "data", TOKENS_EXPECTED), val_data, corpus
 
 
-def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Module:
+def _resolve_config(model_or_cfg, checkpoint: dict | None, resume_from) -> GPTConfig:
+    """The config of the model to train, known before it is built (so that its memory can be checked)."""
     if checkpoint is not None:
         saved = checkpoint_config(checkpoint, resume_from)
         given = getattr(model_or_cfg, "cfg", model_or_cfg)
@@ -354,15 +391,21 @@ def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Mod
             changed = [f.name for f in dataclasses.fields(saved) if getattr(given, f.name) != getattr(saved, f.name)]
             raise ValueError(f"the model to resume differs from the checkpoint's in: {', '.join(changed)}; "
                              f"pass None to use the checkpoint's config")
-        model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else GPT(saved)
-        load_weights(model, checkpoint["model"], resume_from)
-        return model
+        return saved
     if isinstance(model_or_cfg, GPTConfig):
-        return GPT(model_or_cfg)
-    if isinstance(model_or_cfg, nn.Module) and isinstance(getattr(model_or_cfg, "cfg", None), GPTConfig):
         return model_or_cfg
+    if isinstance(model_or_cfg, nn.Module) and isinstance(getattr(model_or_cfg, "cfg", None), GPTConfig):
+        return model_or_cfg.cfg
     raise TypeError(f"model_or_cfg must be a GPTConfig or a model with a .cfg GPTConfig "
                     f"(None only with resume), got {type(model_or_cfg).__name__}")
+
+
+def _build_model(model_or_cfg, cfg: GPTConfig, checkpoint: dict | None, resume_from) -> nn.Module:
+    """The model given, or one built from `cfg`; a resumed run's weights loaded into it."""
+    model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else GPT(cfg)
+    if checkpoint is not None:
+        load_weights(model, checkpoint["model"], resume_from)
+    return model
 
 
 def _optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float, device: torch.device):
@@ -438,13 +481,14 @@ def _non_finite_message(step: int, loss: float, grad_norm: float, last_loss: flo
             f"{', '.join(NON_FINITE_CAUSES)} (lr={lr:g})")
 
 
-def _interrupted_message(step: int, out: Path | None, saved_step: int | None) -> str:
+def _interrupted_message(step: int, out: Path | None, saved_step: int | None, signum: int | None = None) -> str:
+    where = f"at step {step}" + ("" if signum is None else f" by {signal.Signals(signum).name}")
     if out is None:
-        return f"training interrupted at step {step}; nothing was saved (out=None)"
+        return f"training interrupted {where}; nothing was saved (out=None)"
     if saved_step is None:
-        return (f"training interrupted at step {step} before its first checkpoint; nothing was saved in {out} "
+        return (f"training interrupted {where} before its first checkpoint; nothing was saved in {out} "
                 f"(checkpoint_every=N keeps progress)")
-    return (f"training interrupted at step {step}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
+    return (f"training interrupted {where}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
             f"with resume=True (CLI: --resume)")
 
 
@@ -505,7 +549,8 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
       (`decoder_leaks`) unless `allow_leakage=True`, and a step that cannot fit in memory (`check_memory`).
     - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights (at
       the next logging step or checkpoint, naming the step it happened at; the updates in between are skipped);
-      Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
+      Ctrl-C, SIGTERM and SIGHUP raise `TrainingInterrupted`. Either way the last checkpoint written stays as
+      it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
     given = dict(steps=steps, batch_size=batch_size, lr=lr, min_lr=min_lr, warmup=warmup,
@@ -519,11 +564,12 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
     settings = _run_settings(given, checkpoint, resume_from, context.is_main)
     steps, batch_size, lr, min_lr, warmup, weight_decay, grad_clip, optimizer, seed = (
         settings[name] for name in RUN_SETTINGS)
-    seed_everything(seed)
-    model = _resolve_model(model_or_cfg, checkpoint, resume_from).to(device)
-    cfg = model.cfg
+    cfg = _resolve_config(model_or_cfg, checkpoint, resume_from)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
-    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage)
+    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage,
+               built=isinstance(model_or_cfg, nn.Module))
+    seed_everything(seed)
+    model = _build_model(model_or_cfg, cfg, checkpoint, resume_from).to(device)
 
     log_every = max(1, steps // 100) if log_every is None else log_every
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
@@ -558,6 +604,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
     generator = torch.Generator()
     clock, eval_seconds, tokens_trained, postfix = time.perf_counter(), 0.0, 0, {}
     step = start
+    restore_signals = _stop_on_signals()
     try:
         for step in range(start, steps + 1):
             if checkpoint_every and start < step < steps and step % checkpoint_every == 0:
@@ -591,11 +638,14 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
                 rate = tokens_trained / max(time.perf_counter() - clock - eval_seconds, 1e-9)
                 postfix.update(loss=f"{entry['loss']:.3f}", tok_s=f"{rate:,.0f}")
                 bar.set_postfix(postfix, refresh=False)
-    except KeyboardInterrupt:
-        raise TrainingInterrupted(_interrupted_message(step, out, saved_step)) from None
+        save(steps)
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", None)
+        raise TrainingInterrupted(_interrupted_message(step, out, saved_step, signum),
+                                  130 if signum is None else 128 + signum) from None
     finally:
+        restore_signals()
         bar.close()
-    save(steps)
     if context.enabled:
         dist.barrier()  # every rank returns only once rank 0's final checkpoint is on disk
         if context.created_group:
@@ -695,10 +745,11 @@ def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics,
         raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
 
 
-def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device,
-               allow_leakage: bool) -> None:
+def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device, allow_leakage: bool,
+               built: bool) -> None:
     """Before the first step: a decoder's windows of 2 tokens or more, token data longer than a window and
-    within the vocabulary, no leak (`decoder_leaks`), and a training step that fits in memory."""
+    within the vocabulary, a training step that fits in memory (with the weights of a model not `built` yet),
+    and no leak (`decoder_leaks`)."""
     if cfg.causal and cfg.block_size < 2:
         raise ValueError(f"block_size={cfg.block_size} is too short for a language model: it must be >= 2, so that "
                          f"a window holds a token that can read an earlier one")
@@ -711,6 +762,6 @@ def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: to
         if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
             raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
                              f"[0, vocab_size={cfg.vocab_size})")
-    decoder_leaks(cfg, allow_leakage)
-    if not callable(train_data):     # a batch function's batch size and lengths are its own business
-        check_memory(cfg, batch_size, cfg.block_size, True, device)
+    # a batch function's batch size and lengths are its own business: then the weights alone are counted
+    check_memory(cfg, 0 if callable(train_data) else batch_size, cfg.block_size, True, device, weights=not built)
+    decoder_leaks(cfg, allow_leakage)     # after the memory check: it builds a one-layer model of this width

@@ -72,14 +72,20 @@ def autocast_for(device: torch.device):
 
 
 QUICK_MODE_VARIABLES = ("MINIDAPE_QUICK", "MINIDAPE_FAST")
+QUICK_MODE_VALUES = {"1": True, "0": False, "": False}
 
 
 def quick_mode() -> bool:
     """True when the environment asks for CI's quick run, `MINIDAPE_QUICK=1` (tests and CI: fewer steps and
-    shorter lengths, the same code paths); any value but empty or 0 counts. `MINIDAPE_FAST=1`, the design
-    contract's name for it from before the fast path (`GPTConfig(fast=...)`) took the word, works too."""
-    return any(os.environ.get(name, "0") not in ("", "0") for name in QUICK_MODE_VARIABLES)
-
+    shorter lengths, the same code paths); `0`, empty or unset: full runs. Any other value is a ValueError: a
+    `false` read as "set" would switch quick mode on unnoticed. `MINIDAPE_FAST=1`, the design contract's name for
+    it from before the fast path (`GPTConfig(fast=...)`) took the word, works too."""
+    values = {name: os.environ.get(name, "") for name in QUICK_MODE_VARIABLES}
+    for name, value in values.items():
+        if value.strip() not in QUICK_MODE_VALUES:
+            raise ValueError(f"{name}={value!r} is not a quick-mode setting; valid values: 1 (quick mode: fewer "
+                             f"steps, shorter lengths) and 0 or empty (full runs)")
+    return any(QUICK_MODE_VALUES[value.strip()] for value in values.values())
 
 
 def check_number(name: str, value, minimum: float, integer: bool = True, allow_none: bool = True):
@@ -350,9 +356,26 @@ def available_memory(device: torch.device) -> int | None:
     return psutil.virtual_memory().available
 
 
-def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.device) -> int:
+def parameter_count(cfg) -> int:
+    """The parameters of `GPT(cfg)`, counted on the meta device: nothing is allocated, so a model far too large
+    is counted as quickly as a small one. A user's class that cannot be built there counts as nothing."""
+    from .model import GPT
+    try:
+        with torch.device("meta"):
+            return sum(parameter.numel() for parameter in GPT(cfg).parameters())
+    except Exception:       # the real build raises the same error, in the user's own words
+        return 0
+
+
+# Bytes per parameter of a model not built yet: the fp32 weights, and in training their gradients and Adam's two
+# moments.
+BYTES_PER_PARAMETER = {False: 4, True: 16}
+
+
+def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.device, weights: bool = False) -> int:
     r"""Bytes one step of `batch` sequences of `T` tokens needs at least, from its largest tensors: a lower
-    bound, so that only a step that cannot fit is refused.
+    bound, so that only a step that cannot fit is refused. `weights`: the model is not built yet, so its
+    parameters (and in training their gradients and optimizer state, `BYTES_PER_PARAMETER`) count too.
 
     - Per token: training keeps about $16\,C$ activations per layer for backward and the logits (3 copies:
       logits, softmax, gradient); evaluation holds one layer's $8\,C$ and the logits.
@@ -375,7 +398,8 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
     else:                                                                # the reference form: all cells at once
         width = 3 * h + (2 * cfg.refiner_width if refiner is not None else 0)
         attention = (layers if training else 1) * width * batch * T * T
-    return int(size * (tokens * per_token + attention))
+    parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg) if weights else 0
+    return int(size * (tokens * per_token + attention) + parameters)
 
 
 def attends_all_cells(cfg) -> bool:
@@ -387,21 +411,26 @@ def attends_all_cells(cfg) -> bool:
     return not (cfg.fast and (refiner is None or fast.runs_in_query_blocks(refiner)))
 
 
-def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device) -> None:
+def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device, weights: bool = False) -> None:
     """Refuse, before it starts, a step that cannot fit: a MemoryError in one line with the estimate (see
-    `memory_estimate`), the memory available and what to change."""
+    `memory_estimate`; `weights`: of a model not built yet), the memory available and what to change."""
     available = available_memory(device)
-    needed = memory_estimate(cfg, batch, T, training, device)
+    needed = memory_estimate(cfg, batch, T, training, device, weights)
     if available is None or needed <= available:
         return
     what = "a training step" if training else "evaluating"
     change = ("a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
               if training else "shorter --lengths")
+    share = ""
+    if weights:
+        parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg)
+        share = f" ({parameters / 2**30:.1f} GiB of it the weights{', gradients and Adam state' if training else ''})"
+        change = f"a smaller --n-embd or --n-layer, {change}"
     if attends_all_cells(cfg):
         change += (" (this model computes all T x T attention cells at once: fast=False, or a refiner without "
                    "row_local = True)")
     raise MemoryError(f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
-                      f"heads) needs at least {needed / 2**30:.1f} GiB, but {device.type} has "
+                      f"heads) needs at least {needed / 2**30:.1f} GiB{share}, but {device.type} has "
                       f"{available / 2**30:.1f} GiB available; use {change}")
 
 

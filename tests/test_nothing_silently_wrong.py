@@ -229,3 +229,80 @@ def test_corrupt_compressed_corpora_fifos_and_devices_are_refused_with_the_reaso
                                      "--out", str(tmp_path / "run")])
         assert code == 2 and len(err) == 1 and str(path) in err[0] and reason in err[0], err
     assert not (tmp_path / "run").exists()
+
+
+# ----------------------------------------------------------------------------- memory: the weights count too
+
+
+def test_a_model_whose_weights_cannot_fit_is_refused_before_it_is_built(tmp_path, corpus_file, capsys, monkeypatch):
+    """The weights, their gradients and Adam's two moments (16 bytes a parameter) are counted before the model
+    is built: a model of 12.6 M parameters (200 MB) with 10 MB free is one line, though one step's activations
+    (2 MB) would fit; and the issue's 131072-wide model is refused on any machine, never allocated."""
+    built = []
+    monkeypatch.setattr(train_module, "GPT", lambda cfg: built.append(cfg))
+    wide = ["train", "--n-layer", "4", "--n-embd", "512", "--n-head", "8", "--block-size", "16", "--batch-size", "1",
+            "--corpus", str(corpus_file), "--steps", "1", "--out", str(tmp_path / "wide")]
+    with monkeypatch.context() as scarce:
+        scarce.setattr(md.utils, "available_memory", lambda device: 10 * 2**20)
+        code, err = failing(capsys, wide)
+    assert code == 2 and len(err) == 1 and "weights" in err[0] and "--n-embd" in err[0], err
+    code, err = failing(capsys, ["train", "--n-embd", "131072", "--n-head", "1", "--corpus", str(corpus_file),
+                                 "--steps", "1", "--out", str(tmp_path / "huge")])
+    assert code == 2 and len(err) == 1 and "GiB" in err[0] and "weights" in err[0], err
+    assert built == [] and not (tmp_path / "wide").exists() and not (tmp_path / "huge").exists()
+
+
+# ----------------------------------------------------------------------------- SIGTERM and SIGHUP
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGHUP])
+def test_sigterm_and_sighup_stop_training_like_ctrl_c(tmp_path, corpus_file, stop):
+    """A `kill` (SIGTERM) or a closed terminal (SIGHUP) mid-run: one line saying which checkpoint survives and
+    how to resume, exit code 128 + the signal's number, and the checkpoint named loads."""
+    run = tmp_path / "run"
+    training = cli_process("train", *TINY, "--corpus", str(corpus_file), "--steps", "100000", "--batch-size", "2",
+                           "--checkpoint-every", "5", "--out", str(run), cwd=tmp_path)
+    deadline = time.monotonic() + 120
+    while not (run / CHECKPOINT_NAME).exists() and training.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    training.send_signal(stop)
+    _, err = training.communicate(timeout=120)
+    lines = error_lines(err)
+    assert training.returncode == 128 + stop and len(lines) == 1, (training.returncode, err[-2000:])
+    assert signal.Signals(stop).name in lines[0] and "holds step" in lines[0] and "--resume" in lines[0], lines
+    assert read_checkpoint(run)["step"] % 5 == 0
+
+
+# ----------------------------------------------------------------------------- quick mode
+
+
+@pytest.fixture
+def tiny_demo(monkeypatch):
+    """The demo on a token budget (its real one is its own business): every code path, in seconds."""
+    from minidape.study import demo
+    tiny = __import__("dataclasses").replace(demo.QUICK_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2,
+                                             batch_size=2, eval_factors=(1, 2), eval_windows=1)
+    monkeypatch.setattr(demo, "QUICK_BUDGET", tiny)
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    return demo
+
+
+@pytest.mark.parametrize("value", ["false", "no", "2", "on"])
+def test_quick_modes_variable_takes_its_documented_values_only(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.setenv("MINIDAPE_QUICK", value)
+    with pytest.raises(ValueError, match=f"MINIDAPE_QUICK={value!r}.*valid values: 1 .* 0 or empty"):
+        md.utils.quick_mode()
+    (tmp_path / "file").write_text("")
+    code, err = failing(capsys, ["demo", "--out", str(tmp_path / "file")])
+    assert code == 2 and len(err) == 1 and f"MINIDAPE_QUICK={value!r}" in err[0], err
+    for off in ("0", ""):
+        monkeypatch.setenv("MINIDAPE_QUICK", off)
+        assert md.utils.quick_mode() is False
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    assert md.utils.quick_mode() is True
+
+
+def test_a_quick_run_says_quick_mode_once(tmp_path, capsys, tiny_demo):
+    cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
+    printed = capsys.readouterr()
+    assert (printed.out + printed.err).lower().count("quick mode") == 1, printed
