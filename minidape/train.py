@@ -56,7 +56,7 @@ from torch.nn.parallel import DistributedDataParallel
 from .data import check_tokens, corpus_identity, corpus_to_read, fixed_windows, get_batch, load_corpus
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
 from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
-                    holds_out_folder, model_label, resolve_device, source_file)
+                    holds_out_folder, model_label, resolve_device, source_file, user_path)
 
 CHECKPOINT_NAME = "checkpoint.pt"
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
@@ -169,7 +169,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
 
 def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
     """Load a checkpoint dict (a directory means its `checkpoint.pt`), with clear errors for bad files."""
-    path = Path(path)
+    path = user_path(path, "checkpoint path")
     if path.is_dir():
         path = path / CHECKPOINT_NAME
     if not path.is_file():
@@ -339,6 +339,8 @@ def _run_settings(given: dict, checkpoint: dict | None, resume_from, is_main: bo
 def _run_folder(out, resume, overwrite) -> Path | None:
     """The run folder, checked before any work: a folder we can write, not holding a checkpoint that this
     run would silently replace."""
+    if not isinstance(resume, (bool, str, os.PathLike)):
+        raise TypeError(f"resume must be True, False or a checkpoint's path, got {resume!r} ({type(resume).__name__})")
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other: resume continues the checkpoint in out, "
                          "overwrite replaces it")

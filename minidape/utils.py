@@ -104,7 +104,9 @@ def check_number(name: str, value, minimum: float, integer: bool = True, allow_n
 
 def user_path(path: str | os.PathLike, what: str) -> Path:
     """`path` with `~` expanded; a `~user` that does not exist is a ValueError naming `what` and the path
-    (pathlib's own error names neither)."""
+    (pathlib's own error names neither); anything but a str or a path is a TypeError naming `what`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r} ({type(path).__name__})")
     try:
         return Path(path).expanduser()
     except RuntimeError as err:

@@ -306,3 +306,26 @@ def test_a_quick_run_says_quick_mode_once(tmp_path, capsys, tiny_demo):
     cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
     printed = capsys.readouterr()
     assert (printed.out + printed.err).lower().count("quick mode") == 1, printed
+
+
+# ----------------------------------------------------------------------------- API arguments of the wrong type
+
+
+def test_api_arguments_of_the_wrong_type_are_named(tmp_path):
+    from minidape.evaluate import loss_by_position, perplexity_by_length
+    cfg = md.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=16)
+    model, tokens = md.GPT(cfg), md.load_corpus("austen", "val")[:5000]
+    cases = [(lambda: perplexity_by_length(model, tokens, "32"), "lengths", "'32'"),
+             (lambda: perplexity_by_length(model, tokens, None), "lengths", "None"),
+             (lambda: perplexity_by_length(model, tokens, [16, 32.0]), "lengths", "32.0"),
+             (lambda: perplexity_by_length("model", tokens, [16]), "model", "str"),
+             (lambda: perplexity_by_length(model, tokens, [16], seed="0"), "seed", "'0'"),
+             (lambda: loss_by_position(model, tokens, 16, seed=None), "seed", "None"),
+             (lambda: loss_by_position(None, tokens, 16), "model", "NoneType"),
+             (lambda: md.train(cfg, tokens, steps=1, out=123, progress=False), "out", "int"),
+             (lambda: md.train(None, tokens, steps=1, out=tmp_path / "run", resume=1, progress=False), "resume", "1"),
+             (lambda: load_checkpoint(123), "path", "int")]
+    for call, name, value in cases:
+        with pytest.raises((TypeError, ValueError)) as error:
+            call()
+        assert name in str(error.value) and value in str(error.value), (name, error.value)
