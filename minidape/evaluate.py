@@ -56,7 +56,7 @@ def _check_lengths(lengths) -> list[int]:
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
         raise TypeError(f"lengths must be a positive integer or a list of them, got {lengths!r} "
                         f"({type(lengths).__name__})")
-    return [_check_length(length, "each of lengths") for length in lengths]
+    return [_check_length(length, "each length") for length in lengths]
 
 
 def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:

@@ -317,7 +317,7 @@ def test_api_arguments_of_the_wrong_type_are_named(tmp_path):
     model, tokens = md.GPT(cfg), md.load_corpus("austen", "val")[:5000]
     cases = [(lambda: perplexity_by_length(model, tokens, "32"), "lengths", "'32'"),
              (lambda: perplexity_by_length(model, tokens, None), "lengths", "None"),
-             (lambda: perplexity_by_length(model, tokens, [16, 32.0]), "lengths", "32.0"),
+             (lambda: perplexity_by_length(model, tokens, [16, 32.0]), "length", "32.0"),
              (lambda: perplexity_by_length("model", tokens, [16]), "model", "str"),
              (lambda: perplexity_by_length(model, tokens, [16], seed="0"), "seed", "'0'"),
              (lambda: loss_by_position(model, tokens, 16, seed=None), "seed", "None"),
