@@ -56,9 +56,11 @@ from torch.nn.parallel import DistributedDataParallel
 from .data import check_tokens, corpus_identity, corpus_to_read, fixed_windows, get_batch, load_corpus
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
 from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
-                    holds_out_folder, model_label, resolve_device, source_file, user_path)
+                    holds_out_folder, model_label, remove_stale_temporaries, resolve_device, source_file,
+                    user_path)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+RUN_FILES = (CHECKPOINT_NAME, "history.json")      # a run folder's files (history.json: the CLI's)
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
 CHECKPOINT_TYPES = {"model": (dict,), "config": (dict,), "optimizer": (dict, type(None)), "step": (int,),
                     "seed": (int,), "history": (list,)}
@@ -561,6 +563,8 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
                      checkpoint_every=checkpoint_every, metrics=metrics)
     out = _run_folder(out, resume, overwrite)
     context, device = setup_distributed(device)
+    if out is not None and context.is_main:     # rank 0 holds the folder: no one else writes there
+        remove_stale_temporaries(out, RUN_FILES)
     resume_from = (out / CHECKPOINT_NAME if resume is True else Path(resume)) if resume else None
     checkpoint = None if resume_from is None else read_checkpoint(resume_from, device)
     settings = _run_settings(given, checkpoint, resume_from, context.is_main)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import hashlib
 import importlib.util
 import inspect
@@ -248,6 +249,15 @@ def atomic_path(path: str | os.PathLike):
     finally:
         if tmp is not None:
             tmp.unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, names) -> None:
+    """Remove the temporary files (`.NAME.*.tmp`) that `atomic_path` left in `folder` for the files `names`
+    when its process was killed mid-write. Only for a folder this process holds (`folder_lock`), where no
+    other process is writing."""
+    for name in names:
+        for stale in Path(folder).glob(f".{glob.escape(name)}.*{TEMPORARY_SUFFIX}"):
+            stale.unlink(missing_ok=True)
 
 
 def write_together(writers: dict) -> None:

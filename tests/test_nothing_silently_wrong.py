@@ -329,3 +329,23 @@ def test_api_arguments_of_the_wrong_type_are_named(tmp_path):
         with pytest.raises((TypeError, ValueError)) as error:
             call()
         assert name in str(error.value) and value in str(error.value), (name, error.value)
+
+
+# ----------------------------------------------------------------------------- litter
+
+
+def test_temporary_checkpoints_left_by_a_killed_save_are_removed_by_the_next_run(tmp_path, corpus_file):
+    """A kill during a checkpoint write leaves its `.checkpoint.pt.*.tmp` (atomic_path's temporary file); the
+    next run in that folder, which holds the folder's lock, removes it, and leaves other files alone."""
+    run = tmp_path / "run"
+    run.mkdir()
+    killed = [run / ".checkpoint.pt.k1ll3d.tmp", run / ".history.json.x7.tmp"]
+    for path in killed:
+        path.write_bytes(bytes(1000))
+    (run / "notes.tmp").write_text("the user's")
+    train = ["train", *TINY, "--corpus", str(corpus_file), "--batch-size", "2", "--out", str(run)]
+    cli.main([*train, "--steps", "1"])
+    assert sorted(os.listdir(run)) == [CHECKPOINT_NAME, "history.json", "notes.tmp"]
+    killed[0].write_bytes(bytes(1000))
+    cli.main([*train, "--steps", "2", "--resume"])
+    assert sorted(os.listdir(run)) == [CHECKPOINT_NAME, "history.json", "notes.tmp"]
