@@ -28,8 +28,6 @@ from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .tasks import TASK_NAMES
 from .utils import DEVICE_CHOICES, import_file, quick_mode
 
-QUICK_MODE_COMMANDS = ("demo", "grade")       # the commands that quick mode changes
-
 
 # ----------------------------------------------------------------------------- argument parsing
 
@@ -270,9 +268,7 @@ def main(argv: list[str] | None = None) -> None:
             return bench_command(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
-        if quick_mode() and args.command in QUICK_MODE_COMMANDS:   # a bad value of its variable: refused here
-            print(f"{prog}: quick mode (MINIDAPE_QUICK=1): fewer steps and shorter lengths, the same code paths",
-                  file=sys.stderr)
+        quick_mode()  # a bad value of its variable is refused here, before any work (the demo says when it is on)
         COMMANDS[args.command](args)
     except KeyboardInterrupt as interrupted:  # in training, the message says which checkpoint survives
         print(f"{prog}: {interrupted or 'interrupted'}", file=sys.stderr)

@@ -349,3 +349,35 @@ def test_temporary_checkpoints_left_by_a_killed_save_are_removed_by_the_next_run
     killed[0].write_bytes(bytes(1000))
     cli.main([*train, "--steps", "2", "--resume"])
     assert sorted(os.listdir(run)) == [CHECKPOINT_NAME, "history.json", "notes.tmp"]
+
+
+# ----------------------------------------------------------------------------- an interrupted demo
+
+
+def test_an_interrupted_demo_is_resumed_by_the_same_command(tmp_path, capsys, tiny_demo):
+    """`make demo` cannot pass --overwrite: run again after an interruption (here: after 5 of 7 models), the
+    same command keeps the models already trained (bitwise) and trains only the others; a finished demo is still
+    refused, and a model of other settings in the folder is refused, not continued."""
+    cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
+    first = json.loads((tmp_path / "results.json").read_text())["results"]
+    for name in ("results.md", "results.json", "extrapolation.png"):
+        (tmp_path / name).unlink()
+    for label in tiny_demo.DEMO_MODELS[5:]:
+        (tmp_path / label / CHECKPOINT_NAME).unlink()
+    kept = {label: read_checkpoint(tmp_path / label)["model"] for label in tiny_demo.DEMO_MODELS[:5]}
+    capsys.readouterr()
+    cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
+    printed = capsys.readouterr().out
+    assert printed.count("trained earlier") == 5
+    for label, weights in kept.items():
+        now = read_checkpoint(tmp_path / label)["model"]
+        assert all(torch.equal(weights[key], now[key]) for key in weights), label
+    again = json.loads((tmp_path / "results.json").read_text())["results"]
+    assert again.keys() == first.keys()
+    assert all(again[label] == pytest.approx(first[label], rel=1e-5) for label in first)  # the same seven models
+    code, err = failing(capsys, ["demo", "--out", str(tmp_path), "--device", "cpu"])
+    assert code == 2 and len(err) == 1 and "--overwrite" in err[0]
+    for name in ("results.md", "results.json", "extrapolation.png"):
+        (tmp_path / name).unlink()
+    code, err = failing(capsys, ["demo", "--out", str(tmp_path), "--device", "cpu", "--steps", "3"])
+    assert code == 2 and len(err) == 1 and "--overwrite" in err[0] and "2 steps" in err[0], err
