@@ -381,3 +381,12 @@ def test_an_interrupted_demo_is_resumed_by_the_same_command(tmp_path, capsys, ti
         (tmp_path / name).unlink()
     code, err = failing(capsys, ["demo", "--out", str(tmp_path), "--device", "cpu", "--steps", "3"])
     assert code == 2 and len(err) == 1 and "--overwrite" in err[0] and "2 steps" in err[0], err
+
+
+# ----------------------------------------------------------------------------- the benchmark's numbers
+
+
+@pytest.mark.parametrize("flag", ["--threads", "--eval-length", "--repeats", "--rounds", "--length", "--batch"])
+def test_the_benchmarks_numeric_flags_are_checked_in_one_line(capsys, flag):
+    code, err = failing(capsys, ["bench", flag, "-3"])
+    assert code == 2 and len(err) == 1 and flag in err[0] and "-3" in err[0], err
