@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
-.PHONY: demo test test-unit test-gpu test-notebooks notebooks student lab bench clean
+.PHONY: demo test lint test-unit test-gpu test-notebooks notebooks student lab bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -21,7 +21,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/python -m minidape demo
 
-test: test-unit test-notebooks
+test: lint test-unit test-notebooks
+
+# ruff (configured in pyproject.toml: rules, line length, the notebooks left to jupytext): lint, then the format
+# check. `ruff format` and `ruff check --fix` apply what they report.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Tests run many tiny tensor ops, where OpenMP threads mostly wait on each other; with the 2 cores shared,
 # the model tests took 7 s on one thread against 64 s on two.

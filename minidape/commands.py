@@ -23,8 +23,16 @@ from .evaluate import perplexity_by_length
 from .model import GPTConfig
 from .tasks import get_task
 from .train import CHECKPOINT_NAME, RUN_SETTINGS, checkpoint_config, load_checkpoint, read_checkpoint, train
-from .utils import (RESULT_FILES, atomic_path, check_writable_folder, folder_lock, model_label, refuse_to_replace,
-                    resolve_device, write_results)
+from .utils import (
+    RESULT_FILES,
+    atomic_path,
+    check_writable_folder,
+    folder_lock,
+    model_label,
+    refuse_to_replace,
+    resolve_device,
+    write_results,
+)
 
 
 def config_overrides(args: argparse.Namespace) -> dict:
@@ -142,7 +150,8 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
     runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
     corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
     results, train_lengths = {}, set()
-    for (path, model, _), label in zip(runs, run_labels([path for path, _, _ in runs], [model for _, model, _ in runs])):
+    labels = run_labels([path for path, _, _ in runs], [model for _, model, _ in runs])
+    for (path, model, _), label in zip(runs, labels):
         block_size = model.cfg.block_size
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
         results[label] = perplexity_by_length(model, load_corpus(corpora[path], "val"), lengths,
@@ -193,7 +202,8 @@ def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: 
                               chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}")
     try:
         write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
-                      {**results, "history": history}, figures={"accuracy.png": plots.figure_writer(fig, "accuracy.png")})
+                      {**results, "history": history},
+                      figures={"accuracy.png": plots.figure_writer(fig, "accuracy.png")})
     finally:
         plt.close(fig)
     print(table)

@@ -367,7 +367,8 @@ def count_host_reads(monkeypatch) -> list[str]:
     package = str(Path(md.__file__).resolve().parent)
     reads = []
     for name in HOST_READS:
-        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
+        # the defaults bind this iteration's method and name
+        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):  # noqa: B008
             caller = sys._getframe(1)
             if caller.f_code.co_filename.startswith(package):
                 reads.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno} {_name}")
@@ -481,8 +482,8 @@ def reference_weights(cfg: md.GPTConfig, tokens: torch.Tensor, ranks) -> dict:
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                                   betas=(0.9, 0.95))
     for step in range(steps):
-        batches = [get_batch(tokens, batch_size, cfg.block_size, torch.Generator().manual_seed(step_seed(seed, rank, step)))
-                   for rank in ranks]
+        batches = [get_batch(tokens, batch_size, cfg.block_size,
+                             torch.Generator().manual_seed(step_seed(seed, rank, step))) for rank in ranks]
         x, y = (torch.cat(parts) for parts in zip(*batches))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, lr / 10, warmup)
