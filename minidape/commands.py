@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
 import re
@@ -236,7 +237,22 @@ def compare_command(args: argparse.Namespace) -> None:
             allow_leakage=args.allow_leakage)
 
 
+# What grading needs beyond minidape's own dependencies (the `grade` extra): jupytext reads the teacher's notebooks,
+# IPython's display is what the notebooks show results with.
+GRADE_NEEDS = ("jupytext", "IPython")
+
+
 def grade_command(args: argparse.Namespace) -> None:
+    missing = []
+    for name in GRADE_NEEDS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"grading needs {' and '.join(missing)}, not installed here: pip install 'minidape[grade]' "
+                         f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
+                         f"'.[grade]')")
     from .grade import grade
     grade(args.paths, csv_path=args.csv, timeout=args.timeout, jobs=args.jobs, feedback=args.feedback)
 

@@ -390,3 +390,20 @@ def test_an_interrupted_demo_is_resumed_by_the_same_command(tmp_path, capsys, ti
 def test_the_benchmarks_numeric_flags_are_checked_in_one_line(capsys, flag):
     code, err = failing(capsys, ["bench", flag, "-3"])
     assert code == 2 and len(err) == 1 and flag in err[0] and "-3" in err[0], err
+
+
+# ----------------------------------------------------------------------------- grading without its extra
+
+
+def test_grading_without_its_packages_says_in_one_line_what_to_install(tmp_path):
+    """Where jupytext is not installed (a plain `pip install minidape`), `grade` names the extra to install."""
+    missing = tmp_path / "without" / "jupytext"
+    missing.mkdir(parents=True)
+    (missing / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'jupytext'\", name='jupytext')\n")
+    (tmp_path / "a.ipynb").write_text("{}")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "without"), str(REPO)]), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-m", "minidape", "grade", "a.ipynb"], cwd=tmp_path, env=env, text=True,
+                          capture_output=True, timeout=300)
+    lines = error_lines(done.stderr)
+    assert done.returncode == 2 and len(lines) == 1, done.stderr[-2000:]
+    assert "jupytext" in lines[0] and "pip install 'minidape[grade]'" in lines[0], lines

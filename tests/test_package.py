@@ -38,7 +38,7 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     far from the repository's data/."""
     source = tmp_path / "source"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(REPO / name, source / name)
     for folder in ("minidape", "data"):
         shutil.copytree(REPO / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
@@ -53,6 +53,15 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     for files in md.data.CORPORA.values():
         assert all((corpora / file).is_file() for file in files)
     assert (corpora / "PROVENANCE.md").is_file() and (corpora / "code" / "PSF_LICENSE.txt").is_file()
+    assert (corpora / "LICENSES.md").is_file()
+    # The metadata a package index shows: the licences (minidape's and the corpora's), authors, Python versions
+    info = next((tmp_path / "site").glob("minidape-*.dist-info"))
+    licences = {path.name for path in (info / "licenses").rglob("*") if path.is_file()}
+    assert licences == {"LICENSE", "LICENSES.md", "PSF_LICENSE.txt"}, licences
+    metadata = (info / "METADATA").read_text()
+    for field in ("License-Expression: MIT", "Author: the minidape maintainers", "Requires-Python: >=3.10",
+                  "Classifier: Programming Language :: Python :: 3.11", "Project-URL: ", "Provides-Extra: grade"):
+        assert field in metadata, field
     # Every subpackage of the source tree ships (a folder missing from pyproject's list would be left out).
     for package in (REPO / "minidape").rglob("__init__.py"):
         assert (tmp_path / "site" / package.relative_to(REPO)).is_file(), f"{package.parent.name} is not in the wheel"
@@ -69,6 +78,11 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     where, size = done.stdout.split()
     assert Path(where) == corpora
     assert int(size) == len(md.load_corpus("austen")) + len(md.load_corpus("austen", "val"))
+    # grading needs the teacher's edition, which a wheel does not carry: one line saying where to grade from
+    (elsewhere / "a.ipynb").write_text("{}")
+    graded = run_python("from minidape.__main__ import main; main(['grade', 'a.ipynb'])", elsewhere, tmp_path / "site")
+    errors = [line for line in graded.stderr.splitlines() if line.startswith("python -m minidape")]
+    assert graded.returncode == 2 and len(errors) == 1 and "checkout" in errors[0], graded.stderr[-2000:]
 
 
 def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_from_it():
