@@ -1,6 +1,7 @@
 # `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab` (on them);
 # each creates .venv and installs on first use.
-# TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build.
+# TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build; TORCH_INDEX the
+# index it comes from, e.g. `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` for PyTorch's CPU build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -14,8 +15,8 @@ NBTEST := .nbtest
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[notebooks,dev]"
+	$(BIN)/python -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q -e ".[notebooks,grade,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -146,3 +146,22 @@ def test_the_readme_layout_table_names_every_module():
         if path.name != "__init__.py" and not named:
             missing.append(relative)
     assert not missing, f"not in the README's layout table: {missing}"
+
+
+def test_the_readmes_own_bias_runs_as_shown_and_the_files_it_names_exist():
+    """The README's bias of one's own runs as printed (its imports included) and is the file its commands
+    import; every file a README command line names (`--import FILE.py`, `--pe FILE.py:Class`) exists."""
+    import re
+
+    import torch
+    readme = (REPO / "README.md").read_text()
+    bias = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "register_pe(" in block)
+    exec(compile(bias, "README.md", "exec"), {})
+    model = md.GPT(md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, pe="cauchy", refiner="conv"))
+    logits, _ = model(torch.randint(256, (1, 16)))
+    assert torch.isfinite(logits).all()
+    shown = (REPO / "tests" / "files" / "cauchy_bias.py").read_text()
+    assert bias.strip() in shown
+    named = {path for pair in re.findall(r"--import (\S+\.py)|--pe (\S+\.py):", readme) for path in pair
+             if path and not Path(path).stem.isupper()}                     # FILE.py stands for any file
+    assert named and all((REPO / path).is_file() for path in named), named
