@@ -18,6 +18,7 @@ import minidape as md
 from minidape import __main__ as cli
 from minidape.train import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
 from test_cli import error_lines, failing
+from test_train import stopped_after_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16"]
@@ -40,29 +41,15 @@ def cli_process(*args: str, cwd: Path, **options) -> subprocess.Popen:
 # ----------------------------------------------------------------------------- a resumed run keeps its settings
 
 
-class Stop(Exception):
-    pass
-
-
-def test_resume_continues_with_the_runs_own_settings_and_refuses_other_ones(tmp_path, corpus_file, capsys,
-                                                                            monkeypatch):
+def test_resume_continues_with_the_runs_own_settings_and_refuses_other_ones(tmp_path, corpus_file, capsys):
     """A run with its own --lr, --batch-size, --warmup, --weight-decay, --grad-clip and --seed, stopped after its
     step-4 checkpoint and resumed with `--resume` alone (as the Ctrl-C message says), ends where the run never
     stopped ends; a setting given on resume that differs from the run's is refused in one line naming the flag."""
     settings = [*TINY, "--corpus", str(corpus_file), "--steps", "8", "--checkpoint-every", "4", "--lr", "3e-3",
                 "--batch-size", "3", "--warmup", "2", "--weight-decay", "0.05", "--grad-clip", "0.5", "--seed", "7"]
     cli.main(["train", *settings, "--out", str(tmp_path / "whole")])
-    save = train_module.save_checkpoint
-
-    def save_then_stop(path, model, optimizer, step, *args, **kwargs):
-        save(path, model, optimizer, step, *args, **kwargs)
-        if step == 4:
-            raise Stop
-
-    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
-    with pytest.raises(Stop):
+    with stopped_after_checkpoint(4):
         cli.main(["train", *settings, "--out", str(tmp_path / "cut")])
-    monkeypatch.undo()
     cli.main(["train", "--out", str(tmp_path / "cut"), "--resume"])
     whole, cut = (json.loads((tmp_path / run / "history.json").read_text()) for run in ("whole", "cut"))
     assert cut == whole
