@@ -11,7 +11,7 @@ The same loop trains language models on a corpus (random windows, AdamW) and enc
 Runs are never lost: a folder that already holds a checkpoint is refused unless `resume=True` or
 `overwrite=True`, and so is a folder another process is training into (an OS lock held for the whole run);
 `out` is checked before the first step; the first non-finite loss or gradient stops the run before it reaches
-the weights, and Ctrl-C stops it with a message saying which checkpoint survives.
+the weights, and Ctrl-C (or SIGTERM, SIGHUP) stops it with a message saying which checkpoint survives.
 
 Nothing is trained that cannot mean anything: a decoder whose refiner reads the future (`check_causal`) is
 refused unless `allow_leakage=True` (a deliberate leakage experiment), and a step that cannot fit in memory
