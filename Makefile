@@ -1,6 +1,7 @@
 # `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab` (on them),
 # `make handout` (what students get); each creates .venv and installs on first use.
-# TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build.
+# TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build; TORCH_INDEX the
+# index it comes from, e.g. `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` for PyTorch's CPU build.
 PYTHON ?= python3
 TORCH ?= torch==2.13.0
 VENV := .venv
@@ -9,19 +10,25 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
-.PHONY: demo test test-unit test-gpu test-notebooks notebooks student lab handout bench clean
+.PHONY: demo test lint test-unit test-gpu test-notebooks notebooks student lab handout bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[notebooks,dev]"
+	$(BIN)/python -m pip install -q "$(TORCH)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
+	$(BIN)/python -m pip install -q -e ".[notebooks,grade,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(BIN)/python -m minidape demo
 
-test: test-unit test-notebooks
+test: lint test-unit test-notebooks
+
+# ruff (configured in pyproject.toml: rules, line length, the notebooks left to jupytext): lint, then the format
+# check. `ruff format` and `ruff check --fix` apply what they report.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 
 # Tests run many tiny tensor ops, where OpenMP threads mostly wait on each other; with the 2 cores shared,
 # the model tests took 7 s on one thread against 64 s on two.

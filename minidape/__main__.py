@@ -26,7 +26,7 @@ from .evaluate import PROTOCOLS
 from .model import PE_NAMES, REFINER_NAMES, GPTConfig
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .tasks import TASK_NAMES
-from .utils import DEVICE_CHOICES, import_file
+from .utils import DEVICE_CHOICES, import_file, quick_mode
 
 
 # ----------------------------------------------------------------------------- argument parsing
@@ -127,18 +127,18 @@ def build_parser() -> argparse.ArgumentParser:
     run = train_cmd.add_argument_group("training")
     run.add_argument("--corpus", help="corpus name or .txt/.gz path (default austen; on --resume the "
                                       "checkpoint's corpus)")
-    run.add_argument("--steps", type=positive_int, default=1000, help="total optimizer steps (default 1000)")
-    run.add_argument("--batch-size", type=positive_int, default=32,
-                     help="sequences per step (per process under DDP)")
-    run.add_argument("--lr", type=positive_float, default=1e-3, help="peak learning rate (default 1e-3)")
+    run.description = "On --resume the run's own --steps ... --seed are kept: give none (more --steps extend it)."
+    run.add_argument("--steps", type=positive_int, help="total optimizer steps (default 1000)")
+    run.add_argument("--batch-size", type=positive_int, help="sequences per step, per process under DDP (default 32)")
+    run.add_argument("--lr", type=positive_float, help="peak learning rate (default 1e-3)")
     run.add_argument("--min-lr", type=float, help="final learning rate of the cosine (default lr/10)")
     run.add_argument("--warmup", type=int, help="linear warmup steps (default 5%% of steps)")
-    run.add_argument("--weight-decay", type=float, default=0.1)
-    run.add_argument("--grad-clip", type=float, default=1.0, help="gradient norm clip, 0 disables (default 1)")
+    run.add_argument("--weight-decay", type=float, help="on weight matrices (default 0.1)")
+    run.add_argument("--grad-clip", type=float, help="gradient norm clip, 0 disables (default 1)")
     run.add_argument("--eval-every", type=positive_int, help="steps between validation losses (default steps/10)")
     run.add_argument("--checkpoint-every", type=positive_int,
                      help="steps between checkpoints (default: at the end only)")
-    run.add_argument("--seed", type=int, default=0)
+    run.add_argument("--seed", type=int, help="default 0")
     run.add_argument("--compile", action="store_true", help="torch.compile the model")
     run.add_argument("--out", required=True, help="run directory for checkpoint.pt and history.json")
     again = run.add_mutually_exclusive_group()
@@ -282,10 +282,11 @@ def main(argv: list[str] | None = None) -> None:
             return bench_command(args, rest)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
+        quick_mode()  # a bad value of its variable is refused here, before any work (the demo says when it is on)
         COMMANDS[args.command](args)
     except KeyboardInterrupt as interrupted:  # in training, the message says which checkpoint survives
         print(f"{prog}: {interrupted or 'interrupted'}", file=sys.stderr)
-        sys.exit(130)
+        sys.exit(getattr(interrupted, "exit_code", 130))      # SIGTERM, SIGHUP: 128 + the signal's number
     except (ValueError, TypeError, OSError, FloatingPointError, MemoryError) as err:  # the user's mistake: one line
         print(f"{prog}: error: {' '.join(str(err).split())}", file=sys.stderr)
         sys.exit(2)

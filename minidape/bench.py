@@ -355,9 +355,10 @@ def main(argv: list[str] | None = None) -> None:
             import_file(path)
         print(json.dumps((timing_child if spec.pop("kind") == "timing" else peak_memory_child)(spec)))
         return
-    for name in ("rounds", "repeats", "length", "batch"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name} must be at least 1; got {getattr(args, name)}")
+    for name in ("rounds", "repeats", "length", "batch", "eval_length", "threads"):
+        value = getattr(args, name)
+        if value is not None and value < 1:   # one line, as every command's mistakes (argparse's adds its usage)
+            parser.exit(2, f"{parser.prog}: error: --{name.replace('_', '-')} must be at least 1; got {value}\n")
     if args.threads:
         torch.set_num_threads(args.threads)
     device = resolve_device(args.device)

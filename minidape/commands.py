@@ -8,8 +8,10 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
+import importlib
 import json
 import os
+import re
 import sys
 from pathlib import Path
 
@@ -21,9 +23,17 @@ from .data import corpus_to_read, load_corpus
 from .evaluate import perplexity_by_length
 from .model import GPTConfig
 from .tasks import get_task
-from .train import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint, train
-from .utils import (RESULT_FILES, atomic_path, check_writable_folder, folder_lock, model_label, refuse_to_replace,
-                    resolve_device, write_results)
+from .train import CHECKPOINT_NAME, RUN_SETTINGS, checkpoint_config, load_checkpoint, read_checkpoint, train
+from .utils import (
+    RESULT_FILES,
+    atomic_path,
+    check_writable_folder,
+    folder_lock,
+    model_label,
+    refuse_to_replace,
+    resolve_device,
+    write_results,
+)
 
 
 def config_overrides(args: argparse.Namespace) -> dict:
@@ -32,13 +42,32 @@ def config_overrides(args: argparse.Namespace) -> dict:
     return {name: value for name, value in vars(args).items() if name in fields}
 
 
+# The API's names of the settings a command line sets by flags, as they appear in errors: `name=value`, `name must`.
+SETTING_NAMES = re.compile(r"(?<![-\w])(" + "|".join(
+    [field.name for field in dataclasses.fields(GPTConfig)] + list(RUN_SETTINGS) + ["eval_every", "checkpoint_every"])
+    + r")(?==| must\b)")
+
+
+@contextlib.contextmanager
+def flags_named():
+    """A ValueError raised inside says `--block-size=1`, `--lr must ...` where the API's message says
+    `block_size=1`, `lr must ...`: the command line's user sees the flag to change."""
+    try:
+        yield
+    except ValueError as err:
+        named = SETTING_NAMES.sub(lambda name: "--" + name[1].replace("_", "-"), str(err))
+        if named == str(err):
+            raise
+        raise ValueError(named) from err
+
+
 # ----------------------------------------------------------------------------- train
 
 
 def train_command(args: argparse.Namespace) -> None:
     out = check_writable_folder(args.out, "--out")
     main_process = int(os.environ.get("RANK", "0")) == 0
-    with folder_lock(out) if main_process else contextlib.nullcontext():   # history.json too, under the lock
+    with folder_lock(out) if main_process else contextlib.nullcontext(), flags_named():  # history.json under the lock
         _train_into(args, out, main_process)
 
 
@@ -72,6 +101,31 @@ def run_directory(checkpoint_path: str | os.PathLike) -> Path:
     return path if path.is_dir() else path.parent
 
 
+def run_labels(paths: list[str], models: list) -> list[str]:
+    """One distinct label per checkpoint: the model's (`model_label`), and where models of one kind meet, each
+    followed by the shortest end of its path that tells it apart (`alibi (a/run)`, `alibi (b/run)`; a file
+    named checkpoint.pt stands for its folder). The same checkpoint given twice is a ValueError."""
+    files = [Path(path).resolve() / CHECKPOINT_NAME if Path(path).is_dir() else Path(path).resolve() for path in paths]
+    seen = {}
+    for path, file in zip(paths, files):
+        if file in seen:
+            raise ValueError(f"eval: {file} given twice (as {seen[file]!r} and {path!r}); give each run once")
+        seen[file] = path
+    names = [file.parent.parts if file.name == CHECKPOINT_NAME else file.parent.parts + (file.stem,)
+             for file in files]
+    kinds = [model_label(model.cfg) for model in models]
+    labels = []
+    for kind, name in zip(kinds, names):
+        alike = [other for other_kind, other in zip(kinds, names) if other_kind == kind]
+        if len(alike) == 1:
+            labels.append(kind)
+            continue
+        depth = next(depth for depth in range(1, len(name) + 1)
+                     if sum(other[-depth:] == name[-depth:] for other in alike) == 1)
+        labels.append(f"{kind} ({'/'.join(name[-depth:])})")
+    return labels
+
+
 def _eval_corpus(path: str, checkpoint: dict, corpus: str | None) -> str:
     """The corpus to score a checkpoint on: `--corpus` when given, else the one it was trained on, checked to
     be the same file as then."""
@@ -97,12 +151,10 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
     runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
     corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
     results, train_lengths = {}, set()
-    for path, model, _ in runs:
+    labels = run_labels([path for path, _, _ in runs], [model for _, model, _ in runs])
+    for (path, model, _), label in zip(runs, labels):
         block_size = model.cfg.block_size
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
-        label = model_label(model.cfg)
-        if label in results:  # two checkpoints of the same kind: tell them apart by their run directory
-            label = f"{label} ({run_directory(path).name})"
         results[label] = perplexity_by_length(model, load_corpus(corpora[path], "val"), lengths,
                                               last_k=args.last_k, protocol=args.protocol,
                                               n_windows=args.n_windows, n_tokens=args.n_tokens, seed=args.seed,
@@ -126,13 +178,14 @@ def che_command(args: argparse.Namespace) -> None:
     if fixed:
         raise ValueError(f"the task sets {', '.join(fixed)}; drop "
                          f"{', '.join('--' + name.replace('_', '-') for name in fixed)}")
-    cfg = GPTConfig(**config_overrides(args))
+    with flags_named():
+        cfg = GPTConfig(**config_overrides(args))
     lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
     if not lengths:
         raise ValueError(f"--length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
     label = model_label(cfg)
     out = refuse_to_replace(args.out or Path("runs") / "che" / f"{task.name}-{label}", RESULT_FILES, args.overwrite)
-    with folder_lock(out):
+    with folder_lock(out), flags_named():
         _che_into(args, out, task, cfg, label, lengths)
 
 
@@ -146,12 +199,14 @@ def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: 
                                               "eval_seconds")}
     settings["model"] = f"{cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, {label}"
     settings["chance accuracy"] = f"{100 * task.chance_accuracy:.0f}%"
-    write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
-                  {**results, "history": history})
     fig = plots.plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
-                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}",
-                              path=out / "accuracy.png")
-    plt.close(fig)
+                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}")
+    try:
+        write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
+                      {**results, "history": history},
+                      figures={"accuracy.png": plots.figure_writer(fig, "accuracy.png")})
+    finally:
+        plt.close(fig)
     print(table)
     print(f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
           f"(chance {100 * task.chance_accuracy:.0f}%)")
@@ -189,7 +244,22 @@ def handout_command(args: argparse.Namespace) -> None:
           f"{next(out.glob('*.whl')).name}, README.md")
 
 
+# What grading needs beyond minidape's own dependencies (the `grade` extra): jupytext reads the teacher's notebooks,
+# IPython's display is what the notebooks show results with.
+GRADE_NEEDS = ("jupytext", "IPython")
+
+
 def grade_command(args: argparse.Namespace) -> None:
+    missing = []
+    for name in GRADE_NEEDS:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
+    if missing:
+        raise ValueError(f"grading needs {' and '.join(missing)}, not installed here: pip install 'minidape[grade]' "
+                         f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
+                         f"'.[grade]')")
     from . import gradebook
     from .grade import grade
     if args.gradebook is not None:          # the teacher's marks folded in, nothing graded again

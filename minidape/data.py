@@ -15,10 +15,13 @@ is not the one trained on.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import gzip
 import hashlib
 import os
+import stat
+import zlib
 from importlib import resources
 from pathlib import Path
 
@@ -45,13 +48,29 @@ SPLITS = ("train", "val")
 VAL_FRACTION = 0.1
 
 
+# What a path that is there but is no regular file is, for the error (reading a FIFO would wait for a writer).
+NOT_FILES = {stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISCHR: "a character device",
+             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+
+
+def _check_regular(path: Path) -> None:
+    """A corpus is a regular file: anything else that is there is a ValueError saying what it is."""
+    with contextlib.suppress(OSError):
+        mode = path.stat().st_mode
+        what = next((what for test, what in NOT_FILES.items() if test(mode)), None)
+        if what is not None:
+            raise ValueError(f"corpus {str(path)!r} is {what}, not a regular file; give a .txt or .gz file")
+
+
 def _read_bytes(path: Path) -> bytes:
+    _check_regular(path)
     if not path.is_file():
         raise FileNotFoundError(f"corpus file {str(path)!r} does not exist")
     try:
         return gzip.decompress(path.read_bytes()) if path.suffix == ".gz" else path.read_bytes()
-    except (OSError, EOFError) as err:
-        raise ValueError(f"cannot read corpus file {str(path)!r}: {err}") from err
+    except (OSError, EOFError, zlib.error) as err:  # gzip.BadGzipFile is an OSError; a damaged stream a zlib.error
+        reason = "the compressed data is corrupt or truncated" if path.suffix == ".gz" else "it cannot be read"
+        raise ValueError(f"cannot read corpus file {str(path)!r}: {reason} ({err})") from err
 
 
 @functools.lru_cache(maxsize=8)
@@ -73,6 +92,7 @@ def _corpus_tokens(name_or_path: str) -> torch.Tensor:
     if path.is_dir():
         raise ValueError(f"corpus {name_or_path!r} is a folder, not a file; valid corpora are {', '.join(CORPORA)}, "
                          f"or a path to a .txt or .gz file")
+    _check_regular(path)
     if not path.is_file():
         if path.suffix not in (".txt", ".gz"):
             raise ValueError(f"unknown corpus {name_or_path!r}: valid corpora are {', '.join(CORPORA)}, "

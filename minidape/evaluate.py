@@ -29,13 +29,14 @@ import contextlib
 import math
 import numbers
 import warnings
+from collections.abc import Iterable
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from .data import check_tokens, fixed_windows
-from .utils import autocast_for, check_memory, model_device
+from .utils import autocast_for, check_memory, check_number, model_device
 
 PROTOCOLS = ("last_k", "nonoverlap")
 TOKENS_EXPECTED = "a 1-D integer tensor (e.g. md.load_corpus(name, 'val'))"
@@ -48,9 +49,22 @@ def _check_length(length, what: str = "length") -> int:
     return int(length)
 
 
+def _check_lengths(lengths) -> list[int]:
+    """`lengths` as a list of positive integers: one integer, or an iterable of them (not a string)."""
+    if isinstance(lengths, numbers.Integral) and not isinstance(lengths, bool):
+        return [_check_length(lengths, "lengths")]
+    if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
+        raise TypeError(f"lengths must be a positive integer or a list of them, got {lengths!r} "
+                        f"({type(lengths).__name__})")
+    return [_check_length(length, "each length") for length in lengths]
+
+
 def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:
-    """Too few tokens, or tokens outside the model's vocabulary, are a data error, not a length the model
-    cannot run."""
+    """A model that is one; too few tokens, or tokens outside the model's vocabulary, are a data error, not a
+    length the model cannot run."""
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"model must be a torch model (e.g. md.GPT or md.load_checkpoint(path)[0]), got "
+                        f"{type(model).__name__}")
     if len(tokens) < 2:
         raise ValueError(f"tokens holds {len(tokens)} token(s); evaluation needs at least 2 (an input and the "
                          f"next token it predicts)")
@@ -134,9 +148,8 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
         raise ValueError(f"unknown protocol {protocol!r}; valid choices: {', '.join(PROTOCOLS)}")
     tokens = check_tokens(tokens, "tokens", TOKENS_EXPECTED)
     _check_vocabulary(model, tokens)
-    if isinstance(lengths, numbers.Integral):
-        lengths = [lengths]
-    lengths = [_check_length(length) for length in lengths]
+    lengths = _check_lengths(lengths)
+    check_number("seed", seed, 0, allow_none=False)
     if not lengths:
         raise ValueError("lengths is empty: give at least one evaluation length")
     _check_length(last_k, "last_k")
@@ -190,6 +203,7 @@ def loss_by_position(model: nn.Module, tokens: torch.Tensor, length: int, n_wind
     tokens = check_tokens(tokens, "tokens", TOKENS_EXPECTED)
     _check_vocabulary(model, tokens)
     length = _check_length(length)
+    check_number("seed", seed, 0, allow_none=False)
     _check_length(n_windows, "n_windows")
     _check_length(max_batch_tokens, "max_batch_tokens")
     windows = fixed_windows(tokens, length + 1, n_windows, seed)

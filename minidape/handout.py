@@ -126,7 +126,7 @@ def build_wheel(into: Path) -> Path:
     with tempfile.TemporaryDirectory() as scratch:
         source = Path(scratch) / "source"
         source.mkdir()
-        for name in ("pyproject.toml", "README.md"):
+        for name in ("pyproject.toml", "README.md", "LICENSE"):
             shutil.copy(ROOT / name, source / name)
         for folder in ("minidape", "data"):
             shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))

@@ -58,12 +58,18 @@ def model_style(label: str) -> dict:
 def save_figure(fig: Figure, path: str | os.PathLike, dpi: int = 150) -> Path:
     """Save `fig` atomically; the format follows the file suffix (`.png`, `.pdf`, `.svg`, ...)."""
     path = Path(path)
-    fmt = path.suffix.lstrip(".").lower()
-    if not fmt:
-        raise ValueError(f"cannot tell the image format of {path}: give it a suffix such as .png or .pdf")
     with atomic_path(path) as tmp:
-        fig.savefig(tmp, format=fmt, dpi=dpi, bbox_inches="tight")
+        figure_writer(fig, path.name, dpi)(tmp)
     return path
+
+
+def figure_writer(fig: Figure, name: str, dpi: int = 150):
+    """A function that writes `fig` to the path it is given, in the format of `name`'s suffix (for
+    `utils.write_results`, which writes a plot together with the results it shows)."""
+    fmt = Path(name).suffix.lstrip(".").lower()
+    if not fmt:
+        raise ValueError(f"cannot tell the image format of {name}: give it a suffix such as .png or .pdf")
+    return lambda path: fig.savefig(path, format=fmt, dpi=dpi, bbox_inches="tight")
 
 
 def _axes(ax, figsize):
@@ -199,8 +205,11 @@ def write_extrapolation(out: str | os.PathLike, results: dict[str, dict[int, flo
     ``eval``'s); returns the markdown table."""
     out = Path(out)
     table = markdown_table(results, train_length=train_length)
-    write_results(out, title, f"Perplexity by evaluation length (lower is better).\n\n{table}", details,
-                  {"results": results, "train_length": train_length, **details})
-    fig = plot_extrapolation(results, train_length=train_length, title=title, path=out / "extrapolation.png")
-    plt.close(fig)
+    fig = plot_extrapolation(results, train_length=train_length, title=title)
+    try:
+        write_results(out, title, f"Perplexity by evaluation length (lower is better).\n\n{table}", details,
+                      {"results": results, "train_length": train_length, **details},
+                      figures={"extrapolation.png": figure_writer(fig, "extrapolation.png")})
+    finally:
+        plt.close(fig)
     return table

@@ -11,7 +11,7 @@ The same loop trains language models on a corpus (random windows, AdamW) and enc
 Runs are never lost: a folder that already holds a checkpoint is refused unless `resume=True` or
 `overwrite=True`, and so is a folder another process is training into (an OS lock held for the whole run);
 `out` is checked before the first step; the first non-finite loss or gradient stops the run before it reaches
-the weights, and Ctrl-C stops it with a message saying which checkpoint survives.
+the weights, and Ctrl-C (or SIGTERM, SIGHUP) stops it with a message saying which checkpoint survives.
 
 Nothing is trained that cannot mean anything: a decoder whose refiner reads the future (`check_causal`) is
 refused unless `allow_leakage=True` (a deliberate leakage experiment), and a step that cannot fit in memory
@@ -39,7 +39,9 @@ import math
 import numbers
 import os
 import random
+import signal
 import sys
+import threading
 import time
 import warnings
 from collections.abc import Callable
@@ -54,10 +56,14 @@ from torch.nn.parallel import DistributedDataParallel
 from .data import check_tokens, corpus_identity, corpus_to_read, fixed_windows, get_batch, load_corpus
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
 from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
-                    holds_out_folder, model_label, resolve_device, source_file)
+                    holds_out_folder, model_label, remove_stale_temporaries, resolve_device, source_file,
+                    user_path)
 
 CHECKPOINT_NAME = "checkpoint.pt"
+RUN_FILES = (CHECKPOINT_NAME, "history.json")      # a run folder's files (history.json: the CLI's)
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
+CHECKPOINT_TYPES = {"model": (dict,), "config": (dict,), "optimizer": (dict, type(None)), "step": (int,),
+                    "seed": (int,), "history": (list,)}
 OPTIMIZERS = ("adamw", "adam")
 TOKENS_EXPECTED = "a 1-D integer token tensor, a corpus name/path, or a batch function (step, generator) -> (x, y)"
 NON_FINITE_CAUSES = ("a learning rate too high for this model", "a config value out of range (e.g. rope_base <= 0)",
@@ -65,7 +71,41 @@ NON_FINITE_CAUSES = ("a learning rate too high for this model", "a config value 
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Ctrl-C during `train`; the message says which checkpoint survives and how to resume from it."""
+    """Ctrl-C, SIGTERM or SIGHUP during `train`; the message says which checkpoint survives and how to resume
+    from it, `exit_code` is the shell's for that signal (130 for Ctrl-C, 128 + its number for the others)."""
+
+    def __init__(self, message: str, exit_code: int = 130):
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+class _Stopped(KeyboardInterrupt):
+    """Raised in the training loop by a SIGTERM or SIGHUP, so that it ends as Ctrl-C does."""
+
+    def __init__(self, signum: int):
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+# A `kill`, a batch system's stop, a closed terminal: stop training as Ctrl-C does (Windows has no SIGHUP).
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
+
+
+def _stop_on_signals() -> Callable[[], None]:
+    """From now on `STOP_SIGNALS` raise `_Stopped`; returns the function that puts their handlers back. (Handlers
+    can only be set in the main thread; elsewhere the signals keep their effect.)"""
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+
+    def stop(signum, frame):
+        raise _Stopped(signum)
+
+    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+
+    def restore() -> None:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+    return restore
 
 
 # ----------------------------------------------------------------------------- seeds and schedule
@@ -122,13 +162,16 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
         **extra,
     }
     with atomic_path(path) as tmp:
-        torch.save(checkpoint, tmp)
+        try:
+            torch.save(checkpoint, tmp)
+        except RuntimeError as err:     # torch's zip writer reports a failed write so, without the OS's reason
+            raise OSError(f"the write failed, as on a full disk ({str(err).splitlines()[0]})") from err
     return Path(path)
 
 
 def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
     """Load a checkpoint dict (a directory means its `checkpoint.pt`), with clear errors for bad files."""
-    path = Path(path)
+    path = user_path(path, "checkpoint path")
     if path.is_dir():
         path = path / CHECKPOINT_NAME
     if not path.is_file():
@@ -141,6 +184,10 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise ValueError(f"{path} is not a minidape checkpoint: missing {', '.join(missing)}")
+    for key, kinds in CHECKPOINT_TYPES.items():
+        if not isinstance(checkpoint[key], kinds):
+            raise ValueError(f"{path} is not a minidape checkpoint: its {key} is a {type(checkpoint[key]).__name__}, "
+                             f"where a {' or '.join(kind.__name__ for kind in kinds)} belongs")
     return checkpoint
 
 
@@ -159,7 +206,25 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
             where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
                           "import the file that registers it first (CLI: --import FILE.py)")
             raise ValueError(f"{where} uses {kind} {config[kind]!r}, which is not registered here; {where_from}")
-    return GPTConfig(**config)
+    try:
+        return GPTConfig(**config)
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{where}: its config is not valid: {err}") from err
+
+
+def load_weights(model: nn.Module, weights: dict, where: str | os.PathLike) -> None:
+    """Load a checkpoint's `weights` into `model`, built from its config; weights that do not fit that config
+    (a missing or stray tensor, another shape) are a ValueError naming `where` and the first mismatch."""
+    expected = model.state_dict()
+    mismatches = [f"{key} is missing" if key not in weights else
+                  f"{key} has shape {tuple(weights[key].shape)} where its config needs {tuple(tensor.shape)}"
+                  for key, tensor in expected.items()
+                  if key not in weights or getattr(weights[key], "shape", None) != tensor.shape]
+    mismatches += [f"it holds {key}, which its config has no place for" for key in weights if key not in expected]
+    if mismatches:
+        raise ValueError(f"{where}: its weights do not fit its config ({len(mismatches)} mismatch(es)); first: "
+                         f"{mismatches[0]}")
+    model.load_state_dict(weights)
 
 
 def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> tuple[GPT, dict]:
@@ -171,7 +236,7 @@ def load_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     device = resolve_device(device)
     checkpoint = read_checkpoint(path, device)
     model = GPT(checkpoint_config(checkpoint, path)).to(device)
-    model.load_state_dict(checkpoint["model"])
+    load_weights(model, checkpoint["model"], path)
     return model.eval(), checkpoint
 
 
@@ -245,9 +310,39 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
 # ----------------------------------------------------------------------------- training
 
 
+# The settings that make a run what it is: a resumed run takes them from its checkpoint (key `settings`).
+RUN_SETTINGS = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip", "optimizer", "seed")
+DEFAULT_SETTINGS = dict(steps=1000, batch_size=32, lr=1e-3, weight_decay=0.1, grad_clip=1.0, optimizer="adamw",
+                        seed=0)
+
+
+def _run_settings(given: dict, checkpoint: dict | None, resume_from, is_main: bool) -> dict:
+    """The run's `RUN_SETTINGS`, every one resolved. A new run: those given, else the defaults (`warmup` 5% of
+    `steps`, `min_lr` a tenth of `lr`). A resumed run: its checkpoint's; one given that differs is refused,
+    except `steps`, which extends the run (said on stderr). A checkpoint of an earlier version, without
+    `settings`, keeps its seed and takes the rest as a new run does."""
+    saved = {} if checkpoint is None else checkpoint.get("settings", {"seed": int(checkpoint["seed"])})
+    differing = [f"{name}={given[name]!r} (the run's own: {saved[name]!r})" for name in RUN_SETTINGS
+                 if name != "steps" and given[name] is not None and name in saved and given[name] != saved[name]]
+    if differing:
+        raise ValueError(f"resume of {resume_from}: {', '.join(differing)}; a resumed run continues with the run's "
+                         f"own settings: drop the differing ones, or start a new run (overwrite=True / --overwrite)")
+    settings = {**DEFAULT_SETTINGS, **{name: value for name, value in given.items() if value is not None}, **saved}
+    if given["steps"] is not None:
+        if is_main and "steps" in saved and given["steps"] != saved["steps"]:
+            print(f"resume of {resume_from}: from {saved['steps']} to {given['steps']} steps (the cosine schedule "
+                  f"continues over the new length)", file=sys.stderr)
+        settings["steps"] = given["steps"]
+    settings["warmup"] = max(1, settings["steps"] // 20) if settings.get("warmup") is None else settings["warmup"]
+    settings["min_lr"] = settings["lr"] / 10 if settings.get("min_lr") is None else settings["min_lr"]
+    return settings
+
+
 def _run_folder(out, resume, overwrite) -> Path | None:
     """The run folder, checked before any work: a folder we can write, not holding a checkpoint that this
     run would silently replace."""
+    if not isinstance(resume, (bool, str, os.PathLike)):
+        raise TypeError(f"resume must be True, False or a checkpoint's path, got {resume!r} ({type(resume).__name__})")
     if resume and overwrite:
         raise ValueError("resume and overwrite exclude each other: resume continues the checkpoint in out, "
                          "overwrite replaces it")
@@ -291,7 +386,8 @@ def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple
     return data if callable(data) else check_tokens(data, "data", TOKENS_EXPECTED), val_data, corpus
 
 
-def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Module:
+def _resolve_config(model_or_cfg, checkpoint: dict | None, resume_from) -> GPTConfig:
+    """The config of the model to train, known before it is built (so that its memory can be checked)."""
     if checkpoint is not None:
         saved = checkpoint_config(checkpoint, resume_from)
         given = getattr(model_or_cfg, "cfg", model_or_cfg)
@@ -299,15 +395,21 @@ def _resolve_model(model_or_cfg, checkpoint: dict | None, resume_from) -> nn.Mod
             changed = [f.name for f in dataclasses.fields(saved) if getattr(given, f.name) != getattr(saved, f.name)]
             raise ValueError(f"the model to resume differs from the checkpoint's in: {', '.join(changed)}; "
                              f"pass None to use the checkpoint's config")
-        model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else GPT(saved)
-        model.load_state_dict(checkpoint["model"])
-        return model
+        return saved
     if isinstance(model_or_cfg, GPTConfig):
-        return GPT(model_or_cfg)
-    if isinstance(model_or_cfg, nn.Module) and isinstance(getattr(model_or_cfg, "cfg", None), GPTConfig):
         return model_or_cfg
+    if isinstance(model_or_cfg, nn.Module) and isinstance(getattr(model_or_cfg, "cfg", None), GPTConfig):
+        return model_or_cfg.cfg
     raise TypeError(f"model_or_cfg must be a GPTConfig or a model with a .cfg GPTConfig "
                     f"(None only with resume), got {type(model_or_cfg).__name__}")
+
+
+def _build_model(model_or_cfg, cfg: GPTConfig, checkpoint: dict | None, resume_from) -> nn.Module:
+    """The model given, or one built from `cfg`; a resumed run's weights loaded into it."""
+    model = model_or_cfg if isinstance(model_or_cfg, nn.Module) else GPT(cfg)
+    if checkpoint is not None:
+        load_weights(model, checkpoint["model"], resume_from)
+    return model
 
 
 def _optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float, device: torch.device):
@@ -383,13 +485,14 @@ def _non_finite_message(step: int, loss: float, grad_norm: float, last_loss: flo
             f"{', '.join(NON_FINITE_CAUSES)} (lr={lr:g})")
 
 
-def _interrupted_message(step: int, out: Path | None, saved_step: int | None) -> str:
+def _interrupted_message(step: int, out: Path | None, saved_step: int | None, signum: int | None = None) -> str:
+    where = f"at step {step}" + ("" if signum is None else f" by {signal.Signals(signum).name}")
     if out is None:
-        return f"training interrupted at step {step}; nothing was saved (out=None)"
+        return f"training interrupted {where}; nothing was saved (out=None)"
     if saved_step is None:
-        return (f"training interrupted at step {step} before its first checkpoint; nothing was saved in {out} "
+        return (f"training interrupted {where} before its first checkpoint; nothing was saved in {out} "
                 f"(checkpoint_every=N keeps progress)")
-    return (f"training interrupted at step {step}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
+    return (f"training interrupted {where}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
             f"with resume=True (CLI: --resume)")
 
 
@@ -413,11 +516,12 @@ def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
 
 
 @holds_out_folder()
-def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int = 1000, batch_size: int = 32,
-          lr: float = 1e-3, min_lr: float | None = None, warmup: int | None = None, weight_decay: float = 0.1,
-          grad_clip: float = 1.0, optimizer: str = "adamw", val_data=None, eval_every: int | None = None,
+def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int | None = None,
+          batch_size: int | None = None, lr: float | None = None, min_lr: float | None = None,
+          warmup: int | None = None, weight_decay: float | None = None, grad_clip: float | None = None,
+          optimizer: str | None = None, val_data=None, eval_every: int | None = None,
           eval_windows: int = 32, log_every: int | None = None, metrics: Callable | None = None,
-          device: str | torch.device = "auto", seed: int = 0, compile: bool = False,
+          device: str | torch.device = "auto", seed: int | None = None, compile: bool = False,
           out: str | os.PathLike | None = None, checkpoint_every: int | None = None,
           resume: bool | str | os.PathLike = False, overwrite: bool = False, allow_leakage: bool = False,
           progress: bool = True) -> tuple[nn.Module, list[dict]]:
@@ -430,41 +534,49 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
       `val_data` is given. Or a batch function `data(step, generator) -> (inputs, targets)` drawing with the
       `torch.Generator` it is given (seeded per step, so a resumed run draws the same batches); `batch_size`
       is then the function's business.
-    - Schedule: `optimizer="adamw"` (betas 0.9, 0.95) or `"adam"` (betas 0.9, 0.999), weight decay on matrices
-      only, `warmup` linear steps (default 5% of `steps`), cosine decay to `min_lr` (default `lr / 10`),
-      gradient norm clipped to `grad_clip` (0 disables).
+    - Schedule: `steps` updates (default 1000) of `batch_size` windows (default 32), `optimizer="adamw"`
+      (betas 0.9, 0.95; the default) or `"adam"` (betas 0.9, 0.999), weight decay `weight_decay` (default 0.1)
+      on matrices only, `warmup` linear steps (default 5% of `steps`), cosine decay from `lr` (default 1e-3) to
+      `min_lr` (default `lr / 10`), gradient norm clipped to `grad_clip` (default 1; 0 disables); `seed`
+      (default 0) draws the initial weights, the batches and the dropout.
     - `history`: one dict per logged step with `step` (updates done), `loss` (training loss of that step's
       batch, averaged over ranks), `lr`, `val_loss` every `eval_every` steps, and whatever
       `metrics(logits, inputs, targets) -> dict` returns for that batch; the first entry is at step 0, the
       last at `steps` (measured on a fresh batch, after the last update).
     - `out`: directory for `checkpoint.pt`, written at the end and every `checkpoint_every` steps. A folder
       already holding one is refused unless `resume` (continue it) or `overwrite` (replace it).
-    - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file; the seed and
-      step come from the checkpoint, and the same arguments continue the run exactly.
+    - `resume`: `True` continues from `out/checkpoint.pt`, a path continues from that file, exactly (see
+      Reproducibility): the step and the run's own schedule settings (`RUN_SETTINGS`) come from the checkpoint,
+      so none needs repeating. One given with a value other than the run's is refused (a run continued with
+      another learning rate or batch is not that run); `steps` may grow, which extends the run (said on stderr).
     - A folder another process is training into is refused; so is a decoder that reads the future
       (`decoder_leaks`) unless `allow_leakage=True`, and a step that cannot fit in memory (`check_memory`).
     - The first non-finite loss or gradient norm raises `FloatingPointError` before it reaches the weights (at
       the next logging step or checkpoint, naming the step it happened at; the updates in between are skipped);
-      Ctrl-C raises `TrainingInterrupted`. Either way the last checkpoint written stays as it was.
+      Ctrl-C, SIGTERM and SIGHUP raise `TrainingInterrupted`. Either way the last checkpoint written stays as
+      it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
-    _check_arguments(steps=steps, batch_size=batch_size, warmup=warmup, eval_every=eval_every,
-                     eval_windows=eval_windows, log_every=log_every, checkpoint_every=checkpoint_every, seed=seed,
-                     lr=lr, min_lr=min_lr, weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer,
-                     metrics=metrics)
+    given = dict(steps=steps, batch_size=batch_size, lr=lr, min_lr=min_lr, warmup=warmup,
+                 weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer, seed=seed)
+    _check_arguments(**given, eval_every=eval_every, eval_windows=eval_windows, log_every=log_every,
+                     checkpoint_every=checkpoint_every, metrics=metrics)
     out = _run_folder(out, resume, overwrite)
     context, device = setup_distributed(device)
+    if out is not None and context.is_main:     # rank 0 holds the folder: no one else writes there
+        remove_stale_temporaries(out, RUN_FILES)
     resume_from = (out / CHECKPOINT_NAME if resume is True else Path(resume)) if resume else None
     checkpoint = None if resume_from is None else read_checkpoint(resume_from, device)
-    seed = seed if checkpoint is None else int(checkpoint["seed"])
-    seed_everything(seed)
-    model = _resolve_model(model_or_cfg, checkpoint, resume_from).to(device)
-    cfg = model.cfg
+    settings = _run_settings(given, checkpoint, resume_from, context.is_main)
+    steps, batch_size, lr, min_lr, warmup, weight_decay, grad_clip, optimizer, seed = (
+        settings[name] for name in RUN_SETTINGS)
+    cfg = _resolve_config(model_or_cfg, checkpoint, resume_from)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
-    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage)
+    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage,
+               built=isinstance(model_or_cfg, nn.Module))
+    seed_everything(seed)
+    model = _build_model(model_or_cfg, cfg, checkpoint, resume_from).to(device)
 
-    warmup = max(1, steps // 20) if warmup is None else warmup
-    min_lr = lr / 10 if min_lr is None else min_lr
     log_every = max(1, steps // 100) if log_every is None else log_every
     eval_every = max(1, steps // 10) if eval_every is None else eval_every
     optim = _optimizer(model, optimizer, lr, weight_decay, device)
@@ -484,7 +596,12 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
         nonlocal saved_step
         read_health()
         if out is not None and context.is_main:
-            save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus)
+            try:
+                save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus,
+                                settings=settings)
+            except OSError as err:
+                kept = "nothing was saved" if saved_step is None else f"it still holds step {saved_step}"
+                raise OSError(f"training stopped at step {step_done}: {err}; {kept}") from err
             saved_step = step_done
 
     from tqdm import tqdm  # here, not at the top: `import minidape` stays free of tqdm (text bars, not tqdm.auto)
@@ -493,6 +610,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
     generator = torch.Generator()
     clock, eval_seconds, tokens_trained, postfix = time.perf_counter(), 0.0, 0, {}
     step = start
+    restore_signals = _stop_on_signals()
     try:
         for step in range(start, steps + 1):
             if checkpoint_every and start < step < steps and step % checkpoint_every == 0:
@@ -526,11 +644,14 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int =
                 rate = tokens_trained / max(time.perf_counter() - clock - eval_seconds, 1e-9)
                 postfix.update(loss=f"{entry['loss']:.3f}", tok_s=f"{rate:,.0f}")
                 bar.set_postfix(postfix, refresh=False)
-    except KeyboardInterrupt:
-        raise TrainingInterrupted(_interrupted_message(step, out, saved_step)) from None
+        save(steps)
+    except KeyboardInterrupt as interrupt:
+        signum = getattr(interrupt, "signum", None)
+        raise TrainingInterrupted(_interrupted_message(step, out, saved_step, signum),
+                                  130 if signum is None else 128 + signum) from None
     finally:
+        restore_signals()
         bar.close()
-    save(steps)
     if context.enabled:
         dist.barrier()  # every rank returns only once rank 0's final checkpoint is on disk
         if context.created_group:
@@ -622,19 +743,22 @@ def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics,
         check_number(name, value, minimum[name])
     for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
         check_number(name, value, 0.0, integer=False)
-    if isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0:
+    if lr is not None and (isinstance(lr, bool) or not isinstance(lr, numbers.Real) or not lr > 0):
         raise ValueError(f"lr must be a number > 0, got {lr!r}")
-    if optimizer not in OPTIMIZERS:
+    if optimizer is not None and optimizer not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {optimizer!r}; valid choices: {', '.join(OPTIMIZERS)}")
     if metrics is not None and not callable(metrics):
         raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
 
 
-def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device,
-               allow_leakage: bool) -> None:
-    """Before the first step: no leak (`decoder_leaks`), token data longer than a window and within the
-    vocabulary, and a training step that fits in memory."""
-    decoder_leaks(cfg, allow_leakage)
+def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device, allow_leakage: bool,
+               built: bool) -> None:
+    """Before the first step: a decoder's windows of 2 tokens or more, token data longer than a window and
+    within the vocabulary, a training step that fits in memory (with the weights of a model not `built` yet),
+    and no leak (`decoder_leaks`)."""
+    if cfg.causal and cfg.block_size < 2:
+        raise ValueError(f"block_size={cfg.block_size} is too short for a language model: it must be >= 2, so that "
+                         f"a window holds a token that can read an earlier one")
     for name, tokens in (("data", train_data), ("val_data", val_data)):
         if tokens is None or callable(tokens):
             continue
@@ -644,5 +768,6 @@ def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: to
         if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
             raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
                              f"[0, vocab_size={cfg.vocab_size})")
-    if not callable(train_data):     # a batch function's batch size and lengths are its own business
-        check_memory(cfg, batch_size, cfg.block_size, True, device)
+    # a batch function's batch size and lengths are its own business: then the weights alone are counted
+    check_memory(cfg, 0 if callable(train_data) else batch_size, cfg.block_size, True, device, weights=not built)
+    decoder_leaks(cfg, allow_leakage)     # after the memory check: it builds a one-layer model of this width

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import glob
 import hashlib
 import importlib.util
 import inspect
@@ -72,14 +73,20 @@ def autocast_for(device: torch.device):
 
 
 QUICK_MODE_VARIABLES = ("MINIDAPE_QUICK", "MINIDAPE_FAST")
+QUICK_MODE_VALUES = {"1": True, "0": False, "": False}
 
 
 def quick_mode() -> bool:
     """True when the environment asks for CI's quick run, `MINIDAPE_QUICK=1` (tests and CI: fewer steps and
-    shorter lengths, the same code paths); any value but empty or 0 counts. `MINIDAPE_FAST=1`, the design
-    contract's name for it from before the fast path (`GPTConfig(fast=...)`) took the word, works too."""
-    return any(os.environ.get(name, "0") not in ("", "0") for name in QUICK_MODE_VARIABLES)
-
+    shorter lengths, the same code paths); `0`, empty or unset: full runs. Any other value is a ValueError: a
+    `false` read as "set" would switch quick mode on unnoticed. `MINIDAPE_FAST=1`, the design contract's name for
+    it from before the fast path (`GPTConfig(fast=...)`) took the word, works too."""
+    values = {name: os.environ.get(name, "") for name in QUICK_MODE_VARIABLES}
+    for name, value in values.items():
+        if value.strip() not in QUICK_MODE_VALUES:
+            raise ValueError(f"{name}={value!r} is not a quick-mode setting; valid values: 1 (quick mode: fewer "
+                             f"steps, shorter lengths) and 0 or empty (full runs)")
+    return any(QUICK_MODE_VALUES[value.strip()] for value in values.values())
 
 
 def check_number(name: str, value, minimum: float, integer: bool = True, allow_none: bool = True):
@@ -98,7 +105,9 @@ def check_number(name: str, value, minimum: float, integer: bool = True, allow_n
 
 def user_path(path: str | os.PathLike, what: str) -> Path:
     """`path` with `~` expanded; a `~user` that does not exist is a ValueError naming `what` and the path
-    (pathlib's own error names neither)."""
+    (pathlib's own error names neither); anything but a str or a path is a TypeError naming `what`."""
+    if not isinstance(path, (str, os.PathLike)):
+        raise TypeError(f"{what} must be a path (a str or a pathlib.Path), got {path!r} ({type(path).__name__})")
     try:
         return Path(path).expanduser()
     except RuntimeError as err:
@@ -200,25 +209,75 @@ def holds_out_folder(shared: bool = False):
     return decorate
 
 
+def _temporary_beside(path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=TEMPORARY_SUFFIX)
+    os.close(fd)
+    return Path(tmp)
+
+
+def _publish(tmp: Path, path: Path) -> None:
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(tmp, 0o666 & ~umask)                   # mkstemp makes the file private; give it the usual mode
+    os.replace(tmp, path)
+
+
+def _write_error(path: Path, err: OSError) -> OSError:
+    """An OSError that names the file being written (a failed write's own names none: "[Errno 28] No space
+    left on device")."""
+    return OSError(f"cannot write {path}: {err.strerror or err}")
+
+
+TEMPORARY_SUFFIX = ".tmp"
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike):
-    """Yield a temporary path beside `path`; on success move it over `path` in one step (`os.replace`).
-
-    Readers therefore see either the old file or the complete new one, never a half-written file.
-    """
+    """Yield a temporary path beside `path` (`.NAME.*.tmp`); on success move it over `path` in one step
+    (`os.replace`). Readers therefore see either the old file or the complete new one, never a half-written
+    file; a failure (a full disk) removes the temporary file and is an OSError naming `path`."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    tmp = None
     try:
-        yield Path(tmp)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)               # mkstemp makes the file private; give it the usual mode
-        os.replace(tmp, path)
+        try:
+            tmp = _temporary_beside(path)
+            yield tmp
+            _publish(tmp, path)
+        except OSError as err:
+            raise _write_error(path, err) from err
     finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+        if tmp is not None:
+            tmp.unlink(missing_ok=True)
+
+
+def remove_stale_temporaries(folder: str | os.PathLike, names) -> None:
+    """Remove the temporary files (`.NAME.*.tmp`) that `atomic_path` left in `folder` for the files `names`
+    when its process was killed mid-write. Only for a folder this process holds (`folder_lock`), where no
+    other process is writing."""
+    for name in names:
+        for stale in Path(folder).glob(f".{glob.escape(name)}.*{TEMPORARY_SUFFIX}"):
+            stale.unlink(missing_ok=True)
+
+
+def write_together(writers: dict) -> None:
+    """Write files that belong together: `{path: write(temporary_path)}`, each into a temporary file beside its
+    path, then all moved into place. A failure in any (a full disk) leaves none of them written, and is an
+    OSError naming the file."""
+    temporaries = {}
+    try:
+        for path, write in writers.items():
+            path = Path(path)
+            try:
+                temporaries[path] = _temporary_beside(path)
+                write(temporaries[path])
+            except OSError as err:
+                raise _write_error(path, err) from err
+        for path, tmp in temporaries.items():
+            _publish(tmp, path)
+    finally:
+        for tmp in temporaries.values():
+            tmp.unlink(missing_ok=True)
 
 
 def check_writable_folder(folder: str | os.PathLike, what: str = "out") -> Path:
@@ -270,15 +329,16 @@ def json_ready(value):
     return value
 
 
-def write_results(out: str | os.PathLike, title: str, table: str, details: dict, payload: dict) -> Path:
+def write_results(out: str | os.PathLike, title: str, table: str, details: dict, payload: dict,
+                  figures: dict | None = None) -> Path:
     """The one results writer: `out/results.md` (the title, the markdown table, then one line per scalar
-    detail) and `out/results.json` (`payload`, strict JSON), each written atomically; returns `out`."""
+    detail), `out/results.json` (`payload`, strict JSON) and the `figures` (`{name: write(path)}`, e.g. a plot),
+    written together (`write_together`: all of them, or on a failure none); returns `out`."""
     out = Path(out)
     settings = "\n".join(f"- {key}: {value}" for key, value in details.items() if not isinstance(value, dict))
-    with atomic_path(out / "results.md") as tmp:
-        tmp.write_text(f"# {title}\n\n{table}\n{settings}\n")
-    with atomic_path(out / "results.json") as tmp:
-        tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n")
+    write_together({out / "results.md": lambda tmp: tmp.write_text(f"# {title}\n\n{table}\n{settings}\n"),
+                    out / "results.json": lambda tmp: tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n"),
+                    **{out / name: write for name, write in (figures or {}).items()}})
     return out
 
 
@@ -308,9 +368,26 @@ def available_memory(device: torch.device) -> int | None:
     return psutil.virtual_memory().available
 
 
-def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.device) -> int:
+def parameter_count(cfg) -> int:
+    """The parameters of `GPT(cfg)`, counted on the meta device: nothing is allocated, so a model far too large
+    is counted as quickly as a small one. A user's class that cannot be built there counts as nothing."""
+    from .model import GPT
+    try:
+        with torch.device("meta"):
+            return sum(parameter.numel() for parameter in GPT(cfg).parameters())
+    except Exception:       # the real build raises the same error, in the user's own words
+        return 0
+
+
+# Bytes per parameter of a model not built yet: the fp32 weights, and in training their gradients and Adam's two
+# moments.
+BYTES_PER_PARAMETER = {False: 4, True: 16}
+
+
+def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.device, weights: bool = False) -> int:
     r"""Bytes one step of `batch` sequences of `T` tokens needs at least, from its largest tensors: a lower
-    bound, so that only a step that cannot fit is refused.
+    bound, so that only a step that cannot fit is refused. `weights`: the model is not built yet, so its
+    parameters (and in training their gradients and optimizer state, `BYTES_PER_PARAMETER`) count too.
 
     - Per token: training keeps about $16\,C$ activations per layer for backward and the logits (3 copies:
       logits, softmax, gradient); evaluation holds one layer's $8\,C$ and the logits.
@@ -333,7 +410,8 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
     else:                                                                # the reference form: all cells at once
         width = 3 * h + (2 * cfg.refiner_width if refiner is not None else 0)
         attention = (layers if training else 1) * width * batch * T * T
-    return int(size * (tokens * per_token + attention))
+    parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg) if weights else 0
+    return int(size * (tokens * per_token + attention) + parameters)
 
 
 def attends_all_cells(cfg) -> bool:
@@ -345,21 +423,26 @@ def attends_all_cells(cfg) -> bool:
     return not (cfg.fast and (refiner is None or fast.runs_in_query_blocks(refiner)))
 
 
-def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device) -> None:
+def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device, weights: bool = False) -> None:
     """Refuse, before it starts, a step that cannot fit: a MemoryError in one line with the estimate (see
-    `memory_estimate`), the memory available and what to change."""
+    `memory_estimate`; `weights`: of a model not built yet), the memory available and what to change."""
     available = available_memory(device)
-    needed = memory_estimate(cfg, batch, T, training, device)
+    needed = memory_estimate(cfg, batch, T, training, device, weights)
     if available is None or needed <= available:
         return
     what = "a training step" if training else "evaluating"
     change = ("a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
               if training else "shorter --lengths")
+    share = ""
+    if weights:
+        parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg)
+        share = f" ({parameters / 2**30:.1f} GiB of it the weights{', gradients and Adam state' if training else ''})"
+        change = f"a smaller --n-embd or --n-layer, {change}"
     if attends_all_cells(cfg):
         change += (" (this model computes all T x T attention cells at once: fast=False, or a refiner without "
                    "row_local = True)")
     raise MemoryError(f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
-                      f"heads) needs at least {needed / 2**30:.1f} GiB, but {device.type} has "
+                      f"heads) needs at least {needed / 2**30:.1f} GiB{share}, but {device.type} has "
                       f"{available / 2**30:.1f} GiB available; use {change}")
 
 
@@ -394,11 +477,13 @@ def import_file(path: str | os.PathLike):
     sys.modules[name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as err:  # the user's code failed: say where, in one line
+    except (Exception, SystemExit) as err:  # the user's code failed, or tried to end the command: say where
         del sys.modules[name]
         line = err.lineno if isinstance(err, SyntaxError) else next(
             (frame.lineno for frame in reversed(inspect.trace()) if Path(frame.filename) == path), "?")
-        raise ValueError(f"--import {str(path)!r} failed at line {line}: {type(err).__name__}: {err}") from err
+        what = (f"called exit ({err.code!r}): a file to import must define and register, not end the command"
+                if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}")
+        raise ValueError(f"--import {str(path)!r} failed at line {line}: {what}") from err
     return module
 
 

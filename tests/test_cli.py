@@ -115,7 +115,7 @@ def test_resume_and_eval_of_two_runs_in_process(tmp_path, corpus_file, capsys):
     cli.main(["eval", str(tmp_path / "alibi" / "checkpoint.pt"), str(tmp_path / "other"), "--lengths", "32",
               "--protocol", "nonoverlap", "--n-tokens", "500", "--out", str(tmp_path / "both")])
     names = json.loads((tmp_path / "both" / "results.json").read_text())["results"]
-    assert set(names) == {"alibi", "alibi (other)"}  # same kind of model: told apart by run directory
+    assert set(names) == {"alibi (alibi)", "alibi (other)"}  # same kind of model: told apart by run directory
 
 
 def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
@@ -227,7 +227,7 @@ def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[t
         ([*che, "--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
         ([*che, "--max-test-length", "5", "--length-step", "10"], "--length-step 10 exceeds --max-test-length 5"),
         (["che", "--task", "duplicate_string", "--pe", "alibi", "--random-positions", "200", "--steps", "1",
-          "--out", str(tmp / "che")], "random_positions=200 is shorter than the longest test sequence"),
+          "--out", str(tmp / "che")], "--random-positions=200 is shorter than the longest test sequence"),
         (["bench", "--pe", "bogus"], "argument --pe: invalid choice: 'bogus'"),
         (["bench", "--import", str(tmp / "missing.py")], "no such file"),
     ]

@@ -44,6 +44,15 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     for files in md.data.CORPORA.values():
         assert all((corpora / file).is_file() for file in files)
     assert (corpora / "PROVENANCE.md").is_file() and (corpora / "code" / "PSF_LICENSE.txt").is_file()
+    assert (corpora / "LICENSES.md").is_file()
+    # The metadata a package index shows: the licences (minidape's and the corpora's), authors, Python versions
+    info = next((tmp_path / "site").glob("minidape-*.dist-info"))
+    licences = {path.name for path in (info / "licenses").rglob("*") if path.is_file()}
+    assert licences == {"LICENSE", "LICENSES.md", "PSF_LICENSE.txt"}, licences
+    metadata = (info / "METADATA").read_text()
+    for field in ("License-Expression: MIT", "Author: the minidape maintainers", "Requires-Python: >=3.10",
+                  "Classifier: Programming Language :: Python :: 3.11", "Project-URL: ", "Provides-Extra: grade"):
+        assert field in metadata, field
     # Every subpackage of the source tree ships (a folder missing from pyproject's list would be left out).
     for package in (REPO / "minidape").rglob("__init__.py"):
         assert (tmp_path / "site" / package.relative_to(REPO)).is_file(), f"{package.parent.name} is not in the wheel"
@@ -60,6 +69,11 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     where, size = done.stdout.split()
     assert Path(where) == corpora
     assert int(size) == len(md.load_corpus("austen")) + len(md.load_corpus("austen", "val"))
+    # grading needs the teacher's edition, which a wheel does not carry: one line saying where to grade from
+    (elsewhere / "a.ipynb").write_text("{}")
+    graded = run_python("from minidape.__main__ import main; main(['grade', 'a.ipynb'])", elsewhere, tmp_path / "site")
+    errors = [line for line in graded.stderr.splitlines() if line.startswith("python -m minidape")]
+    assert graded.returncode == 2 and len(errors) == 1 and "checkout" in errors[0], graded.stderr[-2000:]
 
 
 def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_from_it():
@@ -123,3 +137,22 @@ def test_the_readme_layout_table_names_every_module():
         if path.name != "__init__.py" and not named:
             missing.append(relative)
     assert not missing, f"not in the README's layout table: {missing}"
+
+
+def test_the_readmes_own_bias_runs_as_shown_and_the_files_it_names_exist():
+    """The README's bias of one's own runs as printed (its imports included) and is the file its commands
+    import; every file a README command line names (`--import FILE.py`, `--pe FILE.py:Class`) exists."""
+    import re
+
+    import torch
+    readme = (REPO / "README.md").read_text()
+    bias = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "register_pe(" in block)
+    exec(compile(bias, "README.md", "exec"), {})
+    model = md.GPT(md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, pe="cauchy", refiner="conv"))
+    logits, _ = model(torch.randint(256, (1, 16)))
+    assert torch.isfinite(logits).all()
+    shown = (REPO / "tests" / "files" / "cauchy_bias.py").read_text()
+    assert bias.strip() in shown
+    named = {path for pair in re.findall(r"--import (\S+\.py)|--pe (\S+\.py):", readme) for path in pair
+             if path and not Path(path).stem.isupper()}                     # FILE.py stands for any file
+    assert named and all((REPO / path).is_file() for path in named), named

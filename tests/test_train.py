@@ -1,4 +1,5 @@
 """Training: schedule, learning, history, checkpoints, exact resume, devices, errors, DDP under torchrun."""
+import contextlib
 import json
 import math
 import os
@@ -70,7 +71,23 @@ class Interrupted(Exception):
     pass
 
 
-def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
+@contextlib.contextmanager
+def stopped_after_checkpoint(step: int):
+    """Training inside the block stops (raises `Interrupted`, expected) right after writing its checkpoint of
+    `step`, as a run killed at that moment."""
+    save = train_module.save_checkpoint
+
+    def save_then_stop(path, model, optimizer, step_done, *args, **kwargs):
+        save(path, model, optimizer, step_done, *args, **kwargs)
+        if step_done == step:
+            raise Interrupted
+
+    with pytest.MonkeyPatch.context() as patch, pytest.raises(Interrupted):
+        patch.setattr(train_module, "save_checkpoint", save_then_stop)
+        yield
+
+
+def test_resume_continues_exactly(corpus, tmp_path):
     """Stop a run right after its step-4 checkpoint, resume it, and compare with a run never stopped.
 
     Dropout is on, so the random state of every step must be reproduced, not only the weights and Adam's moments.
@@ -81,20 +98,11 @@ def test_resume_continues_exactly(corpus, tmp_path, monkeypatch):
                     checkpoint_every=4, seed=11, device="cpu", progress=False)
     whole, whole_history = md.train(cfg, out=tmp_path / "whole", **settings)
 
-    save = train_module.save_checkpoint
-
-    def save_then_stop(path, model, optimizer, step, *args, **kwargs):
-        save(path, model, optimizer, step, *args, **kwargs)
-        if step == 4:
-            raise Interrupted
-
-    monkeypatch.setattr(train_module, "save_checkpoint", save_then_stop)
-    with pytest.raises(Interrupted):
+    with stopped_after_checkpoint(4):
         md.train(cfg, out=tmp_path / "cut", **settings)
-    monkeypatch.undo()
     assert read_checkpoint(tmp_path / "cut")["step"] == 4
 
-    resumed, resumed_history = md.train(None, out=tmp_path / "cut", resume=True, **{**settings, "seed": 0})
+    resumed, resumed_history = md.train(None, out=tmp_path / "cut", resume=True, **settings)
     assert state_equal(whole.state_dict(), resumed.state_dict())  # bitwise
     assert resumed_history == whole_history
     final = read_checkpoint(tmp_path / "cut")
@@ -367,7 +375,8 @@ def count_host_reads(monkeypatch) -> list[str]:
     package = str(Path(md.__file__).resolve().parent)
     reads = []
     for name in HOST_READS:
-        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):
+        # the defaults bind this iteration's method and name
+        def counted(self, *args, _original=getattr(torch.Tensor, name), _name=name, **kwargs):  # noqa: B008
             caller = sys._getframe(1)
             if caller.f_code.co_filename.startswith(package):
                 reads.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno} {_name}")
@@ -481,8 +490,8 @@ def reference_weights(cfg: md.GPTConfig, tokens: torch.Tensor, ranks) -> dict:
                                    {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
                                   betas=(0.9, 0.95))
     for step in range(steps):
-        batches = [get_batch(tokens, batch_size, cfg.block_size, torch.Generator().manual_seed(step_seed(seed, rank, step)))
-                   for rank in ranks]
+        batches = [get_batch(tokens, batch_size, cfg.block_size,
+                             torch.Generator().manual_seed(step_seed(seed, rank, step))) for rank in ranks]
         x, y = (torch.cat(parts) for parts in zip(*batches))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, lr / 10, warmup)

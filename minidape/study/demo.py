@@ -16,7 +16,7 @@ import torch
 from ..data import load_corpus
 from ..evaluate import perplexity_by_length
 from ..plots import write_extrapolation
-from ..train import CHECKPOINT_NAME, train
+from ..train import CHECKPOINT_NAME, read_checkpoint, train
 from ..utils import RESULT_FILES, folder_lock, quick_mode, refuse_to_replace, resolve_device
 from .budgets import BUDGETS, Budget, lm_config, resolve_budget
 from .claims import MODELS
@@ -44,14 +44,21 @@ def demo_budget(device: torch.device) -> Budget:
 def run_demo(corpus: str = "austen", out="runs/demo", steps: int | None = None, seed: int = 0,
              device: str | torch.device = "auto", overwrite: bool = False) -> dict[str, dict[int, float]]:
     """Train and evaluate `DEMO_MODELS`; write ``out/results.md``, ``results.json``, ``extrapolation.png`` and a
-    checkpoint per model (``out/LABEL/checkpoint.pt``). An ``out`` holding an earlier demo is refused unless
-    ``overwrite``. Returns ``{label: {length: perplexity}}``."""
+    checkpoint per model (``out/LABEL/checkpoint.pt``). An ``out`` holding a finished demo (its results) is
+    refused unless ``overwrite``; an interrupted one is resumed: the models it finished are kept (`train`
+    refuses one of another config, seed or corpus), the others trained. Returns ``{label: {length: perplexity}}``."""
     device = resolve_device(device)
     budget = demo_budget(device)
-    out = refuse_to_replace(out, RESULT_FILES + tuple(f"{label}/{CHECKPOINT_NAME}" for label in DEMO_MODELS),
-                            overwrite)
+    steps = steps or budget.steps
+    out = refuse_to_replace(out, RESULT_FILES, overwrite)
     with folder_lock(out):
-        return _demo_into(out, corpus, budget, steps or budget.steps, seed, device, overwrite)
+        for label in DEMO_MODELS:
+            done = out / label / CHECKPOINT_NAME
+            if not overwrite and done.exists() and read_checkpoint(done)["step"] != steps:
+                raise ValueError(f"--out {str(out)!r} holds an interrupted demo whose {label} was trained "
+                                 f"{read_checkpoint(done)['step']} steps, not {steps}; run it with the same --steps "
+                                 f"to resume it, or pass --overwrite to start over")
+        return _demo_into(out, corpus, budget, steps, seed, device, overwrite)
 
 
 def _demo_into(out: Path, corpus: str, budget: Budget, steps: int, seed: int, device: torch.device,
@@ -62,19 +69,21 @@ def _demo_into(out: Path, corpus: str, budget: Budget, steps: int, seed: int, de
     scored = min(budget.last_k, train_length)
     what_is_scored = (f"last_k: the same {budget.eval_windows} x {scored} = {budget.eval_windows * scored} tokens "
                       f"scored at every length, only their context grows")
-    print(f"minidape demo on {device}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
+    quick = " in quick mode (MINIDAPE_QUICK=1)" if quick_mode() else ""
+    print(f"minidape demo on {device}{quick}: {len(DEMO_MODELS)} models, {budget.n_layer} layers x {budget.n_embd} "
           f"wide, {steps} steps of {budget.batch_size} x {train_length} tokens each, evaluated at "
           f"{', '.join(map(str, lengths))} ({what_is_scored})")
     results, seconds, started = {}, {}, time.perf_counter()
     for label in DEMO_MODELS:
         clock = time.perf_counter()
+        earlier = not overwrite and (out / label / CHECKPOINT_NAME).exists()     # a model of an interrupted demo
         model, _ = train(lm_config(budget, train_length, MODELS[label]), corpus, steps=steps,
                          batch_size=budget.batch_size, lr=budget.lr, device=device, seed=seed, out=out / label,
-                         overwrite=overwrite, eval_every=steps)
+                         overwrite=overwrite, resume=earlier, eval_every=steps, progress=not earlier)
         results[label] = perplexity_by_length(model, val_tokens, lengths, last_k=budget.last_k, protocol="last_k",
                                               n_windows=budget.eval_windows, seed=seed)
         seconds[label] = round(time.perf_counter() - clock, 1)
-        print(f"{label}: {seconds[label]:.0f} s, perplexity " +
+        print(f"{label}: {'trained earlier, evaluated in ' if earlier else ''}{seconds[label]:.0f} s, perplexity " +
               ", ".join(f"{length}: {ppl:.2f}" for length, ppl in results[label].items()), flush=True)
     details = {"corpus": corpus, "device": str(device), "steps": steps, "batch_size": budget.batch_size,
                "model": f"{budget.n_layer} layers, n_embd {budget.n_embd}, {budget.n_head} heads",
