@@ -355,3 +355,27 @@ def test_hope_keeps_only_the_frequencies_that_turn_within_the_training_length():
     torch.testing.assert_close(hope.theta, torch.where(keep, theta, 0.0).float())
     cos, sin = hope(torch.arange(100), 100)
     assert torch.all(cos[:, ~keep] == 1) and torch.all(sin[:, ~keep] == 0)      # no position in those channels
+
+
+# ---------------------------------------------------------------------------------------------- CLI and compare
+
+def test_the_cli_takes_a_per_layer_spec_and_a_temperature_and_names_a_bad_one(capsys):
+    from minidape import __main__ as cli
+    parsed = cli.build_parser().parse_args(["train", "--pe", "rope,none", "--temperature", "learned", "--out", "x"])
+    assert (parsed.pe, parsed.temperature) == ("rope,none", "learned")
+    for flags in (["--pe", "rope,nope"], ["--temperature", "hot"]):
+        with pytest.raises(SystemExit) as exit_:
+            cli.build_parser().parse_args(["train", *flags, "--out", "x"])
+        assert exit_.value.code == 2
+        assert flags[1].split(",")[-1] in capsys.readouterr().err
+
+
+def test_compare_takes_the_new_study_models_by_label():
+    from minidape import study
+    from minidape.study.comparison import _model_spec, resolve_pe
+    for label in ("FoX", "DAPE-FoX", "CoPE", "RoPE/NoPE hybrid"):
+        overrides = _model_spec(label, "baseline")
+        assert overrides == study.MODELS[label] and md.check_causal(tiny(**overrides), length=24)
+    assert resolve_pe("rope,none") == ("rope,none", None)
+    with pytest.raises(ValueError, match="unknown baseline 'Fox'.*or a study model: .*DAPE-FoX"):
+        _model_spec("Fox", "baseline")
