@@ -8,14 +8,14 @@ import math
 
 import pytest
 import torch
-import torch.nn as nn
+from test_fast import assert_same_forward_and_gradients
+from test_model import BUILTIN_REFINERS, tiny
+from torch import nn
 
 import minidape as md
 from minidape import model as M
 from minidape.evaluate import perplexity_by_length
 from minidape.train import load_checkpoint, save_checkpoint
-from test_fast import assert_same_forward_and_gradients
-from test_model import BUILTIN_REFINERS, tiny
 
 NEW_PES = ["fox", "cope", "rope_pi", "rope_ntk", "xpos", "hope", "rope,none", "fox,rope"]
 # (pe, temperature): the temperature with the encodings it is meant for, NoPE and the RoPE/NoPE hybrid
@@ -266,9 +266,8 @@ def test_a_per_layer_spec_rotates_only_the_layers_it_names():
         for layer, name in enumerate(model.layer_pes):
             attn = model.blocks[layer].attn
             q, k, _ = attn.qkv(x, inputs[layer])
-            plain = attn.c_attn(x).split(32, dim=2)[0].view(1, 10, 4, 8).transpose(1, 2)
-            rotated = not torch.allclose(q, plain)
-            assert rotated == (name == "rope"), (layer, name)
+            plain_q, plain_k, _ = (t.view(1, 10, 4, 8).transpose(1, 2) for t in attn.c_attn(x).split(32, dim=2))
+            assert torch.allclose(q, plain_q) == torch.allclose(k, plain_k) == (name != "rope"), (layer, name)
     with pytest.raises(ValueError, match="unknown pe 'ropee' in pe='rope,ropee'; valid choices:"):
         tiny(pe="rope,ropee")
     with pytest.raises(ValueError, match="absolute encoding"):
