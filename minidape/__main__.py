@@ -226,8 +226,9 @@ def build_parser() -> argparse.ArgumentParser:
     compare = add_command(
         commands, "compare", help="a bias against baselines: mean ± std over seeds, differences with intervals",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias "
-                    "or md.DataDependentBias subclass registered on the fly) and its baselines with several seeds at length 128, "
+        description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias or "
+                    "md.DataDependentBias subclass registered on the fly) and its baselines with several seeds at "
+                    "length 128, "
                     "evaluate up to 16x with both protocols, print the table with p-values and write compare.md, "
                     "compare.json and compare.png into --out.\n\n"
                     "example:\n  python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log")

@@ -129,7 +129,7 @@ def test_fox_bias_is_the_cumulative_log_gate_sum():
     assert bias.shape == (2, 4, 9, 9)
     for b, h, i in itertools.product(range(2), range(4), range(9)):
         for j in range(i + 1):            # D_ij = sum_{l=j+1..i} log f_l, 0 on the diagonal
-            expected = sum(math.log(gate[b, l, h].item()) for l in range(j + 1, i + 1))
+            expected = sum(math.log(gate[b, t, h].item()) for t in range(j + 1, i + 1))
             assert bias[b, h, i, j].item() == pytest.approx(expected, abs=1e-5)
     maps = model.attention_maps(idx, layer=0)
     torch.testing.assert_close(maps["bias"], bias)

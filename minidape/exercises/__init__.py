@@ -2,8 +2,8 @@
 
 ``framework`` is the machinery (the registry, :func:`check`, :func:`verdict`, :func:`summary`, what the grader's
 worker records); ``helpers`` holds what the checks share (reading answers, drawing inputs, handing weights over to
-an answer); ``positional_encodings`` (01) ... ``chomsky_hierarchy`` (07), ``positions_that_read_the_data`` (08) hold each notebook's checks. This package
-re-exports the names notebooks, the grader and users write as ``exercises.NAME``.
+an answer); ``positional_encodings`` (01) ... ``positions_that_read_the_data`` (08) hold each notebook's checks.
+This package re-exports the names notebooks, the grader and users write as ``exercises.NAME``.
 
 The grader's worker and the grader set two switches on ``exercises.framework`` itself, where the checks read them:
 ``framework.answers`` (``{}`` while a submission runs: :func:`check` then only records its answers) and
