@@ -38,9 +38,9 @@
 # measurement and the prediction).
 #
 # **Cost.** Trains seven models three times each (2 layers, 64 wide, 200 steps of 16 × 64 bytes: half the budget
-# of notebooks 03–06) and evaluates them up to 16× their training length. Full mode takes about 30 min on a 2-core
-# AMD EPYC CPU shared with other jobs (the run time is printed at the end); a GPU runs the same budget much faster.
-# Conclusions at this size are qualitative.
+# of notebooks 03–06) and evaluates them up to 16× their training length. Full mode takes about 10 min (546 s and
+# 654 s in two runs on a 2-core AMD EPYC CPU shared with other jobs, load average 10–28; the run time is printed at
+# the end); a GPU runs the same budget much faster. Conclusions at this size are qualitative.
 
 # %%
 import math
@@ -64,7 +64,7 @@ SEEDS = 2 if QUICK else 3               # 21 models to train: each trains half a
 
 train_tokens = md.load_corpus("austen", "train")
 val_tokens = md.load_corpus("austen", "val")
-print(RUN, "|", BUDGET, "| seeds", SEEDS)
+print(RUN, f"| steps {STEPS}, batch {BATCH}, training length {TRAIN_LENGTH} | seeds {SEEDS}")
 
 # %%
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
@@ -103,9 +103,20 @@ print("FoX with constant gates sigma(b_h) = exp(-m_h) equals ALiBi:", torch.allc
                                                                                      atol=1e-5))
 
 is_space = (idx[0] == ord(" ")).float()
-log_forget = (-1.0 * is_space - 0.001 * (1 - is_space))[None, None].expand(1, 4, T)   # ln f: -1 at spaces
-c = log_forget.cumsum(-1)
-hand_fox = (c[..., :, None] - c[..., None, :])[0]              # D_ij = c_i - c_j  (h, T, T)
+x_space = torch.zeros(1, T, 32)
+x_space[0, :, 0] = is_space                                    # an input that says "space" on channel 0
+
+
+def gate_logit(log_gate):
+    """The logit a with ln sigmoid(a) = log_gate."""
+    return -math.log(math.expm1(-log_gate))
+
+
+with torch.no_grad():                                           # ln f = -0.001 inside a word, -1 at a space
+    fox.gate.bias.fill_(gate_logit(-0.001))
+    fox.gate.weight.zero_()
+    fox.gate.weight[:, 0] = gate_logit(-1.0) - gate_logit(-0.001)
+    hand_fox = fox(x_space, q, k)[0]                            # D (h, T, T)
 
 fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
 for ax, bias, title in ((axes[0], alibi[3], "ALiBi, head 3: -m (i - j)"),
@@ -334,14 +345,19 @@ print(f"DAPE on FoX at {longest}: {summary['DAPE-FoX'][-1].item():.2f} vs {summa
 
 # %% [markdown]
 # Read the table with its bands: at this budget (200 steps of a 2-layer model) differences smaller than the bands
-# are noise. The growth column says how much each model degrades beyond its training length: a bias that
-# decays with distance (ALiBi, Kerple, FoX) keeps the far context from disturbing the prediction, which is what
-# makes them extrapolate; whether DAPE helps on top of FoX is the last line above. The study (REPRODUCTION.md and
+# are noise. The growth column says how much each model degrades beyond its training length (printed above,
+# smallest first). A bias that decays with distance (ALiBi, Kerple, FoX) keeps the far context from disturbing
+# the prediction, which is what makes them extrapolate. CoPE's counts and the hybrid's NoPE layer have no such
+# decay: in the committed full-mode run both degrade beyond the training length (CoPE's positions stop at its
+# table's last entry, $P - 1$; the learned temperature had only 200 steps to learn how sharp to be). Whether DAPE
+# helps on top of FoX is the last line above. The study (REPRODUCTION.md and
 # `python -m minidape compare --pe fox --against ALiBi DAPE-FoX CoPE ...`) asks the same with more seeds and
 # confidence intervals.
 #
 # The cost of reading the data: training step time per model (same machine, same run; the periodic validation
-# loss included, so only the ratios mean something):
+# loss included). The models train one after another, so on a machine whose load changes meanwhile these ratios
+# can be off by tens of percent; `benchmarks/bench_new_encodings.py` interleaves each model's steps with ALiBi's
+# for a fair ratio (its results are in `benchmarks/RESULTS.md`).
 
 # %%
 base = step_seconds["ALiBi"]
@@ -387,7 +403,7 @@ fox_prediction = None                    # your prediction: "letter", "space", "
 
 
 # %% tags=["solution", "prediction"]
-fox_prediction = "punctuation"           # a sentence ends at punctuation: what came before matters less after it
+fox_prediction = "space"                 # words are the unit of text: after a space a new word starts afresh
 
 # %% [markdown]
 # The measurement: the mean gate of each kind over 4,096 bytes of validation text (computed below). Then write
@@ -424,8 +440,8 @@ exercises.check("where_fox_forgets", fox_prediction, forgets_most, mean_gate)
 
 # %% [markdown] tags=["solution"]
 # **Worked answer.** Quote the four mean gates printed above and the heat map: the lowest mean marks the bytes
-# after which the model most wants to start afresh (at this budget the differences between kinds are a few
-# hundredths, and heads differ: some forget at spaces, others at punctuation). ALiBi cannot: its discount
+# after which the model most wants to start afresh (in the committed full-mode run spaces, about 0.5, against
+# about 0.8 for punctuation, and heads differ: the heat map shows which). ALiBi cannot: its discount
 # depends on $i - j$ only, the same whether the bytes in between close a sentence or sit inside a word — FoX's
 # gate is exactly the missing input. For DAPE-FoX against FoX, quote the last printed line of section 4 and the
 # bands: a difference inside the bands is not evidence either way at three seeds.
