@@ -38,9 +38,9 @@
 # measurement and the prediction).
 #
 # **Cost.** Trains seven models three times each (2 layers, 64 wide, 200 steps of 16 × 64 bytes: half the budget
-# of notebooks 03–06) and evaluates them up to 16× their training length. Full mode takes about 10 min (546 s and
-# 654 s in two runs on a 2-core AMD EPYC CPU shared with other jobs, load average 10–28; the run time is printed at
-# the end); a GPU runs the same budget much faster. Conclusions at this size are qualitative.
+# of notebooks 03–06) and evaluates them up to 16× their training length. Full mode takes 6–11 min (360, 546 and
+# 654 s in three runs on a 2-core AMD EPYC CPU shared with other jobs, load average 10–28; the run time is printed
+# at the end); a GPU runs the same budget much faster. Conclusions at this size are qualitative.
 
 # %%
 import math
