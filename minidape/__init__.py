@@ -14,6 +14,7 @@ from .model import (
     REFINER_NAMES,
     AbsolutePositions,
     AdditiveBias,
+    DataDependentBias,
     GPTConfig,
     RotaryEmbedding,
     check_causal,
@@ -38,6 +39,6 @@ def __dir__():
 
 
 __all__ = [
-    "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "AbsolutePositions", "RotaryEmbedding",
-    "register_pe", "register_refiner", "check_causal", "load_corpus", "train", *LAZY_MODULES,
+    "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "DataDependentBias", "AbsolutePositions",
+    "RotaryEmbedding", "register_pe", "register_refiner", "check_causal", "load_corpus", "train", *LAZY_MODULES,
 ]

@@ -23,7 +23,7 @@ import typing
 
 from .commands import COMMANDS, bench_command
 from .evaluate import PROTOCOLS
-from .model import PE_NAMES, REFINER_NAMES, GPTConfig
+from .model import PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .tasks import TASK_NAMES
 from .utils import DEVICE_CHOICES, import_file, quick_mode
@@ -70,10 +70,19 @@ def _imported_files(argv: list[str]) -> list[str]:
     return early.parse_known_args(argv)[0].imports
 
 
+def pe_spec(text: str) -> str:
+    """argparse type of --pe: a registered name, or several joined by commas (cycled over the layers)."""
+    unknown = [name for name in text.split(",") if name not in PE_NAMES]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"invalid choice: {unknown[0]!r} (choose from {', '.join(PE_NAMES)}; or "
+                                         f"several joined by commas, cycled over the layers, e.g. rope,none)")
+    return text
+
+
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default."""
     hints = typing.get_type_hints(GPTConfig)
-    choices = {"pe": PE_NAMES, "refiner": REFINER_NAMES}
+    choices = {"refiner": REFINER_NAMES, "temperature": TEMPERATURES}
     group = parser.add_argument_group("model (GPTConfig fields)")
     for field in dataclasses.fields(GPTConfig):
         kind = hints[field.name]
@@ -82,7 +91,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
         else:
-            options["type"] = kind
+            options["type"] = pe_spec if field.name == "pe" else kind
             if field.name in choices:
                 options["choices"] = list(choices[field.name])
         group.add_argument(*flags, **options)
@@ -217,15 +226,17 @@ def build_parser() -> argparse.ArgumentParser:
     compare = add_command(
         commands, "compare", help="a bias against baselines: mean ± std over seeds, differences with intervals",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias "
-                    "subclass registered on the fly) and its baselines with several seeds at length 128, "
+        description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias or "
+                    "md.DataDependentBias subclass registered on the fly) and its baselines with several seeds at "
+                    "length 128, "
                     "evaluate up to 16x with both protocols, print the table with p-values and write compare.md, "
                     "compare.json and compare.png into --out.\n\n"
                     "example:\n  python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log")
     compare.add_argument("--pe", required=True, help="registered PE name or path/to/file.py:ClassName")
     compare.add_argument("--refiner", default="none", help="a registered refiner (default none)")
     compare.add_argument("--against", nargs="+", default=["alibi", "kerple_log"],
-                         help="baselines, each pe or pe+refiner (default: alibi kerple_log)")
+                         help="baselines, each pe, pe+refiner or a study model's label such as FoX, DAPE-FoX, "
+                              "CoPE, 'RoPE/NoPE hybrid' (default: alibi kerple_log)")
     compare.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
     compare.add_argument("--steps", type=positive_int, help="training steps per run (default: the budget's)")
     compare.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")

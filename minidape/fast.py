@@ -54,14 +54,18 @@ FULL_BIAS_ELEMENTS = 2 ** 24
 def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
     """The attention of the ``model.SelfAttention`` ``layer``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
     dropout = layer.cfg.dropout if layer.training else 0.0
-    if layer.refiner is None and positional.bias_between is None:
-        # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
+    T = q.shape[2]
+    if layer.refiner is None and not positional.has_bias:
+        # No bias, no refiner: PyTorch's fused kernel, memory-linear in T. A temperature scales each query row:
+        # (tau_i q_i) . k_j = tau_i S_ij.
+        temperature = layer.temperature_rows(0, T, T)
+        q = q if temperature is None else q * temperature.to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, is_causal=layer.cfg.causal, dropout_p=dropout)
-    refine = None if layer.refiner is None else block_form(layer, positional.bias_between is not None)
+    refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
-        T = q.shape[2]              # a refiner that may read other query rows: the paper form, whole sequence
-        mask = attention_mask(T, layer.cfg.causal, q.device)
-        return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout)[0]
+        mask = attention_mask(T, layer.cfg.causal, q.device)   # a refiner that may read other query rows: the
+        return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout,   # paper form
+                                   layer.temperature_rows(0, T, T))[0]
     return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
 
 
@@ -192,12 +196,11 @@ def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: Positional
     margin = key_margin(refiner)
     key_blocks, value_blocks = k.split(rows, dim=2), v.split(rows, dim=2)
     query_blocks = q.split(rows, dim=2)
-    pos = positional.positions
     # A bias computed once is cut into the blocks' rows the same way: slicing the full (h, T, T) bias per block
     # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step). Too large to
-    # hold at once, it is computed per block instead.
-    has_bias = positional.bias_between is not None
-    precomputed = has_bias and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
+    # hold at once, or read from the data (a layer's own, and batch times larger), it is computed per block.
+    has_bias = positional.has_bias
+    precomputed = positional.bias_between is not None and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
     bias_rows = positional.full_bias.split(rows, dim=1) if precomputed else None
     outputs = [None] * len(query_blocks)
     for i in reversed(range(len(query_blocks))):
@@ -208,8 +211,9 @@ def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: Positional
         if not has_bias:
             bias = None
         else:
-            bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_between(pos[q0:q1], pos[:k1])
-        outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout)
+            bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
+        outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout,
+                                        layer.temperature_rows(q0, q1, T))
     return outputs
 
 
@@ -222,15 +226,22 @@ def _first_keys(key_blocks, n: int):
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
 
 
-def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dropout: float):
+def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dropout: float, temperature=None):
     """``model.attention`` for a block of query rows: q (batch, nh, rows, hs), k/v (batch, nh, keys, hs), bias
-    (nh, rows, keys) or None, mask (rows, keys) -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
-    if refiner is None:                  # S + B through the fused kernel, bias and mask as one float mask
+    (nh, rows, keys), (batch, nh, rows, keys) or None, mask (rows, keys), temperature (1 or nh, rows, 1) or None
+    -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
+    if refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
         float_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)          # -inf in the bias stays -inf
         return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout)
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
-    return attend(refine(refiner, scores, seen_bias, mask), allowed, v, dropout)[0]   # softmax(mask(A)) V
+    if refiner is None:
+        refined = scores + seen_bias                                             # A = S + B
+    else:
+        refined = refine(refiner, scores, seen_bias, mask)
+    if temperature is not None:
+        refined = refined * temperature                                          # tau (.) A
+    return attend(refined, allowed, v, dropout)[0]                               # softmax(mask(A)) V
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -300,6 +311,10 @@ def head_mlp(f, x, bias=None, residual=None):
     $W_1 [x; B] = W_x x + W_B B$: the bias half, the same for every sequence, is computed once and broadcast."""
     first, last = f.hidden_layer, f.output_layer
     batch, h, Tq, Tk = x.shape
+    if bias is not None and bias.dim() == 4:     # a bias read from the data differs per sequence: [x, B] as input
+        cells = torch.cat([x, bias.to(x.dtype)], dim=1).reshape(batch, 2 * h, -1)
+        out = _CellMLP.run(cells, first.bias[:, None], first.weight, last.weight).view(batch, h, Tq, Tk)
+        return _residual_sum(x, out, last.bias, residual)
     offset = _hidden_offset(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
     out = _CellMLP.run(x.reshape(batch, h, -1), offset, first.weight[:, :h], last.weight).view(batch, h, Tq, Tk)
     return _residual_sum(x, out, last.bias, residual)
@@ -388,10 +403,14 @@ def conv(refiner, scores, bias, mask):
         return _KeyShifts.apply(x.masked_fill(~mask, 0), kernel, False).flatten(1, 2).flatten(2)
 
     w1 = refiner.conv1.weight[:, :, 0].transpose(1, 2)                       # (W, kernel, C_in)
-    bias_copies = None if bias is None else copies(bias[None])[0]
-    offset = _hidden_offset(refiner.conv1.bias, w1[..., h:].flatten(1), bias_copies)
     w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (kernel * h, W), taps reversed
-    taps = _CellMLP.run(copies(scores), offset, w1[..., :h].flatten(1), w2)  # (batch, kernel * h, Tq * Tk)
+    if bias is not None and bias.dim() == 4:     # a bias read from the data differs per sequence: [S, B] as input
+        inputs = copies(torch.cat([scores, bias.to(scores.dtype)], dim=1))
+        taps = _CellMLP.run(inputs, refiner.conv1.bias[:, None], w1.flatten(1), w2)
+    else:
+        bias_copies = None if bias is None else copies(bias[None])[0]
+        offset = _hidden_offset(refiner.conv1.bias, w1[..., h:].flatten(1), bias_copies)
+        taps = _CellMLP.run(copies(scores), offset, w1[..., :h].flatten(1), w2)  # (batch, kernel * h, Tq * Tk)
     convolved = _KeyShifts.apply(taps.view(batch, kernel, h, Tq, Tk), kernel, True)
     return _residual_sum(scores, convolved, refiner.conv2.bias, bias)
 

@@ -2,11 +2,14 @@ r"""The minidape GPT in the papers' own form: one file, every positional encodin
 
 Read top to bottom:
   1. ``GPTConfig`` and the two registries (positional encodings, refiners).
-  2. Positional encodings, in three kinds:
+  2. Positional encodings, in four kinds:
      - absolute: added to the token embeddings (``learned``, ``sinusoidal``);
-     - rotary: rotate queries and keys (``rope``, ``yarn``);
+     - rotary: rotate queries and keys (``rope``, ``yarn``, ``rope_pi``, ``rope_ntk``, ``xpos``, ``hope``);
      - additive biases $B$ of shape ``(n_head, Tq, Tk)`` added to the scores
-       (``t5``, ``alibi``, ``kerple_log``, ``kerple_power``, ``fire`` and user biases).
+       (``t5``, ``alibi``, ``kerple_log``, ``kerple_power``, ``fire`` and user biases);
+     - biases that read the data, ``(batch, n_head, Tq, Tk)``, one module per layer (``fox``, ``cope``);
+     a per-layer spec (``pe="rope,none"``) picks one per layer, and a softmax temperature may grow with the
+     context (``LengthTemperature``).
   3. Refiners, which rewrite the pre-softmax scores $S = QK^\top/\sqrt{d}$ of every layer using $B$
      (DAPE/CAPE MLPs across heads, DAPE-V2 ``1 x kernel`` convolutions).
   4. Attention, one plain function: $\mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$; then the
@@ -26,7 +29,7 @@ from __future__ import annotations
 import copy
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 from functools import cached_property
 from typing import Callable
 
@@ -47,7 +50,7 @@ class GPTConfig:
     n_head: int = 4
     n_embd: int = 128
     block_size: int = 128         # training length; not a limit at inference (except pe="learned")
-    pe: str = "rope"              # one of PE_NAMES
+    pe: str = "rope"              # one of PE_NAMES, or names joined by commas, cycled over the layers
     refiner: str = "none"         # one of REFINER_NAMES
     refiner_width: int = 32       # hidden width of the DAPE MLP / conv refiner (D_DAPE)
     refiner_kernel: int = 3       # key-axis kernel size of the "conv" refiner (odd)
@@ -58,13 +61,14 @@ class GPTConfig:
     tie_embeddings: bool = True   # the output layer shares the token embedding (GPT-2); False: its own weights
     fast: bool = True             # the package's fast path when installed (see SelfAttention); False: forms below
     attn_chunk: int = 0           # for the fast path: query rows per attention block; 0 picks from a memory budget
+    temperature: str = "none"     # one of TEMPERATURES: a softmax temperature that grows with the context
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
         """Raise TypeError (wrong type) or ValueError (bad value) naming the field, the value and what is valid."""
-        kinds = {"pe": str, "refiner": str, "causal": bool, "tie_embeddings": bool, "fast": bool,
+        kinds = {"pe": str, "refiner": str, "temperature": str, "causal": bool, "tie_embeddings": bool, "fast": bool,
                  "dropout": float, "rope_base": float}
         for field in fields(self):
             value, kind = getattr(self, field.name), kinds.get(field.name, int)
@@ -76,8 +80,9 @@ class GPTConfig:
                 expected = {str: "a string", bool: "True or False", float: "a finite number", int: "an integer"}
                 raise TypeError(f"GPTConfig.{field.name} must be {expected[kind]}; got {value!r} "
                                 f"({type(value).__name__})")
-        if self.pe not in PE_REGISTRY:
-            raise ValueError(f"unknown pe {self.pe!r}; valid choices: {', '.join(PE_NAMES)}")
+        layer_pes = layer_encodings(self)      # checks each name of a per-layer spec
+        if self.temperature not in TEMPERATURES:
+            raise ValueError(f"unknown temperature {self.temperature!r}; valid choices: {', '.join(TEMPERATURES)}")
         if self.refiner not in REFINER_REGISTRY:
             raise ValueError(f"unknown refiner {self.refiner!r}; valid choices: {', '.join(REFINER_NAMES)}")
         for name in ("vocab_size", "n_layer", "n_head", "n_embd", "block_size", "refiner_width"):
@@ -87,7 +92,7 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
                              f"choose n_embd as a multiple of n_head")
         head_size = self.n_embd // self.n_head
-        if issubclass(PE_REGISTRY[self.pe], RotaryEmbedding) and head_size % 2:
+        if any(issubclass(PE_REGISTRY[name], RotaryEmbedding) for name in layer_pes) and head_size % 2:
             raise ValueError(f"pe={self.pe!r} rotates pairs of channels and needs an even head size; "
                              f"got n_embd/n_head = {self.n_embd}/{self.n_head} = {head_size}")
         if self.pe == "sinusoidal" and self.n_embd % 2:
@@ -104,11 +109,34 @@ class GPTConfig:
             if self.random_positions < self.block_size:
                 raise ValueError(f"random_positions must be 0 (off) or an integer L >= block_size="
                                  f"{self.block_size}; got {self.random_positions!r}")
-            if self.pe == "none":
-                raise ValueError("random_positions needs a pe that reads positions; pe='none' reads none")
+            if all(name == "none" or issubclass(PE_REGISTRY[name], DataDependentBias) for name in layer_pes):
+                raise ValueError(f"random_positions needs a pe that reads positions; pe={self.pe!r} reads none")
+        if self.temperature != "none" and self.block_size < 2:
+            raise ValueError(f"temperature={self.temperature!r} divides by ln(block_size) and needs block_size >= 2; "
+                             f"got {self.block_size}")
         if self.attn_chunk < 0:
             raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
 
+
+def layer_encodings(cfg: GPTConfig) -> list[str]:
+    """The encoding of each layer. ``pe`` names one encoding for every layer, or several joined by commas,
+    cycled over the layers: ``pe="rope,rope,rope,none"`` gives layers 0-2 RoPE and layer 3 NoPE, then again
+    (Llama 4's iRoPE; ``"rope,none"`` alternates, as in Cohere's RoPE-NoPE hybrid). Absolute encodings are added
+    once to the token embeddings, below every layer, so they cannot be one layer's choice."""
+    names = cfg.pe.split(",")
+    for name in names:
+        if name not in PE_REGISTRY:
+            raise ValueError(f"unknown pe {name!r}" + (f" in pe={cfg.pe!r}" if len(names) > 1 else "")
+                             + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
+                               f"(cycled over the layers, e.g. 'rope,none')")
+    if len(names) > 1 and any(issubclass(PE_REGISTRY[name], AbsolutePositions) for name in names):
+        raise ValueError(f"pe={cfg.pe!r}: an absolute encoding is added to the token embeddings, not chosen per "
+                         f"layer; a per-layer spec may name rotary encodings, biases and 'none'")
+    return [names[layer % len(names)] for layer in range(cfg.n_layer)]
+
+
+# Softmax temperatures (``GPTConfig.temperature``), see ``LengthTemperature``.
+TEMPERATURES = ("none", "log_length", "learned")
 
 PE_REGISTRY: dict[str, type[nn.Module]] = {}
 REFINER_REGISTRY: dict[str, type[nn.Module] | None] = {"none": None}
@@ -151,13 +179,16 @@ def _register(registry: dict, kind: str, name: str, check: Callable[[type], None
 def register_pe(name: str):
     """Class decorator: make ``GPTConfig(pe=name)`` build ``cls(cfg)``.
 
-    ``cls`` subclasses ``AdditiveBias`` (a bias ``(n_head, Tq, Tk)`` from positions), or, for other kinds of
+    ``cls`` subclasses ``AdditiveBias`` (a bias ``(n_head, Tq, Tk)`` from positions), ``DataDependentBias`` (a
+    bias ``(batch, n_head, Tq, Tk)`` that reads the layer's input, queries and keys), or, for other kinds of
     encoding, ``AbsolutePositions`` or ``RotaryEmbedding``. A bias value of ``-inf`` means "never attend here"
     (a hard window); NaN or ``+inf`` where a query may attend is an error.
     """
+    kinds = (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)
+
     def check(cls):
-        if not (isinstance(cls, type) and issubclass(cls, (AdditiveBias, AbsolutePositions, RotaryEmbedding))):
-            raise TypeError(f"register_pe({name!r}) expects a subclass of md.AdditiveBias "
+        if not (isinstance(cls, type) and issubclass(cls, kinds)):
+            raise TypeError(f"register_pe({name!r}) expects a subclass of md.AdditiveBias or md.DataDependentBias "
                             f"(or AbsolutePositions / RotaryEmbedding); got {cls!r}")
     return _register(PE_REGISTRY, "pe", name, check)
 
@@ -208,6 +239,22 @@ class AdditiveBias(nn.Module):
         super().__init__()
 
 
+class DataDependentBias(nn.Module):
+    r"""Base class of biases that read the data: ``forward(x, q, k, first_query=0) -> (batch, n_head, Tq, Tk)``,
+    added to the scores like an ``AdditiveBias`` and seen by the refiners the same way (as $B$ in $[S, B]$).
+
+    The model builds one instance per layer, ``cls(cfg)``, and calls it in that layer with ``x`` (batch, T, C),
+    the layer's input (after its LayerNorm) at every position, ``q`` (batch, n_head, Tq, hs) the queries of
+    positions ``first_query .. first_query + Tq - 1`` and ``k`` (batch, n_head, Tk, hs) the keys of positions
+    ``0 .. Tk - 1``. The reference form asks for every query against every key; the fast path asks for blocks of
+    query rows (so a 16k-token evaluation never holds a (T, T) bias). Cells of keys after the query are
+    ignored, but in a decoder the value at (i, j <= i) must not read ``x``, ``q`` or ``k`` beyond position i:
+    ``check_causal`` perturbs later tokens and catches a bias that does."""
+
+    def __init__(self):
+        super().__init__()
+
+
 def relative_distance(q_pos, k_pos, causal: bool = True):
     """(Tq, Tk) float distances: ``i - j`` clamped at 0 for a decoder (future keys are masked anyway),
     ``|i - j|`` for an encoder."""
@@ -234,6 +281,11 @@ class RotaryEmbedding(nn.Module):
         theta, scale = self.frequencies_and_scale(T)
         angle = pos.float()[:, None] * theta                           # (T, d/2)
         return angle.cos() * scale, angle.sin() * scale
+
+    def rotations(self, pos, T: int):
+        """((cos, sin) for the queries, (cos, sin) for the keys): the same rotation for both."""
+        rotation = self(pos, T)
+        return rotation, rotation
 
 
 def apply_rotary(x, cos, sin):
@@ -330,6 +382,72 @@ class YaRNEmbedding(RotaryEmbedding):
         if s <= 1:
             return self.theta, 1.0
         return self.theta / s * self.ramp + self.theta * (1 - self.ramp), 0.1 * math.log(s) + 1.0
+
+
+@register_pe("rope_pi")
+class PositionInterpolation(RotaryEmbedding):
+    r"""Position interpolation (Chen et al., 2023): RoPE trained as usual; at $T > L$ (``block_size``) the
+    positions are squeezed into the trained range, $m \to m L / T$, i.e. every frequency is divided by
+    $s = T / L$: $\theta'_i = \theta_i / s$."""
+
+    def frequencies_and_scale(self, T: int):
+        s = T / self.block_size
+        return (self.theta / s, 1.0) if s > 1 else (self.theta, 1.0)
+
+
+@register_pe("rope_ntk")
+class NTKAwareRoPE(RotaryEmbedding):
+    r"""NTK-aware scaling (bloc97, 2023): at $T > L$ the base grows instead, $\text{base}' = \text{base}\,
+    s^{d/(d-2)}$ with $s = T/L$: $\theta'_i = \text{base}'^{-2i/d}$. The fastest pair ($i = 0$) keeps its
+    frequency and the slowest ($i = d/2 - 1$) is divided by exactly $s$, as in position interpolation."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(cfg)
+        self.base = cfg.rope_base
+
+    def frequencies_and_scale(self, T: int):
+        s = T / self.block_size
+        if s <= 1:
+            return self.theta, 1.0
+        d = 2 * len(self.theta)
+        exponent = torch.arange(0, d, 2, dtype=torch.float32, device=self.theta.device) / d      # 2i/d
+        return (self.base * s ** (d / (d - 2))) ** -exponent, 1.0
+
+
+@register_pe("xpos")
+class XPosEmbedding(RotaryEmbedding):
+    r"""xPos (Sun et al., 2023): RoPE whose query at position $n$ is also scaled by $\zeta_i^{n/\gamma}$ and
+    key at $m$ by $\zeta_i^{-m/\gamma}$, so that pair $i$ of $q_n^\top k_m$ is multiplied by
+    $\zeta_i^{(n - m)/\gamma}$: an exponential decay with distance, slowest for the fast pairs.
+    $\zeta_i = (2i/d + 0.4)/1.4 \in [0.29, 1)$, $\gamma = 512$ (the paper's scale base). Positions are counted
+    from the middle of the sequence, which leaves $n - m$ unchanged and keeps both factors near 1."""
+
+    scale_base = 512.0
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(cfg)
+        head_size = cfg.n_embd // cfg.n_head
+        zeta = (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size + 0.4) / 1.4
+        self.register_buffer("zeta", zeta, persistent=False)
+
+    def rotations(self, pos, T: int):
+        cos, sin = self(pos, T)                                          # (T, d/2) each
+        centered = (pos.float() - pos.float().mean())[:, None] / self.scale_base
+        query_scale = self.zeta ** centered                              # zeta^(n / gamma)  (T, d/2)
+        key_scale = 1 / query_scale                                      # zeta^(-m / gamma)
+        return (cos * query_scale, sin * query_scale), (cos * key_scale, sin * key_scale)
+
+
+@register_pe("hope")
+class HoPEEmbedding(RotaryEmbedding):
+    r"""HoPE (Chen et al., ACL 2025): RoPE without its low frequencies. A pair whose rotation does not complete a
+    full turn within the training length, $2\pi / \theta_i > L$, gets $\theta_i = 0$: those channels carry no
+    position at all (position-independent, as in NoPE), at every length. The high-frequency pairs rotate as in
+    RoPE; with no slow pair left, no pair ever reaches an angle it did not see in training."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(cfg)
+        self.theta = torch.where(2 * math.pi / self.theta <= cfg.block_size, self.theta, 0.0)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -481,9 +599,111 @@ class FIREBias(AdditiveBias):
         return self.mlp(normalized[..., None].to(self.c.dtype)).permute(2, 0, 1)  # (h, Tq, Tk)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Positional encodings: biases that read the data (batch, n_head, Tq, Tk), one module per layer
+
+
+@register_pe("fox")
+class ForgetGateBias(DataDependentBias):
+    r"""FoX, the Forgetting Transformer (Lin et al., ICLR 2025): each token $t$ writes a forget gate per head,
+    $f_t^{(h)} = \sigma(w_h^\top x_t + b_h)$, and query $i$ discounts key $j$ by every gate in between:
+    $D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j$ with $c_i = \sum_{l \le i} \ln f_l$. With constant gates
+    $f = e^{-m}$ this is ALiBi's $-m (i - j)$: FoX is ALiBi whose slope each token sets. The gates start there:
+    $b_h = -\ln(e^{m_h} - 1)$ gives $\sigma(b_h) = e^{-m_h}$ with ALiBi's slopes $m_h$ (our choice; $w_h$ starts
+    at $N(0, 0.02)$). An encoder (``causal=False``) counts the gates between the two either way,
+    $D_{ij} = -|c_i - c_j|$."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.causal = cfg.causal
+        self.gate = _normal_linear(cfg.n_embd, cfg.n_head)
+        with torch.no_grad():
+            self.gate.bias.copy_(-torch.log(torch.expm1(alibi_slopes(cfg.n_head))))
+
+    def log_forget(self, x):
+        r"""$\ln f_t$ (batch, n_head, T) from the layer input x (batch, T, C)."""
+        return F.logsigmoid(self.gate(x)).transpose(1, 2)
+
+    def forward(self, x, q, k, first_query: int = 0):
+        Tq, Tk = q.shape[2], k.shape[2]
+        c = self.log_forget(x[:, :Tk]).float().cumsum(-1)                         # c_i (batch, nh, Tk)
+        D = c[..., first_query:first_query + Tq, None] - c[..., None, :]          # c_i - c_j (batch, nh, Tq, Tk)
+        return D if self.causal else -D.abs()
+
+
+@register_pe("cope")
+class ContextualPositionBias(DataDependentBias):
+    r"""CoPE, contextual position encoding (Golovneva et al., 2024): a position counts the keys that matter
+    instead of the tokens. Gates $g_{ij} = \sigma(S_{ij})$ from the scaled scores $S = QK^\top/\sqrt{d}$; the
+    position of key $j$ for query $i$ is the sum of the gates from $j$ to $i$, $p_{ij} = \sum_{t=j}^{i} g_{it}$
+    (a real number in $[0, i - j + 1]$), capped at $P - 1$. The bias interpolates the query's reading of learned
+    position vectors $e[0..P-1]$ (``(head_size, P)``, shared by the heads, from zeros), with
+    $\lfloor p \rfloor$, $\lceil p \rceil$ and $w = p - \lfloor p \rfloor$:
+    $z_{ij} = (1 - w)\, q_i^\top e[\lfloor p_{ij} \rfloor] + w\, q_i^\top e[\lceil p_{ij} \rceil]$.
+    $P$ = ``block_size`` (the most keys a training query sees). An encoder counts from $i$ to $j$ either way."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.causal = cfg.causal
+        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.block_size))   # e (hs, P)
+
+    def positions(self, q, k, first_query: int = 0):
+        r"""$p_{ij}$ (batch, nh, Tq, Tk) in float32: the gates summed from key j to query i."""
+        Tq, Tk = q.shape[2], k.shape[2]
+        gates = torch.sigmoid((q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]))   # g (batch, nh, Tq, Tk)
+        query = torch.arange(first_query, first_query + Tq, device=q.device)[:, None]
+        key = torch.arange(Tk, device=q.device)[None, :]
+        before = gates.masked_fill(key > query, 0.0)                                # keys j <= i
+        counted = before.flip(-1).cumsum(-1).flip(-1)                             # sum_{t=j}^{i} g_it
+        if self.causal:
+            return counted
+        after = gates.masked_fill(key < query, 0.0).cumsum(-1)                   # keys j >= i: sum_{t=i}^{j} g_it
+        return torch.where(key <= query, counted, after)
+
+    def forward(self, x, q, k, first_query: int = 0):
+        p = self.positions(q, k, first_query).clamp(max=self.embeddings.shape[1] - 1)
+        low, high = p.floor(), p.ceil()
+        w = (p - low).to(q.dtype)
+        read = q @ self.embeddings.to(q.dtype)                                    # q_i^T e[n] (batch, nh, Tq, P)
+        at_low, at_high = read.gather(-1, low.long()), read.gather(-1, high.long())
+        return (1 - w) * at_low + w * at_high                                      # z (batch, nh, Tq, Tk)
+
+
 def pe_has_bias(pe: str) -> bool:
-    """True when ``pe`` produces an additive bias matrix B (refiners then see ``[S, B]``)."""
-    return issubclass(PE_REGISTRY[pe], AdditiveBias)
+    """True when ``pe`` (one encoding's name) produces an additive bias B, from positions or from the data
+    (refiners then see ``[S, B]``)."""
+    return issubclass(PE_REGISTRY[pe], (AdditiveBias, DataDependentBias))
+
+
+# ----------------------------------------------------------------------------------------------------
+# Softmax temperature
+
+
+class LengthTemperature(nn.Module):
+    r"""A softmax temperature that grows with the context (``GPTConfig.temperature``). The refined scores of query
+    row $i$, which sees $n_i$ keys ($i + 1$ in a decoder, $T$ in an encoder), are multiplied by $\tau$:
+      - ``log_length``: $\tau_i = \max(1, \ln n_i / \ln L)$, $L$ = ``block_size``: nothing changes within the
+        training length; beyond it the logits sharpen as $\ln n$, which keeps a softmax over $n$ keys from
+        flattening towards uniform as $n$ grows (its entropy would otherwise grow like $\ln n$).
+      - ``learned``: $\tau_{h,i} = s_h \ln n_i$, $s_h$ learned per head from $1/\ln L$ (Scalable-Softmax,
+        SSMax: $s \ln n$; a learned per-head temperature is also Wang et al.'s (ACL 2024) fix for NoPE).
+    ``forward(q0, q1, T)`` gives the factors of query rows q0..q1-1 of T tokens: (1 or n_head, q1 - q0, 1)."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+        self.kind, self.causal = cfg.temperature, cfg.causal
+        self.register_buffer("log_train_length", torch.tensor(math.log(cfg.block_size)), persistent=False)
+        if self.kind == "learned":
+            self.scale = nn.Parameter(torch.full((cfg.n_head,), 1 / math.log(cfg.block_size)))     # s_h
+
+    def forward(self, q0: int, q1: int, T: int):
+        device = self.log_train_length.device
+        keys_seen = torch.arange(q0 + 1, q1 + 1, device=device) if self.causal else torch.full((q1 - q0,), T,
+                                                                                                device=device)
+        log_n = keys_seen.float().log()[None, :, None]                          # ln n_i (1, Tq, 1)
+        if self.kind == "log_length":
+            return (log_n / self.log_train_length).clamp(min=1)
+        return self.scale[:, None, None] * log_n                                 # s_h ln n_i (nh, Tq, 1)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -626,13 +846,15 @@ def refiner_view(bias, mask):
     return torch.where(allowed, bias, 0.0), allowed
 
 
-def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0):
-    r"""$y = \mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$, $S = QK^\top/\sqrt{d_{head}}$, at full size.
+def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0, temperature=None):
+    r"""$y = \mathrm{softmax}(\mathrm{mask}(\tau \odot \mathrm{refine}(S, B)))\,V$, $S = QK^\top/\sqrt{d_{head}}$, at
+    full size.
 
-    q (batch, nh, Tq, hs), k and v (batch, nh, Tk, hs), bias $B$ (nh, Tq, Tk) or None, mask (Tq, Tk) bool (True
-    where a query may attend). $\mathrm{refine}(S, B) = S + B$ without a refiner. Returns y (batch, nh, Tq, hs)
-    and the pieces ``scores`` $S$, ``bias`` $B$ (as the encoding gave it), ``refined`` $A$ (what reaches the
-    mask) and ``probs``, for plots and teaching.
+    q (batch, nh, Tq, hs), k and v (batch, nh, Tk, hs), bias $B$ (nh, Tq, Tk) from positions, or
+    (batch, nh, Tq, Tk) from the data, or None, mask (Tq, Tk) bool (True where a query may attend), temperature
+    $\tau$ (1 or nh, Tq, 1) or None (1). $\mathrm{refine}(S, B) = S + B$ without a refiner. Returns y
+    (batch, nh, Tq, hs) and the pieces ``scores`` $S$, ``bias`` $B$ (as the encoding gave it), ``refined`` $A$
+    (what reaches the mask) and ``probs``, for plots and teaching.
     """
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])                    # S (batch, nh, Tq, Tk)
     seen_bias, allowed = refiner_view(bias, mask)
@@ -640,6 +862,8 @@ def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0):
         refined = refiner(scores, seen_bias, mask)                               # A = refine(S, B)
     else:
         refined = scores if bias is None else scores + seen_bias                 # A = S + B
+    if temperature is not None:
+        refined = refined * temperature                                          # tau (.) A
     y, probs = attend(refined, allowed, v, dropout)
     return y, {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
 
@@ -653,18 +877,34 @@ def attend(refined, allowed, v, dropout: float = 0.0):
 
 
 class PositionalInputs:
-    """What every layer needs from the positions, computed once per forward and shared by all layers."""
+    """What every layer needs from the positions, computed once per forward and shared by all layers (of one
+    encoding); a layer whose bias reads the data takes its own copy (``reading``)."""
 
-    def __init__(self, positions, rotary, bias_between):
+    def __init__(self, positions, rotary, bias_between, data_bias=None):
         self.positions = positions            # (T,)
-        self.rotary = rotary                  # (cos, sin), each (T, hs/2), or None
-        self.bias_between = bias_between      # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no bias
+        self.rotary = rotary                  # ((cos, sin) for queries, (cos, sin) for keys), each (T, hs/2); or None
+        self.bias_between = bias_between      # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no such bias
+        self.data_bias = data_bias            # (q0, q1, k1) -> B (batch, nh, q1 - q0, k1), checked; or None
+
+    @property
+    def has_bias(self) -> bool:
+        return self.bias_between is not None or self.data_bias is not None
+
+    def bias_rows(self, q0: int, q1: int, k1: int) -> torch.Tensor:
+        """$B$ of the queries at indices q0..q1-1 against the keys 0..k1-1."""
+        if self.data_bias is not None:
+            return self.data_bias(q0, q1, k1)
+        return self.bias_between(self.positions[q0:q1], self.positions[:k1])
 
     @cached_property
     def full_bias(self) -> torch.Tensor | None:
-        """$B$ (nh, T, T), computed at the first layer that asks and reused by the others."""
-        pos = self.positions
-        return None if self.bias_between is None else self.bias_between(pos, pos)
+        """$B$ (nh, T, T) or (batch, nh, T, T), computed at the first layer that asks and reused by the others."""
+        T = len(self.positions)
+        return self.bias_rows(0, T, T) if self.has_bias else None
+
+    def reading(self, data_bias: Callable) -> PositionalInputs:
+        """A layer's own inputs, whose bias reads the layer's data: ``data_bias(q0, q1, k1)``."""
+        return PositionalInputs(self.positions, self.rotary, None, data_bias)
 
 
 class SelfAttention(nn.Module):
@@ -673,15 +913,20 @@ class SelfAttention(nn.Module):
     # cfg.fast is True. This file has none: copied alone, every layer runs the form below.
     fast_attention: Callable | None = None
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, pe: str | None = None):
         super().__init__()
         self.cfg = cfg
+        self.pe = cfg.pe if pe is None else pe                               # this layer's encoding (a name)
         self.n_head, self.head_size = cfg.n_head, cfg.n_embd // cfg.n_head
         self.c_attn = _normal_linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = _normal_linear(cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.resid_dropout = nn.Dropout(cfg.dropout)
-        refiner_cls = REFINER_REGISTRY[cfg.refiner]
-        self.refiner = refiner_cls(cfg) if refiner_cls is not None else None
+        encoding = PE_REGISTRY[self.pe]
+        self.data_bias = encoding(cfg) if issubclass(encoding, DataDependentBias) else None   # this layer's own
+        self.temperature = LengthTemperature(cfg) if cfg.temperature != "none" else None
+        refiner_cls = REFINER_REGISTRY[cfg.refiner]                # built for this layer's encoding (its B or none)
+        refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
+        self.refiner = refiner_cls(refiner_cfg) if refiner_cls is not None else None
 
     def qkv(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
@@ -689,28 +934,49 @@ class SelfAttention(nn.Module):
         # (batch, T, C) -> (batch, nh, T, hs) each
         q, k, v = (t.view(batch, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
         if positional.rotary is not None:
-            q, k = apply_rotary(q, *positional.rotary), apply_rotary(k, *positional.rotary)
+            query_rotation, key_rotation = positional.rotary
+            q, k = apply_rotary(q, *query_rotation), apply_rotary(k, *key_rotation)
         return q, k, v
+
+    def inputs(self, x, q, k, positional: PositionalInputs) -> PositionalInputs:
+        """The positional inputs, plus this layer's bias that reads x, q and k (when its encoding has one)."""
+        if self.data_bias is None:
+            return positional
+
+        def bias_rows(q0, q1, k1):
+            bias = self.data_bias(x, q[:, :, q0:q1], k[:, :, :k1], first_query=q0)    # B (batch, nh, Tq, Tk)
+            expected = (len(x), self.n_head, q1 - q0, k1)
+            if tuple(bias.shape) != expected:
+                raise ValueError(f"pe={self.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
+                                 f"(batch, n_head, Tq, Tk) = {expected}")
+            return bias
+        return positional.reading(bias_rows)
 
     def forward(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
         q, k, v = self.qkv(x, positional)
+        positional = self.inputs(x, q, k, positional)
         if self.cfg.fast and SelfAttention.fast_attention is not None:
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
             y, _ = attention(q, k, v, positional.full_bias, attention_mask(T, self.cfg.causal, x.device),
-                             self.refiner, dropout)
+                             self.refiner, dropout, self.temperature_rows(0, T, T))
         y = y.transpose(1, 2).contiguous().view(batch, T, C)                     # (batch, T, C)
         return self.resid_dropout(self.c_proj(y))
+
+    def temperature_rows(self, q0: int, q1: int, T: int):
+        r"""$\tau$ of query rows q0..q1-1 (1 or nh, rows, 1), or None without a temperature."""
+        return None if self.temperature is None else self.temperature(q0, q1, T)
 
     @torch.no_grad()
     def inspect(self, x, positional: PositionalInputs) -> dict[str, torch.Tensor]:
         """The full-size pieces of this layer's attention (see ``attention``), always in the reference form."""
         q, k, v = self.qkv(x, positional)
         T = q.shape[2]
+        positional = self.inputs(x, q, k, positional)
         return attention(q, k, v, positional.full_bias, attention_mask(T, self.cfg.causal, x.device),
-                         self.refiner)[1]
+                         self.refiner, temperature=self.temperature_rows(0, T, T))[1]
 
 
 class MLP(nn.Module):
@@ -727,9 +993,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig):
+    def __init__(self, cfg: GPTConfig, pe: str | None = None):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg)
+        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg, pe)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.n_embd), MLP(cfg)
 
     def forward(self, x, positional: PositionalInputs):
@@ -740,7 +1006,11 @@ class Block(nn.Module):
 class GPT(nn.Module):
     """A compact GPT (decoder, or encoder with ``causal=False``) whose attention takes any ``pe`` and any
     ``refiner``. ``logits, loss = model(idx, targets=None)``; targets equal to -1 are ignored. The checks on
-    what reaches the model (token ids, targets, a user's bias) follow the class."""
+    what reaches the model (token ids, targets, a user's bias) follow the class.
+
+    ``model.pe`` is the encoding, one module shared by all layers; a bias that reads the data lives in each
+    layer instead (``blocks[l].attn.data_bias``, and ``model.pe`` is NoPE's empty module). With a per-layer
+    spec (``pe="rope,none"``, see ``layer_encodings``) ``model.pe`` holds one shared module per name."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -748,9 +1018,15 @@ class GPT(nn.Module):
         self.cfg = cfg
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         nn.init.normal_(self.wte.weight, std=0.02)
-        self.pe = PE_REGISTRY[cfg.pe](cfg)                             # shared by all layers
+        self.layer_pes = layer_encodings(cfg)
+        shared = {name: PE_REGISTRY[name] for name in dict.fromkeys(self.layer_pes)
+                  if not issubclass(PE_REGISTRY[name], DataDependentBias)}
+        if len(set(self.layer_pes)) == 1:                              # shared by all layers
+            self.pe = shared.get(cfg.pe, NoPositions)(cfg)
+        else:
+            self.pe = nn.ModuleDict({name: encoding(cfg) for name, encoding in shared.items()})
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layer))
+        self.blocks = nn.ModuleList(Block(cfg, pe) for pe in self.layer_pes)
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -773,17 +1049,19 @@ class GPT(nn.Module):
 
     def hidden_states(self, idx, upto_layer: int | None = None):
         """Embed idx (checked by the caller) and run the first ``upto_layer`` blocks (all by default):
-        (x, positional inputs)."""
+        (x, each layer's positional inputs)."""
         idx = idx.long()
         pos = self.positions(idx.shape[1], idx.device)
         x = self.wte(idx)                                              # (batch, T, C)
         if isinstance(self.pe, AbsolutePositions):
             x = x + self.pe(pos).to(x.dtype)
         x = self.drop(x)
-        positional = self.positional_inputs(pos)
-        for block in self.blocks[:upto_layer]:
+        encodings = self.pe.items() if isinstance(self.pe, nn.ModuleDict) else [(self.layer_pes[0], self.pe)]
+        inputs = {name: self.positional_inputs(pos, encoding) for name, encoding in encodings}
+        layer_inputs = [inputs.get(name) or PositionalInputs(pos, None, None) for name in self.layer_pes]
+        for block, positional in zip(self.blocks[:upto_layer], layer_inputs):
             x = block(x, positional)
-        return x, positional
+        return x, layer_inputs
 
     def positions(self, T: int, device) -> torch.Tensor:
         """0..T-1, or in training with ``random_positions=L`` a sorted random subset of [0, L) (Ruoss et al.,
@@ -795,14 +1073,15 @@ class GPT(nn.Module):
             return torch.randperm(L, device=device)[:T].sort().values
         return torch.arange(T, device=device)
 
-    def positional_inputs(self, pos) -> PositionalInputs:
-        rotary = self.pe(pos, len(pos)) if isinstance(self.pe, RotaryEmbedding) else None
-        if not isinstance(self.pe, AdditiveBias):
+    def positional_inputs(self, pos, encoding: nn.Module) -> PositionalInputs:
+        """What the layers of one position-only ``encoding`` need: its rotations, or its bias."""
+        rotary = encoding.rotations(pos, len(pos)) if isinstance(encoding, RotaryEmbedding) else None
+        if not isinstance(encoding, AdditiveBias):
             return PositionalInputs(pos, rotary, None)
         checked = set()           # every layer asks for the same query and key positions: check their values once
 
         def bias_between(q_pos, k_pos):
-            bias = self.pe(q_pos, k_pos)                               # B (nh, Tq, Tk)
+            bias = encoding(q_pos, k_pos)                              # B (nh, Tq, Tk)
             shape = (len(pos), len(q_pos), len(k_pos))
             if shape not in checked:
                 check_bias_shape(self, bias, shape[1:])
@@ -830,9 +1109,9 @@ class GPT(nn.Module):
         if isinstance(idx, torch.Tensor):
             idx = idx.to(self.device)
         check_idx(self, idx)
-        x, positional = self.hidden_states(idx, upto_layer=layer)
+        x, layer_inputs = self.hidden_states(idx, upto_layer=layer)
         block = self.blocks[layer]
-        return block.attn.inspect(block.ln_1(x), positional)
+        return block.attn.inspect(block.ln_1(x), layer_inputs[layer])
 
     @torch.no_grad()
     def generate(self, idx, max_new_tokens: int, temperature: float = 1.0, top_k: int | None = None):

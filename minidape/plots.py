@@ -24,7 +24,8 @@ from .utils import atomic_path, write_results
 # refiner (kernel sizes, widths) get their own colours below.
 PE_COLORS = {"none": "#7f7f7f", "rope": "#d62728", "yarn": "#ff9896", "sinusoidal": "#8c564b",
              "learned": "#e377c2", "t5": "#17becf", "alibi": "#1f77b4", "kerple_log": "#2ca02c",
-             "kerple_power": "#bcbd22", "fire": "#ff7f0e"}
+             "kerple_power": "#bcbd22", "fire": "#ff7f0e", "fox": "#9467bd", "cope": "#8c6d31",
+             "rope_pi": "#f7b6d2", "rope_ntk": "#c49c94", "xpos": "#dbdb8d", "hope": "#9edae5"}
 REFINER_LINESTYLES = {"none": "-", "dape": "--", "cape": "--", "dape_concat": (0, (6, 2, 1, 2)),
                       "dape_add": ":", "conv": "-.", "conv_no_tril": (0, (1, 1))}
 # The names the study (and its demo and notebook 07) give their models: (pe, refiner) or an explicit colour and style.
@@ -38,6 +39,8 @@ MODEL_STYLES = {
     "DAPE1x5-Kerple": {"color": "#9467bd", "linestyle": "-."},
     "DAPE-Kerple, 1x3's parameters": {"color": "#004d00", "linestyle": "--"},
     "DAPE1x3-Kerple without tril": {"color": "black", "linestyle": (0, (1, 1))},
+    "FoX": ("fox", "none"), "DAPE-FoX": ("fox", "dape"), "CoPE": ("cope", "none"),
+    "RoPE/NoPE hybrid": {"color": "#ff9896", "linestyle": (0, (4, 1, 1, 1))},
 }
 _OTHER_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")
 

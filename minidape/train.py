@@ -150,7 +150,9 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
     cfg = model.cfg
-    sources = {"pe": source_file(PE_REGISTRY[cfg.pe]), "refiner": source_file(REFINER_REGISTRY[cfg.refiner])}
+    pe_sources = [source_file(PE_REGISTRY[name]) for name in cfg.pe.split(",")]     # a per-layer spec names several
+    sources = {"pe": next((path for path in pe_sources if path), None),
+               "refiner": source_file(REFINER_REGISTRY[cfg.refiner])}
     checkpoint = {
         "model": model.state_dict(),
         "config": dataclasses.asdict(cfg),
@@ -201,11 +203,13 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
         raise ValueError(f"{where}: its config has fields unknown to GPTConfig: {', '.join(unknown)}; "
                          f"known fields: {', '.join(sorted(known))}")
     for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY)):
-        if config.get(kind) is not None and config[kind] not in registry:
+        names = str(config.get(kind)).split(",") if kind == "pe" else [config.get(kind)]   # pe: per-layer spec
+        missing = [name for name in names if name is not None and name not in registry]
+        if missing:
             source = checkpoint.get("sources", {}).get(kind)
             where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
                           "import the file that registers it first (CLI: --import FILE.py)")
-            raise ValueError(f"{where} uses {kind} {config[kind]!r}, which is not registered here; {where_from}")
+            raise ValueError(f"{where} uses {kind} {missing[0]!r}, which is not registered here; {where_from}")
     try:
         return GPTConfig(**config)
     except (TypeError, ValueError) as err:

@@ -477,6 +477,39 @@ class StubBias(md.AdditiveBias):
         exercises.todo()
 
 
+# ------------------------------------------------------------------------------------- 08
+
+
+def fox_bias(log_forget):
+    c = log_forget.cumsum(-1)                               # c_i = sum_{l <= i} log f_l
+    return c[..., :, None] - c[..., None, :]               # D_ij = c_i - c_j = sum_{l=j+1..i} log f_l
+
+
+def fox_bias_by_loops(log_forget):
+    T = log_forget.shape[-1]
+    D = torch.zeros(*log_forget.shape, T, dtype=log_forget.dtype)
+    for i in range(T):
+        for j in range(i + 1):
+            D[..., i, j] = log_forget[..., j + 1:i + 1].sum(-1)
+    return D
+
+
+def focus_temperature(n, gap, p):
+    return math.log((n - 1) * p / (1 - p)) / gap
+
+
+def focus_temperature_by_bisection(n, gap, p):
+    low, high = 0.0, 1e4
+    for _ in range(200):                                    # share of the key ahead grows with tau
+        tau = (low + high) / 2
+        share = 1 / (1 + (n - 1) * math.exp(-tau * gap))
+        low, high = (tau, high) if share < p else (low, tau)
+    return (low + high) / 2
+
+
+MEAN_GATE = {"letter": 0.97, "space": 0.91, "punctuation": 0.88, "newline": 0.95}
+
+
 # name -> the worked answer (the argument list of exercises.check)
 CORRECT = {
     "sinusoidal_table": (sinusoidal_table,),
@@ -506,6 +539,9 @@ CORRECT = {
     "output_length": (output_length,),
     "masked_accuracy": (masked_accuracy,),
     "shuffle_invariance": (dict(UNCHANGED), dict(UNCHANGED)),
+    "fox_bias": (fox_bias,),
+    "focus_temperature": (focus_temperature,),
+    "where_fox_forgets": ("punctuation", "punctuation", MEAN_GATE),
 }
 
 # name -> correct answers written another way; each must pass too
@@ -524,6 +560,8 @@ EQUIVALENT = [
     ("my_bias", (KerpleLikeBias,)),
     ("addition_sample", (addition_by_md_tasks,)),
     ("masked_accuracy", (masked_accuracy_by_loop,)),
+    ("fox_bias", (fox_bias_by_loops,)),
+    ("focus_temperature", (focus_temperature_by_bisection,)),
 ]
 
 # (name, the wrong answer's argument list, words its message must contain): the mistakes students make
@@ -657,6 +695,20 @@ MISTAKES = [
      "leave out the END token"),
     ("shuffle_invariance", (dict(UNCHANGED), {**UNCHANGED, "alibi, encoder": True}), "not what the models do"),
     ("shuffle_invariance", ({"none": True}, dict(UNCHANGED)), "should map each of"),
+    ("fox_bias", (lambda g: fox_bias(g) + g[..., None, :],), "l = j .. i:"),
+    ("fox_bias", (lambda g: (fox_bias(g) - g[..., :, None]).tril(-1),), "l = j+1 .. i-1"),
+    ("fox_bias", (lambda g: fox_bias(torch.cat([torch.zeros_like(g[..., :1]), g[..., :-1]], -1)),), "l = j .. i-1"),
+    ("fox_bias", (lambda g: -fox_bias(g),), "is positive"),
+    ("fox_bias", (lambda g: fox_bias(g).transpose(-1, -2),), "transposed"),
+    ("fox_bias", (lambda g: fox_bias(g.exp()),), "gates f, not their logarithms"),
+    ("fox_bias", (lambda g: fox_bias(g)[..., :-1],), "has shape"),
+    ("focus_temperature", (lambda n, gap, p: focus_temperature(n + 1, gap, p),), "not n - 1"),
+    ("focus_temperature", (lambda n, gap, p: focus_temperature(n, 1.0, p),), "divide by the gap"),
+    ("focus_temperature", (lambda n, gap, p: math.log((n - 1) * (1 - p) / p) / gap,), "upside down"),
+    ("focus_temperature", (lambda n, gap, p: math.log(n) / math.log(64),), "attention on the key ahead"),
+    ("where_fox_forgets", ("space", "letter", MEAN_GATE), "use min, not max"),
+    ("where_fox_forgets", ("space", "space", MEAN_GATE), "not the kind with the lowest"),
+    ("where_fox_forgets", ("vowel", "punctuation", MEAN_GATE), "should be one of"),
 ]
 
 
@@ -695,7 +747,7 @@ def resolved(answer):
 def test_every_exercise_has_cases_and_every_notebook_three_kinds():
     assert set(CORRECT) == set(exercises.EXERCISES)
     assert {name for name, _, _ in MISTAKES} == set(exercises.EXERCISES), "an exercise without a known mistake"
-    for notebook in ("01", "02", "03", "04", "05", "06", "07"):
+    for notebook in ("01", "02", "03", "04", "05", "06", "07", "08"):
         own = exercises.exercises_of(notebook)
         assert len(own) >= 3, notebook
         assert {exercise.kind for exercise in own} == {"derive", "implement", "experiment"}, notebook

@@ -11,7 +11,8 @@ import torch.nn as nn
 import minidape as md
 from minidape import model as M
 
-BUILTIN_PES = ["none", "learned", "sinusoidal", "rope", "yarn", "t5", "alibi", "kerple_log", "kerple_power", "fire"]
+BUILTIN_PES = ["none", "learned", "sinusoidal", "rope", "yarn", "t5", "alibi", "kerple_log", "kerple_power", "fire",
+               "rope_pi", "rope_ntk", "xpos", "hope", "fox", "cope"]
 BUILTIN_REFINERS = ["none", "dape", "dape_concat", "dape_add", "cape", "conv"]
 
 

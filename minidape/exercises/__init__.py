@@ -2,8 +2,8 @@
 
 ``framework`` is the machinery (the registry, :func:`check`, :func:`verdict`, :func:`summary`, what the grader's
 worker records); ``helpers`` holds what the checks share (reading answers, drawing inputs, handing weights over to
-an answer); ``positional_encodings`` (01) ... ``chomsky_hierarchy`` (07) hold each notebook's checks. This package
-re-exports the names notebooks, the grader and users write as ``exercises.NAME``.
+an answer); ``positional_encodings`` (01) ... ``positions_that_read_the_data`` (08) hold each notebook's checks.
+This package re-exports the names notebooks, the grader and users write as ``exercises.NAME``.
 
 The grader's worker and the grader set two switches on ``exercises.framework`` itself, where the checks read them:
 ``framework.answers`` (``{}`` while a submission runs: :func:`check` then only records its answers) and
@@ -18,6 +18,7 @@ from .framework import (EXERCISES, EXPECT, FAILED, LIBRARY, NEEDS_FULL, NOT_DONE
 # One module per notebook: importing each registers its checks in EXERCISES.
 from . import positional_encodings, kerple_cpd_kernels, train_and_extrapolate, dape_and_cape  # noqa: F401
 from . import dape_v2_convolutions, your_own_bias, chomsky_hierarchy  # noqa: F401
+from . import positions_that_read_the_data  # noqa: F401
 from .chomsky_hierarchy import SHUFFLE_CASES
 from .helpers import _gradients_of_sum, _hand_over, _is_module, _load_parameters, _parameter_shapes
 

@@ -1,6 +1,6 @@
 """The machinery of the notebooks' exercise checks (the checks themselves: one module per notebook beside this one).
 
-Every exercise of notebooks 01-07 has a name and one check. A notebook cell calls
+Every exercise of notebooks 01-08 has a name and one check. A notebook cell calls
 
     exercises.check("kerple_log_bias", kerple_log_bias)
 
@@ -115,7 +115,7 @@ def todo(what: str = "this exercise") -> None:
 @dataclass(frozen=True)
 class Exercise:
     name: str
-    notebook: str           # "01" .. "07"
+    notebook: str           # "01" .. "08"
     kind: str               # "derive", "implement" or "experiment"
     title: str
     hint: str
@@ -184,11 +184,15 @@ LIBRARY: dict[str, tuple[str, ...]] = {
                       "minidape.tasks.ParityCheck"),
     "masked_accuracy": ("minidape.tasks.accuracy", "minidape.tasks.output_mask"),
     "shuffle_invariance": (),
+    # 08
+    "fox_bias": ("minidape.model.ForgetGateBias",),
+    "focus_temperature": (),
+    "where_fox_forgets": (),
 }
 
 
 def exercises_of(notebook: str) -> list[Exercise]:
-    """The exercises of one notebook ("01" .. "07"), in order."""
+    """The exercises of one notebook ("01" .. "08"), in order."""
     return [exercise for exercise in EXERCISES.values() if exercise.notebook == notebook]
 
 

@@ -64,6 +64,11 @@ MODELS = {
     "DAPE1x5-Kerple": {"pe": "kerple_log", "refiner": "conv", "refiner_kernel": 5},
     "DAPE-Kerple, 1x3's parameters": {"pe": "kerple_log", "refiner": "dape", "refiner_width": MATCHED_WIDTH},
     "DAPE1x3-Kerple without tril": {"pe": "kerple_log", "refiner": LEAKY_REFINER, "refiner_kernel": 3},
+    # positions that read the data (issue 33): no claim of the papers, here for `compare` (by label)
+    "FoX": {"pe": "fox"},
+    "DAPE-FoX": {"pe": "fox", "refiner": "dape"},
+    "CoPE": {"pe": "cope"},
+    "RoPE/NoPE hybrid": {"pe": "rope,none", "temperature": "learned"},
 }
 CHE_MODELS = {"Kerple-log": {"pe": "kerple_log"}, "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"}}
 CHE_TASKS = ("missing_duplicate_string", "even_pairs", "reverse_string", "bucket_sort")

@@ -11,10 +11,11 @@ from pathlib import Path
 import torch
 
 from ..evaluate import PROTOCOLS
-from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, register_pe
+from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, AdditiveBias, DataDependentBias, register_pe
 from ..train import decoder_leaks
 from ..utils import atomic_path, holds_out_folder, import_file, json_ready, resolve_device, user_path
 from .budgets import check_corpus_fits, lm_config, resolve_budget
+from .claims import LEAKY_REFINER, MODELS
 from .figures import compare_figure
 from .runs import (Progress, as_float, check_seeds, check_settings, perplexity_summary, read_json,
                    refuse_foreign_results, slug, train_and_evaluate, write_json)
@@ -23,10 +24,12 @@ from .statistics import Cell, Endpoint, format_mean_std, format_p, holm, ratio_t
 def resolve_pe(pe: str) -> tuple[str, str | None]:
     """A registered PE name, or ``path/to/file.py:ClassName`` imported (`md.utils.import_file`, once per file)
     and registered on the fly; returns ``(name, sha256 of the file or None)``. The class must subclass
-    ``md.AdditiveBias``."""
+    ``md.AdditiveBias`` or ``md.DataDependentBias``. A per-layer spec of registered names (``rope,none``) is one
+    too."""
     if ":" not in pe or pe in PE_NAMES:
-        if pe not in PE_NAMES:
-            raise ValueError(f"unknown pe {pe!r}; valid choices: {', '.join(PE_NAMES)}, or FILE.py:ClassName")
+        if not _is_pe_spec(pe):
+            raise ValueError(f"unknown pe {pe!r}; valid choices: {', '.join(PE_NAMES)}, several of them joined by "
+                             f"commas (cycled over the layers), or FILE.py:ClassName")
         return pe, None
     file_name, _, class_name = pe.rpartition(":")
     path = user_path(file_name, "--pe")
@@ -40,12 +43,13 @@ def resolve_pe(pe: str) -> tuple[str, str | None]:
     cls = getattr(module, class_name, None)
     if cls is None:
         found = [name for name, value in vars(module).items() if isinstance(value, type)
-                 and issubclass(value, AdditiveBias) and value is not AdditiveBias]
-        raise ValueError(f"--pe {pe!r}: {path} defines no {class_name!r}; AdditiveBias classes there: "
-                         f"{', '.join(found) or 'none'}")
-    if not (isinstance(cls, type) and issubclass(cls, AdditiveBias)):
+                 and issubclass(value, BIAS_KINDS) and value not in BIAS_KINDS]
+        raise ValueError(f"--pe {pe!r}: {path} defines no {class_name!r}; AdditiveBias or DataDependentBias classes "
+                         f"there: {', '.join(found) or 'none'}")
+    if not (isinstance(cls, type) and issubclass(cls, BIAS_KINDS)):
         raise ValueError(f"--pe {pe!r}: {class_name} is not a subclass of md.AdditiveBias (a bias "
-                         f"(n_head, Tq, Tk) from positions); see the extension API in the README")
+                         f"(n_head, Tq, Tk) from positions) or md.DataDependentBias (a bias (batch, n_head, Tq, Tk) "
+                         f"that reads the data); see the extension API in the README")
     registered = [name for name, value in PE_REGISTRY.items() if value is cls]  # by the file, or by an earlier call
     if registered:
         return registered[0], digest
@@ -54,11 +58,23 @@ def resolve_pe(pe: str) -> tuple[str, str | None]:
     return name, digest
 
 
+BIAS_KINDS = (AdditiveBias, DataDependentBias)
+
+
+def _is_pe_spec(pe: str) -> bool:
+    """A registered name, or several joined by commas (``GPTConfig.pe``'s per-layer spec)."""
+    return all(name in PE_NAMES for name in pe.split(","))
+
+
 def _model_spec(name: str, what: str) -> dict:
-    """``pe`` or ``pe+refiner`` -> GPTConfig overrides, with errors naming the valid choices."""
+    """``pe``, ``pe+refiner`` or a label of the study's ``MODELS`` -> GPTConfig overrides, with errors naming the
+    valid choices."""
+    if name in MODELS and what == "baseline" and MODELS[name].get("refiner") != LEAKY_REFINER:
+        return dict(MODELS[name])
     pe, _, refiner = name.partition("+")
-    if pe not in PE_NAMES:
-        raise ValueError(f"unknown {what} {name!r}; valid choices: {', '.join(PE_NAMES)} (optionally +refiner)")
+    if not _is_pe_spec(pe):
+        raise ValueError(f"unknown {what} {name!r}; valid choices: {', '.join(PE_NAMES)} (optionally +refiner), "
+                         f"or a study model: {', '.join(MODELS)}")
     if refiner and refiner not in REFINER_NAMES:
         raise ValueError(f"unknown refiner {refiner!r} in {what} {name!r}; valid choices: {', '.join(REFINER_NAMES)}")
     return {"pe": pe, "refiner": refiner or "none"}
