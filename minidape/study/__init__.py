@@ -5,8 +5,8 @@ protocol (`compare`).
 import minidape as md
 from minidape.study import compare, reproduce
 reproduce(budget="small", out="runs/reproduce-small")          # claims C1-C6 -> REPRODUCTION.md, figures
-compare("my_bias", against=("alibi", "kerple_log"), seeds=3)   # a registered bias against the baselines
-compare("my_bias.py:MyBias", out="runs/compare/my_bias")       # or a class in a file, registered on the fly
+compare("my_bias", against=("alibi", "kerple_log"))            # a registered bias against the baselines, 5 seeds
+compare("my_bias.py:MyBias+conv:5", out="runs/compare/my_bias")  # a class in a file, with DAPE-V2's 1x5 refiner
 ```
 
 The protocol. Every model of a comparison is trained with the same budget once per seed (seed ``s`` fixes
@@ -39,8 +39,8 @@ from .budgets import (BUDGET_NAMES, BUDGETS, CHE_MAX_TRAIN_LENGTH, CUDA_OVERRIDE
 from .claims import (CHE_MODELS, CHE_TASKS, CLAIMS, FLAT_MARGIN, KINDS, LEAKY_REFINER, LEARNED_MARGIN,
                      MATCHED_WIDTH, MODELS, NEAR_MARGIN, NOT_TESTED, SCOPES, UNIGRAM_SHARE, Claim,
                      ConvRefinerWithoutTril, Statement, register_leaky_refiner)
-from .comparison import compare, resolve_pe
-from .endpoints import judge, statement_cells, statement_units, study_plan, unlearned_tasks
+from .comparison import DEFAULT_BASELINES, compare, compare_endpoints, parse_model, resolve_pe
+from .endpoints import judge, log_ratio_units, statement_cells, statement_units, study_plan, unlearned_tasks
 from .figures import plot_bands
 from .report import unigram_perplexity, write_report
 from .reproduction import collect_results, reproduce
@@ -48,11 +48,11 @@ from .runs import Progress, che_train_and_evaluate, check_settings, train_and_ev
 from .statistics import ALPHA, VERDICT_RULE, Cell, Endpoint, claim_verdict, format_mean_std, holm, mean_std, verdict
 
 __all__ = [
-    "ALPHA", "BUDGETS", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS", "CUDA_OVERRIDES",
+    "ALPHA", "BUDGETS", "DEFAULT_BASELINES", "compare_endpoints", "parse_model", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS", "CUDA_OVERRIDES",
     "DEFAULT_CORPORA", "DEFAULT_SEEDS", "FLAT_MARGIN", "KINDS", "LEAKY_REFINER", "LEARNED_MARGIN", "MATCHED_WIDTH",
     "MODELS", "NEAR_MARGIN", "NOT_TESTED", "SCOPES", "UNIGRAM_SHARE", "VERDICT_RULE", "Budget", "Cell", "Claim",
     "ConvRefinerWithoutTril", "Endpoint", "Progress", "Statement", "che_train_and_evaluate", "check_settings",
-    "claim_verdict", "collect_results", "compare", "format_mean_std", "holm", "judge", "matched_dape_width",
+    "claim_verdict", "collect_results", "compare", "format_mean_std", "holm", "judge", "log_ratio_units", "matched_dape_width",
     "mean_std", "plot_bands", "register_leaky_refiner", "reproduce", "resolve_budget", "resolve_pe",
     "statement_cells", "statement_units", "study_plan", "train_and_evaluate", "unigram_perplexity",
     "unlearned_tasks", "verdict", "write_report",
