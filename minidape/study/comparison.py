@@ -225,37 +225,39 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
     out = Path(out) if out is not None else None
     if out is not None:
         check_settings(out, {"command": "compare"})    # the runs themselves say what they were made with
+    # Every run file already in out is checked before any training: reused, or refused, or (rerun) made again.
+    plan = []
+    for label, cfg in configs.items():
+        for seed in range(seeds):
+            record = run_record(cfg, fingerprint, settings, seed, _sources(models[label]))
+            path = out / "runs" / slug(label) / f"seed{seed}.json" if out is not None else None
+            plan.append((label, seed, record, path, reusable_run(path, record, rerun) if path is not None else None))
     if seeds < DEFAULT_SEEDS and progress:
         print(f"warning: {seeds} seeds (fewer than {DEFAULT_SEEDS}): the exact sign-flip test cannot go below "
               f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it can confirm no effect at α = {ALPHA}; the "
               f"t-test's power for a {POWER_EFFECT:.0%} effect at the observed spread is printed with the results",
               file=sys.stderr, flush=True)
-    meter = Progress(len(models) * seeds, progress)
+    meter = Progress(len(plan), progress)
     if progress:
         print(f"minidape compare on {device}: {', '.join(models)}; {seeds} seeds x {settings.steps} steps at "
-              f"length {train_length} on {corpus} ({len(models) * seeds} runs) -> {out or '(not saved)'}", flush=True)
-    perplexity: dict[str, dict[str, dict[int, list[float]]]] = {}
-    for label, cfg in configs.items():
-        runs = []
-        for seed in range(seeds):
-            record = run_record(cfg, fingerprint, settings, seed, _sources(models[label]))
-            path = out / "runs" / slug(label) / f"seed{seed}.json" if out is not None else None
-            result = reusable_run(path, record, rerun) if path is not None else None
-            if result is not None:
-                runs.append(result)
-                meter.report(f"{label} seed {seed}", None)
-                continue
+              f"length {train_length} on {corpus} ({len(plan)} runs) -> {out or '(not saved)'}", flush=True)
+    runs: dict[str, list[dict]] = {label: [] for label in models}
+    for label, seed, record, path, result in plan:
+        if result is not None:
+            meter.report(f"{label} seed {seed}", None)
+        else:
             keep = path.with_suffix("") if keep_checkpoints and path is not None else None
-            result = train_and_evaluate(cfg, str(corpus), settings, seed, device, allow_leakage=label in leaking,
-                                        progress=progress, keep=keep)
+            result = train_and_evaluate(configs[label], str(corpus), settings, seed, device,
+                                        allow_leakage=label in leaking, progress=progress, keep=keep)
             result = {"label": label, "run": record, **result}
             if path is not None:
                 write_json(path, result)
-            runs.append(result)
             meter.report(f"{label} seed {seed}", result["train_seconds"] + result["eval_seconds"],
                          perplexity_summary(result))
-        perplexity[label] = {protocol: {int(length): [as_float(run["perplexity"][protocol][length]) for run in runs]
-                                        for length in runs[0]["perplexity"][protocol]} for protocol in PROTOCOLS}
+        runs[label].append(result)
+    perplexity = {label: {protocol: {int(length): [as_float(run["perplexity"][protocol][length]) for run in results]
+                                     for length in results[0]["perplexity"][protocol]} for protocol in PROTOCOLS}
+                  for label, results in runs.items()}
     cells = {baseline: {protocol: {length: Cell(f"{protocol} {length}", perplexity[subject][protocol][length],
                                                 perplexity[baseline][protocol][length])
                                    for length in perplexity[subject][protocol]} for protocol in PROTOCOLS}
