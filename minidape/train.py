@@ -156,6 +156,8 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
     for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY)):
         if config.get(kind) is not None and config[kind] not in registry:
             source = checkpoint.get("sources", {}).get(kind)
+            if source and ":" in config[kind]:       # registered from FILE.py:ClassName (`--pe FILE.py:ClassName`)
+                source = f"{source}:{config[kind].rpartition(':')[2]}"
             where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
                           "import the file that registers it first (CLI: --import FILE.py)")
             raise ValueError(f"{where} uses {kind} {config[kind]!r}, which is not registered here; {where_from}")
