@@ -232,7 +232,7 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
             record = run_record(cfg, fingerprint, settings, seed, _sources(models[label]))
             path = out / "runs" / slug(label) / f"seed{seed}.json" if out is not None else None
             plan.append((label, seed, record, path, reusable_run(path, record, rerun) if path is not None else None))
-    if seeds < DEFAULT_SEEDS and progress:
+    if seeds < DEFAULT_SEEDS:
         print(f"warning: {seeds} seeds (fewer than {DEFAULT_SEEDS}): the exact sign-flip test cannot go below "
               f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it can confirm no effect at α = {ALPHA}; the "
               f"t-test's power for a {POWER_EFFECT:.0%} effect at the observed spread is printed with the results",
