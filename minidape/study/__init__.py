@@ -19,19 +19,27 @@ mean over the units with a 95 % confidence interval, a t-test and an exact sign-
 (`scipy.stats`), Holm's adjustment across the report's statements; the verdict rule is `VERDICT_RULE`.
 
 Runs are resumable: each (corpus, training length, model, seed) run writes one JSON file, atomically, under
-``OUT/runs/``; a restart skips the files already there, and a restart with other settings into the same
-``OUT`` is refused (``OUT/manifest.json`` records them), so results of two budgets never mix. The same
-command started twice (two terminals) shares the runs between the two processes.
+``OUT/runs/``, recording the corpus's sha256 and size and the run's full configuration (`runs.run_record`); a
+restart reuses a file only when both match and refuses one that does not, naming it and what differs (or trains
+it again when asked: ``rerun``), so results of two corpora or budgets never mix. Two corpus files of one name
+in two folders are two corpora. `reproduce` also refuses other settings into the same ``OUT`` as a whole
+(``OUT/manifest.json`` records them). The same command started twice (two terminals) shares the runs between
+the two processes.
+
+`compare`'s endpoints and REPRODUCTION.md's statements are one code (`endpoints.log_ratio_units`): a model
+against another at the training length, beyond it or over all lengths, and a model's degradation from the
+training length to 16x, judged with an equivalence test (TOST) for "stays within 10 %".
 
 One job per module, each importing only those above it:
 
 - `claims`: the models (label -> `GPTConfig` overrides) and the claims C1-C6 as statements; C4's leaky refiner.
 - `budgets`: model size, training and evaluation of every run (`BUDGETS`), and the configs they build.
 - `statistics`: endpoints, intervals and tests, Holm's adjustment, the verdict rule.
-- `runs`: one run trained and evaluated, its JSON file, the folder's manifest, progress lines.
+- `runs`: one run trained and evaluated, its JSON file and record, the folder's manifest, progress lines.
 - `endpoints`: where each statement is tested, its endpoint per unit, `judge`.
 - `figures`, `report`: the figures and REPRODUCTION.md / results.json.
-- `reproduction`: `reproduce`; `comparison`: `compare` and `resolve_pe`; `demo`: `python -m minidape demo`.
+- `reproduction`: `reproduce`; `comparison`: `compare`, its model syntax (`parse_model`) and endpoints;
+  `demo`: `python -m minidape demo`.
 """
 
 from .budgets import (BUDGET_NAMES, BUDGETS, CHE_MAX_TRAIN_LENGTH, CUDA_OVERRIDES, DEFAULT_CORPORA, DEFAULT_SEEDS,
