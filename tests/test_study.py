@@ -264,6 +264,12 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     assert code == 2 and "other settings (corpora differ" in stderr and len(stderr.strip().splitlines()) == 1
     assert stdout == "" and len(sorted(out.glob("runs/**/seed*.json"))) == len(runs)
 
+    # The same corpus file edited: every run file records the old text's sha256, so none is reused.
+    corpus_file.write_text(TEXT.replace("wife", "WIFE"))
+    code, stdout, stderr = run_cli(argv, capsys)
+    assert code == 2 and "corpus_sha256" in stderr and "--rerun" in one_error(stderr)
+    assert stdout.count("done before") == 0 and "[1/" not in stdout
+
 
 @pytest.mark.parametrize("argv, message", [
     (["--budget", "tiny", "--corpus", "no_such_corpus"], "unknown corpus"),

@@ -56,12 +56,13 @@ from .runs import Progress, che_train_and_evaluate, check_settings, train_and_ev
 from .statistics import ALPHA, VERDICT_RULE, Cell, Endpoint, claim_verdict, format_mean_std, holm, mean_std, verdict
 
 __all__ = [
-    "ALPHA", "BUDGETS", "DEFAULT_BASELINES", "compare_endpoints", "parse_model", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS", "CUDA_OVERRIDES",
-    "DEFAULT_CORPORA", "DEFAULT_SEEDS", "FLAT_MARGIN", "KINDS", "LEAKY_REFINER", "LEARNED_MARGIN", "MATCHED_WIDTH",
-    "MODELS", "NEAR_MARGIN", "NOT_TESTED", "SCOPES", "UNIGRAM_SHARE", "VERDICT_RULE", "Budget", "Cell", "Claim",
-    "ConvRefinerWithoutTril", "Endpoint", "Progress", "Statement", "che_train_and_evaluate", "check_settings",
-    "claim_verdict", "collect_results", "compare", "format_mean_std", "holm", "judge", "log_ratio_units", "matched_dape_width",
-    "mean_std", "plot_bands", "register_leaky_refiner", "reproduce", "resolve_budget", "resolve_pe",
+    "ALPHA", "BUDGETS", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS",
+    "CUDA_OVERRIDES", "DEFAULT_BASELINES", "DEFAULT_CORPORA", "DEFAULT_SEEDS", "FLAT_MARGIN", "KINDS",
+    "LEAKY_REFINER", "LEARNED_MARGIN", "MATCHED_WIDTH", "MODELS", "NEAR_MARGIN", "NOT_TESTED", "SCOPES",
+    "UNIGRAM_SHARE", "VERDICT_RULE", "Budget", "Cell", "Claim", "ConvRefinerWithoutTril", "Endpoint", "Progress",
+    "Statement", "che_train_and_evaluate", "check_settings", "claim_verdict", "collect_results", "compare",
+    "compare_endpoints", "format_mean_std", "holm", "judge", "log_ratio_units", "matched_dape_width", "mean_std",
+    "parse_model", "plot_bands", "register_leaky_refiner", "reproduce", "resolve_budget", "resolve_pe",
     "statement_cells", "statement_units", "study_plan", "train_and_evaluate", "unigram_perplexity",
     "unlearned_tasks", "verdict", "write_report",
 ]

@@ -82,7 +82,7 @@ def parse_model(spec: str) -> tuple[str, dict]:
     overrides["refiner"] = _resolve_refiner(refiner, spec)
     label = f"{overrides['pe']}+{overrides['refiner']}"
     for option in options:
-        key, equals, value = option.rpartition("=") if "=" in option else ("k", "=", option)
+        key, _, value = option.rpartition("=") if "=" in option else ("k", "=", option)
         if key == "w" and value == "matched":
             if overrides["refiner"] != "dape":
                 raise ValueError(f"w=matched in {spec!r}: only DAPE's MLP (refiner dape) is matched to the 1x3 "

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..data import load_corpus
 from ..che import train_task
+from ..data import load_corpus
 from ..evaluate import perplexity_by_length
 from ..model import GPTConfig
 from ..train import train
@@ -65,8 +65,9 @@ def _differences(recorded, expected, prefix: str = "") -> list[str]:
                 for difference in _differences(recorded.get(key), expected.get(key), f"{prefix}{key}.")]
     if recorded == expected:
         return []
-    shorten = lambda value: f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
-    return [f"{prefix[:-1]} {shorten(recorded)} there, {shorten(expected)} now"]
+    recorded, expected = (f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
+                          for value in (recorded, expected))           # a sha256 shortened
+    return [f"{prefix[:-1]} {recorded} there, {expected} now"]
 
 
 def reusable_run(path: Path, record: dict, rerun: bool = False) -> dict | None:
