@@ -306,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     compare.add_argument("--margin", type=positive_float, default=100 * FLAT_MARGIN,
                          help=f"equivalence margin of the degradation endpoint, in %% (default "
                               f"{100 * FLAT_MARGIN:g}: within ±{100 * FLAT_MARGIN:g} %%)")
-    compare.add_argument("--out", help="output directory (default runs/compare/NAME)")
+    compare.add_argument("--out", help="output directory (default runs/compare/MODEL: the model's label, e.g. "
+                                       "runs/compare/kerple-log-conv-k-5)")
     compare.add_argument("--rerun", action="store_true",
                          help="train again the runs in --out whose files record another corpus or configuration "
                               "(refused otherwise)")

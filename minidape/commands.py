@@ -174,9 +174,9 @@ def reproduce_command(args: argparse.Namespace) -> None:
 
 
 def compare_command(args: argparse.Namespace) -> None:
-    from .study import compare
-    name = args.pe.split("+")[0].rpartition(":")[2] or args.pe
-    out = args.out or Path("runs") / "compare" / name
+    from .study import compare, parse_model
+    from .study.runs import slug
+    out = args.out or Path("runs") / "compare" / slug(parse_model(args.pe)[0])
     compare(args.pe, against=tuple(args.against), seeds=args.seeds, corpus=args.corpus, out=out, budget=args.budget,
             steps=args.steps, batch_size=args.batch_size, lr=args.lr, n_layer=args.n_layer, n_embd=args.n_embd,
             n_head=args.n_head, train_length=args.train_length, lengths=args.lengths, margin=args.margin / 100,

@@ -506,6 +506,22 @@ def test_compare_function_returns_the_statistics(corpus_file):
     assert endpoints["degradationalibi"]["units"] == pytest.approx(degradation)
 
 
+def test_rope_against_nope_fails_beyond_the_training_length_where_the_in_length_endpoint_sees_nothing():
+    """The smallest budget found where RoPE learns enough to fail past its training length (Austen, 1 layer x 32,
+    2 heads, trained at 32 for 400 steps, 5 seeds; about 30 s on an idle CPU): the beyond-length endpoint is
+    significant in the right direction (RoPE worse), the in-length one is not, and averaging all lengths dilutes
+    the beyond-length effect. (At this budget the all-lengths endpoint stays significant too: RoPE's advantage
+    at the training length is too small to cancel the failure beyond it, as it did at the default budget.)"""
+    result = study.compare("rope", against=("none",), corpus="austen", budget="small", train_length=32, n_layer=1,
+                           n_embd=32, n_head=2, steps=400, batch_size=16, lr=1e-2, device="cpu", progress=False)
+    found = {item["endpoint"]: item for item in result["endpoints"] if item.get("baseline") == "none"}
+    beyond, within, pooled = found["beyond"], found["in"], found["all"]
+    assert beyond["ratio_minus_1"] > 0.1 and beyond["p_t"] < 0.05 and beyond["ci95"][0] > 0
+    assert within["p_t"] > 0.05 and within["ci95"][0] < 0 < within["ci95"][1]
+    assert within["ratio_minus_1"] < pooled["ratio_minus_1"] < beyond["ratio_minus_1"]
+    assert result["verdicts"][0].startswith("rope vs none (beyond-length endpoint): ")
+
+
 def test_compares_endpoints_are_reproduces_statements():
     """C1's "stays within 10 %" and the C2/C5 comparisons come out of `compare_endpoints` as out of `judge`."""
     rng = np.random.default_rng(4)
