@@ -10,6 +10,7 @@ import math
 import re
 from pathlib import Path
 
+import matplotlib.colors
 import numpy as np
 import pytest
 import torch
@@ -561,6 +562,8 @@ def test_compare_figure_draws_the_subject_strongest_and_every_model_in_its_own_c
         assert widths["my_bias"] > max(width for label, width in widths.items() if label != "my_bias")
         assert lines["my_bias"].get_zorder() > max(line.get_zorder() for label, line in lines.items()
                                                   if label != "my_bias")
+        darkness = {label: sum(matplotlib.colors.to_rgb(line.get_color())) for label, line in lines.items()}
+        assert darkness["my_bias"] < min(value for label, value in darkness.items() if label != "my_bias")
 
 
 @pytest.mark.parametrize("pe, message", [

@@ -95,16 +95,17 @@ def che_figure(results: dict, path: Path) -> None:
 
 def compare_figure(perplexity: dict, subject: str, train_length: int, seeds: int, path: Path) -> None:
     """`compare`'s figure: one panel per protocol, every model's mean ± std over seeds in a colour of its own,
-    the subject drawn strongest (thick, on top)."""
+    the subject drawn strongest (black, thick, on top)."""
     palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    styles, used = {}, set()
+    styles, used = {subject: {"color": "black", "linestyle": "-", "linewidth": 3.0, "zorder": 3}}, {"black"}
     for label in perplexity:
-        style = (styles or {}).get(label) or model_style(label)
+        if label == subject:
+            continue
+        style = model_style(label)
         if style["color"] in used:           # e.g. Kerple-log with and without a refiner: one colour each
             style["color"] = next((color for color in palette if color not in used), style["color"])
         used.add(style["color"])
-        styles[label] = {**style, "linewidth": 3.0 if label == subject else 1.2,
-                         "zorder": 3 if label == subject else 2}
+        styles[label] = {**style, "linewidth": 1.2, "zorder": 2}
     fig, axes = plt.subplots(1, len(PROTOCOLS), figsize=(12, 4), squeeze=False)
     for ax, protocol in zip(axes[0], PROTOCOLS):
         plot_bands({label: curves[protocol] for label, curves in perplexity.items()}, ax, train_length, styles=styles)
