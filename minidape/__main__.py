@@ -6,10 +6,13 @@
     python -m minidape eval runs/alibi/checkpoint.pt runs/rope/checkpoint.pt --lengths 128 512 2048
     python -m minidape che --task reverse_string --pe kerple_log --refiner dape --steps 2000
     python -m minidape train --import my_bias.py --pe my_bias --out runs/mine   # a bias of your own
+    python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log+conv:5
 
 Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
 itself, so a field added to the model is a flag without touching this file. Every command takes
-`--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices.
+`--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices;
+`--import FILE.py:ClassName`, and `--pe` / `--refiner` / compare's models given as `FILE.py:ClassName`, also
+register that class (as ``STEM:ClassName``).
 A mistake in the command line is one line on stderr and exit code 2. This file only parses the command line;
 what each command does is in `minidape.commands` (which calls the study, the grader and the benchmark).
 """
