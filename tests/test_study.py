@@ -418,6 +418,12 @@ def test_a_run_file_from_another_configuration_is_refused(tmp_path, corpus_file,
     (runs / "seed1.json").write_text((runs / "seed0.json").read_text())
     code, _, stderr = compare_cli(capsys, out, corpus_file)
     assert code == 2 and f"{runs / 'seed1.json'} was made" in stderr and "seed 0 there, 1 now" in stderr
+    # a file from before runs recorded their corpus and configuration cannot be checked: refused too
+    old = json.loads((runs / "seed0.json").read_text())
+    del old["run"]
+    (runs / "seed1.json").write_text(json.dumps(old))
+    code, _, stderr = compare_cli(capsys, out, corpus_file)
+    assert code == 2 and "it records neither (written before minidape recorded them)" in stderr
 
 
 @pytest.mark.parametrize("broken", ["manifest.json", "runs/rope/seed0.json"])

@@ -76,13 +76,14 @@ def reusable_run(path: Path, record: dict, rerun: bool = False) -> dict | None:
     if not path.is_file():
         return None
     result = read_json(path)
-    differences = _differences(json_ready(result.get("run")) if isinstance(result, dict) else None,
-                               json_ready(record))
+    recorded = result.get("run") if isinstance(result, dict) else None
+    differences = _differences(json_ready(recorded), json_ready(record))
     if not differences:
         return result
     if rerun:
         return None
-    shown = "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
+    shown = ("it records neither (written before minidape recorded them)" if recorded is None else
+             "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else ""))
     raise ValueError(f"{path} was made with another corpus or configuration ({shown}): it is not reused; pass "
                      f"--rerun (rerun=True) to train it again, or use another --out")
 
