@@ -280,17 +280,18 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
                "corpus_sha256": fingerprint["sha256"], "corpus_bytes": fingerprint["bytes"],
                "unigram_perplexity": unigram, "budget": budget, "minidape": package_version()}
     if out is not None:
-        header = (f"# {subject} against {', '.join(baselines)}\n\n"
-                  f"minidape {package_version()} on {device.type} ({machine()}); wall time {clock(time.perf_counter() - started)}, "
-                  f"{meter.timed} of {meter.total} runs trained by this invocation. Corpus {corpus}: "
-                  f"{fingerprint['bytes']} bytes, sha256 {fingerprint['sha256']}. {seeds} seeds x {settings.steps} "
-                  f"steps of {settings.batch_size} windows, lr {settings.lr}, at length {train_length} "
-                  f"({settings.n_layer} layers, n_embd {settings.n_embd}, {settings.n_head} heads, budget {budget}); "
-                  f"evaluated at {', '.join(str(train_length * f) for f in settings.eval_factors)}.\n")
+        details = (f"minidape {package_version()} on {device.type} ({machine()}); wall time "
+                   f"{clock(time.perf_counter() - started)}, {meter.timed} of {meter.total} runs trained by this "
+                   f"invocation. Corpus {corpus}: {fingerprint['bytes']} bytes, sha256 {fingerprint['sha256']}. "
+                   f"{seeds} seeds x {settings.steps} steps of {settings.batch_size} windows, lr {settings.lr}, at "
+                   f"length {train_length} ({settings.n_layer} layers, n_embd {settings.n_embd}, {settings.n_head} "
+                   f"heads, budget {budget}); evaluated at "
+                   f"{', '.join(str(train_length * factor) for factor in settings.eval_factors)}.\n")
         if leaking:
-            header = (f"> **Leakage experiment (allow_leakage): {', '.join(leaking)} read"
-                      f"{'s' if len(leaking) == 1 else ''} the future** (md.check_causal fails): their perplexities "
-                      f"and p-values do not measure language modelling.\n\n{header}")
+            details = (f"> **Leakage experiment (allow_leakage): {', '.join(leaking)} read"
+                       f"{'s' if len(leaking) == 1 else ''} the future** (md.check_causal fails): their "
+                       f"perplexities and p-values do not measure language modelling.\n\n{details}")
+        header = f"# {subject} against {', '.join(baselines)}\n\n{details}"
         with atomic_path(out / "compare.md") as tmp:
             tmp.write_text(f"{header}\n{text}")
         write_json(out / "compare.json", payload)
