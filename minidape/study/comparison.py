@@ -2,9 +2,9 @@
 protocol against baselines, paired by seed, judged by the endpoints the papers state.
 
 Every model is written in one syntax, ``PE[+REFINER[:OPTION]...]``: ``kerple_log``, ``kerple_log+dape``,
-``kerple_log+conv:5`` (a 1x5 kernel, also ``:k=5``), ``kerple_log+dape:w=64`` (hidden width), ``kerple_log+dape:
-w=matched`` (DAPE's MLP at the parameter count of the 1x3 conv refiner, claim C3's control); PE and REFINER are
-registered names or ``FILE.py:ClassName``. `BASELINES` names the usual baselines, extended by adding a name.
+``kerple_log+conv:5`` (a 1x5 kernel, also ``:k=5``), ``kerple_log+dape:w=64`` (hidden width),
+``kerple_log+dape:w=matched`` (DAPE's MLP at the parameter count of the 1x3 conv refiner, claim C3's control); PE
+and REFINER are registered names or ``FILE.py:ClassName``.
 """
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ from .runs import (Progress, as_float, check_seeds, check_settings, clock, corpu
 from .statistics import (ALPHA, Cell, Endpoint, format_mean_std, format_p, holm, ratio_text, sign_flip_floor,
                          t_test_power)
 
-# The default baselines, and every name `compare` knows beside the registry's (a new encoding joins by name).
+# The default baselines. Any registered PE is a baseline by its name (`--against fox`); one joins the defaults
+# by adding its name here.
 DEFAULT_BASELINES = ("alibi", "kerple_log")
 POWER_EFFECT = 0.05          # the effect size (a 5 % ratio) whose detection power is reported under 5 seeds
 ENDPOINT_NAMES = {"in": "at the training length", "beyond": "beyond the training length", "all": "all lengths"}
