@@ -6,10 +6,13 @@
     python -m minidape eval runs/alibi/checkpoint.pt runs/rope/checkpoint.pt --lengths 128 512 2048
     python -m minidape che --task reverse_string --pe kerple_log --refiner dape --steps 2000
     python -m minidape train --import my_bias.py --pe my_bias --out runs/mine   # a bias of your own
+    python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log+conv:5
 
 Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
 itself, so a field added to the model is a flag without touching this file. Every command takes
-`--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices.
+`--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices;
+`--import FILE.py:ClassName`, and `--pe` / `--refiner` / compare's models given as `FILE.py:ClassName`, also
+register that class (as ``STEM:ClassName``).
 A mistake in the command line is one line on stderr and exit code 2. This file only parses the command line;
 what each command does is in `minidape.commands` (which calls the study, the grader and the benchmark).
 """
@@ -19,14 +22,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import sys
+import textwrap
 import typing
 
 from .commands import COMMANDS, bench_command
 from .evaluate import PROTOCOLS
 from .model import PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
+from .study.claims import FLAT_MARGIN, LEAKY_REFINER, MODELS
+from .study.comparison import DEFAULT_BASELINES
 from .tasks import TASK_NAMES
-from .utils import DEVICE_CHOICES, import_file, quick_mode
+from .utils import DEVICE_CHOICES, import_file, quick_mode, register_class
 
 
 # ----------------------------------------------------------------------------- argument parsing
@@ -70,19 +76,43 @@ def _imported_files(argv: list[str]) -> list[str]:
     return early.parse_known_args(argv)[0].imports
 
 
-def pe_spec(text: str) -> str:
-    """argparse type of --pe: a registered name, or several joined by commas (cycled over the layers)."""
-    unknown = [name for name in text.split(",") if name not in PE_NAMES]
-    if unknown:
-        raise argparse.ArgumentTypeError(f"invalid choice: {unknown[0]!r} (choose from {', '.join(PE_NAMES)}; or "
-                                         f"several joined by commas, cycled over the layers, e.g. rope,none)")
-    return text
+def import_user_code(spec: str) -> None:
+    """`--import FILE.py` runs the file; `--import FILE.py:ClassName` also registers that class (as
+    ``STEM:ClassName``, unless the file registers it itself), the form `--pe` / `--refiner` accept too."""
+    if ":" in spec and not spec.endswith(".py"):
+        register_class(spec, "--import")
+    else:
+        import_file(spec)
+
+
+def registered(kind: str):
+    """argparse type of `--pe` / `--refiner`: a registered name, or FILE.py:ClassName registered on the fly."""
+    names = PE_NAMES if kind == "pe" else REFINER_NAMES
+
+    def check(text: str) -> str:
+        if text in names or (kind == "pe" and all(name in names for name in text.split(","))):
+            return text                                   # a name, or a per-layer spec of names (rope,none)
+        if ":" not in text:
+            per_layer = ", several joined by commas (cycled over the layers, e.g. rope,none)" if kind == "pe" else ""
+            raise argparse.ArgumentTypeError(f"unknown {kind} {text!r}; valid choices: {', '.join(names)}{per_layer}, "
+                                             f"or FILE.py:ClassName")
+        try:
+            found, name, _ = register_class(text, f"--{kind}")
+        except (ValueError, OSError) as err:
+            raise argparse.ArgumentTypeError(str(err)) from err
+        if found != kind:
+            raise argparse.ArgumentTypeError(f"{text!r} is a {'positional encoding' if found == 'pe' else 'refiner'}"
+                                             f", not a {'positional encoding' if kind == 'pe' else 'refiner'}")
+        return name
+    check.__name__ = kind
+    return check
 
 
 def _add_config_flags(parser: argparse.ArgumentParser) -> None:
-    """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default."""
+    """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default. `--pe` and
+    `--refiner` take a registered name or FILE.py:ClassName."""
     hints = typing.get_type_hints(GPTConfig)
-    choices = {"refiner": REFINER_NAMES, "temperature": TEMPERATURES}
+    choices = {"temperature": TEMPERATURES}
     group = parser.add_argument_group("model (GPTConfig fields)")
     for field in dataclasses.fields(GPTConfig):
         kind = hints[field.name]
@@ -90,8 +120,12 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
         options = {"dest": field.name, "default": argparse.SUPPRESS, "help": f"default {field.default!r}"}
         if kind is bool:
             options["action"] = argparse.BooleanOptionalAction
+        elif field.name in ("pe", "refiner"):
+            names = PE_NAMES if field.name == "pe" else REFINER_NAMES
+            options.update(type=registered(field.name), metavar=field.name.upper(),
+                           help=f"{', '.join(names)}, or FILE.py:ClassName (default {field.default!r})")
         else:
-            options["type"] = pe_spec if field.name == "pe" else kind
+            options["type"] = kind
             if field.name in choices:
                 options["choices"] = list(choices[field.name])
         group.add_argument(*flags, **options)
@@ -105,9 +139,9 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 def add_command(commands, name: str, **options) -> argparse.ArgumentParser:
     """A subcommand with the flag every command takes: `--import FILE.py`, repeatable."""
     command = commands.add_parser(name, **options)
-    command.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE.py",
-                         help="run this Python file first, so the PEs/refiners it registers can be used "
-                              "(repeatable)")
+    command.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE.py[:CLASS]",
+                         help="run this Python file first, so the PEs/refiners it registers can be used; with "
+                              ":CLASS also register that class as STEM:CLASS (repeatable)")
     return command
 
 
@@ -205,7 +239,6 @@ def build_parser() -> argparse.ArgumentParser:
                         help="refiner speed and memory benchmark (minidape.bench; its flags: bench --help)")
     bench.add_argument("--pe", choices=list(PE_NAMES), help=argparse.SUPPRESS)
 
-    budget_help = argparse.SUPPRESS  # "tiny" (tests only) is accepted but not advertised
     reproduce = add_command(
         commands, "reproduce", help="test the papers' claims C1-C6 with seeds, intervals and Holm-adjusted tests",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -221,31 +254,77 @@ def build_parser() -> argparse.ArgumentParser:
     reproduce.add_argument("--corpus", nargs="+", default=list(DEFAULT_CORPORA),
                            help=f"corpus names or .txt/.gz paths (default: {' '.join(DEFAULT_CORPORA)})")
     reproduce.add_argument("--out", default="runs/reproduce", help="output directory (default runs/reproduce)")
+    reproduce.add_argument("--rerun", action="store_true",
+                           help="train again the runs in --out whose files record another corpus or configuration "
+                                "(refused otherwise)")
     _add_device_flag(reproduce)
 
     compare = add_command(
-        commands, "compare", help="a bias against baselines: mean ± std over seeds, differences with intervals",
+        commands, "compare", help="a model against baselines: every endpoint with intervals, tests and Holm",
         formatter_class=argparse.RawDescriptionHelpFormatter,
-        description="Train a positional encoding (a registered name, or FILE.py:ClassName, an md.AdditiveBias or "
-                    "md.DataDependentBias subclass registered on the fly) and its baselines with several seeds at "
-                    "length 128, "
-                    "evaluate up to 16x with both protocols, print the table with p-values and write compare.md, "
-                    "compare.json and compare.png into --out.\n\n"
-                    "example:\n  python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log")
-    compare.add_argument("--pe", required=True, help="registered PE name or path/to/file.py:ClassName")
-    compare.add_argument("--refiner", default="none", help="a registered refiner (default none)")
-    compare.add_argument("--against", nargs="+", default=["alibi", "kerple_log"],
-                         help="baselines, each pe, pe+refiner or a study model's label such as FoX, DAPE-FoX, "
-                              "CoPE, 'RoPE/NoPE hybrid' (default: alibi kerple_log)")
-    compare.add_argument("--seeds", type=int, default=3, help="seeds per model (default 3, at least 2)")
-    compare.add_argument("--steps", type=positive_int, help="training steps per run (default: the budget's)")
+        description="\n\n".join(textwrap.fill(paragraph, 100) for paragraph in (
+            "Train a model (--pe) and its baselines (--against) with --seeds seeds each, evaluate each at the "
+            "training length x 1, 2, 4, 8, 16 with both protocols, print the tables, the endpoints and a verdict "
+            "per baseline, and write compare.md, compare.json, compare.png and one file per run into --out.",
+            f"Models, one syntax for all: PE[+REFINER[:OPTION]...]. PE: {', '.join(PE_NAMES)}, several of them "
+            f"joined by commas (cycled over the layers, e.g. rope,none), or FILE.py:ClassName. REFINER: {', '.join(name for name in REFINER_NAMES if name != 'none')}, or "
+            "FILE.py:ClassName. OPTION: K or k=K (odd kernel of the conv refiners, default 3), w=W (hidden width, "
+            "default 32), w=matched (DAPE's MLP at the 1x3 conv refiner's parameter count). E.g. kerple_log+dape, "
+            "kerple_log+conv:5, kerple_log+dape:w=matched. A model of the study is also named by its label: "
+            f"{'; '.join(label for label, model in MODELS.items() if model.get('refiner') != LEAKY_REFINER)}.",
+            "Endpoints, per seed, the mean over both protocols of a log ratio of perplexity per byte: the model over "
+            "each baseline at the training length, beyond it and over all lengths (t-test); each model's "
+            "perplexity at 16x over that at 1x (equivalence test, TOST, against ±--margin); each with its 95 % CI, "
+            "t-test, exact sign-flip test and Holm's adjustment across all of them. The verdict per baseline rests "
+            "on the beyond-length endpoint.",
+            "Runs are resumable: each run's file records the corpus's sha256 and size and the full configuration, "
+            "and is reused only when both match; one that does not is refused (naming the file and what differs) "
+            "unless --rerun.",
+            "Budgets (CPU; larger on CUDA): " + "; ".join(
+                f"{name}: {b.n_layer} layers x {b.n_embd}, {b.n_head} heads, {b.steps} steps of {b.batch_size}, "
+                f"lr {b.lr}, training length {b.train_lengths[0]}" for name, b in BUDGETS.items()
+                if name in BUDGET_NAMES) + "."))
+        + "\n\nexample:\n  python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log "
+          "kerple_log+dape")
+    compare.add_argument("--pe", required=True, metavar="MODEL",
+                         help="the model under test: PE[+REFINER[:OPTION]...] (see above)")
+    compare.add_argument("--against", nargs="+", default=list(DEFAULT_BASELINES), metavar="MODEL",
+                         help=f"baselines, same syntax (default: {' '.join(DEFAULT_BASELINES)})")
+    compare.add_argument("--seeds", type=int, default=DEFAULT_SEEDS,
+                         help=f"seeds per model (default {DEFAULT_SEEDS}; at least 2; under {DEFAULT_SEEDS} a "
+                              f"warning says what the seeds cannot show: at 3 the sign-flip test cannot go below "
+                              f"p = 0.25)")
     compare.add_argument("--corpus", default="austen", help="corpus name or .txt/.gz path (default austen)")
-    compare.add_argument("--out", help="output directory (default runs/compare/NAME)")
+    compare.add_argument("--budget", default="default", choices=list(BUDGETS), metavar="{small,default}",
+                         help="model size, training and evaluation, each overridden by the flags below "
+                              "(default: default)")
+    knobs = compare.add_argument_group("overrides of the budget (defaults: budget default's on CPU)")
+    cpu = BUDGETS["default"]
+    knobs.add_argument("--steps", type=positive_int, help=f"training steps per run (default {cpu.steps})")
+    knobs.add_argument("--batch-size", type=positive_int, help=f"windows per step (default {cpu.batch_size})")
+    knobs.add_argument("--lr", type=positive_float, help=f"peak learning rate, cosine schedule (default {cpu.lr})")
+    knobs.add_argument("--n-layer", type=positive_int, help=f"layers (default {cpu.n_layer})")
+    knobs.add_argument("--n-embd", type=positive_int, help=f"embedding width (default {cpu.n_embd})")
+    knobs.add_argument("--n-head", type=positive_int, help=f"attention heads (default {cpu.n_head})")
+    knobs.add_argument("--train-length", type=positive_int,
+                       help=f"training length T (default {cpu.train_lengths[0]})")
+    knobs.add_argument("--lengths", type=positive_int, nargs="+",
+                       help="evaluation lengths, multiples of T including T and longer ones (default T x "
+                            f"{' '.join(map(str, cpu.eval_factors))})")
+    compare.add_argument("--margin", type=positive_float, default=100 * FLAT_MARGIN,
+                         help=f"equivalence margin of the degradation endpoint, in %% (default "
+                              f"{100 * FLAT_MARGIN:g}: within ±{100 * FLAT_MARGIN:g} %%)")
+    compare.add_argument("--out", help="output directory (default runs/compare/MODEL: the model's label, e.g. "
+                                       "runs/compare/kerple-log-conv-k-5)")
+    compare.add_argument("--rerun", action="store_true",
+                         help="train again the runs in --out whose files record another corpus or configuration "
+                              "(refused otherwise)")
+    compare.add_argument("--keep-checkpoints", action="store_true",
+                         help="keep each trained run's model as --out/runs/MODEL/seedN/checkpoint.pt")
     compare.add_argument("--overwrite", action="store_true",
                          help="write into an --out holding other results (not an earlier compare's: that resumes)")
     compare.add_argument("--allow-leakage", action="store_true",
                          help="compare decoders that read the future (refused otherwise); the report says so")
-    compare.add_argument("--budget", default="default", choices=list(BUDGETS), help=budget_help)
     _add_device_flag(compare)
 
     grade = add_command(commands, "grade", help="grade students' notebooks against the teacher's edition",
@@ -286,7 +365,7 @@ def main(argv: list[str] | None = None) -> None:
     prog = "python -m minidape"
     try:
         for path in _imported_files(argv):  # first: the names they register become valid choices below
-            import_file(path)
+            import_user_code(path)
         parser = build_parser()
         args, rest = parser.parse_known_args(argv)
         if args.command == "bench":  # every flag the benchmark does not share belongs to the script

@@ -225,15 +225,17 @@ def reproduce_command(args: argparse.Namespace) -> None:
     from .study import reproduce
     command = "python -m minidape " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
     reproduce(budget=args.budget, seeds=args.seeds, corpora=args.corpus, out=args.out, device=args.device,
-              command=command)
+              command=command, rerun=args.rerun)
 
 
 def compare_command(args: argparse.Namespace) -> None:
-    from .study import compare
-    name = args.pe.rpartition(":")[2] if ":" in args.pe else args.pe
-    out = args.out or Path("runs") / "compare" / name
-    compare(args.pe, refiner=args.refiner, against=tuple(args.against), seeds=args.seeds, steps=args.steps,
-            corpus=args.corpus, out=out, budget=args.budget, device=args.device, overwrite=args.overwrite,
+    from .study import compare, parse_model
+    from .study.runs import slug
+    out = args.out or Path("runs") / "compare" / slug(parse_model(args.pe)[0])
+    compare(args.pe, against=tuple(args.against), seeds=args.seeds, corpus=args.corpus, out=out, budget=args.budget,
+            steps=args.steps, batch_size=args.batch_size, lr=args.lr, n_layer=args.n_layer, n_embd=args.n_embd,
+            n_head=args.n_head, train_length=args.train_length, lengths=args.lengths, margin=args.margin / 100,
+            device=args.device, overwrite=args.overwrite, rerun=args.rerun, keep_checkpoints=args.keep_checkpoints,
             allow_leakage=args.allow_leakage)
 
 

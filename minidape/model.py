@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import copy
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
@@ -162,15 +163,25 @@ PE_NAMES = RegisteredNames(PE_REGISTRY)
 REFINER_NAMES = RegisteredNames(REFINER_REGISTRY)
 
 
+def _builtin(cls) -> bool:
+    """minidape's own classes (and the refiner "none"): their names can never be taken over."""
+    return cls is None or cls.__module__.split(".")[0] == "minidape"
+
+
 def _register(registry: dict, kind: str, name: str, check: Callable[[type], None]):
     if not isinstance(name, str) or not name:
         raise ValueError(f"a {kind} name must be a non-empty string; got {name!r}")
-    if name in registry:
+    if name in registry and _builtin(registry[name]):
         raise ValueError(f"{kind} {name!r} is already registered; registered {kind}s: "
                          f"{', '.join(registry)}. Pick another name.")
 
     def decorator(cls):
         check(cls)
+        # A user's name registered again with a new class (a notebook cell run after an edit) takes the new
+        # class, with a one-line notice, so editing a bias needs no kernel restart.
+        if registry.get(name, cls) is not cls:
+            print(f"minidape: {kind} {name!r} now builds {cls.__qualname__} (replacing the class registered "
+                  f"before under that name)", file=sys.stderr)
         registry[name] = cls
         return cls
     return decorator
@@ -183,6 +194,9 @@ def register_pe(name: str):
     bias ``(batch, n_head, Tq, Tk)`` that reads the layer's input, queries and keys), or, for other kinds of
     encoding, ``AbsolutePositions`` or ``RotaryEmbedding``. A bias value of ``-inf`` means "never attend here"
     (a hard window); NaN or ``+inf`` where a query may attend is an error.
+
+    Registering a name again with another class (a notebook cell re-run after an edit) replaces it and says so
+    in one line on stderr, so editing a bias needs no kernel restart; minidape's own names stay refused.
     """
     kinds = (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)
 

@@ -207,6 +207,8 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
         missing = [name for name in names if name is not None and name not in registry]
         if missing:
             source = checkpoint.get("sources", {}).get(kind)
+            if source and ":" in config[kind]:       # registered from FILE.py:ClassName (`--pe FILE.py:ClassName`)
+                source = f"{source}:{config[kind].rpartition(':')[2]}"
             where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
                           "import the file that registers it first (CLI: --import FILE.py)")
             raise ValueError(f"{where} uses {kind} {missing[0]!r}, which is not registered here; {where_from}")

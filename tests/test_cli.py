@@ -150,6 +150,8 @@ def write_files(folder: Path) -> dict[str, Path]:
     files = {"bias": folder / "window_bias.py", "broken": folder / "broken.py", "text": folder / "notes.txt",
              "not_checkpoint": folder / "weights.pt"}
     files["bias"].write_text(USER_BIAS)
+    files["class_bias"] = folder / "gauss.py"
+    files["class_bias"].write_text(CLASS_BIAS)
     files["broken"].write_text("import minidape as md\n\ndef oops(:\n")
     files["text"].write_text("not python")
     files["not_checkpoint"].write_bytes(b"not a checkpoint")
@@ -171,6 +173,23 @@ USER_BIAS = textwrap.dedent('''
         def forward(self, q_pos, k_pos):
             distance = (q_pos[:, None] - k_pos[None, :]).abs().float()
             return -self.slope * distance                      # (n_head, Tq, Tk)
+''')
+
+
+CLASS_BIAS = textwrap.dedent('''
+    """A user's bias that does not register itself: used as gauss.py:Gauss."""
+    import torch
+    import minidape as md
+
+
+    class Gauss(md.AdditiveBias):
+        def __init__(self, cfg):
+            super().__init__()
+            self.width = torch.nn.Parameter(torch.full((cfg.n_head, 1, 1), 4.0))
+
+        def forward(self, q_pos, k_pos):
+            distance = (q_pos[:, None] - k_pos[None, :]).float()
+            return -(distance / self.width) ** 2                 # (n_head, Tq, Tk)
 ''')
 
 
@@ -196,8 +215,12 @@ def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[t
     return [
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
-        (["train", "--pe", "bogus", "--out", "x"], "argument --pe: invalid choice: 'bogus'"),
-        (["train", "--refiner", "mlp", "--out", "x"], "choose from"),
+        (["train", "--pe", "bogus", "--out", "x"], "argument --pe: unknown pe 'bogus'; valid choices: none, learned"),
+        (["train", "--refiner", "mlp", "--out", "x"], "argument --refiner: unknown refiner 'mlp'; valid choices: none"),
+        (["train", "--pe", f"{files['class_bias']}:Nothing", "--out", "x"], "defines no 'Nothing'"),
+        (["train", "--refiner", f"{files['class_bias']}:Gauss", "--out", "x"],
+         "is a positional encoding, not a refiner"),
+        (["reproduce", "--import", f"{files['class_bias']}:Gauss", "--seeds", "1"], "seeds must be an integer >= 2"),
         (["train", "--steps", "2"], "the following arguments are required: --out"),
         ([*train, "--out", str(tmp / "a"), "--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
         ([*train, "--out", str(tmp / "a"), "--lr", "-1"], "argument --lr: must be a number > 0, got '-1'"),
@@ -330,3 +353,30 @@ def test_a_users_bias_through_train_eval_che_and_bench(tmp_path, corpus_file, us
     # --pe window_bias is accepted and handed on: the benchmark's own check of --rounds is what speaks
     benched = run_cli("bench", "--import", bias, "--pe", "window_bias", "--rounds", "0", cwd=tmp_path)
     assert benched.returncode == 2 and "--rounds" in benched.stderr and "window_bias" not in benched.stderr
+
+
+def test_the_file_class_form_in_train_eval_compare_and_reproduce(tmp_path, corpus_file, user_files, capsys):
+    """`--pe FILE.py:ClassName` in train (as in compare), `--import FILE.py:ClassName` in every command."""
+    gauss = f"{user_files['class_bias']}:Gauss"
+    run = tmp_path / "run"
+    cli.main(["train", *TINY_FLAGS, "--pe", gauss, "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2",
+              "--out", str(run)])
+    assert read_checkpoint(run)["config"]["pe"] == "gauss:Gauss"
+    forgot = run_cli("eval", str(run), "--lengths", "16", "--n-windows", "1", cwd=tmp_path)   # a fresh process
+    assert forgot.returncode == 2 and f"--import {user_files['class_bias'].resolve()}:Gauss" in forgot.stderr
+    evaluated = run_cli("eval", "--import", gauss, str(run), "--lengths", "16", "32", "--n-windows", "1", cwd=tmp_path)
+    assert evaluated.returncode == 0 and "| gauss:Gauss |" in evaluated.stdout
+    parsed = cli.build_parser().parse_args(["compare", "--pe", f"{gauss}+conv:5", "--against", "alibi"])
+    assert study.parse_model(parsed.pe) == ("gauss:Gauss+conv:k=5", {"pe": "gauss:Gauss", "refiner": "conv",
+                                                                     "refiner_kernel": 5})
+
+
+def test_compare_help_names_every_knob_with_its_default(capsys):
+    text = " ".join(help_text(capsys, "compare").split())
+    options = text.partition("options:")[2]
+    for flag in ("--against", "--seeds", "--corpus", "--budget", "--steps", "--batch-size", "--lr", "--n-layer",
+                 "--n-embd", "--n-head", "--train-length", "--lengths", "--margin"):
+        assert re.search(rf" {flag} [A-Z_ .\[\]{{}},]*[a-z][^-]*?\(default", options), flag
+    assert all(f" {flag} " in options for flag in ("--pe", "--rerun", "--keep-checkpoints"))
+    for name in (*md.PE_NAMES, "dape", "conv", "FILE.py:ClassName", "kerple_log+conv:5", "w=matched", "small"):
+        assert name in text

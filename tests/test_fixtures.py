@@ -50,5 +50,6 @@ def module_bias():
 @pytest.mark.parametrize("run", [1, 2])
 def test_each_test_may_register_the_same_name_and_keeps_what_a_module_fixture_registered(run, module_bias):
     assert module_bias in md.PE_NAMES                   # the function-scoped undo keeps the module's registration
-    md.register_pe("probe")(Bias)                       # "already registered" on the second run if not undone
+    assert "probe" not in md.PE_NAMES                   # the first run's registration is undone
+    md.register_pe("probe")(Bias)
     md.GPT(md.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=8, pe="probe"))

@@ -594,6 +594,29 @@ def test_duplicate_registration_is_refused():
         md.register_pe("test_not_a_bias")(nn.Linear)
 
 
+def test_a_users_name_registered_again_takes_the_new_class_with_a_notice(capsys):
+    class First(md.AdditiveBias):
+        def __init__(self, cfg):
+            super().__init__()
+
+        def forward(self, q_pos, k_pos):
+            return torch.zeros(1, len(q_pos), len(k_pos))
+
+    class Edited(First):        # the same cell run again after an edit: a new class under the same name
+        pass
+
+    md.register_pe("notebook_bias")(First)
+    md.register_pe("notebook_bias")(First)              # the same class again: nothing to say
+    assert capsys.readouterr().err == ""
+    md.register_pe("notebook_bias")(Edited)
+    notice = capsys.readouterr().err.strip().splitlines()
+    assert len(notice) == 1 and "'notebook_bias' now builds" in notice[0] and "Edited" in notice[0]
+    assert isinstance(md.GPT(tiny(pe="notebook_bias")).pe, Edited)
+    with pytest.raises(ValueError, match=r"pe 'rope' is already registered"):
+        md.register_pe("rope")(Edited)                  # minidape's own names stay refused
+    assert md.model.PE_REGISTRY["rope"] is not Edited
+
+
 def test_bad_idx():
     model = md.GPT(tiny())
     with pytest.raises(TypeError, match=r"integer tensor.*float32"):

@@ -199,7 +199,7 @@ def test_train_refuses_a_decoder_that_reads_the_future_unless_allowed(tmp_path, 
 
 def test_compare_refuses_a_leaking_model_and_says_so_when_allowed(tmp_path, peeking_refiner, capsys, monkeypatch):
     out = tmp_path / "cmp"
-    argv = ["compare", "--import", str(peeking_refiner), "--pe", "alibi", "--refiner", "peeks_ahead", "--against",
+    argv = ["compare", "--import", str(peeking_refiner), "--pe", "alibi+peeks_ahead", "--against",
             "kerple_log", "--seeds", "2", "--budget", "tiny", "--out", str(out)]
     code, lines = failing(capsys, argv)
     assert code == 2 and len(lines) == 1 and "peeks_ahead" in lines[0] and "'alibi'" in lines[0], lines

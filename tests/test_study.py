@@ -2,12 +2,15 @@
 end to end at the hidden tiny budget (every code path, no meaning)."""
 
 import dataclasses
+import hashlib
+import importlib.metadata
 import itertools
 import json
 import math
 import re
 from pathlib import Path
 
+import matplotlib.colors
 import numpy as np
 import pytest
 import torch
@@ -16,6 +19,7 @@ from scipy import stats
 import minidape as md
 from minidape import study
 from minidape.__main__ import main
+from minidape.train import load_checkpoint
 
 TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
         "want of a wife. However little known the feelings or views of such a man may be on his first entering "
@@ -29,6 +33,14 @@ def corpus_file(tmp_path):
     path = tmp_path / "corpus.txt"
     path.write_text(TEXT)
     return path
+
+
+def one_error(stderr: str) -> str:
+    """The CLI's error line, checked to be the only one (a notice of a re-imported file may precede it when
+    a test runs the CLI twice in one process)."""
+    errors = [line for line in stderr.splitlines() if line.startswith("python -m minidape: error:")]
+    assert len(errors) == 1 and stderr.strip().splitlines()[-1] == errors[0], stderr
+    return errors[0]
 
 
 def run_cli(argv, capsys):
@@ -253,6 +265,12 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     assert code == 2 and "other settings (corpora differ" in stderr and len(stderr.strip().splitlines()) == 1
     assert stdout == "" and len(sorted(out.glob("runs/**/seed*.json"))) == len(runs)
 
+    # The same corpus file edited: every run file records the old text's sha256, so none is reused.
+    corpus_file.write_text(TEXT.replace("wife", "WIFE"))
+    code, stdout, stderr = run_cli(argv, capsys)
+    assert code == 2 and "corpus_sha256" in stderr and "--rerun" in one_error(stderr)
+    assert stdout.count("done before") == 0 and "[1/" not in stdout
+
 
 @pytest.mark.parametrize("argv, message", [
     (["--budget", "tiny", "--corpus", "no_such_corpus"], "unknown corpus"),
@@ -302,34 +320,177 @@ def test_che_table_names_the_tasks_no_model_learned_within_training():
 # ----------------------------------------------------------------------------- compare
 
 
+TINY = ["--budget", "tiny", "--steps", "2"]
+
+
+def compare_cli(capsys, out, corpus, *args, pe="rope", against=("alibi",), seeds=2):
+    return run_cli(["compare", "--pe", pe, "--against", *against, "--seeds", seeds, *TINY, "--corpus", corpus,
+                    "--out", out, *args], capsys)
+
+
 def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
     bias_file = tmp_path / "my_bias.py"
     bias_file.write_text(BIAS_FILE)
     out = tmp_path / "compare"
-    code, stdout, _ = run_cli(["compare", "--pe", f"{bias_file}:MyBias", "--against", "alibi", "kerple_log",
-                               "--seeds", "2", "--steps", "2", "--budget", "tiny", "--corpus", corpus_file,
-                               "--out", out], capsys)
+    code, stdout, stderr = compare_cli(capsys, out, corpus_file, pe=f"{bias_file}:MyBias",
+                                       against=("alibi", "kerple_log"))
     assert code == 0
     payload = json.loads((out / "compare.json").read_text())
     assert payload["baselines"] == ["alibi", "kerple_log"]
     subject = payload["subject"]
-    assert subject.endswith("MyBias")
+    assert subject == "my_bias:MyBias"
+    kinds = [(item.get("baseline") or item["model"], item["endpoint"]) for item in payload["endpoints"]]
+    assert kinds == [(baseline, where) for baseline in ("alibi", "kerple_log") for where in ("in", "beyond", "all")] \
+        + [(label, "degradation") for label in (subject, "alibi", "kerple_log")]
+    for item in payload["endpoints"]:
+        assert item["ci95"][0] <= item["ratio_minus_1"] <= item["ci95"][1]
+        assert f"| {item['what']} | " in stdout
+    # Holm's family is everything the run reports (9 tests here), so with any baseline p (Holm) is not the plain p
+    assert [item["p_holm"] for item in payload["endpoints"]] == pytest.approx(
+        study.holm([item["p_t"] for item in payload["endpoints"]]), nan_ok=True)
+    assert "family of all 9 tests" in stdout
     for baseline in payload["baselines"]:
-        p_values = payload["p_values"][baseline]["last_k"]
-        assert set(p_values) == {"16", "32"}
-        assert f"| vs {baseline} | " in stdout and f"| {baseline} | " in stdout   # cells, then the endpoint row
-        endpoint = payload["endpoints"][baseline]
-        assert endpoint["ci95"][0] <= endpoint["ratio_minus_1"] <= endpoint["ci95"][1]
+        assert set(payload["p_values"][baseline]["last_k"]) == {"16", "32"}
+        assert f"| vs {baseline} | " in stdout
+        assert f"{subject} vs {baseline} (beyond-length endpoint): " in stdout       # the verdict names its endpoint
+    for label in (subject, "alibi", "kerple_log"):
+        assert f"- {label} (degradation endpoint, 32 vs 16, margin ±10%): " in stdout
     for protocol in md.evaluate.PROTOCOLS:
         assert all(len(values) == 2 for values in payload["perplexity"][subject][protocol].values())
-    assert (out / "compare.png").stat().st_size > 0 and (out / "compare.md").is_file()
+    # progress: a bar per run (tqdm, stderr), a line per run and the time left
+    assert len(re.findall(r"^\[\d/6\] .* seed \d: .*left\)$", stdout, flags=re.M)) == 6 and "step/s" in stderr
+    # the report names the version, the corpus's hash and size, and the byte-frequency floor
+    report = (out / "compare.md").read_text()
+    data = corpus_file.read_bytes()
+    assert f"sha256 {hashlib.sha256(data).hexdigest()}" in report and f"{len(data)} bytes" in report
+    assert f"minidape {importlib.metadata.version('minidape')}" in report
+    assert f"perplexity per byte of {study.unigram_perplexity(str(corpus_file)):.2f}" in report
+    assert (out / "compare.png").stat().st_size > 0
 
-    # Another bias file into the same folder would mix results: refused.
+    # The bias file edited: its runs were made by other code, so they are refused, naming the file.
     bias_file.write_text(BIAS_FILE + "\n# changed\n")
-    code, _, stderr = run_cli(["compare", "--pe", f"{bias_file}:MyBias", "--against", "alibi", "kerple_log",
-                               "--seeds", "2", "--steps", "2", "--budget", "tiny", "--corpus", corpus_file,
-                               "--out", out], capsys)
-    assert code == 2 and "pe_file_sha256" in stderr
+    code, stdout, stderr = compare_cli(capsys, out, corpus_file, pe=f"{bias_file}:MyBias",
+                                       against=("alibi", "kerple_log"))
+    assert code == 2 and f"{out / 'runs' / 'my-bias-mybias' / 'seed0.json'} was made with another" in one_error(stderr)
+    assert "code_sha256.pe" in stderr
+
+
+def test_an_edited_corpus_is_refused_or_rerun_never_reused(tmp_path, corpus_file, capsys):
+    out = tmp_path / "compare"
+    assert compare_cli(capsys, out, corpus_file)[0] == 0
+    before = json.loads((out / "runs" / "rope" / "seed0.json").read_text())
+    corpus_file.write_text(TEXT.replace("truth", "TRUTH"))          # same path, same size, other text
+    code, stdout, stderr = compare_cli(capsys, out, corpus_file)
+    assert code == 2 and len(stderr.strip().splitlines()) == 1
+    assert str(out / "runs" / "rope" / "seed0.json") in stderr and "corpus_sha256" in stderr
+    assert json.loads((out / "runs" / "rope" / "seed0.json").read_text()) == before     # nothing replaced
+    code, stdout, _ = compare_cli(capsys, out, corpus_file, "--rerun")                 # asked for: trained again
+    assert code == 0 and "done before" not in stdout
+    after = json.loads((out / "runs" / "rope" / "seed0.json").read_text())
+    assert after["run"]["corpus_sha256"] == hashlib.sha256(corpus_file.read_bytes()).hexdigest()
+    assert after["run"]["corpus_sha256"] != before["run"]["corpus_sha256"]
+    code, stdout, _ = compare_cli(capsys, out, corpus_file)                              # now they match: reused
+    assert code == 0 and stdout.count("done before") == 4
+
+
+def test_two_corpora_with_one_file_name_are_two_corpora(tmp_path, capsys):
+    first, second = tmp_path / "one" / "notes.txt", tmp_path / "two" / "notes.txt"
+    for path, text in ((first, TEXT), (second, TEXT.replace("man", "woman"))):
+        path.parent.mkdir()
+        path.write_text(text)
+    # reproduce keys its runs by corpus: the two files get two places
+    assert study.runs.lm_run_path(tmp_path, str(first), 16, "RoPE", 0) != \
+        study.runs.lm_run_path(tmp_path, str(second), 16, "RoPE", 0)
+    # compare into one folder: the second corpus's runs are not the first one's
+    out = tmp_path / "compare"
+    assert compare_cli(capsys, out, first)[0] == 0
+    code, _, stderr = compare_cli(capsys, out, second)
+    assert code == 2 and "corpus_sha256" in stderr
+
+
+def test_a_run_file_from_another_configuration_is_refused(tmp_path, corpus_file, capsys):
+    out = tmp_path / "compare"
+    assert compare_cli(capsys, out, corpus_file)[0] == 0
+    code, _, stderr = compare_cli(capsys, out, corpus_file, "--lr", "0.01")
+    assert code == 2 and "seed0.json was made with another corpus or configuration (lr 0.003 there, 0.01 now)" in stderr
+    # a file of another run copied in by hand: its recorded seed is not this run's
+    runs = out / "runs" / "rope"
+    (runs / "seed1.json").write_text((runs / "seed0.json").read_text())
+    code, _, stderr = compare_cli(capsys, out, corpus_file)
+    assert code == 2 and f"{runs / 'seed1.json'} was made" in stderr and "seed 0 there, 1 now" in stderr
+    # a file from before runs recorded their corpus and configuration cannot be checked: refused too
+    old = json.loads((runs / "seed0.json").read_text())
+    del old["run"]
+    (runs / "seed1.json").write_text(json.dumps(old))
+    code, _, stderr = compare_cli(capsys, out, corpus_file)
+    assert code == 2 and "it records neither (written before minidape recorded them)" in stderr
+
+
+@pytest.mark.parametrize("broken", ["manifest.json", "runs/rope/seed0.json"])
+@pytest.mark.parametrize("content", ["", "{\"truncated\": "])
+def test_an_empty_or_malformed_store_file_is_named(broken, content, tmp_path, corpus_file, capsys):
+    out = tmp_path / "compare"
+    assert compare_cli(capsys, out, corpus_file)[0] == 0
+    (out / broken).write_text(content)
+    code, _, stderr = compare_cli(capsys, out, corpus_file)
+    assert code == 2 and f"{out / broken} is not a valid JSON file" in stderr
+    assert len(stderr.strip().splitlines()) == 1
+
+
+def test_fewer_than_five_seeds_say_what_they_cannot_show(corpus_file, capsys):
+    result = study.compare("rope", against=("alibi",), seeds=3, corpus=str(corpus_file), budget="tiny", steps=2)
+    warning = capsys.readouterr().err
+    assert "warning: 3 seeds (fewer than 5): the exact sign-flip test cannot go below p = 0.25" in warning
+    spread = np.std(next(item["units"] for item in result["endpoints"] if item["endpoint"] == "beyond"), ddof=1)
+    power = study.statistics.t_test_power(spread, 3, math.log(1.05))
+    assert f"at the observed spread (α = 0.05, before Holm): alibi {power:.0%}" in result["text"]
+    study.compare("rope", against=("alibi",), seeds=5, corpus=str(corpus_file), budget="tiny", steps=2)
+    assert "warning" not in capsys.readouterr().err
+
+
+def test_t_test_power_is_the_noncentral_t():
+    rng = np.random.default_rng(3)
+    samples = rng.normal(0.05, 0.04, size=(4000, 5))          # 5 units, effect 0.05, spread 0.04
+    simulated = np.mean(stats.ttest_1samp(samples, 0.0, axis=1).pvalue < 0.05)
+    assert study.statistics.t_test_power(0.04, 5, 0.05) == pytest.approx(simulated, abs=0.03)
+    assert study.statistics.sign_flip_floor(5) == 2 / 32
+
+
+def test_the_knobs_reach_the_trained_model(tmp_path, corpus_file, capsys):
+    out = tmp_path / "compare"
+    code, _, _ = run_cli(["compare", "--pe", "kerple_log+conv:5", "--against", "kerple_log+dape:w=matched",
+                          "--seeds", "2", "--budget", "tiny", "--steps", "3", "--batch-size", "3", "--lr", "0.002",
+                          "--n-layer", "2", "--n-embd", "24", "--n-head", "3", "--train-length", "8",
+                          "--lengths", "8", "24", "--corpus", corpus_file, "--out", out, "--keep-checkpoints"],
+                         capsys)
+    assert code == 0
+    model, checkpoint = load_checkpoint(out / "runs" / "kerple-log-conv-k-5" / "seed1" / "checkpoint.pt")
+    kernels = [module.kernel_size for module in model.modules() if isinstance(module, torch.nn.Conv2d)]
+    assert kernels and all(kernel == (1, 5) for kernel in kernels)                 # a 1x5 refiner has 1x5 kernels
+    cfg = model.cfg
+    assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size) == (2, 24, 3, 8)
+    assert checkpoint["step"] == 3 and checkpoint["seed"] == 1
+    dape, _ = load_checkpoint(out / "runs" / "kerple-log-dape-w-matched" / "seed0" / "checkpoint.pt")
+    assert dape.cfg.refiner_width == study.matched_dape_width(3)
+    run = json.loads((out / "runs" / "kerple-log-conv-k-5" / "seed0.json").read_text())["run"]
+    assert (run["batch_size"], run["lr"], run["lengths"]) == (3, 0.002, [8, 24])
+    assert set(run["config"]) == {field.name for field in dataclasses.fields(md.GPTConfig)}   # the full config
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pe", "rope+conv:4"], "refiner_kernel must be an odd integer"),
+    (["--pe", "rope+conv:x=2"], "bad refiner option 'x=2' in 'rope+conv:x=2'; valid: K or k=K"),
+    (["--pe", "rope+conv:w=matched"], "only DAPE's MLP (refiner dape)"),
+    (["--pe", "rope+nothing"], "unknown refiner 'nothing' in 'rope+nothing'; valid choices: none, dape"),
+    (["--pe", "rope", "--against", "bogus"], "unknown pe 'bogus'; valid choices: none, learned"),
+    (["--pe", "rope", "--lengths", "16", "24"], "lengths must be multiples of the training length 16"),
+    (["--pe", "rope", "--lengths", "16"], "include it, and go beyond it"),
+    (["--pe", "rope", "--seeds", "1"], "seeds must be an integer >= 2"),
+])
+def test_compare_model_and_knob_errors_are_one_line(args, message, tmp_path, corpus_file, capsys):
+    code, _, stderr = run_cli(["compare", *args, *TINY, "--corpus", corpus_file, "--out", tmp_path / "out"], capsys)
+    assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "out" / "runs").exists()
 
 
 def test_compare_function_returns_the_statistics(corpus_file):
@@ -341,11 +502,74 @@ def test_compare_function_returns_the_statistics(corpus_file):
     rope, alibi = curves["rope"]["nonoverlap"][32], curves["alibi"]["nonoverlap"][32]
     expected = stats.ttest_rel(np.log(rope), np.log(alibi)).pvalue          # on log perplexity
     assert result["p_values"]["alibi"]["nonoverlap"][32] == pytest.approx(expected, nan_ok=True)
-    per_seed = [np.mean([math.log(curves["rope"][protocol][length][seed] / curves["alibi"][protocol][length][seed])
-                         for protocol in md.evaluate.PROTOCOLS for length in (16, 32)]) for seed in (0, 1)]
-    endpoint = result["endpoints"]["alibi"]
-    assert endpoint["ratio_minus_1"] == pytest.approx(math.expm1(np.mean(per_seed)))
-    assert endpoint["p_t"] == pytest.approx(stats.ttest_1samp(per_seed, 0.0).pvalue, nan_ok=True)
+    endpoints = {item["endpoint"] + item.get("model", ""): item for item in result["endpoints"]}
+    for where, lengths in (("in", (16,)), ("beyond", (32,)), ("all", (16, 32))):
+        per_seed = [np.mean([math.log(curves["rope"][protocol][length][seed] / curves["alibi"][protocol][length][seed])
+                             for protocol in md.evaluate.PROTOCOLS for length in lengths]) for seed in (0, 1)]
+        assert endpoints[where]["ratio_minus_1"] == pytest.approx(math.expm1(np.mean(per_seed)))
+        assert endpoints[where]["p_t"] == pytest.approx(stats.ttest_1samp(per_seed, 0.0).pvalue, nan_ok=True)
+    degradation = [np.mean([math.log(curves["alibi"][protocol][32][seed] / curves["alibi"][protocol][16][seed])
+                            for protocol in md.evaluate.PROTOCOLS]) for seed in (0, 1)]
+    assert endpoints["degradationalibi"]["units"] == pytest.approx(degradation)
+
+
+def test_rope_against_nope_fails_beyond_the_training_length_where_the_in_length_endpoint_sees_nothing():
+    """The smallest budget found where RoPE learns enough to fail past its training length (Austen, 1 layer x 32,
+    2 heads, trained at 32 for 400 steps, 5 seeds; about 30 s on an idle CPU): the beyond-length endpoint is
+    significant in the right direction (RoPE worse), the in-length one is not, and averaging all lengths dilutes
+    the beyond-length effect. (At this budget the all-lengths endpoint stays significant too: RoPE's advantage
+    at the training length is too small to cancel the failure beyond it, as it did at the default budget.)"""
+    result = study.compare("rope", against=("none",), corpus="austen", budget="small", train_length=32, n_layer=1,
+                           n_embd=32, n_head=2, steps=400, batch_size=16, lr=1e-2, device="cpu", progress=False)
+    found = {item["endpoint"]: item for item in result["endpoints"] if item.get("baseline") == "none"}
+    beyond, within, pooled = found["beyond"], found["in"], found["all"]
+    assert beyond["ratio_minus_1"] > 0.1 and beyond["p_t"] < 0.05 and beyond["ci95"][0] > 0
+    assert within["p_t"] > 0.05 and within["ci95"][0] < 0 < within["ci95"][1]
+    assert within["ratio_minus_1"] < pooled["ratio_minus_1"] < beyond["ratio_minus_1"]
+    assert result["verdicts"][0].startswith("rope vs none (beyond-length endpoint): ")
+
+
+def test_compares_endpoints_are_reproduces_statements():
+    """C1's "stays within 10 %" and the C2/C5 comparisons come out of `compare_endpoints` as out of `judge`."""
+    rng = np.random.default_rng(4)
+    lengths = (128, 256, 512, 1024, 2048)
+    results = {"lm": {("austen", 128, label): curves({length: list(rng.uniform(8, 12, size=5)) for length in lengths})
+                      for label in ("ALiBi", "Kerple-log", "DAPE-Kerple", "Kerple-power")}}
+    judged = {item["statement"].text: item for item in study.judge(results, ["austen"], (128,), claims=(
+        dataclasses.replace(study.CLAIMS[0], statements=(study.claims._stays_near("ALiBi"),)),
+        dataclasses.replace(study.CLAIMS[1], statements=(study.claims._lower("DAPE-Kerple", "Kerple-log"),)),
+        study.CLAIMS[4]))}
+    perplexity = {label: results["lm"][("austen", 128, label)] for label in ("ALiBi", "Kerple-log", "DAPE-Kerple")}
+    tests = study.compare_endpoints(perplexity, "DAPE-Kerple", ["Kerple-log"], 128, study.FLAT_MARGIN)
+    found = {(test.get("baseline") or test["model"], test["endpoint_kind"]): test["endpoint"] for test in tests}
+    flat = judged[study.claims._stays_near("ALiBi").text]
+    assert list(flat["units"].values()) == found[("ALiBi", "degradation")].values
+    assert flat["endpoint"].p == found[("ALiBi", "degradation")].p and flat["endpoint"].margin == pytest.approx(math.log(1.1))
+    lower = judged[study.claims._lower("DAPE-Kerple", "Kerple-log").text]
+    assert list(lower["units"].values()) == found[("Kerple-log", "all")].values
+    assert lower["endpoint"].p == found[("Kerple-log", "all")].p
+    perplexity["Kerple-power"] = results["lm"][("austen", 128, "Kerple-power")]
+    tests = study.compare_endpoints(perplexity, "Kerple-log", ["Kerple-power"], 128, study.FLAT_MARGIN)
+    beyond = next(test for test in tests if test.get("baseline") == "Kerple-power" and test["endpoint_kind"] == "beyond")
+    c5 = judged[study.CLAIMS[4].statements[0].text]
+    assert list(c5["units"].values()) == beyond["endpoint"].values
+
+
+def test_compare_figure_draws_the_subject_strongest_and_every_model_in_its_own_colour(tmp_path, monkeypatch):
+    figures = []
+    monkeypatch.setattr(study.figures, "save_figure", lambda fig, path: figures.append(fig))
+    labels = ("my_bias", "kerple_log", "kerple_log+dape", "kerple_log+conv:k=5", "alibi")
+    perplexity = {label: curves({16: [5.0 + i, 5.1 + i], 32: [5.5 + i, 5.4 + i]}) for i, label in enumerate(labels)}
+    study.figures.compare_figure(perplexity, "my_bias", 16, 2, tmp_path / "compare.png")
+    for ax in figures[0].axes:
+        lines = {line.get_label(): line for line in ax.get_lines() if line.get_label() in labels}
+        assert len({line.get_color() for line in lines.values()}) == len(labels)
+        widths = {label: line.get_linewidth() for label, line in lines.items()}
+        assert widths["my_bias"] > max(width for label, width in widths.items() if label != "my_bias")
+        assert lines["my_bias"].get_zorder() > max(line.get_zorder() for label, line in lines.items()
+                                                  if label != "my_bias")
+        darkness = {label: sum(matplotlib.colors.to_rgb(line.get_color())) for label, line in lines.items()}
+        assert darkness["my_bias"] < min(value for label, value in darkness.items() if label != "my_bias")
 
 
 @pytest.mark.parametrize("pe, message", [

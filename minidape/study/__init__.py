@@ -5,8 +5,8 @@ protocol (`compare`).
 import minidape as md
 from minidape.study import compare, reproduce
 reproduce(budget="small", out="runs/reproduce-small")          # claims C1-C6 -> REPRODUCTION.md, figures
-compare("my_bias", against=("alibi", "kerple_log"), seeds=3)   # a registered bias against the baselines
-compare("my_bias.py:MyBias", out="runs/compare/my_bias")       # or a class in a file, registered on the fly
+compare("my_bias", against=("alibi", "kerple_log"))            # a registered bias against the baselines, 5 seeds
+compare("my_bias.py:MyBias+conv:5", out="runs/compare/my_bias")  # a class in a file, with DAPE-V2's 1x5 refiner
 ```
 
 The protocol. Every model of a comparison is trained with the same budget once per seed (seed ``s`` fixes
@@ -19,19 +19,27 @@ mean over the units with a 95 % confidence interval, a t-test and an exact sign-
 (`scipy.stats`), Holm's adjustment across the report's statements; the verdict rule is `VERDICT_RULE`.
 
 Runs are resumable: each (corpus, training length, model, seed) run writes one JSON file, atomically, under
-``OUT/runs/``; a restart skips the files already there, and a restart with other settings into the same
-``OUT`` is refused (``OUT/manifest.json`` records them), so results of two budgets never mix. The same
-command started twice (two terminals) shares the runs between the two processes.
+``OUT/runs/``, recording the corpus's sha256 and size and the run's full configuration (`runs.run_record`); a
+restart reuses a file only when both match and refuses one that does not, naming it and what differs (or trains
+it again when asked: ``rerun``), so results of two corpora or budgets never mix. Two corpus files of one name
+in two folders are two corpora. `reproduce` also refuses other settings into the same ``OUT`` as a whole
+(``OUT/manifest.json`` records them). The same command started twice (two terminals) shares the runs between
+the two processes.
+
+`compare`'s endpoints and REPRODUCTION.md's statements are one code (`endpoints.log_ratio_units`): a model
+against another at the training length, beyond it or over all lengths, and a model's degradation from the
+training length to 16x, judged with an equivalence test (TOST) for "stays within 10 %".
 
 One job per module, each importing only those above it:
 
 - `claims`: the models (label -> `GPTConfig` overrides) and the claims C1-C6 as statements; C4's leaky refiner.
 - `budgets`: model size, training and evaluation of every run (`BUDGETS`), and the configs they build.
 - `statistics`: endpoints, intervals and tests, Holm's adjustment, the verdict rule.
-- `runs`: one run trained and evaluated, its JSON file, the folder's manifest, progress lines.
+- `runs`: one run trained and evaluated, its JSON file and record, the folder's manifest, progress lines.
 - `endpoints`: where each statement is tested, its endpoint per unit, `judge`.
 - `figures`, `report`: the figures and REPRODUCTION.md / results.json.
-- `reproduction`: `reproduce`; `comparison`: `compare` and `resolve_pe`; `demo`: `python -m minidape demo`.
+- `reproduction`: `reproduce`; `comparison`: `compare`, its model syntax (`parse_model`) and endpoints;
+  `demo`: `python -m minidape demo`.
 """
 
 from .budgets import (BUDGET_NAMES, BUDGETS, CHE_MAX_TRAIN_LENGTH, CUDA_OVERRIDES, DEFAULT_CORPORA, DEFAULT_SEEDS,
@@ -39,8 +47,8 @@ from .budgets import (BUDGET_NAMES, BUDGETS, CHE_MAX_TRAIN_LENGTH, CUDA_OVERRIDE
 from .claims import (CHE_MODELS, CHE_TASKS, CLAIMS, FLAT_MARGIN, KINDS, LEAKY_REFINER, LEARNED_MARGIN,
                      MATCHED_WIDTH, MODELS, NEAR_MARGIN, NOT_TESTED, SCOPES, UNIGRAM_SHARE, Claim,
                      ConvRefinerWithoutTril, Statement, register_leaky_refiner)
-from .comparison import compare, resolve_pe
-from .endpoints import judge, statement_cells, statement_units, study_plan, unlearned_tasks
+from .comparison import DEFAULT_BASELINES, compare, compare_endpoints, parse_model, resolve_pe
+from .endpoints import judge, log_ratio_units, statement_cells, statement_units, study_plan, unlearned_tasks
 from .figures import plot_bands
 from .report import unigram_perplexity, write_report
 from .reproduction import collect_results, reproduce
@@ -48,12 +56,13 @@ from .runs import Progress, che_train_and_evaluate, check_settings, train_and_ev
 from .statistics import ALPHA, VERDICT_RULE, Cell, Endpoint, claim_verdict, format_mean_std, holm, mean_std, verdict
 
 __all__ = [
-    "ALPHA", "BUDGETS", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS", "CUDA_OVERRIDES",
-    "DEFAULT_CORPORA", "DEFAULT_SEEDS", "FLAT_MARGIN", "KINDS", "LEAKY_REFINER", "LEARNED_MARGIN", "MATCHED_WIDTH",
-    "MODELS", "NEAR_MARGIN", "NOT_TESTED", "SCOPES", "UNIGRAM_SHARE", "VERDICT_RULE", "Budget", "Cell", "Claim",
-    "ConvRefinerWithoutTril", "Endpoint", "Progress", "Statement", "che_train_and_evaluate", "check_settings",
-    "claim_verdict", "collect_results", "compare", "format_mean_std", "holm", "judge", "matched_dape_width",
-    "mean_std", "plot_bands", "register_leaky_refiner", "reproduce", "resolve_budget", "resolve_pe",
+    "ALPHA", "BUDGETS", "BUDGET_NAMES", "CHE_MAX_TRAIN_LENGTH", "CHE_MODELS", "CHE_TASKS", "CLAIMS",
+    "CUDA_OVERRIDES", "DEFAULT_BASELINES", "DEFAULT_CORPORA", "DEFAULT_SEEDS", "FLAT_MARGIN", "KINDS",
+    "LEAKY_REFINER", "LEARNED_MARGIN", "MATCHED_WIDTH", "MODELS", "NEAR_MARGIN", "NOT_TESTED", "SCOPES",
+    "UNIGRAM_SHARE", "VERDICT_RULE", "Budget", "Cell", "Claim", "ConvRefinerWithoutTril", "Endpoint", "Progress",
+    "Statement", "che_train_and_evaluate", "check_settings", "claim_verdict", "collect_results", "compare",
+    "compare_endpoints", "format_mean_std", "holm", "judge", "log_ratio_units", "matched_dape_width", "mean_std",
+    "parse_model", "plot_bands", "register_leaky_refiner", "reproduce", "resolve_budget", "resolve_pe",
     "statement_cells", "statement_units", "study_plan", "train_and_evaluate", "unigram_perplexity",
     "unlearned_tasks", "verdict", "write_report",
 ]

@@ -34,31 +34,44 @@ def study_plan(corpora: list[str], budget: Budget) -> dict[tuple[str, int], list
     return plan
 
 
-def _endpoint_lengths(statement: Statement, train_length: int, lengths) -> list[int]:
-    """The evaluation lengths a perplexity statement averages over (``degrades``/``flat``: 16 x only, or the
-    longest length of a budget that stops before it)."""
-    if statement.kind in ("degrades", "flat"):
-        return [16 * train_length if 16 * train_length in lengths else max(lengths)]
-    return [length for length in lengths if statement.lengths == "all" or length > train_length]
+def degradation_length(train_length: int, lengths) -> int:
+    """Where a degradation is measured: 16x the training length, or the longest length of a budget that stops
+    before it."""
+    return 16 * train_length if 16 * train_length in lengths else max(lengths)
+
+
+def log_ratio_units(model: dict, other: dict | None, train_length: int, where: str) -> list[float]:
+    """One endpoint value per seed, from curves ``{protocol: {length: [ppl per seed]}}``: the mean over both
+    protocols and the lengths of `where` of log ppl(model) - log ppl(other) at the same length ("in": the
+    training length, "beyond": every longer length, "all": every length); or, with ``other`` None and `where`
+    "degradation", log ppl(model at `degradation_length`) - log ppl(model at the training length)."""
+    evaluated = model[PROTOCOLS[0]]
+    lengths = {"in": [train_length], "beyond": [length for length in evaluated if length > train_length],
+               "all": list(evaluated), "degradation": [degradation_length(train_length, evaluated)]}[where]
+    units = []
+    for seed in range(len(evaluated[train_length])):
+        differences = [math.log(model[protocol][length][seed])
+                       - math.log(other[protocol][length][seed] if other is not None
+                                  else model[protocol][train_length][seed])
+                       for protocol in PROTOCOLS for length in lengths]
+        units.append(sum(differences) / len(differences))
+    return units
 
 
 def statement_units(statement: Statement, results: dict, corpora: list[str], train_lengths) -> dict[str, float]:
-    """The endpoint of `statement` in each unit: ``{unit: value}`` (see `Statement`)."""
+    """The endpoint of `statement` in each unit: ``{unit: value}`` (see `Statement`); the same code as
+    `compare`'s endpoints (`log_ratio_units`)."""
     if statement.task is not None:
         model = results["che"][(statement.task, statement.model)]
         other = results["che"][(statement.task, statement.other)]
         return {f"seed {seed}": 100 * (a - b) for seed, (a, b) in enumerate(zip(model, other))}
+    where = "degradation" if statement.kind in ("degrades", "flat") else statement.lengths
     units = {}
     for corpus, train_length in scope_places(statement.scope, corpora, train_lengths):
         model = results["lm"][(corpus, train_length, statement.model)]
-        other = results["lm"][(corpus, train_length, statement.other or statement.model)]
-        lengths = _endpoint_lengths(statement, train_length, model[PROTOCOLS[0]])
-        for seed in range(len(model[PROTOCOLS[0]][train_length])):
-            differences = [math.log(model[protocol][length][seed])
-                           - math.log(other[protocol][length if statement.other else train_length][seed])
-                           for protocol in PROTOCOLS for length in lengths]
-            units[f"{corpus_key(corpus)} T={train_length} seed {seed}"] = (
-                sum(differences) / len(differences) - math.log(statement.factor))
+        other = results["lm"][(corpus, train_length, statement.other)] if statement.other else None
+        for seed, value in enumerate(log_ratio_units(model, other, train_length, where)):
+            units[f"{corpus_key(corpus)} T={train_length} seed {seed}"] = value - math.log(statement.factor)
     return units
 
 

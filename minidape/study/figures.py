@@ -17,16 +17,16 @@ from .statistics import mean_std
 
 
 def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int | None = None,
-               ylabel: str = "perplexity per byte", log_y: bool = True) -> None:
+               ylabel: str = "perplexity per byte", log_y: bool = True, styles: dict | None = None) -> None:
     """Mean over seeds as a line and mean ± std as a shaded band, one per model in its fixed style
-    (`md.plots.model_style`); NaN points left out."""
+    (`md.plots.model_style`, or `styles[label]`: line options); NaN points left out."""
     for label, curve in curves.items():
         points = [(length, *mean_std(values)) for length, values in sorted(curve.items())]
         points = [point for point in points if not math.isnan(point[1])]
         if not points:
             continue
         lengths, means, stds = zip(*points)
-        style = model_style(label)
+        style = (styles or {}).get(label) or model_style(label)
         ax.plot(lengths, means, marker="o", markersize=3, label=label, **style)
         ax.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
                         color=style["color"], alpha=0.15)
@@ -93,11 +93,22 @@ def che_figure(results: dict, path: Path) -> None:
 
 
 
-def compare_figure(perplexity: dict, train_length: int, seeds: int, path: Path) -> None:
-    """`compare`'s figure: one panel per protocol, every model's mean ± std over seeds."""
+def compare_figure(perplexity: dict, subject: str, train_length: int, seeds: int, path: Path) -> None:
+    """`compare`'s figure: one panel per protocol, every model's mean ± std over seeds in a colour of its own,
+    the subject drawn strongest (black, thick, on top)."""
+    palette = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    styles, used = {subject: {"color": "black", "linestyle": "-", "linewidth": 3.0, "zorder": 3}}, {"black"}
+    for label in perplexity:
+        if label == subject:
+            continue
+        style = model_style(label)
+        if style["color"] in used:           # e.g. Kerple-log with and without a refiner: one colour each
+            style["color"] = next((color for color in palette if color not in used), style["color"])
+        used.add(style["color"])
+        styles[label] = {**style, "linewidth": 1.2, "zorder": 2}
     fig, axes = plt.subplots(1, len(PROTOCOLS), figsize=(12, 4), squeeze=False)
     for ax, protocol in zip(axes[0], PROTOCOLS):
-        plot_bands({label: curves[protocol] for label, curves in perplexity.items()}, ax, train_length)
+        plot_bands({label: curves[protocol] for label, curves in perplexity.items()}, ax, train_length, styles=styles)
         ax.set_title(f"{protocol} (mean ± std over {seeds} seeds)", fontsize="medium")
         ax.set_xlabel("evaluation length")
     axes[0][-1].legend(fontsize="small")

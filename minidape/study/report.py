@@ -21,7 +21,7 @@ from .claims import (CHE_MODELS, CHE_TASKS, CLAIMS, FLAT_MARGIN, LEAKY_REFINER, 
                      UNIGRAM_SHARE, Claim, Statement)
 from .endpoints import judge, scope_places, statement_cells, unlearned_tasks
 from .figures import che_figure, claim_figure
-from .runs import clock, corpus_key, write_json
+from .runs import clock, corpus_fingerprint, corpus_key, write_json
 from .statistics import VERDICT_RULE, Cell, Endpoint, claim_verdict, format_mean_std, format_p, mean_std, ratio_text
 
 
@@ -81,7 +81,7 @@ def _cells_table(cells: list[Cell]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _machine() -> str:
+def machine() -> str:
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -89,6 +89,17 @@ def _machine() -> str:
     except OSError:
         pass
     return f"{platform.processor() or platform.machine()}, {os.cpu_count()} cores"
+
+
+def package_version() -> str:
+    """minidape's installed version and, in a git checkout, its commit."""
+    from importlib.metadata import PackageNotFoundError, version
+    try:
+        installed = version("minidape")
+    except PackageNotFoundError:
+        installed = "unknown"
+    commit = _commit()
+    return installed if commit == "unknown" else f"{installed} (commit {commit})"
 
 
 def _commit() -> str:
@@ -153,12 +164,12 @@ def write_report(out: Path, results: dict, corpora: list[str], budget_name: str,
     summary = ("| claim | what it says | source | verdict |\n|---|---|---|---|\n" + "\n".join(claim_rows) + "\n\n"
                "| claim | statement | estimate [95 % CI] | p (t) | p (sign-flip) | p (Holm) | verdict |\n"
                "|---|---|---|---|---|---|---|\n" + "\n".join(statement_rows) + "\n")
-    header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape commit {_commit()}) on "
-              f"{device.type} ({_machine()}). Wall time of this invocation {clock(wall_seconds)}, in which it "
+    header = (f"# Reproduction of the papers' claims\n\nMade by `{command}` (minidape {package_version()}) on "
+              f"{device.type} ({machine()}). Wall time of this invocation {clock(wall_seconds)}, in which it "
               f"trained {trained} of the {results['runs']} runs (the others it found done, by an earlier or a "
               f"concurrent invocation); the runs' own training and evaluation time adds up to "
               f"{clock(results['run_seconds'])}.\n\n"
-              f"{_budget_text(budget_name, budget, seeds, corpora)}\n\n## Summary\n\n{summary}\n"
+              f"{_budget_text(budget_name, budget, seeds, corpora)} {_corpora_text(corpora)}\n\n## Summary\n\n{summary}\n"
               f"**Verdict rule.** {VERDICT_RULE}\n\n")
     markdown = header + "\n\n".join(sections) + "\n"
     with atomic_path(out / "REPRODUCTION.md") as tmp:
@@ -194,6 +205,12 @@ def _budget_text(name: str, budget: Budget, seeds: int, corpora: list[str]) -> s
             f"{_che_lengths_text(budget.che_test_lengths)} with {budget.che_eval_samples} sequences each. The "
             f"papers train 125M-parameter models for 50k steps (CHE: 200k steps): this is a far smaller study, "
             f"and its verdicts are about this budget.")
+
+
+def _corpora_text(corpora: list[str]) -> str:
+    fingerprints = [(corpus_key(corpus), corpus_fingerprint(corpus)) for corpus in corpora]
+    return "Corpora as read: " + "; ".join(f"{key} {found['bytes']} bytes, sha256 {found['sha256']}"
+                                           for key, found in fingerprints) + "."
 
 
 def _che_lengths_text(lengths: tuple[int, ...]) -> str:

@@ -15,15 +15,18 @@ from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_confi
 from .claims import CHE_MODELS, CHE_TASKS, LEAKY_REFINER, MODELS, register_leaky_refiner
 from .endpoints import study_plan
 from .report import write_report
-from .runs import (Progress, as_float, che_run_path, check_seeds, check_settings, lm_run_path, read_json,
-                   refuse_foreign_results, run_one, run_place, write_json)
+from .runs import (Progress, as_float, che_run_path, check_seeds, check_settings, corpus_fingerprint, lm_run_path,
+                   read_json, refuse_foreign_results, reusable_run, run_one, run_place, study_run_record, write_json)
 
 
 @holds_out_folder(shared=True)      # two `reproduce` into one folder share its runs; anything else is refused
 def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAULT_CORPORA, out="runs/reproduce",
-              device: str | torch.device = "auto", progress: bool = True, command: str | None = None) -> dict:
+              device: str | torch.device = "auto", progress: bool = True, command: str | None = None,
+              rerun: bool = False) -> dict:
     """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
-    ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped. Returns the results.
+    ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped when their file records this
+    corpus (sha256 and size) and configuration; one recording others is refused, naming the file and what
+    differs, unless ``rerun`` (then it is trained again). Returns the results.
     Refused before any training: a folder holding another command's results, and a model that reads the future
     (but C4's, which does so on purpose: the report's causality note says it does)."""
     device = resolve_device(device)
@@ -43,6 +46,7 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
     check_settings(out, {"command": "reproduce", "budget": budget, "settings": dataclasses.asdict(budget_settings),
                          "corpora": corpora, "device": device.type})
     plan = study_plan(corpora, budget_settings)
+    fingerprints = {corpus: corpus_fingerprint(corpus) for corpus in corpora}
     # Seeds outermost: a study stopped early has every model (and task) at its first seeds, not some at all.
     runs = [(seed, kind, where, label) for seed in range(seeds)
             for kind, where, labels in ([("lm", place, labels) for place, labels in plan.items()]
@@ -63,7 +67,8 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
         held = []
         for seed, kind, where, label in waiting:
             path, what = run_place(out, kind, where, label, seed)
-            if path.is_file():
+            record = study_run_record(kind, where, label, seed, budget_settings, fingerprints)
+            if reusable_run(path, record, rerun) is not None:
                 meter.report(what, None)
                 continue
             with file_lock(path.with_name(path.name + ".lock")) as holder:     # one process per run
@@ -71,7 +76,7 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
                     held.append((seed, kind, where, label))
                     continue
                 result, detail = run_one(kind, where, label, seed, budget_settings, device)
-                write_json(path, {"label": label, **result})
+                write_json(path, {"label": label, "run": record, **result})
             meter.report(what, result["train_seconds"] + result["eval_seconds"], detail)
         if held and progress and len(held) == len(waiting):
             print(f"waiting for {len(held)} runs that another process is training", flush=True)

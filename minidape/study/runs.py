@@ -4,6 +4,7 @@ the folder's manifest of settings, and the progress lines."""
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
 import math
 import re
@@ -13,8 +14,8 @@ from pathlib import Path
 
 import torch
 
-from ..data import load_corpus
 from ..che import train_task
+from ..data import load_corpus
 from ..evaluate import perplexity_by_length
 from ..model import GPTConfig
 from ..train import train
@@ -33,7 +34,58 @@ def write_json(path: Path, payload) -> None:
 
 
 def read_json(path: Path):
-    return json.loads(path.read_text())
+    """A file of the run store; an empty, truncated or malformed one is a ValueError naming it."""
+    try:
+        return json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as err:
+        raise ValueError(f"{path} is not a valid JSON file ({'empty' if not path.stat().st_size else err}); "
+                         f"delete it to make it again") from err
+
+
+def corpus_fingerprint(corpus: str) -> dict:
+    """What a run records of its corpus: the sha256 and size of the bytes read (after gunzip)."""
+    tokens = torch.cat([load_corpus(corpus, "train"), load_corpus(corpus, "val")]).numpy().tobytes()
+    return {"sha256": hashlib.sha256(tokens).hexdigest(), "bytes": len(tokens)}
+
+
+def run_record(cfg: GPTConfig, fingerprint: dict, budget: Budget, seed: int, sources: dict) -> dict:
+    """Everything a language-model run's numbers depend on: the model's full config, the corpus's sha256 and
+    size, training and evaluation settings, the seed and the sha256 of the users' files behind its PE and
+    refiner. A run file is reused only when its record equals this."""
+    return {"config": dataclasses.asdict(cfg), "corpus_sha256": fingerprint["sha256"],
+            "corpus_bytes": fingerprint["bytes"], "steps": budget.steps, "batch_size": budget.batch_size,
+            "lr": budget.lr, "lengths": [cfg.block_size * factor for factor in budget.eval_factors],
+            "last_k": budget.last_k, "eval_windows": budget.eval_windows,
+            "nonoverlap_tokens": budget.nonoverlap_tokens, "seed": seed, "code_sha256": sources}
+
+
+def _differences(recorded, expected, prefix: str = "") -> list[str]:
+    if isinstance(recorded, dict) and isinstance(expected, dict):
+        return [difference for key in sorted(set(recorded) | set(expected), key=str)
+                for difference in _differences(recorded.get(key), expected.get(key), f"{prefix}{key}.")]
+    if recorded == expected:
+        return []
+    recorded, expected = (f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
+                          for value in (recorded, expected))           # a sha256 shortened
+    return [f"{prefix[:-1]} {recorded} there, {expected} now"]
+
+
+def reusable_run(path: Path, record: dict, rerun: bool = False) -> dict | None:
+    """The result in `path` when it was made with `record`; None when there is none, or when `rerun` asks to
+    make again one made otherwise. Otherwise a ValueError naming the file and what differs."""
+    if not path.is_file():
+        return None
+    result = read_json(path)
+    recorded = result.get("run") if isinstance(result, dict) else None
+    differences = _differences(json_ready(recorded), json_ready(record))
+    if not differences:
+        return result
+    if rerun:
+        return None
+    shown = ("it records neither (written before minidape recorded them)" if recorded is None else
+             "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else ""))
+    raise ValueError(f"{path} was made with another corpus or configuration ({shown}): it is not reused; pass "
+                     f"--rerun (rerun=True) to train it again, or use another --out")
 
 
 def as_float(value) -> float:
@@ -69,16 +121,18 @@ def check_seeds(seeds) -> int:
 
 
 def train_and_evaluate(cfg: GPTConfig, corpus: str, budget: Budget, seed: int, device: torch.device,
-                       steps: int | None = None, allow_leakage: bool = False) -> dict:
+                       allow_leakage: bool = False, progress: bool = False, keep: Path | None = None) -> dict:
     """Train one language model and measure its perplexity at every evaluation length, both protocols.
-    `allow_leakage`: C4's leaky refiner (checked before the study starts), or `compare(allow_leakage=True)`."""
-    steps = steps or budget.steps
+    `allow_leakage`: C4's leaky refiner (checked before the study starts), or `compare(allow_leakage=True)`;
+    `progress`: a bar of the run's steps and loss; `keep`: a folder for the trained model's checkpoint.pt."""
+    steps = budget.steps
     started = time.perf_counter()
     with warnings.catch_warnings():    # the leak, when allowed, is named once in the report, not per run
         warnings.filterwarnings("ignore", message=".* reads the future")
         model, history = train(cfg, load_corpus(corpus, "train"), val_data=load_corpus(corpus, "val"), steps=steps,
                                batch_size=budget.batch_size, lr=budget.lr, device=device, seed=seed,
-                               eval_every=steps, eval_windows=8, progress=False, allow_leakage=allow_leakage)
+                               eval_every=steps, eval_windows=8, progress=progress, allow_leakage=allow_leakage,
+                               out=keep, overwrite=keep is not None)    # a checkpoint without its run file: unfinished
     train_seconds = time.perf_counter() - started
     lengths = [cfg.block_size * factor for factor in budget.eval_factors]
     val_tokens = load_corpus(corpus, "val")
@@ -134,7 +188,11 @@ def perplexity_summary(result: dict) -> str:
 
 
 def corpus_key(corpus: str) -> str:
-    return slug(Path(corpus).stem) if corpus not in ("austen", "latex", "python") else corpus
+    """A corpus's name in the run store: a bundled name, or a file's stem and a hash of its resolved path (two
+    files of one name in two folders are two corpora)."""
+    if corpus in ("austen", "latex", "python"):
+        return corpus
+    return f"{slug(Path(corpus).stem)}-{hashlib.sha1(str(Path(corpus).resolve()).encode()).hexdigest()[:8]}"
 
 
 def lm_run_path(out: Path, corpus: str, train_length: int, label: str, seed: int) -> Path:
@@ -152,6 +210,17 @@ def run_place(out: Path, kind: str, where, label: str, seed: int) -> tuple[Path,
         return (lm_run_path(out, corpus, train_length, label, seed),
                 f"{corpus_key(corpus)} T={train_length} {label} seed {seed}")
     return che_run_path(out, where, label, seed), f"CHE {where} {label} seed {seed}"
+
+
+def study_run_record(kind: str, where, label: str, seed: int, budget: Budget, fingerprints: dict) -> dict:
+    """The record a run of the claim study is reused by (`reusable_run`): `run_record` for a language model
+    (`fingerprints`: corpus -> `corpus_fingerprint`), the task, config and CHE settings for an encoder."""
+    if kind == "lm":
+        corpus, train_length = where
+        return run_record(lm_config(budget, train_length, MODELS[label]), fingerprints[corpus], budget, seed, {})
+    return {"task": where, "config": dataclasses.asdict(che_config(budget, CHE_MODELS[label])),
+            "steps": budget.che_steps, "batch_size": budget.che_batch_size, "lr": budget.che_lr,
+            "test_lengths": list(budget.che_test_lengths), "eval_samples": budget.che_eval_samples, "seed": seed}
 
 
 def run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:

@@ -99,6 +99,21 @@ class Endpoint:
                 self.p_sign_flip = _sign_flip_p(data - edge, alternative)
 
 
+def sign_flip_floor(n: int) -> float:
+    """The smallest two-sided p the exact sign-flip test can give with n units: 2 / 2^n."""
+    return 2.0 / 2 ** n
+
+
+def t_test_power(spread: float, n: int, effect: float, alpha: float = ALPHA) -> float:
+    """Power of the two-sided one-sample t-test at level `alpha` to detect a mean `effect` with `n` units of
+    standard deviation `spread` (the noncentral t distribution, `scipy.stats.nct`)."""
+    from scipy.stats import nct, t
+    if not spread > 0:
+        return math.nan
+    critical, shift = t.ppf(1 - alpha / 2, n - 1), effect / (spread / math.sqrt(n))
+    return float(nct.sf(critical, n - 1, shift) + nct.cdf(-critical, n - 1, shift))
+
+
 def holm(p_values: list[float]) -> list[float]:
     """Holm's step-down adjustment: the i-th smallest of m p-values times (m - i + 1), kept monotone, at most 1.
     NaN (no test) stays NaN and does not count in m."""
