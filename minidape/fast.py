@@ -209,8 +209,36 @@ def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: Positional
             bias = None
         else:
             bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_between(pos[q0:q1], pos[:k1])
-        outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout)
+        if refiner is None:              # S + B through the fused kernel, bias and mask as one float mask
+            if precomputed:              # the same in every layer: made once per forward
+                attn_mask = per_forward(positional, ("float mask", q0, q1, k1, q.dtype),
+                                        lambda: float_mask(bias, mask, q.dtype))
+            else:
+                attn_mask = float_mask(bias, mask, q.dtype)
+            # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
+            # keys) one the unfused math kernel (torch 2.13; a mask that needs a gradient takes it anyway)
+            outputs[i] = F.scaled_dot_product_attention(query_blocks[i], keys, values, dropout_p=dropout,
+                                                        attn_mask=attn_mask.expand(batch, -1, -1, -1))
+        else:
+            outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout)
     return outputs
+
+
+def float_mask(bias, mask, dtype):
+    """SDPA's float mask: the bias (nh, rows, keys) where ``mask`` allows, -inf elsewhere (and where it is -inf)."""
+    return bias.masked_fill(~mask, float("-inf")).to(dtype)
+
+
+# What the layers of one forward share, made by the first that needs it: PositionalInputs -> {key: value}.
+_per_forward: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def per_forward(positional: PositionalInputs, key: tuple, make: Callable):
+    """``make()`` once per forward (per ``positional``) and ``key``; the same object for every later layer."""
+    shared = _per_forward.setdefault(positional, {})
+    if key not in shared:
+        shared[key] = make()
+    return shared[key]
 
 
 def _first_keys(key_blocks, n: int):
@@ -222,12 +250,10 @@ def _first_keys(key_blocks, n: int):
     return pieces[0] if len(pieces) == 1 else torch.cat(pieces, dim=2)
 
 
-def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dropout: float):
-    """``model.attention`` for a block of query rows: q (batch, nh, rows, hs), k/v (batch, nh, keys, hs), bias
-    (nh, rows, keys) or None, mask (rows, keys) -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
-    if refiner is None:                  # S + B through the fused kernel, bias and mask as one float mask
-        float_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)          # -inf in the bias stays -inf
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout)
+def attend_query_block(refiner, refine: Callable, q, k, v, bias, mask, dropout: float):
+    """``model.attention`` with a refiner for a block of query rows: q (batch, nh, rows, hs), k/v (batch, nh, keys,
+    hs), bias (nh, rows, keys) or None, mask (rows, keys) -> (batch, nh, rows, hs). ``refine`` is
+    ``block_form``'s."""
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
     return attend(refine(refiner, scores, seen_bias, mask), allowed, v, dropout)[0]   # softmax(mask(A)) V

@@ -7,8 +7,9 @@ steps measured 5-8x slower than on one thread. So minidape
   - makes waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``), set by ``quiet_waiting`` when the package is
     imported. OpenMP reads it once, when torch loads: it applies where minidape is imported before torch (every
     command, ``python -m minidape``), and a value the user set is left alone;
-  - chooses the thread count (``choose_threads``) from the cores this process may use (affinity, cgroup quota),
-    how busy they are (load average, and the tasks running right now) and the size of the work;
+  - chooses the thread count (``choose_threads``) from the cores this process may use (affinity, cgroup quota)
+    and the size of the work; where its threads spin (torch was loaded first), also from how busy the cores
+    are (load average, and the tasks running right now);
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
     ``OMP_NUM_THREADS``.
 """
@@ -29,11 +30,11 @@ WORK_PER_THREAD = 2 ** 15
 
 def quiet_waiting() -> bool:
     """Make OpenMP's idle threads sleep instead of spinning, if torch is not loaded yet and the user has not
-    chosen a wait policy; True when the setting will take effect."""
-    if "torch" in sys.modules:
-        return False
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return True
+    chosen a wait policy. True when waiting threads sleep: the policy is PASSIVE (set here, or by the user before
+    torch loaded; a value set later has no effect, and then this sets none)."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
 
 
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -119,10 +120,17 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
     size = "" if work is None else f", {work:,} elements per activation"
     if work is not None and work < 2 * WORK_PER_THREAD:
         return ThreadChoice(1, "small work" + size)
-    cores, load = allowed_cores(), machine_load()
+    cores = allowed_cores()
+    most = cores if work is None else min(cores, work // WORK_PER_THREAD)
+    reason = f"{cores} core{'s' if cores > 1 else ''} allowed{size}"
+    if WAITING_THREADS_SLEEP:
+        # Sleeping threads cost the other processes nothing while they wait, and each thread gets its share of
+        # a busy machine: all cores measured fastest idle and under load (benchmarks/RESULTS.md).
+        return ThreadChoice(most, reason + ", idle threads sleep")
+    # Spinning threads (torch loaded before minidape): only as many as the cores other processes leave free.
+    load = machine_load()
     free = cores - load * cores / (os.cpu_count() or cores)   # a host-wide load, spread over the host's cores
-    threads = max(1, min(cores, int(free + 0.5), work // WORK_PER_THREAD if work is not None else cores))
-    return ThreadChoice(threads, f"{cores} core{'s' if cores > 1 else ''} allowed, load {load:.1f}" + size)
+    return ThreadChoice(max(1, min(most, int(free + 0.5))), reason + f", load {load:.1f}, idle threads spin")
 
 
 def use_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
@@ -133,4 +141,5 @@ def use_threads(requested: int | None = None, work: int | None = None) -> Thread
     return choice
 
 
-quiet_waiting()          # on import: minidape/__init__.py imports this module before anything loads torch
+# On import: minidape/__init__.py imports this module before anything of the package loads torch.
+WAITING_THREADS_SLEEP = quiet_waiting()
