@@ -123,9 +123,9 @@ def activation_size(args: argparse.Namespace) -> int | None:
 
 
 def set_threads(args: argparse.Namespace) -> None:
-    """Set torch's CPU threads for this command (see `minidape.threads`) and say how many, on stderr. An explicit
-    `--threads` goes to the processes it starts too (the grader's workers, the benchmark's rounds)."""
-    if args.threads is not None:
+    """Set torch's CPU threads for this command (see `minidape.threads`) and say how many, on stderr. The grader's
+    `--threads` is its workers' (`grade.worker_env` passes MINIDAPE_THREADS on)."""
+    if args.command == "grade" and args.threads is not None:
         os.environ[THREADS_VARIABLE] = str(args.threads)
     print(f"minidape: {use_threads(args.threads, activation_size(args))}", file=sys.stderr, flush=True)
 
