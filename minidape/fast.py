@@ -18,7 +18,10 @@ How, in order of what it saves:
   - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
     over ``kernel`` shifted copies of the scores.
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
-  - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner.
+  - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner; a bias and the mask as one float
+    mask with a batch axis, made once per forward (``per_forward``), so that the CPU's fused kernel takes it.
+  - **FlexAttention** for a bias without a refiner in CUDA training (``uses_flex``): the bias read inside the
+    kernel, the blocks above the diagonal skipped.
 
 The fused forms (``FUSED_FORMS``) rely on the structure of the reference modules. Before a layer first uses
 one, ``block_form`` checks that structure and compares the fused form with the module's own ``forward`` on a
@@ -27,6 +30,7 @@ form, with a warning, instead of silently computing something else.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 import weakref
@@ -57,6 +61,8 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
     if layer.refiner is None and positional.bias_between is None:
         # No bias, no refiner: PyTorch's fused kernel, memory-linear in T.
         return F.scaled_dot_product_attention(q, k, v, is_causal=layer.cfg.causal, dropout_p=dropout)
+    if uses_flex(layer, q, positional, dropout):
+        return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
     refine = None if layer.refiner is None else block_form(layer, positional.bias_between is not None)
     if layer.refiner is not None and refine is None:
         T = q.shape[2]              # a refiner that may read other query rows: the paper form, whole sequence
@@ -257,6 +263,56 @@ def attend_query_block(refiner, refine: Callable, q, k, v, bias, mask, dropout: 
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
     return attend(refine(refiner, scores, seen_bias, mask), allowed, v, dropout)[0]   # softmax(mask(A)) V
+
+
+# ----------------------------------------------------------------------------------------------------
+# FlexAttention: an additive bias on CUDA without a dense mask
+
+# In CUDA training at T >= FLEX_MIN_LENGTH a bias without a refiner goes through FlexAttention: the bias enters
+# the scores inside the kernel (``score_mod``) and the causal block mask skips the blocks above the diagonal,
+# instead of SDPA reading a dense (batch, nh, T, T) float mask. Shorter sequences stay with SDPA (a loaded bias
+# can win there), and so does evaluation (its lengths vary: each new one would compile the kernel again).
+# ``FLEX_ON_CUDA = False``: SDPA everywhere (the benchmark's comparison).
+FLEX_ON_CUDA = True
+FLEX_MIN_LENGTH = 256
+
+
+def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: float) -> bool:
+    T = q.shape[2]
+    return (FLEX_ON_CUDA and q.device.type == "cuda" and torch.is_grad_enabled() and layer.refiner is None
+            and positional.bias_between is not None and dropout == 0.0 and T >= FLEX_MIN_LENGTH
+            and layer.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS)
+
+
+def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
+    """softmax(S + B, masked) V with FlexAttention: q, k, v (batch, nh, T, hs), the bias B (nh, T, T) read inside
+    the kernel (its gradient flows back to the encoding's parameters) -> (batch, nh, T, hs). ``compiled=False``
+    runs PyTorch's unfused form (the CPU's, forward only)."""
+    from torch.nn.attention.flex_attention import flex_attention    # here: only CUDA training needs it
+
+    def add_bias(score, batch, head, query, key):
+        return score + bias[head, query, key]
+
+    T = q.shape[2]
+    block_mask = causal_block_mask(T, str(q.device)) if causal else None
+    kernel = compiled_flex_attention() if compiled else flex_attention
+    return kernel(q, k, v, score_mod=add_bias, block_mask=block_mask)
+
+
+@functools.cache
+def compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=8)
+def causal_block_mask(T: int, device: str):
+    """FlexAttention's block mask of a decoder: key <= query, the blocks above the diagonal skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(batch, head, query, key):
+        return key <= query
+    return create_block_mask(causal, None, None, T, T, device=device)
 
 
 # ----------------------------------------------------------------------------------------------------
