@@ -387,6 +387,50 @@ def cape_table(size: str, pe: str, T: int, B: int, device, repeats: int, memory:
     return "\n".join(rows + ["", goal])
 
 
+BIAS_PES = ("alibi", "kerple_log", "kerple_power", "t5", "fire")
+BIAS_GOAL = 1.15         # on CUDA: a bias encoding's step within this multiple of plain SDPA's without a bias
+
+
+def bias_table(size: str, T: int, B: int, device, repeats: int, warmup: int = 3) -> str:
+    """On CUDA: the training step (forward + backward, bf16 autocast) of each bias encoding through FlexAttention
+    and through SDPA with the dense mask (``fast.FLEX_ON_CUDA`` off), against pe="none" (SDPA without a bias),
+    all interleaved."""
+    from . import fast
+    cases = {"none (SDPA, no bias)": ("none", False)}
+    for pe in BIAS_PES:
+        cases.update({f"{pe} (FlexAttention)": (pe, True), f"{pe} (SDPA, dense mask)": (pe, False)})
+    torch.manual_seed(0)
+    models = {label: build(size, pe, "none", T, device) for label, (pe, _) in cases.items()}
+    x = torch.randint(0, 256, (B, T), device=device)
+    times = {label: [] for label in cases}
+    flex_setting = fast.FLEX_ON_CUDA
+    try:
+        for i in range(warmup + repeats):
+            for label, model in models.items():
+                fast.FLEX_ON_CUDA = cases[label][1]
+                synchronize(device)
+                start = time.perf_counter()
+                model.zero_grad(set_to_none=True)
+                with precision(device, True):
+                    _, loss = model(x, x)
+                loss.backward()
+                synchronize(device)
+                if i >= warmup:
+                    times[label].append(time.perf_counter() - start)
+    finally:
+        fast.FLEX_ON_CUDA = flex_setting
+    base = statistics.median(times["none (SDPA, no bias)"])
+    rows = [f"**Bias encodings on {device_name(device)}: {size} model, T={T}, B={B}, bf16 autocast, training step "
+            f"(fwd+bwd)** (median of {repeats}, interleaved)", "",
+            "| variant | ms / step | × none |", "|---|---:|---:|"]
+    for label, seconds in times.items():
+        rows.append(f"| {label} | {statistics.median(seconds) * 1e3:.1f} | {statistics.median(seconds) / base:.2f} |")
+    worst = max(statistics.median(times[f"{pe} (FlexAttention)"]) / base for pe in BIAS_PES)
+    rows += ["", f"goal: each bias ≤ {BIAS_GOAL}× none (FlexAttention): {'met' if worst <= BIAS_GOAL else 'not met'} "
+                 f"(worst {worst:.2f}×)"]
+    return "\n".join(rows)
+
+
 def device_name(device) -> str:
     """The card's name on CUDA; the CPU's model name (from /proc/cpuinfo where there is one) otherwise."""
     if device.type == "cuda":
@@ -451,6 +495,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="time each table in this many fresh processes and report the spread (default 1)")
     parser.add_argument("--cape-table", action="store_true", help="only the comparison with CAPE's Table 1")
+    parser.add_argument("--bias-table", action="store_true",
+                        help="only the bias encodings, FlexAttention against SDPA (CUDA; T=--length, B=8)")
     parser.add_argument("--length", type=int, default=512, help="T of the CAPE-table comparison (default 512)")
     parser.add_argument("--batch", type=int, default=32, help="B of the CAPE-table comparison (default 32)")
     parser.add_argument("--threads", nargs="?", const=0, type=lambda text: positive_threads(text, "--threads"),
@@ -481,6 +527,10 @@ def main(argv: list[str] | None = None) -> None:
         print(f"# refiner benchmark: {size} model {SIZES[size]}, pe={args.pe}, refiner_width=32, device "
               f"{device} ({device_name(device)}, {torch.get_num_threads()} threads), torch {torch.__version__}, "
               f"median of {repeats}" + (f", {args.rounds} rounds" if args.rounds > 1 else "") + "\n", flush=True)
+        if args.bias_table or device.type == "cuda" and not args.cape_table:
+            print("\n" + bias_table(size, args.length, 8, device, repeats) + "\n", flush=True)
+        if args.bias_table:
+            continue
         if not args.cape_table:
             refiner_tables(size, args.pe, device, repeats, args.rounds, eval_length, not args.no_memory)
         print("\n" + cape_table(size, args.pe, args.length, args.batch, device, repeats, not args.no_memory) + "\n",
