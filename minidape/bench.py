@@ -521,6 +521,8 @@ def main(argv: list[str] | None = None) -> None:
         return
     print(f"minidape: {use_threads(args.threads)}", file=sys.stderr, flush=True)
     device = resolve_device(args.device)
+    if args.bias_table and device.type != "cuda":
+        parser.error(f"--bias-table compares FlexAttention with SDPA on CUDA; the device is {device}")
     eval_length = 4096 if args.quick else args.eval_length
     sizes = args.size or (["tiny", "125m"] if device.type == "cuda" else ["tiny"])
     for size in sizes:

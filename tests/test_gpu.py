@@ -20,6 +20,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minidape as md
+from minidape import bench
 from minidape.train import CHECKPOINT_NAME, read_checkpoint
 from test_fast import assert_same_under_bf16
 from test_model import BUILTIN_PES, BUILTIN_REFINERS
@@ -198,6 +199,13 @@ def test_flex_attention_trains_like_sdpa(tokens, monkeypatch):
     monkeypatch.setattr(md.fast, "FLEX_ON_CUDA", False)
     _, sdpa = md.train(cfg, tokens, **settings)
     assert max(abs(a["loss"] - b["loss"]) for a, b in zip(flex, sdpa)) < 0.05
+
+
+@requires_cuda
+def test_the_bias_benchmark_times_every_encoding_both_ways():
+    table = bench.bias_table("tiny", md.fast.FLEX_MIN_LENGTH, 2, torch.device("cuda"), repeats=1, warmup=1)
+    for pe in bench.BIAS_PES:
+        assert f"| {pe} (FlexAttention) |" in table and f"| {pe} (SDPA, dense mask) |" in table
 
 
 @requires_cuda
