@@ -278,10 +278,12 @@ FLEX_MIN_LENGTH = 256
 
 
 def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: float) -> bool:
+    """Whether this layer's attention goes through FlexAttention (it has no dropout; its CUDA kernels need a head
+    size of at least 16; the bias it reads is the whole (nh, T, T) one, so only where that is held anyway)."""
     T = q.shape[2]
     return (FLEX_ON_CUDA and q.device.type == "cuda" and torch.is_grad_enabled() and layer.refiner is None
             and positional.bias_between is not None and dropout == 0.0 and T >= FLEX_MIN_LENGTH
-            and layer.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS)
+            and q.shape[-1] >= 16 and layer.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS)
 
 
 def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):

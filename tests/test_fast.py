@@ -271,14 +271,15 @@ def test_flex_attention_equals_the_reference_on_the_cpu(pe, causal):
 
 
 def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_refiner(monkeypatch):
-    def chosen(pe="alibi", refiner="none", device="cuda", T=256, dropout=0.0, grad=True):
+    def chosen(pe="alibi", refiner="none", device="cuda", T=256, dropout=0.0, grad=True, head_size=16):
         model = md.GPT(tiny(pe=pe, refiner=refiner, block_size=T))
-        q = SimpleNamespace(device=torch.device(device), shape=(1, 4, T, 8))      # where and how long
+        q = SimpleNamespace(device=torch.device(device), shape=(1, 4, T, head_size))     # where, how long, how wide
         with torch.set_grad_enabled(grad):
             return fast.uses_flex(model.blocks[0].attn, q, model.positional_inputs(torch.arange(T)), dropout)
 
     assert chosen() and chosen(pe="kerple_log", T=512)
     assert not chosen(device="cpu") and not chosen(T=128) and not chosen(grad=False)
     assert not chosen(refiner="dape") and not chosen(pe="rope") and not chosen(dropout=0.1)
+    assert not chosen(head_size=8)
     monkeypatch.setattr(fast, "FLEX_ON_CUDA", False)
     assert not chosen()
