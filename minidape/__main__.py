@@ -123,11 +123,14 @@ def activation_size(args: argparse.Namespace) -> int | None:
 
 
 def set_threads(args: argparse.Namespace) -> None:
-    """Set torch's CPU threads for this command (see `minidape.threads`) and say how many, on stderr. The grader's
-    `--threads` is its workers' (`grade.worker_env` passes MINIDAPE_THREADS on)."""
+    """Set torch's CPU threads for this command (see `minidape.threads`); minidape's own settings (`--threads`,
+    MINIDAPE_THREADS) are said on stderr. The grader's `--threads` is its workers' (`grade.worker_env` passes
+    MINIDAPE_THREADS on)."""
     if args.command == "grade" and args.threads is not None:
         os.environ[THREADS_VARIABLE] = str(args.threads)
-    print(f"minidape: {use_threads(args.threads, activation_size(args))}", file=sys.stderr, flush=True)
+    choice = use_threads(args.threads, activation_size(args))
+    if args.threads is not None or os.environ.get(THREADS_VARIABLE):
+        print(f"minidape: {choice}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -519,7 +519,7 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads == 0:
         thread_benchmark(repeats=5 if args.quick else 2 * args.repeats)
         return
-    print(f"minidape: {use_threads(args.threads)}", file=sys.stderr, flush=True)
+    use_threads(args.threads)                          # the count is in each table's header
     device = resolve_device(args.device)
     if args.bias_table and device.type != "cuda":
         parser.error(f"--bias-table compares FlexAttention with SDPA on CUDA; the device is {device}")

@@ -93,7 +93,7 @@ def test_idle_threads_sleep_when_minidape_loads_torch(torch_first):
     assert out.stdout.split() == (["None", "False"] if torch_first else ["PASSIVE", "True"])
 
 
-def test_every_command_says_how_many_threads(capsys, monkeypatch):
+def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monkeypatch):
     monkeypatch.setenv("MINIDAPE_THREADS", "x")
     with pytest.raises(SystemExit) as stopped:
         cli.main(["eval", "missing.pt"])
@@ -111,6 +111,11 @@ def test_every_command_says_how_many_threads(capsys, monkeypatch):
             cli.main(["eval", "missing.pt"])
         assert "minidape: 2 CPU threads (MINIDAPE_THREADS=2)" in capsys.readouterr().err.splitlines()
         assert torch.get_num_threads() == 2
+        monkeypatch.delenv("MINIDAPE_THREADS")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")       # torch's own setting: honoured, not repeated
+        with pytest.raises(SystemExit):
+            cli.main(["eval", "missing.pt"])
+        assert "CPU thread" not in capsys.readouterr().err and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
 
