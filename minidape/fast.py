@@ -240,7 +240,10 @@ _per_forward: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def per_forward(positional: PositionalInputs, key: tuple, make: Callable):
-    """``make()`` once per forward (per ``positional``) and ``key``; the same object for every later layer."""
+    """``make()`` once per forward (per ``positional``) and ``key``; the same object for every later layer. Under
+    torch.compile each layer makes its own (the compiler merges what repeats)."""
+    if torch.compiler.is_compiling():
+        return make()
     shared = _per_forward.setdefault(positional, {})
     if key not in shared:
         shared[key] = make()
