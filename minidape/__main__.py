@@ -96,7 +96,7 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
 
 
 THREADS_HELP = (f"torch CPU threads (default: {THREADS_VARIABLE}, else OMP_NUM_THREADS, else chosen from the cores "
-                "free now and the size of the work)")
+                "this process may use and the size of the work)")
 
 
 def add_command(commands, name: str, **options) -> argparse.ArgumentParser:
