@@ -218,7 +218,7 @@ def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: Positional
         if refiner is None:              # S + B through the fused kernel, bias and mask as one float mask
             if precomputed:              # the same in every layer: made once per forward
                 attn_mask = per_forward(positional, ("float mask", q0, q1, k1, q.dtype),
-                                        lambda: float_mask(bias, mask, q.dtype))
+                                        lambda bias=bias, mask=mask: float_mask(bias, mask, q.dtype))
             else:
                 attn_mask = float_mask(bias, mask, q.dtype)
             # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
@@ -293,7 +293,7 @@ def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
     """softmax(S + B, masked) V with FlexAttention: q, k, v (batch, nh, T, hs), the bias B (nh, T, T) read inside
     the kernel (its gradient flows back to the encoding's parameters) -> (batch, nh, T, hs). ``compiled=False``
     runs PyTorch's unfused form (the CPU's, forward only)."""
-    from torch.nn.attention.flex_attention import flex_attention    # here: only CUDA training needs it
+    from torch.nn.attention.flex_attention import flex_attention  # here: only CUDA training needs it
 
     def add_bias(score, batch, head, query, key):
         return score + bias[head, query, key]

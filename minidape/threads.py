@@ -135,7 +135,7 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
 
 def use_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
     """``choose_threads`` and set torch's intra-op thread count to it; the choice (print it: ``str(choice)``)."""
-    import torch                                         # here: quiet_waiting runs before torch loads
+    import torch  # here: quiet_waiting runs before torch loads
     choice = choose_threads(requested, work)
     torch.set_num_threads(choice.threads)
     return choice
