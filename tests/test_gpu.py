@@ -183,10 +183,11 @@ def test_flex_attention_equals_the_reference_forward_and_gradients(pe, causal, m
     assert len(calls) == SMALL["n_layer"]
     torch.testing.assert_close(logits.cpu().double(), reference_logits, atol=1e-4, rtol=1e-3)
     expected = dict(reference.named_parameters())
-    for name, p in gpu.named_parameters():
+    largest = max(p.grad.abs().max().item() for p in expected.values())
+    for name, p in gpu.named_parameters():     # within 1% plus 0.1% of its own scale and 1e-5 of the largest
         scale = expected[name].grad.abs().max().item()
-        torch.testing.assert_close(p.grad.cpu().double(), expected[name].grad, atol=1e-3 * scale + 1e-7, rtol=1e-2,
-                                   msg=lambda m: f"{pe} {name}: {m}")
+        torch.testing.assert_close(p.grad.cpu().double(), expected[name].grad, atol=1e-3 * scale + 1e-5 * largest,
+                                   rtol=1e-2, msg=lambda m, name=name: f"{pe} {name}: {m}")
 
 
 @requires_cuda
