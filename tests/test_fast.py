@@ -283,3 +283,20 @@ def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_
     assert not chosen(head_size=8)
     monkeypatch.setattr(fast, "FLEX_ON_CUDA", False)
     assert not chosen()
+
+
+def test_the_float_mask_of_a_bias_is_made_once_per_forward(monkeypatch):
+    """Without a refiner every layer adds the same bias: its SDPA mask is made by the first layer of a forward
+    and reused by the others (one per query block), and a new forward makes its own (the bias may have been
+    trained in between)."""
+    made = []
+    make = fast.float_mask
+    monkeypatch.setattr(fast, "float_mask", lambda *args: made.append(1) or make(*args))
+    model = md.GPT(tiny(pe="kerple_log", n_layer=3))
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    model(idx, idx)[1].backward()
+    assert len(made) == 1
+    model(idx, idx)
+    assert len(made) == 2
+    md.GPT(tiny(pe="kerple_log", n_layer=3, attn_chunk=4))(idx, idx)
+    assert len(made) == 2 + 3                            # three query blocks, each once
