@@ -6,6 +6,7 @@ stays quick and loads neither matplotlib nor tqdm.
 """
 import importlib
 
+from . import threads  # first, before torch loads: OpenMP's idle threads sleep instead of spinning
 from . import fast  # installs the fast path into model.SelfAttention (model.py itself imports nothing from it)
 from .data import load_corpus
 from .model import (

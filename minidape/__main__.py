@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 import textwrap
 import typing
@@ -32,6 +33,7 @@ from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .study.claims import FLAT_MARGIN, LEAKY_REFINER, MODELS
 from .study.comparison import DEFAULT_BASELINES
 from .tasks import TASK_NAMES
+from .threads import THREADS_VARIABLE, use_threads
 from .utils import DEVICE_CHOICES, import_file, quick_mode, register_class
 
 
@@ -136,13 +138,42 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
                                                         "CUDA, then MPS, then CPU)")
 
 
+THREADS_HELP = (f"torch CPU threads (default: {THREADS_VARIABLE}, else OMP_NUM_THREADS, else chosen from the cores "
+                "this process may use and the size of the work)")
+
+
 def add_command(commands, name: str, **options) -> argparse.ArgumentParser:
-    """A subcommand with the flag every command takes: `--import FILE.py`, repeatable."""
+    """A subcommand with the flags every command takes: `--import FILE.py` (repeatable) and `--threads N`."""
     command = commands.add_parser(name, **options)
     command.add_argument("--import", dest="imports", action="append", default=[], metavar="FILE.py[:CLASS]",
                          help="run this Python file first, so the PEs/refiners it registers can be used; with "
                               ":CLASS also register that class as STEM:CLASS (repeatable)")
+    # bench: `--threads` alone runs the thread benchmark, `--threads N` times on N threads (the benchmark sets them)
+    command.add_argument("--threads", type=positive_int, metavar="N", help=THREADS_HELP,
+                         **(dict(nargs="?", const=0) if name == "bench" else {}))
     return command
+
+
+def activation_size(args: argparse.Namespace) -> int | None:
+    """Elements of one activation (batch x T x n_embd) of what `train` and `che` train, for the thread count."""
+    defaults = GPTConfig()
+    width = getattr(args, "n_embd", defaults.n_embd)
+    if args.command == "train":
+        return args.batch_size * getattr(args, "block_size", defaults.block_size) * width
+    if args.command == "che":
+        return args.batch_size * args.max_train_length * width
+    return None
+
+
+def set_threads(args: argparse.Namespace) -> None:
+    """Set torch's CPU threads for this command (see `minidape.threads`); minidape's own settings (`--threads`,
+    MINIDAPE_THREADS) are said on stderr. The grader's `--threads` is its workers' (`grade.worker_env` passes
+    MINIDAPE_THREADS on)."""
+    if args.command == "grade" and args.threads is not None:
+        os.environ[THREADS_VARIABLE] = str(args.threads)
+    choice = use_threads(args.threads, activation_size(args))
+    if args.threads is not None or os.environ.get(THREADS_VARIABLE):
+        print(f"minidape: {choice}", file=sys.stderr, flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -370,6 +401,7 @@ def main(argv: list[str] | None = None) -> None:
         args, rest = parser.parse_known_args(argv)
         if args.command == "bench":  # every flag the benchmark does not share belongs to the script
             return bench_command(args, rest)
+        set_threads(args)
         if rest:
             parser.error(f"unrecognized arguments: {' '.join(rest)}")
         quick_mode()  # a bad value of its variable is refused here, before any work (the demo says when it is on)

@@ -5,6 +5,7 @@
     python -m minidape bench --size 125m --device cuda   # the papers' 125M model on a GPU
     python -m minidape bench --device cuda --cape-table  # only the comparison with CAPE's Table 1
     python benchmarks/bench_refiners.py [same flags]      # the same, from a clone of the repository
+    python -m minidape bench --threads                    # the thread benchmark (see thread_benchmark)
 
 Timing: warm-up steps, then the variants of one table run interleaved (A, B, C, A, B, C, ...) in the same
 process, and each reports its median, so drifting machine load hits every variant alike. A step is
@@ -26,7 +27,9 @@ table shows what the fast path (minidape/fast.py) buys.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -38,6 +41,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig
+from .threads import THREADS_VARIABLE, allowed_cores, choose_threads, positive_threads, use_threads
 from .utils import import_file, resolve_device, source_file
 
 # CAPE (Zheng et al., NeurIPS 2024), Table 1: ms per step at length 512, batch 32, D_CAPE = 32 (their GPU).
@@ -194,17 +198,121 @@ def peak_memory_child(spec: dict) -> dict:
     return result
 
 
+# ----------------------------------------------------------------------------------------------------
+# Threads: the default choice (minidape.threads) against fixed choices, idle and under a load
+
+
+DEMO_SHAPE = dict(n_layer=2, n_embd=64, n_head=4, block_size=128, pe="kerple_log")   # the demo's CPU model
+DEMO_BATCH = 16
+THREAD_GOAL = 1.15       # the default's step time within this multiple of the best fixed choice's
+
+
+def threads_child(spec: dict) -> dict:
+    """In this (fresh) process: the demo model's training step (forward, backward, fused AdamW) with each
+    thread count of ``spec["variants"]`` ({label: threads, "default": None}), interleaved; median seconds and
+    the thread count of each. Rounds stop after ``spec["seconds"]`` once 3 are timed (a spinning pool under
+    load takes seconds a step)."""
+    T, batch = DEMO_SHAPE["block_size"], DEMO_BATCH
+    counts = {label: n if n is not None else choose_threads(work=batch * T * DEMO_SHAPE["n_embd"]).threads
+              for label, n in spec["variants"].items()}
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**DEMO_SHAPE))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
+    x = torch.randint(0, 256, (batch, T))
+    times = {label: [] for label in counts}
+    began = time.perf_counter()
+    for i in range(spec["warmup"] + spec["repeats"]):
+        if i >= spec["warmup"] + 3 and time.perf_counter() - began > spec["seconds"]:
+            break
+        for label, threads in counts.items():
+            torch.set_num_threads(threads)
+            start = time.perf_counter()
+            optimizer.zero_grad(set_to_none=True)
+            model(x, x)[1].backward()
+            optimizer.step()
+            if i >= spec["warmup"]:
+                times[label].append(time.perf_counter() - start)
+    return {label: {"threads": counts[label], "seconds": statistics.median(t)} for label, t in times.items()}
+
+
+class BackgroundLoad:
+    """``per_core`` busy processes per allowed core, each ending by itself after ``seconds`` (and stopped on
+    leaving the ``with``): the other users of a shared machine."""
+
+    def __init__(self, per_core: int = 2, seconds: float = 600.0):
+        self.count, self.seconds, self.processes = per_core * allowed_cores(), seconds, []
+
+    def __enter__(self):
+        spin = f"import time\nend = time.monotonic() + {self.seconds}\nwhile time.monotonic() < end: pass"
+        self.processes = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(self.count)]
+        time.sleep(1.0)                                   # running before the first measurement
+        return self
+
+    def __exit__(self, *exc):
+        for process in self.processes:
+            process.terminate()
+        for process in self.processes:
+            process.wait()
+
+
+def thread_benchmark(repeats: int, load_seconds: float = 600.0) -> str:
+    """The demo model's training step with minidape's default thread count against 1 thread and against all
+    allowed cores, idle and under ``BackgroundLoad``; each in a process where minidape loads torch (idle OpenMP
+    threads sleep) and in one where torch loads first (they spin: what a notebook that imports torch first gets,
+    and before minidape chose: torch's default of all cores). Each row is one fresh process, its columns
+    interleaved. Returns the markdown table (printed as it goes)."""
+    cores = allowed_cores()
+    env = {key: value for key, value in os.environ.items()          # what a user's shell gives: no thread setting
+           if key not in (THREADS_VARIABLE, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")}
+    variants = {"default": None, "1": 1, "all": cores}
+    spec = dict(warmup=3, repeats=repeats, seconds=60, variants=variants)
+    rows = [f"**Threads: demo model (2 layers x 64, kerple_log, T=128, batch 16), training step with AdamW, "
+            f"{device_name(torch.device('cpu'))}, {cores} cores allowed** (median of up to {repeats}; each row one "
+            f"process, its columns interleaved)", "",
+            "| condition | idle OpenMP threads | default (threads) | 1 thread | all cores | default × best | "
+            "before × best |", "|---|---|---:|---:|---:|---:|---:|"]
+    print("\n".join(rows), flush=True)
+    goals = []
+    for condition in ("idle", "loaded"):
+        with BackgroundLoad(seconds=load_seconds) if condition == "loaded" else contextlib.nullcontext():
+            results = {"sleep (minidape first)": run_child("threads", env=env, **spec),
+                       "spin (torch first)": run_child("threads", torch_first=True, env=env, **spec)}
+        failed = [r["error"] for r in results.values() if "error" in r]
+        if failed:
+            raise RuntimeError(f"a thread timing failed: {failed[0]}")
+        # before: torch's default, all cores, waiting threads spinning
+        before = results["spin (torch first)"]["all"]["seconds"]
+        for waiting, result in results.items():
+            seconds = {label: r["seconds"] for label, r in result.items()}
+            ratio = seconds["default"] / min(seconds["1"], seconds["all"])
+            if waiting.startswith("sleep"):
+                goals.append(f"{condition}: {ratio:.2f}× ({'met' if ratio <= THREAD_GOAL else 'not met'})")
+            rows.append(f"| {condition} | {waiting} | {seconds['default'] * 1e3:.1f} ms "
+                        f"({result['default']['threads']}) | {seconds['1'] * 1e3:.1f} ms | "
+                        f"{seconds['all'] * 1e3:.1f} ms ({cores}) | {ratio:.2f} | "
+                        f"{before / min(seconds['1'], seconds['all']):.2f} |")
+            print(rows[-1], flush=True)
+    rows += ["", f"goal: minidape's default (idle threads sleep) within {THREAD_GOAL}× of the best fixed choice; "
+             + "; ".join(goals)]
+    print(rows[-1], flush=True)
+    return "\n".join(rows)
+
+
 def user_files() -> list[str]:
     """The files of the users' registered encodings and refiners (``--import``), for a child process to load."""
     classes = [*PE_REGISTRY.values(), *REFINER_REGISTRY.values()]
     return sorted({path for path in map(source_file, classes) if path is not None})
 
 
-def run_child(kind: str, **spec) -> dict:
-    """Run ``kind`` ("timing" or "memory") in a fresh Python process; its result, or {"error": ...}."""
+def run_child(kind: str, torch_first: bool = False, env: dict | None = None, **spec) -> dict:
+    """Run ``kind`` ("timing", "memory" or "threads") in a fresh Python process; its result, or {"error": ...}.
+    With ``torch_first`` the child loads torch before minidape, so OpenMP keeps its own wait policy (as before
+    minidape set one, see ``minidape.threads``)."""
     spec.update(kind=kind, threads=torch.get_num_threads(), imports=user_files())
-    out = subprocess.run([sys.executable, "-m", "minidape.bench", "--child", json.dumps(spec)], capture_output=True,
-                         text=True)
+    start = (["-c", "import sys, torch; from minidape.bench import main; main(sys.argv[1:])"] if torch_first
+             else ["-m", "minidape.bench"])
+    out = subprocess.run([sys.executable, *start, "--child", json.dumps(spec)], capture_output=True, text=True,
+                         env=env)
     if out.returncode != 0:
         return {"error": out.stderr.strip().splitlines()[-1] if out.stderr.strip() else f"exit {out.returncode}"}
     return json.loads(out.stdout.strip().splitlines()[-1])
@@ -279,6 +387,50 @@ def cape_table(size: str, pe: str, T: int, B: int, device, repeats: int, memory:
     return "\n".join(rows + ["", goal])
 
 
+BIAS_PES = ("alibi", "kerple_log", "kerple_power", "t5", "fire")
+BIAS_GOAL = 1.15         # on CUDA: a bias encoding's step within this multiple of plain SDPA's without a bias
+
+
+def bias_table(size: str, T: int, B: int, device, repeats: int, warmup: int = 3) -> str:
+    """On CUDA: the training step (forward + backward, bf16 autocast) of each bias encoding through FlexAttention
+    and through SDPA with the dense mask (``fast.FLEX_ON_CUDA`` off), against pe="none" (SDPA without a bias),
+    all interleaved."""
+    from . import fast
+    cases = {"none (SDPA, no bias)": ("none", False)}
+    for pe in BIAS_PES:
+        cases.update({f"{pe} (FlexAttention)": (pe, True), f"{pe} (SDPA, dense mask)": (pe, False)})
+    torch.manual_seed(0)
+    models = {label: build(size, pe, "none", T, device) for label, (pe, _) in cases.items()}
+    x = torch.randint(0, 256, (B, T), device=device)
+    times = {label: [] for label in cases}
+    flex_setting = fast.FLEX_ON_CUDA
+    try:
+        for i in range(warmup + repeats):
+            for label, model in models.items():
+                fast.FLEX_ON_CUDA = cases[label][1]
+                synchronize(device)
+                start = time.perf_counter()
+                model.zero_grad(set_to_none=True)
+                with precision(device, True):
+                    _, loss = model(x, x)
+                loss.backward()
+                synchronize(device)
+                if i >= warmup:
+                    times[label].append(time.perf_counter() - start)
+    finally:
+        fast.FLEX_ON_CUDA = flex_setting
+    base = statistics.median(times["none (SDPA, no bias)"])
+    rows = [f"**Bias encodings on {device_name(device)}: {size} model, T={T}, B={B}, bf16 autocast, training step "
+            f"(fwd+bwd)** (median of {repeats}, interleaved)", "",
+            "| variant | ms / step | × none |", "|---|---:|---:|"]
+    for label, seconds in times.items():
+        rows.append(f"| {label} | {statistics.median(seconds) * 1e3:.1f} | {statistics.median(seconds) / base:.2f} |")
+    worst = max(statistics.median(times[f"{pe} (FlexAttention)"]) / base for pe in BIAS_PES)
+    rows += ["", f"goal: each bias ≤ {BIAS_GOAL}× none (FlexAttention): {'met' if worst <= BIAS_GOAL else 'not met'} "
+                 f"(worst {worst:.2f}×)"]
+    return "\n".join(rows)
+
+
 def device_name(device) -> str:
     """The card's name on CUDA; the CPU's model name (from /proc/cpuinfo where there is one) otherwise."""
     if device.type == "cuda":
@@ -343,9 +495,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--rounds", type=int, default=1,
                         help="time each table in this many fresh processes and report the spread (default 1)")
     parser.add_argument("--cape-table", action="store_true", help="only the comparison with CAPE's Table 1")
+    parser.add_argument("--bias-table", action="store_true",
+                        help="only the bias encodings, FlexAttention against SDPA (CUDA; T=--length, B=8)")
     parser.add_argument("--length", type=int, default=512, help="T of the CAPE-table comparison (default 512)")
     parser.add_argument("--batch", type=int, default=32, help="B of the CAPE-table comparison (default 32)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+    parser.add_argument("--threads", nargs="?", const=0, type=lambda text: positive_threads(text, "--threads"),
+                        metavar="N", help="alone: the thread benchmark (default choice vs 1 thread vs all cores, "
+                                          "idle and loaded); with N: time the refiners on N CPU threads")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -353,22 +509,31 @@ def main(argv: list[str] | None = None) -> None:
         torch.set_num_threads(spec.pop("threads"))     # the parent's, so a child times what the parent would
         for path in spec.pop("imports"):               # the parent's --import files: their names register here
             import_file(path)
-        print(json.dumps((timing_child if spec.pop("kind") == "timing" else peak_memory_child)(spec)))
+        child = {"timing": timing_child, "memory": peak_memory_child, "threads": threads_child}[spec.pop("kind")]
+        print(json.dumps(child(spec)))
         return
-    for name in ("rounds", "repeats", "length", "batch", "eval_length", "threads"):
+    for name in ("rounds", "repeats", "length", "batch", "eval_length"):
         value = getattr(args, name)
         if value is not None and value < 1:   # one line, as every command's mistakes (argparse's adds its usage)
             parser.exit(2, f"{parser.prog}: error: --{name.replace('_', '-')} must be at least 1; got {value}\n")
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    device = resolve_device(args.device)
     repeats = 3 if args.quick else args.repeats
+    if args.threads == 0:
+        thread_benchmark(repeats=5 if args.quick else 2 * args.repeats)
+        return
+    use_threads(args.threads)                          # the count is in each table's header
+    device = resolve_device(args.device)
+    if args.bias_table and device.type != "cuda":
+        parser.error(f"--bias-table compares FlexAttention with SDPA on CUDA; the device is {device}")
     eval_length = 4096 if args.quick else args.eval_length
     sizes = args.size or (["tiny", "125m"] if device.type == "cuda" else ["tiny"])
     for size in sizes:
         print(f"# refiner benchmark: {size} model {SIZES[size]}, pe={args.pe}, refiner_width=32, device "
               f"{device} ({device_name(device)}, {torch.get_num_threads()} threads), torch {torch.__version__}, "
               f"median of {repeats}" + (f", {args.rounds} rounds" if args.rounds > 1 else "") + "\n", flush=True)
+        if args.bias_table or device.type == "cuda" and not args.cape_table:
+            print("\n" + bias_table(size, args.length, 8, device, repeats) + "\n", flush=True)
+        if args.bias_table:
+            continue
         if not args.cape_table:
             refiner_tables(size, args.pe, device, repeats, args.rounds, eval_length, not args.no_memory)
         print("\n" + cape_table(size, args.pe, args.length, args.batch, device, repeats, not args.no_memory) + "\n",

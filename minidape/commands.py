@@ -282,9 +282,11 @@ def grade_command(args: argparse.Namespace) -> None:
 
 
 def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:
-    """The refiner benchmark (`minidape.bench`) with its own flags; `--pe` is checked by the CLI's parser."""
+    """The benchmark (`minidape.bench`) with its own flags; `--pe` and `--threads` are checked by the CLI's parser."""
     from .bench import main
-    main((["--pe", args.pe] if args.pe is not None else []) + bench_args)
+    shared = (["--pe", args.pe] if args.pe is not None else []) + (
+        [] if args.threads is None else ["--threads"] + ([str(args.threads)] if args.threads else []))
+    main(shared + bench_args)
 
 
 COMMANDS = {"demo": demo_command, "train": train_command, "eval": eval_command, "che": che_command,

@@ -18,7 +18,10 @@ How, in order of what it saves:
   - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
     over ``kernel`` shifted copies of the scores.
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
-  - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner.
+  - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner; a bias and the mask as one float
+    mask with a batch axis, made once per forward (``per_forward``), so that the CPU's fused kernel takes it.
+  - **FlexAttention** for a bias without a refiner in CUDA training (``uses_flex``): the bias read inside the
+    kernel, the blocks above the diagonal skipped.
 
 The fused forms (``FUSED_FORMS``) rely on the structure of the reference modules. Before a layer first uses
 one, ``block_form`` checks that structure and compares the fused form with the module's own ``forward`` on a
@@ -27,6 +30,7 @@ form, with a warning, instead of silently computing something else.
 """
 from __future__ import annotations
 
+import functools
 import math
 import warnings
 import weakref
@@ -61,6 +65,8 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
         temperature = layer.temperature_rows(0, T, T)
         q = q if temperature is None else q * temperature.to(q.dtype)
         return F.scaled_dot_product_attention(q, k, v, is_causal=layer.cfg.causal, dropout_p=dropout)
+    if uses_flex(layer, q, positional, dropout):
+        return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
     refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
         mask = attention_mask(T, layer.cfg.causal, q.device)   # a refiner that may read other query rows: the
@@ -212,9 +218,42 @@ def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: Positional
             bias = None
         else:
             bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
-        outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout,
-                                        layer.temperature_rows(q0, q1, T))
+        temperature = layer.temperature_rows(q0, q1, T)
+        if refiner is None and temperature is None:   # S + B through the fused kernel, bias and mask as one float mask
+            if precomputed:              # the same in every layer: made once per forward
+                attn_mask = per_forward(positional, ("float mask", q0, q1, k1, q.dtype),
+                                        lambda bias=bias, mask=mask: float_mask(bias, mask, q.dtype))
+            else:
+                attn_mask = float_mask(bias, mask, q.dtype)
+            # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
+            # keys) one the unfused math kernel (torch 2.13; a mask that needs a gradient takes it anyway). A bias
+            # that reads the data has its batch axis already.
+            outputs[i] = F.scaled_dot_product_attention(query_blocks[i], keys, values, dropout_p=dropout,
+                                                        attn_mask=attn_mask.expand(batch, -1, -1, -1))
+        else:
+            outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout,
+                                            temperature)
     return outputs
+
+
+def float_mask(bias, mask, dtype):
+    """SDPA's float mask: the bias (nh, rows, keys) where ``mask`` allows, -inf elsewhere (and where it is -inf)."""
+    return bias.masked_fill(~mask, float("-inf")).to(dtype)
+
+
+# What the layers of one forward share, made by the first that needs it: PositionalInputs -> {key: value}.
+_per_forward: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def per_forward(positional: PositionalInputs, key: tuple, make: Callable):
+    """``make()`` once per forward (per ``positional``) and ``key``; the same object for every later layer. Under
+    torch.compile each layer makes its own (the compiler merges what repeats)."""
+    if torch.compiler.is_compiling():
+        return make()
+    shared = _per_forward.setdefault(positional, {})
+    if key not in shared:
+        shared[key] = make()
+    return shared[key]
 
 
 def _first_keys(key_blocks, n: int):
@@ -227,12 +266,9 @@ def _first_keys(key_blocks, n: int):
 
 
 def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dropout: float, temperature=None):
-    """``model.attention`` for a block of query rows: q (batch, nh, rows, hs), k/v (batch, nh, keys, hs), bias
-    (nh, rows, keys), (batch, nh, rows, keys) or None, mask (rows, keys), temperature (1 or nh, rows, 1) or None
-    -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
-    if refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
-        float_mask = bias.masked_fill(~mask, float("-inf")).to(q.dtype)          # -inf in the bias stays -inf
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=float_mask, dropout_p=dropout)
+    """``model.attention`` with a refiner or a temperature for a block of query rows: q (batch, nh, rows, hs), k/v
+    (batch, nh, keys, hs), bias (nh, rows, keys), (batch, nh, rows, keys) or None, mask (rows, keys), temperature
+    (1 or nh, rows, 1) or None -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is None:
@@ -242,6 +278,59 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
     if temperature is not None:
         refined = refined * temperature                                          # tau (.) A
     return attend(refined, allowed, v, dropout)[0]                               # softmax(mask(A)) V
+
+
+# ----------------------------------------------------------------------------------------------------
+# FlexAttention: an additive bias on CUDA without a dense mask
+
+# In CUDA training at T >= FLEX_MIN_LENGTH a bias without a refiner goes through FlexAttention: the bias enters
+# the scores inside the kernel (``score_mod``) and the causal block mask skips the blocks above the diagonal,
+# instead of SDPA reading a dense (batch, nh, T, T) float mask. Shorter sequences stay with SDPA (a loaded bias
+# can win there), and so does evaluation (its lengths vary: each new one would compile the kernel again).
+# ``FLEX_ON_CUDA = False``: SDPA everywhere (the benchmark's comparison).
+FLEX_ON_CUDA = True
+FLEX_MIN_LENGTH = 256
+
+
+def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: float) -> bool:
+    """Whether this layer's attention goes through FlexAttention (it has no dropout; its CUDA kernels need a head
+    size of at least 16; the bias it reads is the whole (nh, T, T) one, so only where that is held anyway)."""
+    T = q.shape[2]
+    return (FLEX_ON_CUDA and q.device.type == "cuda" and torch.is_grad_enabled() and layer.refiner is None
+            and positional.bias_between is not None and layer.temperature is None and dropout == 0.0
+            and T >= FLEX_MIN_LENGTH
+            and q.shape[-1] >= 16 and layer.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS)
+
+
+def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
+    """softmax(S + B, masked) V with FlexAttention: q, k, v (batch, nh, T, hs), the bias B (nh, T, T) read inside
+    the kernel (its gradient flows back to the encoding's parameters) -> (batch, nh, T, hs). ``compiled=False``
+    runs PyTorch's unfused form (the CPU's, forward only)."""
+    from torch.nn.attention.flex_attention import flex_attention  # here: only CUDA training needs it
+
+    def add_bias(score, batch, head, query, key):
+        return score + bias[head, query, key]
+
+    T = q.shape[2]
+    block_mask = causal_block_mask(T, str(q.device)) if causal else None
+    kernel = compiled_flex_attention() if compiled else flex_attention
+    return kernel(q, k, v, score_mod=add_bias, block_mask=block_mask)
+
+
+@functools.cache
+def compiled_flex_attention():
+    from torch.nn.attention.flex_attention import flex_attention
+    return torch.compile(flex_attention)
+
+
+@functools.lru_cache(maxsize=8)
+def causal_block_mask(T: int, device: str):
+    """FlexAttention's block mask of a decoder: key <= query, the blocks above the diagonal skipped."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def causal(batch, head, query, key):
+        return key <= query
+    return create_block_mask(causal, None, None, T, T, device=device)
 
 
 # ----------------------------------------------------------------------------------------------------

@@ -44,6 +44,7 @@ from pathlib import Path
 
 from . import exercises, gradebook, sandbox
 from .gradebook import COLUMNS, WRITTEN_COLUMNS, csv_message, write_csv, write_written, written_path  # noqa: F401
+from .threads import THREADS_VARIABLE
 from .utils import quick_mode
 
 TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
@@ -598,8 +599,10 @@ def _hidden(paths, csv_path, feedback) -> list[str]:
 
 def worker_env() -> dict[str, str]:
     """The worker's environment: nothing of the grader's but what running the notebooks needs."""
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", "OMP_NUM_THREADS": "1",
-           "MKL_NUM_THREADS": "1", "PYTHONDONTWRITEBYTECODE": "1",
+    threads = os.environ.get(THREADS_VARIABLE, "1")     # one each by default: the workers fill the cores
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", THREADS_VARIABLE: threads,
+           "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
+           "PYTHONDONTWRITEBYTECODE": "1",
            "PYTHONPATH": os.pathsep.join([str(TEACHER.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
     if quick_mode():                    # switched on by either of its names here; the workers get one
         env["MINIDAPE_QUICK"] = "1"

@@ -15,6 +15,7 @@ import time
 
 import torch
 
+from .threads import use_threads
 from .utils import quick_mode, resolve_device
 
 
@@ -23,6 +24,7 @@ class Run:
     """One run of a notebook: CI's quick run or the full one, and when it started."""
     quick: bool
     started: float                      # time.perf_counter() at start()
+    threads: int                        # torch's CPU threads (minidape.threads)
 
     def seconds(self) -> float:
         """Seconds since the notebook started."""
@@ -33,14 +35,14 @@ class Run:
 
 
 def start(seed: int = 0, one_thread: bool = True) -> Run:
-    """A notebook's first call: seeds torch's global random state, and with `one_thread` runs torch on one CPU
-    thread. The notebooks' models are tiny: one thread is nearly as fast as several, and stays fast when other
-    programs share the cores (threads that wait on each other make such small operations up to 10x slower).
-    Quick mode comes from the environment (`utils.quick_mode`)."""
+    """A notebook's first call: seeds torch's global random state and sets torch's CPU threads
+    (`minidape.threads`: MINIDAPE_THREADS or OMP_NUM_THREADS when set). With `one_thread` the notebook's models
+    are tiny: one thread is nearly as fast as several, and stays fast when other programs share the cores
+    (threads that wait on each other make such small operations up to 10x slower); else as many as the cores
+    free now. Quick mode comes from the environment (`utils.quick_mode`)."""
     torch.manual_seed(seed)
-    if one_thread:
-        torch.set_num_threads(1)
-    return Run(quick=quick_mode(), started=time.perf_counter())
+    threads = use_threads(work=0 if one_thread else None).threads
+    return Run(quick=quick_mode(), started=time.perf_counter(), threads=threads)
 
 
 def device() -> str:

@@ -107,3 +107,25 @@ def test_bench_cape_table_runs_on_the_cpu_at_the_tiny_shape():
         forward, backward, tokens, memory, *ratios = (float(cell.replace(",", "")) for cell in rows[label])
         assert forward > 0 and backward > 0 and tokens > 0 and memory >= 0 and all(r > 0 for r in ratios)
     assert rows["none"][4:] == ["1.00", "1.00", "1.00"]
+
+
+def test_the_nanogpt_reference_is_ours_in_size_and_learns():
+    """benchmarks/bench_nanogpt.py's plain model has md.GPT(pe="learned")'s parameters, and its training step
+    (the one timed) lowers the loss of a repeated batch."""
+    sys.path.insert(0, str(SCRIPT.parent))
+    try:
+        import bench_nanogpt
+    finally:
+        sys.path.remove(str(SCRIPT.parent))
+    shape = bench_nanogpt.SHAPES["demo"]
+    torch.manual_seed(0)
+    plain = bench_nanogpt.PlainGPT(256, 32, shape["n_layer"], shape["n_embd"], shape["n_head"])
+    ours = md.GPT(md.GPTConfig(vocab_size=256, block_size=32, pe="learned", n_layer=shape["n_layer"],
+                               n_embd=shape["n_embd"], n_head=shape["n_head"]))
+    assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in ours.parameters())
+    trainee = bench_nanogpt.Trainee(plain)
+    x = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))
+    first = plain(x, x)[1].item()
+    for _ in range(5):
+        trainee.step(x, timed=True)
+    assert plain(x, x)[1].item() < first - 0.1 and len(trainee.seconds) == 5

@@ -251,6 +251,9 @@ def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[t
         ([*che, "--max-test-length", "5", "--length-step", "10"], "--length-step 10 exceeds --max-test-length 5"),
         (["che", "--task", "duplicate_string", "--pe", "alibi", "--random-positions", "200", "--steps", "1",
           "--out", str(tmp / "che")], "--random-positions=200 is shorter than the longest test sequence"),
+        ([*train, "--out", str(tmp / "a"), "--threads", "-3"], "argument --threads: must be a positive integer, got '-3'"),
+        (["eval", str(run), "--threads", "two"], "argument --threads: must be a positive integer, got 'two'"),
+        (["bench", "--threads", "0"], "argument --threads: must be a positive integer, got '0'"),
         (["bench", "--pe", "bogus"], "argument --pe: invalid choice: 'bogus'"),
         (["bench", "--import", str(tmp / "missing.py")], "no such file"),
     ]

@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -238,3 +239,64 @@ def test_an_unedited_refiner_keeps_its_fused_form_without_a_warning(recwarn):
     model(torch.randint(0, 64, (2, 20)))
     assert not [w for w in recwarn if "fast path" in str(w.message)]
     assert all(fast.block_form(block.attn, True) is fast.conv for block in model.blocks)
+
+
+BIAS_PES = [pe for pe in BUILTIN_PES if M.pe_has_bias(pe)]
+
+
+def flex_and_reference_attention(model, idx, compiled: bool):
+    """The first layer's attention of ``model`` through FlexAttention and through the reference form."""
+    layer = model.blocks[0].attn
+    x, positional = model.hidden_states(idx, upto_layer=0)
+    q, k, v = layer.qkv(model.blocks[0].ln_1(x), positional)
+    T = idx.shape[1]
+    flex = fast.flex_bias_attention(q, k, v, positional.full_bias, model.cfg.causal, compiled=compiled)
+    mask = M.attention_mask(T, model.cfg.causal, idx.device)
+    return flex, M.attention(q, k, v, positional.full_bias, mask)[0]
+
+
+@pytest.mark.parametrize("pe,causal", [(pe, True) for pe in BIAS_PES] + [("kerple_log", False)])
+def test_flex_attention_equals_the_reference_on_the_cpu(pe, causal):
+    """FlexAttention's bias path (CUDA training) computes the reference's attention. torch 2.13 runs it on the
+    CPU forward only (its unfused form, seconds a call; no backward there): gradients are checked in
+    tests/test_gpu.py."""
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe=pe, causal=causal)).eval()
+    with torch.no_grad():
+        for p in model.pe.parameters():                 # a bias far from its initial values
+            p.abs_().mul_(3.0)
+        idx = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
+        flex, reference = flex_and_reference_attention(model, idx, compiled=False)
+    torch.testing.assert_close(flex, reference, atol=1e-5, rtol=1e-4)
+
+
+def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_refiner(monkeypatch):
+    def chosen(pe="alibi", refiner="none", device="cuda", T=256, dropout=0.0, grad=True, head_size=16):
+        model = md.GPT(tiny(pe=pe, refiner=refiner, block_size=T))
+        q = SimpleNamespace(device=torch.device(device), shape=(1, 4, T, head_size))     # where, how long, how wide
+        with torch.set_grad_enabled(grad):
+            return fast.uses_flex(model.blocks[0].attn, q, model.positional_inputs(torch.arange(T)), dropout)
+
+    assert chosen() and chosen(pe="kerple_log", T=512)
+    assert not chosen(device="cpu") and not chosen(T=128) and not chosen(grad=False)
+    assert not chosen(refiner="dape") and not chosen(pe="rope") and not chosen(dropout=0.1)
+    assert not chosen(head_size=8)
+    monkeypatch.setattr(fast, "FLEX_ON_CUDA", False)
+    assert not chosen()
+
+
+def test_the_float_mask_of_a_bias_is_made_once_per_forward(monkeypatch):
+    """Without a refiner every layer adds the same bias: its SDPA mask is made by the first layer of a forward
+    and reused by the others (one per query block), and a new forward makes its own (the bias may have been
+    trained in between)."""
+    made = []
+    make = fast.float_mask
+    monkeypatch.setattr(fast, "float_mask", lambda *args: made.append(1) or make(*args))
+    model = md.GPT(tiny(pe="kerple_log", n_layer=3))
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    model(idx, idx)[1].backward()
+    assert len(made) == 1
+    model(idx, idx)
+    assert len(made) == 2
+    md.GPT(tiny(pe="kerple_log", n_layer=3, attn_chunk=4))(idx, idx)
+    assert len(made) == 2 + 3                            # three query blocks, each once

@@ -1,5 +1,5 @@
 """Training and evaluation on a CUDA GPU: bf16 training, resume across devices, the fast path under bf16, bias
-gradients through PyTorch's CUDA attention kernels, 16k-token evaluation memory, no host sync between logging
+gradients through PyTorch's CUDA attention kernels and through FlexAttention, 16k-token evaluation memory, no host sync between logging
 steps, DDP with NCCL, and the demo in quick mode.
 
 Skipped with a reason where there is no GPU (CI, the project's CPU machine). `make test-gpu` runs them with
@@ -20,6 +20,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minidape as md
+from minidape import bench
 from minidape.train import CHECKPOINT_NAME, read_checkpoint
 from test_fast import assert_same_under_bf16
 from test_model import BUILTIN_PES, BUILTIN_REFINERS
@@ -156,6 +157,56 @@ def test_learnable_bias_gradients_through_cuda_attention_kernels(pe, backend):
     for name, p in gpu.pe.named_parameters():
         torch.testing.assert_close(p.grad.cpu().double(), expected[name].grad, atol=1e-4 * scale, rtol=1e-2,
                                    msg=lambda m: f"{pe} {name}: {m}")
+
+
+@requires_cuda
+@pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
+@pytest.mark.parametrize("pe", ["alibi", *BIASES_WITH_PARAMETERS])
+def test_flex_attention_equals_the_reference_forward_and_gradients(pe, causal, monkeypatch):
+    """CUDA training at T >= fast.FLEX_MIN_LENGTH sends a bias without refiner through FlexAttention (compiled):
+    the logits, the loss and every gradient (the encoding's parameters included) as model.py's reference form
+    computes them in float64 on the CPU, within float32 tolerances; and the path really ran."""
+    torch.manual_seed(0)
+    T = md.fast.FLEX_MIN_LENGTH
+    model = md.GPT(md.GPTConfig(vocab_size=64, **{**SMALL, "block_size": T}, pe=pe, causal=causal))
+    idx = torch.randint(0, 64, (2, T))
+    reference = copy.deepcopy(model).double()
+    reference.cfg.fast = False
+    reference_logits, reference_loss = reference(idx, idx)
+    reference_loss.backward()
+    calls = []
+    flex = md.fast.flex_bias_attention
+    monkeypatch.setattr(md.fast, "flex_bias_attention", lambda *args, **kw: calls.append(1) or flex(*args, **kw))
+    gpu = copy.deepcopy(model).cuda()
+    logits, loss = gpu(idx.cuda(), idx.cuda())
+    loss.backward()
+    assert len(calls) == SMALL["n_layer"]
+    torch.testing.assert_close(logits.cpu().double(), reference_logits, atol=1e-4, rtol=1e-3)
+    expected = dict(reference.named_parameters())
+    largest = max(p.grad.abs().max().item() for p in expected.values())
+    for name, p in gpu.named_parameters():     # within 1% plus 0.1% of its own scale and 1e-5 of the largest
+        scale = expected[name].grad.abs().max().item()
+        torch.testing.assert_close(p.grad.cpu().double(), expected[name].grad, atol=1e-3 * scale + 1e-5 * largest,
+                                   rtol=1e-2, msg=lambda m, name=name: f"{pe} {name}: {m}")
+
+
+@requires_cuda
+def test_flex_attention_trains_like_sdpa(tokens, monkeypatch):
+    """The same short run with FlexAttention and with SDPA's dense mask (bf16 autocast): the same loss curve
+    within 0.05 nats."""
+    cfg = md.GPTConfig(**{**SMALL, "block_size": md.fast.FLEX_MIN_LENGTH}, pe="kerple_log")
+    settings = dict(steps=20, batch_size=8, lr=3e-3, log_every=5, device="cuda", seed=0, progress=False)
+    _, flex = md.train(cfg, tokens, **settings)
+    monkeypatch.setattr(md.fast, "FLEX_ON_CUDA", False)
+    _, sdpa = md.train(cfg, tokens, **settings)
+    assert max(abs(a["loss"] - b["loss"]) for a, b in zip(flex, sdpa)) < 0.05
+
+
+@requires_cuda
+def test_the_bias_benchmark_times_every_encoding_both_ways():
+    table = bench.bias_table("tiny", md.fast.FLEX_MIN_LENGTH, 2, torch.device("cuda"), repeats=1, warmup=1)
+    for pe in bench.BIAS_PES:
+        assert f"| {pe} (FlexAttention) |" in table and f"| {pe} (SDPA, dense mask) |" in table
 
 
 @requires_cuda

@@ -42,13 +42,15 @@ def test_the_device_is_cuda_then_mps_then_cpu(cuda, mps, expected, monkeypatch):
     assert notebook.device() == expected
 
 
-def test_start_seeds_torch_and_runs_on_one_thread_when_asked():
+def test_start_seeds_torch_and_runs_on_one_thread_when_asked(monkeypatch):
     threads = torch.get_num_threads()
+    monkeypatch.delenv("MINIDAPE_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")       # an explicit setting: what start() then uses unless told
     try:
-        torch.set_num_threads(2)
         notebook.start(seed=3, one_thread=False)
         first = torch.rand(4)
         assert torch.get_num_threads() == 2
+        monkeypatch.delenv("OMP_NUM_THREADS")
         run = notebook.start(seed=3)
         assert torch.equal(torch.rand(4), first) and torch.get_num_threads() == 1
         notebook.start(seed=4, one_thread=False)

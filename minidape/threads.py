@@ -1,0 +1,145 @@
+"""How many CPU threads torch uses: as many as the machine can give this process now, no more.
+
+torch's default is one intra-op thread per core, and GNU OpenMP (the thread pool of the Linux CPU wheels)
+lets idle threads spin for a while before they sleep. On a shared machine (a JupyterHub with a class on it, a
+laptop with a browser, CI) those threads spin against the other processes and wait on each other: training
+steps measured 5-8x slower than on one thread. So minidape
+  - makes waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``), set by ``quiet_waiting`` when the package is
+    imported. OpenMP reads it once, when torch loads: it applies where minidape is imported before torch (every
+    command, ``python -m minidape``), and a value the user set is left alone;
+  - chooses the thread count (``choose_threads``) from the cores this process may use (affinity, cgroup quota)
+    and the size of the work; where its threads spin (torch was loaded first), also from how busy the cores
+    are (load average, and the tasks running right now);
+  - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
+    ``OMP_NUM_THREADS``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+THREADS_VARIABLE = "MINIDAPE_THREADS"
+# A thread gets at least this many elements of one activation (batch x T x n_embd): below that the work is
+# split too thin to gain from another thread (the notebooks' models run on one).
+WORK_PER_THREAD = 2 ** 15
+
+
+def quiet_waiting() -> bool:
+    """Make OpenMP's idle threads sleep instead of spinning, if torch is not loaded yet and the user has not
+    chosen a wait policy. True when waiting threads sleep: the policy is PASSIVE (set here, or by the user before
+    torch loaded; a value set later has no effect, and then this sets none)."""
+    if "torch" not in sys.modules:
+        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+    return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+
+
+def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
+    """Cores' worth of CPU time the cgroup quota allows (rounded up), or None without a quota: cgroup v2's
+    ``cpu.max`` ("max 100000" or "QUOTA PERIOD"), else v1's ``cpu.cfs_quota_us`` / ``cpu.cfs_period_us``."""
+    try:
+        quota, period = (root / "cpu.max").read_text().split()[:2]
+        return None if quota == "max" else max(1, math.ceil(int(quota) / int(period)))
+    except (OSError, ValueError):
+        pass
+    try:
+        quota = int((root / "cpu" / "cpu.cfs_quota_us").read_text())
+        period = int((root / "cpu" / "cpu.cfs_period_us").read_text())
+        return None if quota <= 0 else max(1, math.ceil(quota / period))
+    except (OSError, ValueError):
+        return None
+
+
+def allowed_cores() -> int:
+    """Cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:                               # macOS, Windows
+        cores = os.cpu_count() or 1
+    limit = cgroup_cpu_limit()
+    return max(1, min(cores, limit) if limit else cores)
+
+
+def running_now(samples: int = 5, interval: float = 0.01) -> float:
+    """Tasks running or waiting for a CPU right now, this one excluded: the median of a few reads of
+    /proc/loadavg's ``running/total`` field (the 1-minute load average lags a load that just started)."""
+    counts = []
+    for i in range(samples):
+        try:
+            counts.append(int(Path("/proc/loadavg").read_text().split()[3].split("/")[0]) - 1)
+        except (OSError, ValueError, IndexError):
+            return 0.0
+        if i + 1 < samples:
+            time.sleep(interval)
+    return float(sorted(counts)[len(counts) // 2])
+
+
+def machine_load() -> float:
+    """How many cores other processes keep busy: the larger of the 1-minute load average and the tasks
+    running now."""
+    try:
+        average = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        average = 0.0
+    return max(average, running_now())
+
+
+@dataclasses.dataclass(frozen=True)
+class ThreadChoice:
+    threads: int
+    reason: str                                          # where the number came from
+
+    def __str__(self) -> str:
+        return f"{self.threads} CPU thread{'s' if self.threads > 1 else ''} ({self.reason})"
+
+
+def positive_threads(value, source: str) -> int:
+    """``value`` as a thread count >= 1, or a ValueError naming ``source`` and the value."""
+    try:
+        threads = int(str(value).strip())
+    except ValueError:
+        threads = 0
+    if threads < 1:
+        raise ValueError(f"{source} must be a positive integer (CPU threads); got {value!r}")
+    return threads
+
+
+def choose_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
+    """The intra-op thread count: ``requested`` (``--threads``) if given, else ``MINIDAPE_THREADS``, else
+    ``OMP_NUM_THREADS``; else the cores allowed minus those other processes keep busy, at least 1, and with
+    ``work`` (elements of one activation, batch x T x n_embd) at most one thread per ``WORK_PER_THREAD``."""
+    if requested is not None:
+        return ThreadChoice(positive_threads(requested, "--threads"), "--threads")
+    for variable in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
+        if os.environ.get(variable):
+            value = os.environ[variable]
+            return ThreadChoice(positive_threads(value, variable), f"{variable}={value}")
+    size = "" if work is None else f", {work:,} elements per activation"
+    if work is not None and work < 2 * WORK_PER_THREAD:
+        return ThreadChoice(1, "small work" + size)
+    cores = allowed_cores()
+    most = cores if work is None else min(cores, work // WORK_PER_THREAD)
+    reason = f"{cores} core{'s' if cores > 1 else ''} allowed{size}"
+    if WAITING_THREADS_SLEEP:
+        # Sleeping threads cost the other processes nothing while they wait, and each thread gets its share of
+        # a busy machine: all cores measured fastest idle and under load (benchmarks/RESULTS.md).
+        return ThreadChoice(most, reason + ", idle threads sleep")
+    # Spinning threads (torch loaded before minidape): only as many as the cores other processes leave free.
+    load = machine_load()
+    free = cores - load * cores / (os.cpu_count() or cores)   # a host-wide load, spread over the host's cores
+    return ThreadChoice(max(1, min(most, int(free + 0.5))), reason + f", load {load:.1f}, idle threads spin")
+
+
+def use_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
+    """``choose_threads`` and set torch's intra-op thread count to it; the choice (print it: ``str(choice)``)."""
+    import torch  # here: quiet_waiting runs before torch loads
+    choice = choose_threads(requested, work)
+    torch.set_num_threads(choice.threads)
+    return choice
+
+
+# On import: minidape/__init__.py imports this module before anything of the package loads torch.
+WAITING_THREADS_SLEEP = quiet_waiting()

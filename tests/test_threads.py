@@ -1,0 +1,163 @@
+"""minidape's CPU threads (minidape/threads.py): an explicit choice wins, else the cores allowed, the work and,
+where idle threads spin, the load; waiting threads sleep when minidape loads torch."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from minidape import __main__ as cli
+from minidape import bench, grade, notebook, threads
+
+REPO = Path(__file__).resolve().parent.parent
+NO_SETTING = ("MINIDAPE_THREADS", "OMP_NUM_THREADS")
+
+
+@pytest.fixture
+def machine(monkeypatch):
+    """A machine of 8 allowed cores (as many online) and a load set by the test; no thread setting in the
+    environment."""
+    for variable in NO_SETTING:
+        monkeypatch.delenv(variable, raising=False)
+    state = {"load": 0.0}
+    monkeypatch.setattr(threads, "allowed_cores", lambda: 8)
+    monkeypatch.setattr(threads.os, "cpu_count", lambda: 8)
+    monkeypatch.setattr(threads, "machine_load", lambda: state["load"])
+    return state
+
+
+def test_an_explicit_choice_wins_in_order(machine, monkeypatch):
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert threads.choose_threads(work=10 ** 9) == threads.ThreadChoice(3, "OMP_NUM_THREADS=3")
+    monkeypatch.setenv("MINIDAPE_THREADS", "5")
+    assert threads.choose_threads(work=1) == threads.ThreadChoice(5, "MINIDAPE_THREADS=5")
+    assert threads.choose_threads(requested=2) == threads.ThreadChoice(2, "--threads")
+    assert str(threads.ThreadChoice(1, "--threads")) == "1 CPU thread (--threads)"
+
+
+@pytest.mark.parametrize("value", ["0", "-3", "two", "1.5"])
+def test_a_bad_setting_is_named(machine, monkeypatch, value):
+    monkeypatch.setenv("MINIDAPE_THREADS", value)
+    with pytest.raises(ValueError, match=f"MINIDAPE_THREADS must be a positive integer .*got '{value}'"):
+        threads.choose_threads()
+
+
+def test_sleeping_threads_take_the_allowed_cores_whatever_the_load(machine, monkeypatch):
+    monkeypatch.setattr(threads, "WAITING_THREADS_SLEEP", True)
+    for load in (0.0, 20.0):
+        machine["load"] = load
+        assert threads.choose_threads().threads == 8
+    # the work caps them: one thread per WORK_PER_THREAD elements, and small work runs on one
+    assert threads.choose_threads(work=3 * threads.WORK_PER_THREAD).threads == 3
+    assert threads.choose_threads(work=threads.WORK_PER_THREAD).threads == 1
+
+
+def test_spinning_threads_take_the_cores_other_processes_leave(machine, monkeypatch):
+    monkeypatch.setattr(threads, "WAITING_THREADS_SLEEP", False)
+    for load, expected in ((0.0, 8), (2.6, 5), (7.6, 1), (30.0, 1)):
+        machine["load"] = load
+        assert threads.choose_threads().threads == expected, load
+    machine["load"] = 2.0
+    assert threads.choose_threads(work=2 * threads.WORK_PER_THREAD).threads == 2
+
+
+def test_cgroup_quota(tmp_path):
+    assert threads.cgroup_cpu_limit(tmp_path) is None                           # no cgroup files
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert threads.cgroup_cpu_limit(tmp_path) is None
+    (tmp_path / "cpu.max").write_text("150000 100000\n")
+    assert threads.cgroup_cpu_limit(tmp_path) == 2
+    (tmp_path / "cpu.max").unlink()
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("400000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert threads.cgroup_cpu_limit(tmp_path) == 4
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert threads.cgroup_cpu_limit(tmp_path) is None
+
+
+def test_the_machine_is_read():
+    assert 1 <= threads.allowed_cores() <= (os.cpu_count() or 1)
+    assert threads.machine_load() >= 0
+
+
+@pytest.mark.parametrize("torch_first", [False, True])
+def test_idle_threads_sleep_when_minidape_loads_torch(torch_first):
+    code = ("import torch; " if torch_first else "") + (
+        "import os, minidape; print(os.environ.get('OMP_WAIT_POLICY'), minidape.threads.WAITING_THREADS_SLEEP)")
+    env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
+    assert out.stdout.split() == (["None", "False"] if torch_first else ["PASSIVE", "True"])
+
+
+def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monkeypatch):
+    monkeypatch.setenv("MINIDAPE_THREADS", "x")
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["eval", "missing.pt"])
+    assert stopped.value.code == 2
+    assert capsys.readouterr().err.strip() == ("python -m minidape: error: MINIDAPE_THREADS must be a positive "
+                                               "integer (CPU threads); got 'x'")
+    monkeypatch.setenv("MINIDAPE_THREADS", "2")
+    previous = torch.get_num_threads()
+    try:
+        with pytest.raises(SystemExit):
+            cli.main(["eval", "missing.pt", "--threads", "1"])
+        assert "minidape: 1 CPU thread (--threads)" in capsys.readouterr().err.splitlines()
+        assert torch.get_num_threads() == 1
+        with pytest.raises(SystemExit):
+            cli.main(["eval", "missing.pt"])
+        assert "minidape: 2 CPU threads (MINIDAPE_THREADS=2)" in capsys.readouterr().err.splitlines()
+        assert torch.get_num_threads() == 2
+        monkeypatch.delenv("MINIDAPE_THREADS")
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")       # torch's own setting: honoured, not repeated
+        with pytest.raises(SystemExit):
+            cli.main(["eval", "missing.pt"])
+        assert "CPU thread" not in capsys.readouterr().err and torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_the_graders_workers_get_one_thread_each_unless_told(monkeypatch):
+    monkeypatch.delenv("MINIDAPE_THREADS", raising=False)
+    env = grade.worker_env()
+    assert env["MINIDAPE_THREADS"] == env["OMP_NUM_THREADS"] == "1" and env["OMP_WAIT_POLICY"] == "PASSIVE"
+    monkeypatch.setenv("MINIDAPE_THREADS", "3")
+    assert grade.worker_env()["MINIDAPE_THREADS"] == grade.worker_env()["OMP_NUM_THREADS"] == "3"
+
+
+def test_notebooks_take_the_choice(machine, monkeypatch):
+    previous = torch.get_num_threads()
+    try:
+        monkeypatch.setattr(threads, "WAITING_THREADS_SLEEP", True)
+        assert notebook.start().threads == torch.get_num_threads() == 1            # tiny models: one thread
+        assert notebook.start(one_thread=False).threads == torch.get_num_threads() == 8
+        monkeypatch.setenv("MINIDAPE_THREADS", "2")
+        assert notebook.start().threads == torch.get_num_threads() == 2            # the user's setting wins
+    finally:
+        torch.set_num_threads(previous)
+
+
+def test_thread_benchmark_times_every_variant():
+    previous = torch.get_num_threads()
+    try:
+        result = bench.threads_child(dict(variants={"default": None, "1": 1, "all": 2}, warmup=0, repeats=1,
+                                          seconds=0))
+    finally:
+        torch.set_num_threads(previous)
+    assert set(result) == {"default", "1", "all"}
+    assert result["1"]["threads"] == 1 and result["all"]["threads"] == 2 and result["default"]["threads"] >= 1
+    assert all(r["seconds"] > 0 for r in result.values())
+
+
+def test_background_load_stops_by_itself_and_when_left():
+    with bench.BackgroundLoad(per_core=1, seconds=60) as load:
+        assert load.processes and all(p.poll() is None for p in load.processes)
+    assert all(p.poll() is not None for p in load.processes)                     # stopped on leaving
+    with bench.BackgroundLoad(per_core=1, seconds=0.2) as load:
+        deadline = time.monotonic() + 30
+        while any(p.poll() is None for p in load.processes) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert all(p.returncode == 0 for p in load.processes)                    # ended on their own
