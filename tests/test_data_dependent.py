@@ -371,10 +371,13 @@ def test_the_cli_takes_a_per_layer_spec_and_a_temperature_and_names_a_bad_one(ca
 
 def test_compare_takes_the_new_study_models_by_label():
     from minidape import study
-    from minidape.study.comparison import _model_spec, resolve_pe
+    from minidape.study.comparison import parse_model, resolve_pe
     for label in ("FoX", "DAPE-FoX", "CoPE", "RoPE/NoPE hybrid"):
-        overrides = _model_spec(label, "baseline")
-        assert overrides == study.MODELS[label] and md.check_causal(tiny(**overrides), length=24)
+        name, overrides = parse_model(label)
+        assert name == label and overrides == study.MODELS[label] and md.check_causal(tiny(**overrides), length=24)
     assert resolve_pe("rope,none") == ("rope,none", None)
-    with pytest.raises(ValueError, match="unknown baseline 'Fox'.*or a study model: .*DAPE-FoX"):
-        _model_spec("Fox", "baseline")
+    assert parse_model("rope,none+dape") == ("rope,none+dape", {"pe": "rope,none", "refiner": "dape"})
+    with pytest.raises(ValueError, match="unknown pe 'Fox'.*several of them joined by commas"):
+        parse_model("Fox")
+    with pytest.raises(ValueError, match="unknown pe"):
+        parse_model("DAPE1x3-Kerple without tril")           # the leaky model is C4's, never a baseline
