@@ -33,6 +33,7 @@ import io
 import json
 import os
 import re
+import shutil
 import sys
 import tempfile
 import threading
@@ -304,16 +305,24 @@ class Grader:
     hide: list[str]
     env: dict[str, str]
     timeout: float
+    censored: dict[str, Path] = field(default_factory=dict)   # notebook number -> its censored package copy
+    cgroups: str | None = None                                  # "v1", "v2" or None (per-process limits only)
+    writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
-    def start(self, slot: int) -> sandbox.Worker:
+    def start(self, slot: int, censored: Path | None = None, box=None) -> sandbox.Worker:
+        """A worker (with a cgroup of its own for its submission where there are cgroups, ``worker.box``)."""
+        owns_box = box is None and self.cgroups is not None
+        if owns_box:
+            box = sandbox.Box(self.cgroups, f"{os.getpid()}-{slot}-{time.monotonic_ns()}")
         # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
-        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT)
+        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT,
+                              censored=censored, box=box, writable=self.writable, owns_box=owns_box)
 
-    def grade(self, submission: Submission, worker: sandbox.Worker) -> Submission:
+    def grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0) -> Submission:
         """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes), judge."""
-        start = time.monotonic()
+        start, judged = time.monotonic(), []
         try:
-            self._grade(submission, worker)
+            self._grade(submission, worker, judged_slot, judged)
         except Exception as error:          # a bug of the grader's own: this submission's rows say so, the rest go on
             problem = f"the grader failed on this submission ({type(error).__name__}: {error}); grade it again"
             edition = self.known.get(submission.notebook[:2])
@@ -321,12 +330,14 @@ class Grader:
             submission.rows = ([Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
                                if edition else [Row("", 0, 0, exercises.FAILED, problem)])
         finally:
-            worker.close()
+            for each in (*judged, worker):       # the first worker owns the submission's cgroup
+                each.close()
             submission.seconds = time.monotonic() - start
         return submission
 
-    def _grade(self, submission: Submission, worker: sandbox.Worker) -> None:
-        if submission.rows:                      # a student folder without notebooks
+    def _grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int, started: list) -> None:
+        """``started`` gets the judged worker, if one is started (for :meth:`grade` to close)."""
+        if submission.rows:                      # refused before it was read (see submissions())
             return
         cells, unreadable = None, ""
         try:
@@ -349,10 +360,33 @@ class Grader:
         submission.written = written_answers(edition, cells)
         predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
                                            c.get("tags", ())])
+        judged = [e.name for e in edition.roster if exercises.LIBRARY.get(e.name)]
+        if judged:                          # starts (imports torch) while the notebook runs
+            started.append(self.start(judged_slot, self.censored[edition.number], worker.box))
+        answers, channel = self._answers(worker, submission.cells, submission)
+        channels = {}
+        if started:
+            # The judged run: the cells up to the last check of an exercise that forbids part of minidape, in a
+            # worker whose minidape refuses what they forbid. Its outputs are not kept (the feedback shows the
+            # first run's); only its answers count, for those exercises.
+            last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in judged)
+            copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
+            run = Submission(submission.student, submission.path)
+            judged_answers, judged_channel = self._answers(started[0], copies, run)
+            channels = {name: (judged_answers, judged_channel, run.problem) for name in judged}
+        for exercise in edition.roster:
+            predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
+                         for at, variable in edition.predictions.get(exercise.name, {}).items()}
+            these, through, problem = channels.get(exercise.name, (answers, channel, submission.problem))
+            submission.rows.append(self._judge(exercise, these, through, problem, predicted))
+
+    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission):
+        """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``); the answers their check
+        cells recorded (None when there are none to be had) and the channel the checks reach them through."""
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
-            submission.problem = self._run(submission.cells, worker)
+            submission.problem = self._run(cells, worker)
             channel = sandbox.Channel(worker, time.monotonic() + self.timeout)    # the checks' time starts
             if worker.alive:
                 answers = channel.request("answers")
@@ -361,16 +395,11 @@ class Grader:
         except Exception:                   # an error where the protocol has none: a forged answer
             worker.close()
             submission.problem = submission.problem or "the worker broke the protocol"
-        if not isinstance(answers, dict):
-            answers = None
-        for exercise in edition.roster:
-            predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
-                         for at, variable in edition.predictions.get(exercise.name, {}).items()}
-            submission.rows.append(self._judge(exercise, answers, channel, submission.problem, predicted))
+        return (answers if isinstance(answers, dict) else None), channel
 
     def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
-        deadline, errors = time.monotonic() + self.timeout, []
+        deadline, errors, room = time.monotonic() + self.timeout, [], sandbox.MAX_NOTEBOOK_OUTPUT
         for index, cell in enumerate(cells):
             if cell["cell_type"] != "code":
                 continue
@@ -389,7 +418,7 @@ class Grader:
                 cell["outputs"] = [{"output_type": "stream", "name": "stderr",
                                     "text": f"[grader] the worker {what} while running this cell\n"}]
                 return f"the worker {what} while running a cell"
-            cell["outputs"] = _outputs(outputs)
+            cell["outputs"], room = sandbox.cap_outputs(_outputs(outputs), room)
             errors += [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"]
             if stopped:
                 return stopped
@@ -409,7 +438,6 @@ class Grader:
         if not channel.worker.alive:
             return Row(name, 0, points, exercises.FAILED,
                        "not graded: the worker ended while an earlier exercise was checked")
-        channel.forbidden = exercises.LIBRARY.get(name, ())
         missing = [variable for variable, value in predicted.values() if value is NOT_RECORDED]
         if missing:
             return Row(name, 0, points, exercises.FAILED, f"no recorded prediction: the grader reads {missing[0]} "
@@ -595,10 +623,26 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
         raise ValueError(f"--jobs must be between 1 and 127; got {jobs}")
     check_output_paths(csv_path, feedback)
     todo = submissions(paths)
-    grader = Grader(editions(), sandbox.isolation(), _hidden(paths, csv_path, feedback), worker_env(), timeout)
-    if grader.level in sandbox.WARNINGS:
-        print(f"warning: {sandbox.WARNINGS[grader.level]}", file=sys.stderr)
-    with grader.start(255) as probe:        # a worker that cannot start is this machine's problem, not a student's
+    level = sandbox.isolation()
+    grader = Grader(editions(), level, _hidden(paths, csv_path, feedback), worker_env(), timeout,
+                    cgroups=sandbox.cgroup_version(),
+                    writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"])
+    for warning in sandbox.warnings(level, grader.cgroups):
+        print(f"warning: {warning}", file=sys.stderr)
+    # Per notebook, a copy of minidape whose parts that its exercises forbid refuse (the judged runs see it).
+    for number, edition in grader.known.items():
+        forbidden = {name for e in edition.roster for name in exercises.LIBRARY.get(e.name, ())}
+        if forbidden:
+            grader.censored[number] = sandbox.censored_copy(forbidden)
+    try:
+        return _grade_all(grader, todo, csv_path, jobs, feedback)
+    finally:
+        for copy in grader.censored.values():
+            shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feedback) -> list[Submission]:
+    with grader.start(sandbox.UIDS_PER_GRADER - 1) as probe:   # a worker that cannot start is this machine's problem
         try:
             probe.wait_ready(START_TIMEOUT)
         except sandbox.WorkerGone as gone:
@@ -611,12 +655,13 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
     queue = iter(enumerate(todo))
 
     def work(slot: int) -> None:
-        # Two user ids per slot: the next worker starts (imports torch) while the current one runs.
-        ready = grader.start(2 * slot)
+        # Three user ids per slot: the next worker starts (imports torch) while the current one and its judged
+        # worker run.
+        ready = grader.start(3 * slot)
         try:
             for turn, (index, submission) in enumerate(_locked(queue, lock)):
-                worker, ready = ready, grader.start(2 * slot + (turn + 1) % 2)
-                grader.grade(submission, worker)
+                worker, ready = ready, grader.start(3 * slot + (turn + 1) % 2)
+                grader.grade(submission, worker, judged_slot=3 * slot + 2)
                 with lock:
                     done[index] = submission
                     print(f"graded {submission.student} · {submission.notebook}: {submission.points:g} / "
