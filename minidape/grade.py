@@ -34,10 +34,12 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import threading
 import time
+import unicodedata
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,12 +152,19 @@ def _same(source: str) -> str:
 
 def read_cells(path: Path) -> list[dict]:
     """A submission's cells (``cell_type``, ``source``, ``tags``), or :class:`NotANotebook` saying what is wrong."""
-    try:
-        raw = path.read_bytes()
+    try:        # never through a link (one put in its place since it was found), never a pipe or a device
+        descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise NotANotebook("the file is gone (deleted before it was graded)") from None
     except OSError as error:
         raise NotANotebook(f"the file cannot be read: {error.strerror}") from None
+    with os.fdopen(descriptor, "rb") as file:
+        status = os.fstat(file.fileno())
+        if not stat.S_ISREG(status.st_mode):
+            raise NotANotebook("refused: not a regular file")
+        if any(os.path.samestat(status, os.stat(p)) for p in TEACHER.iterdir()):
+            raise NotANotebook("refused: this is a file of the teacher's edition, not a student's work")
+        raw = file.read()
     if not raw.strip():
         raise NotANotebook("the file is empty")
     try:
@@ -266,25 +275,34 @@ class Submission:
         return sum(row.max_points for row in self.rows)
 
 
+def printable(text: str) -> str:
+    """``text`` without control and format characters (a newline in a folder name cannot forge an output line)."""
+    return "".join(ch for ch in str(text) if not unicodedata.category(ch).startswith("C"))
+
+
 def submissions(paths) -> list[Submission]:
     """The submissions named: a file is one (student: its name without .ipynb); a folder holds files (the same)
-    and one folder per student (student: the folder's name) with that student's notebooks."""
+    and one folder per student (student: the folder's name) with that student's notebooks. Student ids keep no
+    control characters. A symbolic link or anything but a regular file is never followed nor read: it gets a row
+    saying so. Of several files of one notebook (by their ``NN_`` names) in one student's folder, the one named
+    exactly like the teacher's notebook is graded, else the newest; the others get a row saying which was."""
     found = []
     for path in map(Path, paths):
-        if path.is_file() and path.suffix == ".ipynb":
-            found.append(Submission(path.stem, path))
+        if path.is_symlink() or (path.exists() and not (path.is_file() or path.is_dir())):
+            found.append(_refused(printable(path.stem), path))
+        elif path.is_file() and path.suffix == ".ipynb":
+            found.append(Submission(printable(path.stem), path))
         elif path.is_dir():
             for entry in sorted(path.iterdir()):
                 if entry.name.startswith("."):
                     continue
-                if entry.is_file() and entry.suffix == ".ipynb":
-                    found.append(Submission(entry.stem, entry))
+                student = printable(entry.stem if entry.suffix == ".ipynb" else entry.name)
+                if entry.is_symlink() or not (entry.is_file() or entry.is_dir()):
+                    found.append(_refused(student, entry))
+                elif entry.is_file() and entry.suffix == ".ipynb":
+                    found.append(Submission(student, entry))
                 elif entry.is_dir():
-                    notebooks = sorted(p for p in entry.rglob("*.ipynb") if not any(
-                        part.startswith(".") for part in p.relative_to(entry).parts))
-                    found += [Submission(entry.name, p) for p in notebooks] or [
-                        Submission(entry.name, entry, entry.name,
-                                   [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {entry}")])]
+                    found += _folder(student, entry)
         elif path.exists():
             raise ValueError(f"{path} is not a notebook (.ipynb) or a folder of notebooks")
         else:
@@ -292,6 +310,42 @@ def submissions(paths) -> list[Submission]:
     if not found:
         raise ValueError(f"no notebooks (.ipynb) in {', '.join(map(str, paths))}")
     return found
+
+
+def _refused(student: str, path: Path) -> Submission:
+    what = "a symbolic link" if path.is_symlink() else "not a regular file"
+    message = f"refused: {printable(path.name)} is {what}; hand in the notebook file itself"
+    return Submission(student, path, printable(path.name), [Row("", 0, 0, exercises.FAILED, message)], message)
+
+
+def _folder(student: str, folder: Path) -> list[Submission]:
+    """One student's notebooks, found without following links, one per notebook (see :func:`submissions`)."""
+    files, refused = [], []
+    for top, folders, names in os.walk(folder):          # never enters a linked folder
+        folders[:] = sorted(f for f in folders if not f.startswith("."))
+        for name in sorted(names):
+            entry = Path(top) / name
+            if name.startswith(".") or not name.endswith(".ipynb"):
+                continue
+            (refused if entry.is_symlink() or not entry.is_file() else files).append(entry)
+    by_notebook: dict[str, list[Path]] = {}
+    for entry in files:
+        match = re.match(r"(\d\d)_", entry.name)
+        by_notebook.setdefault(match.group(1) if match else str(entry), []).append(entry)
+    found = [_refused(student, entry) for entry in refused]
+    for number, entries in by_notebook.items():
+        canonical = [e for e in entries if e.stem in {p.stem for p in TEACHER.glob(f"{number}_*.py")}]
+        chosen = (canonical or sorted(entries, key=lambda e: (e.stat().st_mtime, str(e))))[-1]
+        found.append(Submission(student, chosen))
+        for other in entries:
+            if other != chosen:
+                message = (f"not graded: {len(entries)} files of notebook {number} from this student; graded "
+                           f"{printable(chosen.relative_to(folder))} (the one named like the teacher's notebook, else "
+                           f"the newest)")
+                found.append(Submission(student, other, printable(other.name),
+                                        [Row("", 0, 0, exercises.FAILED, message)], message))
+    return found or [Submission(student, folder, printable(folder.name),
+                                [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {printable(folder)}")])]
 
 
 # ------------------------------------------------------------------------------------------- grading
@@ -305,7 +359,7 @@ class Grader:
     hide: list[str]
     env: dict[str, str]
     timeout: float
-    censored: dict[str, Path] = field(default_factory=dict)   # notebook number -> its censored package copy
+    censored: dict[frozenset, Path] = field(default_factory=dict)   # forbidden names -> censored package copy
     cgroups: str | None = None                                  # "v1", "v2" or None (per-process limits only)
     writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
@@ -319,6 +373,7 @@ class Grader:
                               censored=censored, box=box, writable=self.writable, owns_box=owns_box)
 
     def grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0) -> Submission:
+        """``judged_slot``: the first of the user id slots its judged workers take (one per forbidden set)."""
         """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes), judge."""
         start, judged = time.monotonic(), []
         try:
@@ -335,8 +390,10 @@ class Grader:
             submission.seconds = time.monotonic() - start
         return submission
 
-    def _grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int, started: list) -> None:
-        """``started`` gets the judged worker, if one is started (for :meth:`grade` to close)."""
+    def _grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0,
+               started: list | None = None) -> None:
+        """``started`` gets the judged workers it starts (for :meth:`grade` to close)."""
+        started = [] if started is None else started
         if submission.rows:                      # refused before it was read (see submissions())
             return
         cells, unreadable = None, ""
@@ -352,6 +409,9 @@ class Grader:
             submission.rows = [Row("", 0, 0, exercises.FAILED, submission.problem)]
             return
         submission.notebook = edition.stem
+        solutions = {_same(c["source"]) for c in edition.cells if "solution" in c["tags"]}
+        if cells and any("solution" in c["tags"] and _same(c["source"]) in solutions for c in cells):
+            unreadable = "refused: this is the teacher's edition (its worked solutions, tagged solution), not a student's work"
         if unreadable:
             submission.problem = unreadable
             submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
@@ -360,20 +420,25 @@ class Grader:
         submission.written = written_answers(edition, cells)
         predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
                                            c.get("tags", ())])
-        judged = [e.name for e in edition.roster if exercises.LIBRARY.get(e.name)]
-        if judged:                          # starts (imports torch) while the notebook runs
-            started.append(self.start(judged_slot, self.censored[edition.number], worker.box))
+        # One judged worker per set of forbidden names among the exercises (in order), each seeing a minidape in
+        # which that set refuses; they start (import torch) while the notebook runs.
+        groups: dict[frozenset, list[str]] = {}
+        for exercise in edition.roster:
+            if exercises.LIBRARY.get(exercise.name):
+                groups.setdefault(frozenset(exercises.LIBRARY[exercise.name]), []).append(exercise.name)
+        for number, forbidden in enumerate(groups):
+            started.append(self.start(judged_slot + number, self.censored[forbidden], worker.box))
         answers, channel = self._answers(worker, submission.cells, submission)
-        channels = {}
-        if started:
-            # The judged run: the cells up to the last check of an exercise that forbids part of minidape, in a
-            # worker whose minidape refuses what they forbid. Its outputs are not kept (the feedback shows the
-            # first run's); only its answers count, for those exercises.
-            last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in judged)
+        channels: dict[str, tuple] = {}
+        for judged, names in zip(started, groups.values()):
+            # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
+            # what they forbid. Its outputs are not kept (the feedback shows the first run's); only its answers
+            # count, for these exercises.
+            last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in names)
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
             run = Submission(submission.student, submission.path)
-            judged_answers, judged_channel = self._answers(started[0], copies, run)
-            channels = {name: (judged_answers, judged_channel, run.problem) for name in judged}
+            judged_answers, judged_channel = self._answers(judged, copies, run)
+            channels.update({name: (judged_answers, judged_channel, run.problem) for name in names})
         for exercise in edition.roster:
             predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
                          for at, variable in edition.predictions.get(exercise.name, {}).items()}
@@ -485,7 +550,8 @@ def _outputs(outputs) -> list[dict]:
 
 
 def table(graded: list[Submission]) -> str:
-    rows = [(s.student, s.notebook, f"{s.points:g} / {s.max_points:g}", s.problem or "-") for s in graded]
+    rows = [(printable(s.student), printable(s.notebook), f"{s.points:g} / {s.max_points:g}",
+             printable(s.problem) or "-") for s in graded]
     header = ("student", "notebook", "points", "problem")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + f"  {r[3]}" for r in [header, *rows]]
@@ -629,11 +695,9 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
                     writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"])
     for warning in sandbox.warnings(level, grader.cgroups):
         print(f"warning: {warning}", file=sys.stderr)
-    # Per notebook, a copy of minidape whose parts that its exercises forbid refuse (the judged runs see it).
-    for number, edition in grader.known.items():
-        forbidden = {name for e in edition.roster for name in exercises.LIBRARY.get(e.name, ())}
-        if forbidden:
-            grader.censored[number] = sandbox.censored_copy(forbidden)
+    # Per set of names an exercise forbids, a copy of minidape in which they refuse (the judged runs see it).
+    for forbidden in {frozenset(names) for names in exercises.LIBRARY.values() if names}:
+        grader.censored[forbidden] = sandbox.censored_copy(forbidden)
     try:
         return _grade_all(grader, todo, csv_path, jobs, feedback)
     finally:
@@ -655,16 +719,17 @@ def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feed
     queue = iter(enumerate(todo))
 
     def work(slot: int) -> None:
-        # Three user ids per slot: the next worker starts (imports torch) while the current one and its judged
-        # worker run.
-        ready = grader.start(3 * slot)
+        # Eight user ids per slot: the next worker starts (imports torch) while the current one and its judged
+        # workers (at most 3 per notebook) run.
+        ready = grader.start(8 * slot)
         try:
             for turn, (index, submission) in enumerate(_locked(queue, lock)):
-                worker, ready = ready, grader.start(3 * slot + (turn + 1) % 2)
-                grader.grade(submission, worker, judged_slot=3 * slot + 2)
+                worker, ready = ready, grader.start(8 * slot + (turn + 1) % 2)
+                grader.grade(submission, worker, judged_slot=8 * slot + 2)
                 with lock:
                     done[index] = submission
-                    print(f"graded {submission.student} · {submission.notebook}: {submission.points:g} / "
+                    print(f"graded {printable(submission.student)} · {printable(submission.notebook)}: "
+                          f"{submission.points:g} / "
                           f"{submission.max_points:g} ({submission.seconds:.1f} s)", flush=True)
                     if csv_path is not None:
                         write_csv([done[i] for i in sorted(done)], csv_path)

@@ -5,6 +5,7 @@ The hostile class (one `grade` run over many hostile submissions) is in test_gra
 """
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,6 +16,7 @@ import pytest
 import torch
 
 from minidape import exercises, grade, sandbox
+from minidape.sandbox import confine
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,8 +47,10 @@ def test_the_roster_of_every_notebook_is_the_registry_and_its_check_cells():
 
 def test_library_names_exist_and_belong_to_exercises():
     assert set(exercises.LIBRARY) == set(exercises.EXERCISES)
-    for names in exercises.LIBRARY.values():
-        assert all(sandbox._code_objects([name]) for name in names), names
+    copy = sandbox.censored_copy({name for names in exercises.LIBRARY.values() for name in names})
+    shutil.rmtree(copy.parent)
+    with pytest.raises(LookupError, match="minidape.kernels.no_such_thing"):
+        sandbox.censored_copy({"minidape.kernels.pd_shift", "minidape.kernels.no_such_thing"})
 
 
 def student_cells(edition, answers=None, drop=()):
@@ -178,20 +182,31 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
         """), timeout=60)
     channel = sandbox.Channel(worker, time.monotonic() + 120)
     answers = channel.request("answers")
-    channel.forbidden = exercises.LIBRARY["dape_refiner"]
     assert exercises.verdict("dape_refiner", *answers["right"][0])[::2] == ("passed", 3)
     status, message, points = exercises.verdict("dape_refiner", *answers["wrong"][0])
     assert (status, points) == ("failed", 0) and "the residual + B is missing" in message
 
 
-def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
-    worker.request("run", 0, "import minidape as md\nmine = md.kernels.log_kernel()\n"
-                             "from minidape import exercises\nexercises.framework.answers = {'k': ((mine,), {})}", timeout=60)
-    channel = sandbox.Channel(worker, time.monotonic() + 60)
-    kernel = channel.request("answers")["k"][0][0]
-    channel.forbidden = exercises.LIBRARY["my_kernel"]
-    with pytest.raises(sandbox.LibraryUsed, match="md.kernels.log_kernel"):
-        kernel(torch.zeros(2), torch.ones(2))
+def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(tmp_path):
+    copy = sandbox.censored_copy(set(exercises.LIBRARY["my_kernel"]) | set(exercises.LIBRARY["my_bias"]))
+    try:
+        with sandbox.Worker(sandbox.isolation(), 201, [], grade.worker_env(), censored=copy) as judged:
+            judged.wait_ready(grade.START_TIMEOUT)
+            [output] = judged.request("run", 0, textwrap.dedent("""
+                import inspect, minidape as md
+                refused = []
+                for make in (md.kernels.log_kernel, lambda: md.model.ALiBiBias(md.GPTConfig(pe="alibi")),
+                             lambda: type("Mine", (md.model.FIREBias,), {})(md.GPTConfig(pe="fire"))):
+                    try:
+                        make()
+                    except RuntimeError as error:
+                        refused.append(str(error).split()[0])
+                print(refused, "def gram" in inspect.getsource(md.kernels), "torch.log1p" in inspect.getsource(md.kernels))
+                """), timeout=60)
+    finally:
+        shutil.rmtree(copy.parent)
+    # refused: the factory, a class, a subclass of one; kept: what no exercise of theirs forbids; gone: the source
+    assert output["text"] == "['md.kernels.log_kernel', 'md.model.ALiBiBias', 'md.model.FIREBias'] True False\n"
 
 
 def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
@@ -326,10 +341,10 @@ def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monk
 
 
 def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(confine.shutil, "which", lambda name: None)
+    monkeypatch.setattr(confine.os, "geteuid", lambda: 0)
     assert sandbox.isolation() == "uid" and "user id of its own" in sandbox.WARNINGS["uid"]
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(confine.os, "geteuid", lambda: 1000)
     assert sandbox.isolation() == "none"
 
 

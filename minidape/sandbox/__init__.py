@@ -13,8 +13,8 @@ The library ban: the implement and derive answers of a notebook whose exercises 
 and sees a *censored* package (``censor``): those functions and every method of those classes refuse. Nothing of
 the real implementation is in that process to reach, whatever the answer does.
 
-Isolation (``isolation``: :func:`isolation` says which level this machine gets; ``limits``: what a submission
-may use). Each worker starts as :func:`isolation.boot`, which confines itself before it imports anything of
+Isolation (``confine``: :func:`isolation` says which level this machine gets; ``limits``: what a submission
+may use). Each worker starts as :func:`confine.boot`, which confines itself before it imports anything of
 minidape, then replaces itself with the worker proper:
 
 * ``root``: the grader runs as root. The worker is PID 1 of new PID, mount, network and IPC namespaces (util-linux
@@ -36,7 +36,7 @@ their memory, CPU share and processes (:data:`limits.LIMITS`); elsewhere per-pro
 """
 from .censor import censored_copy
 from .host import Worker, needed_trees
-from .isolation import UID_BASE, UIDS_PER_GRADER, WARNINGS, isolation, kill_user, processes_of, world_writable
+from .confine import UID_BASE, UIDS_PER_GRADER, WARNINGS, isolation, kill_user, processes_of, world_writable
 from .limits import LIMITS, MAX_CELL_OUTPUT, MAX_NOTEBOOK_OUTPUT, Box, cap_outputs, cgroup_version, warnings
 from .protocol import (MAX_ELEMENTS, MAX_MESSAGE, Channel, Description, Remote, TimeLimit, decode, from_bytes,
                        request_bytes, to_bytes)

@@ -14,8 +14,8 @@ import time
 from pathlib import Path
 
 from ..exercises import NotDone, StudentError, WorkerGone
-from . import isolation
-from .isolation import UID_BASE, UIDS_PER_GRADER, kill_user
+from . import confine
+from .confine import UID_BASE, UIDS_PER_GRADER, kill_user
 from .limits import FALLBACK_PROCESSES, LIMITS, Box
 from .protocol import TimeLimit, from_bytes, receive, request_bytes, send
 
@@ -43,7 +43,7 @@ class Worker:
         self.uid = UID_BASE + (os.getpid() % 1_000_000) * UIDS_PER_GRADER + slot
         requests_r, self._requests = os.pipe()
         self._answers, answers_w = os.pipe()
-        command = [sys.executable, "-I", isolation.__file__, str(requests_r), str(answers_w)]
+        command = [sys.executable, "-I", confine.__file__, str(requests_r), str(answers_w)]
         self.scratch = None
         if level in ("uid", "none"):        # no tmpfs of its own: a folder only its user may enter
             self.scratch = tempfile.mkdtemp(prefix="minidape-worker-")

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from .isolation import WARNINGS
+from .confine import WARNINGS
 
 # Per submission (the cgroup) and per process (rlimits). Memory per process is address space (torch alone reserves
 # about 0.7 GB of it); processes count threads too. "files" bounds the files of the scratch file system.

@@ -1,5 +1,5 @@
 """The worker's side: runs one notebook's cells in one namespace, as a kernel would, and serves the grader's
-requests about the answers it recorded (see :mod:`minidape.sandbox`). Started by :func:`isolation.boot`, already
+requests about the answers it recorded (see :mod:`minidape.sandbox`). Started by :func:`confine.boot`, already
 isolated: everything it imports comes from what the sandbox lets it see (the censored package in a judged run)."""
 from __future__ import annotations
 
@@ -180,7 +180,7 @@ def _gradients(module, inputs):
 
 
 def main() -> None:
-    """The worker proper, started by :func:`isolation.boot` once isolated (a third argument: why it could not be)."""
+    """The worker proper, started by :func:`confine.boot` once isolated (a third argument: why it could not be)."""
     requests, answers = int(sys.argv[1]), int(sys.argv[2])
     try:
         if len(sys.argv) > 3:
