@@ -365,16 +365,21 @@ class Grader:
 
     def start(self, slot: int, censored: Path | None = None, box=None) -> sandbox.Worker:
         """A worker (with a cgroup of its own for its submission where there are cgroups, ``worker.box``)."""
-        owns_box = box is None and self.cgroups is not None
-        if owns_box:
+        if box is None and self.cgroups is not None:
             box = sandbox.Box(self.cgroups, f"{os.getpid()}-{slot}-{time.monotonic_ns()}")
         # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
         return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT,
-                              censored=censored, box=box, writable=self.writable, owns_box=owns_box)
+                              censored=censored, box=box, writable=self.writable)
+
+    def stop(self, worker: sandbox.Worker) -> None:
+        """End a worker started by :meth:`start` and remove its submission's cgroup (with any worker left in it)."""
+        worker.close()
+        if worker.box is not None:
+            worker.box.close()
 
     def grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0) -> Submission:
-        """``judged_slot``: the first of the user id slots its judged workers take (one per forbidden set)."""
-        """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes), judge."""
+        """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes with its cgroup), judge;
+        ``judged_slot``: the first of the user id slots its judged workers take (one per forbidden set)."""
         start, judged = time.monotonic(), []
         try:
             self._grade(submission, worker, judged_slot, judged)
@@ -385,8 +390,9 @@ class Grader:
             submission.rows = ([Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
                                if edition else [Row("", 0, 0, exercises.FAILED, problem)])
         finally:
-            for each in (*judged, worker):       # the first worker owns the submission's cgroup
+            for each in judged:
                 each.close()
+            self.stop(worker)
             submission.seconds = time.monotonic() - start
         return submission
 
@@ -420,30 +426,32 @@ class Grader:
         submission.written = written_answers(edition, cells)
         predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
                                            c.get("tags", ())])
-        # One judged worker per set of forbidden names among the exercises (in order), each seeing a minidape in
-        # which that set refuses; they start (import torch) while the notebook runs.
+        # The exercises that forbid parts of minidape are judged in judged runs, one per set of forbidden names (in
+        # the roster's order); the others on this run, which is closed before the judged runs start.
         groups: dict[frozenset, list[str]] = {}
         for exercise in edition.roster:
             if exercises.LIBRARY.get(exercise.name):
                 groups.setdefault(frozenset(exercises.LIBRARY[exercise.name]), []).append(exercise.name)
-        for number, forbidden in enumerate(groups):
-            started.append(self.start(judged_slot + number, self.censored[forbidden], worker.box))
         answers, channel = self._answers(worker, submission.cells, submission)
-        channels: dict[str, tuple] = {}
-        for judged, names in zip(started, groups.values()):
+        def predicted(exercise) -> dict:
+            return {at: (variable, predictions.get(variable, NOT_RECORDED))
+                    for at, variable in edition.predictions.get(exercise.name, {}).items()}
+        rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e))
+                for e in edition.roster if e.name not in {n for names in groups.values() for n in names}}
+        worker.close()
+        for number, (forbidden, names) in enumerate(groups.items()):
             # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
             # what they forbid. Its outputs are not kept (the feedback shows the first run's); only its answers
             # count, for these exercises.
+            started.append(self.start(judged_slot + number, self.censored[forbidden], worker.box))
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in names)
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
             run = Submission(submission.student, submission.path)
-            judged_answers, judged_channel = self._answers(judged, copies, run)
-            channels.update({name: (judged_answers, judged_channel, run.problem) for name in names})
-        for exercise in edition.roster:
-            predicted = {at: (variable, predictions.get(variable, NOT_RECORDED))
-                         for at, variable in edition.predictions.get(exercise.name, {}).items()}
-            these, through, problem = channels.get(exercise.name, (answers, channel, submission.problem))
-            submission.rows.append(self._judge(exercise, these, through, problem, predicted))
+            judged_answers, judged_channel = self._answers(started[-1], copies, run)
+            rows.update({e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e))
+                         for e in edition.roster if e.name in names})
+            started[-1].close()
+        submission.rows = [rows[e.name] for e in edition.roster]
 
     def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission):
         """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``); the answers their check
@@ -706,12 +714,14 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
 
 
 def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feedback) -> list[Submission]:
-    with grader.start(sandbox.UIDS_PER_GRADER - 1) as probe:   # a worker that cannot start is this machine's problem
-        try:
-            probe.wait_ready(START_TIMEOUT)
-        except sandbox.WorkerGone as gone:
-            raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
-                          f"user, who must be able to read Python and minidape") from None
+    probe = grader.start(sandbox.UIDS_PER_GRADER - 1)     # a worker that cannot start is this machine's problem
+    try:
+        probe.wait_ready(START_TIMEOUT)
+    except sandbox.WorkerGone as gone:
+        raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
+                      f"user, who must be able to read Python and minidape") from None
+    finally:
+        grader.stop(probe)
     if feedback is not None:
         Path(feedback).mkdir(mode=0o700, parents=True, exist_ok=True)
     done: dict[int, Submission] = {}
@@ -737,7 +747,7 @@ def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feed
                     if feedback is not None:
                         write_feedback(submission, Path(feedback))
         finally:
-            ready.close()
+            grader.stop(ready)
 
     # The workers run the students' modules on the CPU and hand back CPU tensors: so do the checks here
     # (exercises.framework.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers).

@@ -252,9 +252,19 @@ def student_edition(source, folder):
 
 def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edition_none(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
-    student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
+    full, _ = student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
+    # The worked solutions handed in as a student's answers (their `solution` tags gone): the teacher's edition
+    # itself is refused (it is below, graded last).
+    solved = json.loads(full.read_text())
+    for cell in solved["cells"]:
+        cell["metadata"]["tags"] = [t for t in cell["metadata"].get("tags", []) if t != "solution"]
+    (tmp_path / "solved").mkdir()
+    (tmp_path / "solved" / full.name).write_text(json.dumps(solved))
     out = tmp_path / "grades.csv"
-    graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)
+    graded = grade.grade([tmp_path / "solved", tmp_path / "student", tmp_path / "teacher"], csv_path=out,
+                         timeout=300, jobs=2)
+    assert graded[2].problem.startswith("refused: this is the teacher's edition") and graded[2].points == 0
+    graded = graded[:2]
     names = list(EDITIONS["02"].checks)
     with open(out) as file:
         verdicts = (exercises.PASSED, exercises.PARTLY, exercises.FAILED, exercises.NOT_DONE)
@@ -262,14 +272,14 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
                  next(v for v in verdicts if r["message"].startswith(v))) for r in csv.DictReader(file)]
     points = {e.name: f"{e.points:g}" for e in EDITIONS["02"].roster}
     # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
-    assert rows == [("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names] + [
+    assert rows[:2 * len(names)] == [("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names] + [
         ("02_kerple_cpd_kernels", name, "0", "0", "not done yet") for name in names]
     assert [g.problem for g in graded] == ["", ""]
     # the written answers, for the teacher: here both editions hold the question's cell as it is handed out
     with open(grade.written_path(out)) as file:
         written = list(csv.DictReader(file))
     (question,) = [c["source"].strip() for c in EDITIONS["02"].cells if "rubric:shift_growth" in c["tags"]]
-    assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [("shift_growth", question, "")] * 2
+    assert [(w["rubric"], w["answer"], w["problem"]) for w in written][:2] == [("shift_growth", question, "")] * 2
 
 
 def test_predictions_are_the_literals_of_the_prediction_cells():

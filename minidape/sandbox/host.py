@@ -34,12 +34,11 @@ PACKAGE = Path(__file__).resolve().parents[1]
 class Worker:
     """One sandboxed worker process (see the package doc); a context manager. ``censored``: the package copy
     (:func:`censor.censored_copy`) it sees instead of minidape; ``box``: the submission's cgroup, which it joins
-    (``owns_box``: and removes when it closes); ``writable``: the world-writable folders it gets private ones of."""
+    (whoever made it removes it); ``writable``: the world-writable folders it gets private ones of."""
 
     def __init__(self, level: str, slot: int, hide: list[str], env: dict[str, str], cpu_seconds: int = 3600,
-                 censored: Path | None = None, box: Box | None = None, writable: list[str] = ("/tmp",),
-                 owns_box: bool = False):
-        self.level, self.box, self.owns_box = level, box, owns_box
+                 censored: Path | None = None, box: Box | None = None, writable: list[str] = ("/tmp",)):
+        self.level, self.box = level, box
         self.uid = UID_BASE + (os.getpid() % 1_000_000) * UIDS_PER_GRADER + slot
         requests_r, self._requests = os.pipe()
         self._answers, answers_w = os.pipe()
@@ -167,8 +166,6 @@ class Worker:
         self.process.wait()
         if self.level in ("root", "uid"):
             kill_user(self.uid)
-        if self.owns_box:
-            self.box.close()
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
 
