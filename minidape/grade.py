@@ -673,7 +673,7 @@ def _hidden(paths, csv_path, feedback) -> list[str]:
                   *([Path(csv_path).resolve().parent] if csv_path else [])]
     # A folder that holds the package or the interpreter cannot be hidden; its submissions still are, file by file.
     hidden = [p for p in candidates if not any(n == p or p in n.parents for n in needed)]
-    files = [s.path.resolve() for s in submissions(paths) if s.path.is_file()]
+    files = [s.path.resolve() for s in submissions(paths) if not s.rows and s.path.is_file()]
     return [str(p) for p in hidden] + [str(f) for f in files if not any(h in f.parents for h in hidden)]
 
 
