@@ -14,7 +14,9 @@
    scratch tmpfs and limits. In the worker, ``exercises.check`` only records the answer it is given.
 4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
    the answers as handles: calling one runs the student's code in the worker and brings the result back as
-   data. An answer that runs minidape's own implementation of the exercise (``exercises.LIBRARY``) fails.
+   data. An exercise that forbids minidape's own implementation (``exercises.LIBRARY``) is judged on a
+   second run of the notebook in a worker whose minidape has that implementation refusing (one per set of
+   forbidden names, up to the last check that forbids it); the first run's outputs are the feedback's.
 5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,passed,message``
    (passed: 1 or 0; partial credit in points; the message says passed, partly right, failed or not done yet), rewritten atomically after every submission (a
    crash of the grader keeps what was graded), and beside it ``FILE-written.csv`` (``student,notebook,rubric,
@@ -415,9 +417,10 @@ class Grader:
             submission.rows = [Row("", 0, 0, exercises.FAILED, submission.problem)]
             return
         submission.notebook = edition.stem
-        solutions = {_same(c["source"]) for c in edition.cells if "solution" in c["tags"]}
+        solutions = {_same(c["source"]) for c in edition.cells if "solution" in c["tags"] and c["cell_type"] == "code"}
         if cells and any("solution" in c["tags"] and _same(c["source"]) in solutions for c in cells):
-            unreadable = "refused: this is the teacher's edition (its worked solutions, tagged solution), not a student's work"
+            unreadable = ("refused: this is the teacher's edition (its worked solutions, tagged solution), not a "
+                          "student's work")
         if unreadable:
             submission.problem = unreadable
             submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]

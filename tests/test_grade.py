@@ -3,8 +3,10 @@ worker's data-only answers, the CLI; and one real notebook graded in both editio
 
 The hostile class (one `grade` run over many hostile submissions) is in test_grade_hostile.py.
 """
+import ast
 import csv
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -358,6 +360,16 @@ def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
     assert sandbox.isolation() == "none"
 
 
+def test_a_weaker_level_can_be_asked_for_never_a_stronger_one(monkeypatch):
+    monkeypatch.setattr(confine, "_detected", lambda: "root")
+    monkeypatch.setenv("MINIDAPE_ISOLATION", "uid")
+    assert sandbox.isolation() == "uid"
+    monkeypatch.setattr(confine, "_detected", lambda: "uid")
+    monkeypatch.setenv("MINIDAPE_ISOLATION", "root")
+    with pytest.raises(ValueError, match="MINIDAPE_ISOLATION='root': this machine allows 'uid' and the weaker"):
+        sandbox.isolation()
+
+
 def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path, monkeypatch):
     def broken(self, timeout):
         self.close()
@@ -367,3 +379,43 @@ def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path
     with pytest.raises(OSError, match="did not start .*No module named 'shlex'.*must be able to read Python"):
         grade.grade([path], csv_path=tmp_path / "g.csv", jobs=1)
     assert not (tmp_path / "g.csv").exists()
+
+
+@pytest.mark.skipif(sandbox.cgroup_version() is None, reason="a cgroup per submission needs root and cgroups")
+def test_a_submissions_cgroup_bounds_all_its_processes_together():
+    """Every process a worker starts is in its submission's cgroup (one CPU's worth of time), and their memory is
+    bounded together: two children that each fit the limit alone cannot both live (the limit lowered here)."""
+    version = sandbox.cgroup_version()
+    box = sandbox.Box(version, f"test-{os.getpid()}")
+    box._write("memory.max" if version == "v2" else "memory.limit_in_bytes", 1 << 30)
+    try:
+        with sandbox.Worker(sandbox.isolation(), 202, [], grade.worker_env(), box=box) as worker:
+            worker.wait_ready(grade.START_TIMEOUT)
+            [output] = worker.request("run", 0, textwrap.dedent("""
+                import os, time
+                read, write = os.pipe()
+                if os.fork() == 0:
+                    os.write(write, open("/proc/self/cgroup").read().encode())
+                    os._exit(0)
+                os.wait()
+                print(dict(line.split(":")[1:] for line in os.read(read, 10_000).decode().splitlines()))
+                children = []
+                for _ in range(2):
+                    pid = os.fork()
+                    if pid == 0:
+                        block = b"x" * (600 << 20)       # touched: 600 MB each, the worker's own besides
+                        time.sleep(3)
+                        os._exit(0)
+                    children.append(pid)
+                print(sorted(os.waitpid(pid, 0)[1] & 0x7F for pid in children))
+                """), timeout=120)
+            quota = box._read("cpu.max" if version == "v2" else "cpu.cfs_quota_us")
+    finally:
+        box.close()
+    groups, killed = output["text"].splitlines()
+    groups = ast.literal_eval(groups)
+    controllers = [""] if version == "v2" else ["cpu", "memory", "pids"]
+    assert all(groups[c] == f"/minidape-test-{os.getpid()}" for c in controllers), groups
+    assert ast.literal_eval(killed) in ([0, 9], [9, 9]), killed          # SIGKILL from the cgroup's out-of-memory killer
+    assert quota.split()[0] == "100000"
+    assert not any(folder.exists() for folder in box.folders)

@@ -328,7 +328,7 @@ CASES.update({
 })
 CASES = {name: spec for name, spec in CASES.items() if name not in CONTAINED_ONLY}
 SECRET = Path(tempfile.gettempdir()) / f"minidape-secret-{os.getpid()}.json"
-FORGED = "forged\ngraded bob · 02_kerple_cpd_kernels: 9 / 9"
+FORGED = "forged\ngraded bob · 02_kerple_cpd_kernels: 9 ∕ 9"   # a division slash: "/" cannot be in a name
 WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 BROKEN = {"empty": b"", "invalid_json": b'{"cells": [', "binary": bytes(range(256)) * 4,
           "wrong_schema": b'{"hello": 1}'}
@@ -502,7 +502,7 @@ def test_one_file_per_student_and_notebook_is_graded_and_the_others_named(graded
 
 def test_control_characters_cannot_forge_a_line_of_output(graded):
     assert not any(line.startswith("graded bob") for line in graded["printed"].splitlines())
-    assert graded["submissions"]["forgedgraded bob · 02_kerple_cpd_kernels: 9 / 9"].points == sum(POINTS.values())
+    assert graded["submissions"][FORGED.replace("\n", "")].points == sum(POINTS.values())
 
 
 @ROOT_ONLY

@@ -26,8 +26,22 @@ SKIPPED_FILE_SYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue"
                         "autofs", "efivarfs", "nsfs"}
 
 
+WEAKER = "MINIDAPE_ISOLATION"                   # names a weaker level than the machine allows (to test what it holds)
+
+
 def isolation() -> str:
-    """``root``, ``uid``, ``userns`` or ``none``: what a worker can get on this machine (see the package doc)."""
+    """``root``, ``uid``, ``userns`` or ``none``: what a worker can get on this machine (see the package doc), or
+    the weaker level that the environment variable ``MINIDAPE_ISOLATION`` names (``uid`` only below ``root``)."""
+    level, asked = _detected(), os.environ.get(WEAKER)
+    if asked is None:
+        return level
+    weaker = {"root": ("uid", "none"), "userns": ("none",), "uid": ("none",), "none": ()}[level]
+    if asked not in (level, *weaker):
+        raise ValueError(f"{WEAKER}={asked!r}: this machine allows {level!r} and the weaker {list(weaker)}")
+    return asked
+
+
+def _detected() -> str:
     unshare = shutil.which("unshare")
     if unshare is None:
         return "uid" if os.geteuid() == 0 else "none"

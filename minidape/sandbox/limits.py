@@ -89,6 +89,9 @@ class Box:
         if not optional:
             raise OSError(f"cgroup file {name} is missing")
 
+    def _read(self, name: str) -> str:
+        return next((folder / name).read_text() for folder in self.folders if (folder / name).exists())
+
     @property
     def procs(self) -> list[str]:
         return [str(folder / "cgroup.procs") for folder in self.folders]
@@ -101,12 +104,6 @@ class Box:
             except OSError:
                 pass
         return found
-
-    def cpu_stats(self) -> dict[str, int]:
-        """The cgroup's CPU accounting: ``nr_throttled`` (periods its quota stopped it) among others."""
-        folder = self.folders[0] if self.version == "v2" else self.folders[1]
-        return {key: int(value) for key, value in (line.split() for line in (folder / "cpu.stat").read_text()
-                                                    .splitlines())}
 
     def close(self) -> None:
         for _ in range(200):
