@@ -198,6 +198,7 @@ def decode(value, session):
     if isinstance(value, tuple) and len(value) == 2 and value[0] == CONFIG and isinstance(value[1], dict):
         # Its names are checked where they were registered (the worker): here it is the student's data as is.
         from dataclasses import fields
+
         from ..model import GPTConfig
         config = object.__new__(GPTConfig)
         known = {f.name for f in fields(GPTConfig)}

@@ -16,6 +16,7 @@ import traceback
 from .limits import MAX_CELL_OUTPUT
 from .protocol import CONFIG, REMOTE, WorkerGone, receive, send, to_bytes
 
+
 class _Capture(io.TextIOBase):
     """sys.stdout / sys.stderr of a cell: kept (up to a limit) as stream outputs."""
 
@@ -114,6 +115,7 @@ class _Session:
     # -- answers as data
     def encode(self, value, depth: int = 0):
         import torch
+
         from ..model import GPTConfig
         if value is None:
             return None
@@ -198,6 +200,7 @@ def _start() -> _Session:
     warnings.filterwarnings("ignore", message=".*non-interactive.*")
     import matplotlib.pyplot  # noqa: F401  (the notebooks' imports, loaded before the clock of the first cell)
     import torch  # noqa: F401
+
     import minidape  # noqa: F401
     signal.signal(signal.SIGINT, signal.default_int_handler)
     return _Session()
