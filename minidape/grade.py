@@ -362,6 +362,7 @@ class Grader:
     env: dict[str, str]
     timeout: float
     censored: dict[frozenset, Path] = field(default_factory=dict)   # forbidden names -> censored package copy
+    lock: threading.Lock = field(default_factory=threading.Lock)
     cgroups: str | None = None                                  # "v1", "v2" or None (per-process limits only)
     writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
@@ -372,6 +373,13 @@ class Grader:
         # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
         return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT,
                               censored=censored, box=box, writable=self.writable)
+
+    def censored_copy(self, forbidden: frozenset) -> Path:
+        """The copy of minidape in which ``forbidden`` refuses, made the first time a submission needs it."""
+        with self.lock:
+            if forbidden not in self.censored:
+                self.censored[forbidden] = sandbox.censored_copy(forbidden)
+            return self.censored[forbidden]
 
     def stop(self, worker: sandbox.Worker) -> None:
         """End a worker started by :meth:`start` and remove its submission's cgroup (with any worker left in it)."""
@@ -446,7 +454,7 @@ class Grader:
             # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
             # what they forbid. Its outputs are not kept (the feedback shows the first run's); only its answers
             # count, for these exercises.
-            started.append(self.start(judged_slot + number, self.censored[forbidden], worker.box))
+            started.append(self.start(judged_slot + number, self.censored_copy(forbidden), worker.box))
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in names)
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
             run = Submission(submission.student, submission.path)
@@ -706,9 +714,6 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
                     writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"])
     for warning in sandbox.warnings(level, grader.cgroups):
         print(f"warning: {warning}", file=sys.stderr)
-    # Per set of names an exercise forbids, a copy of minidape in which they refuse (the judged runs see it).
-    for forbidden in {frozenset(names) for names in exercises.LIBRARY.values() if names}:
-        grader.censored[forbidden] = sandbox.censored_copy(forbidden)
     try:
         return _grade_all(grader, todo, csv_path, jobs, feedback)
     finally:
