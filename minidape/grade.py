@@ -14,9 +14,10 @@
    scratch tmpfs and limits. In the worker, ``exercises.check`` only records the answer it is given.
 4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
    the answers as handles: calling one runs the student's code in the worker and brings the result back as
-   data. An exercise that forbids minidape's own implementation (``exercises.LIBRARY``) is judged on a
-   second run of the notebook in a worker whose minidape has that implementation refusing (one per set of
-   forbidden names, up to the last check that forbids it); the first run's outputs are the feedback's.
+   data. An exercise that forbids minidape's own implementation (``exercises.LIBRARY``) and earned points
+   is judged again on a second run of the notebook in a worker whose minidape has that implementation
+   refusing (one per set of forbidden names, up to the last check that forbids it), and that verdict stands;
+   the first run's outputs are the feedback's.
 5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,passed,message``
    (passed: 1 or 0; partial credit in points; the message says passed, partly right, failed or not done yet), rewritten atomically after every submission (a
    crash of the grader keeps what was graded), and beside it ``FILE-written.csv`` (``student,notebook,rubric,
@@ -437,30 +438,30 @@ class Grader:
         submission.written = written_answers(edition, cells)
         predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
                                            c.get("tags", ())])
-        # The exercises that forbid parts of minidape are judged in judged runs, one per set of forbidden names (in
-        # the roster's order); the others on this run, which is closed before the judged runs start.
-        groups: dict[frozenset, list[str]] = {}
-        for exercise in edition.roster:
-            if exercises.LIBRARY.get(exercise.name):
-                groups.setdefault(frozenset(exercises.LIBRARY[exercise.name]), []).append(exercise.name)
+        # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
+        # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
+        # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
         answers, channel = self._answers(worker, submission.cells, submission)
+
         def predicted(exercise) -> dict:
             return {at: (variable, predictions.get(variable, NOT_RECORDED))
                     for at, variable in edition.predictions.get(exercise.name, {}).items()}
-        rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e))
-                for e in edition.roster if e.name not in {n for names in groups.values() for n in names}}
+        rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e)) for e in edition.roster}
         worker.close()
-        for number, (forbidden, names) in enumerate(groups.items()):
+        groups: dict[frozenset, list] = {}
+        for exercise in edition.roster:
+            if exercises.LIBRARY.get(exercise.name) and rows[exercise.name].points > 0:
+                groups.setdefault(frozenset(exercises.LIBRARY[exercise.name]), []).append(exercise)
+        for number, (forbidden, judged) in enumerate(groups.items()):
             # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
-            # what they forbid. Its outputs are not kept (the feedback shows the first run's); only its answers
-            # count, for these exercises.
+            # what they forbid. Its outputs are not kept (the feedback shows the first run's).
             started.append(self.start(judged_slot + number, self.censored_copy(forbidden), worker.box))
-            last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in names)
+            last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
             run = Submission(submission.student, submission.path)
             judged_answers, judged_channel = self._answers(started[-1], copies, run)
             rows.update({e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e))
-                         for e in edition.roster if e.name in names})
+                         for e in judged})
             started[-1].close()
         submission.rows = [rows[e.name] for e in edition.roster]
 
