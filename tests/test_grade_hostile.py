@@ -295,7 +295,7 @@ CASES.update({
         import torch
         torch.Tensor.clone = lambda self, *args, **kwargs: self
         def kerple_log_bias(r1, r2, q_pos, k_pos):
-            return torch.zeros(2).expand(200_000_000)
+            return torch.zeros(1, dtype=torch.float64).expand(200_000_000)
         """)}),
     "display_flood": case(extra=[("find_shift", textwrap.dedent("""
         class Big:
