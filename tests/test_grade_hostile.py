@@ -48,7 +48,7 @@ STUBS = {**{n: STUB.format(n) for n in FUNCTIONS}, **{n: f"{n} = None" for n in 
 
 BUT_FIND_SHIFT = ("square_quadratic_form", "shift_growth", "kerple_log_bias")
 BUT_KERPLE = ("square_quadratic_form", "find_shift", "shift_growth")
-PLANTED = "minidape-planted-by-a-classmate"
+PLANTED = f"minidape-planted-by-a-classmate-{os.getpid()}"
 PLANT = textwrap.dedent(f"""
     import os
     FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -445,7 +445,15 @@ def graded(tmp_path_factory):
                                                                                 if s.path.name != "02_newer.ipynb"},
             "rows": rows, "before": before, "after": digest(protected), "out": out, "printed": printed.getvalue(),
             "memory_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory,
-            "left": [str(Path(place, PLANTED)) for place in WRITABLE if Path(place, PLANTED).exists()]}
+            "left": left_behind()}
+
+
+def left_behind() -> list[str]:
+    """The planted files left in the machine's world-writable folders (removed: a weaker level leaves them)."""
+    left = [str(Path(place, PLANTED)) for place in WRITABLE if Path(place, PLANTED).exists()]
+    for path in left:
+        Path(path).unlink()
+    return left
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c]["solved"] is not None])
