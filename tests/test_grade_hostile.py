@@ -315,11 +315,11 @@ CASES.update({
     # Files left in every world-writable folder for the next submission (a_ sorts first, z_ last) to find.
     "a_plants_files": case(extra=[("square_quadratic_form", PLANT)]),
     "z_finds_files": case(extra=[("square_quadratic_form", PLANT)]),
-    "fills_its_scratch": case(extra=[("square_quadratic_form", textwrap.dedent("""
+    "fills_its_scratch": case(extra=[("square_quadratic_form", textwrap.dedent(f"""
         count = 0
         try:
             while count < 20_000:
-                open(f"/tmp/file{count}", "w").close()
+                open(f"/tmp/{PLANTED}-{{count}}", "w").close()
                 count += 1
         except OSError:
             pass
@@ -451,7 +451,7 @@ def graded(tmp_path_factory):
 def left_behind() -> list[str]:
     """The planted files left in the machine's world-writable folders (removed: a weaker level leaves them)."""
     left = [str(Path(place, PLANTED)) for place in WRITABLE if Path(place, PLANTED).exists()]
-    for path in left:
+    for path in [*left, *Path("/tmp").glob(f"{PLANTED}-*")]:
         Path(path).unlink()
     return left
 
