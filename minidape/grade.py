@@ -286,12 +286,12 @@ def printable(text: str) -> str:
 def submissions(paths) -> list[Submission]:
     """The submissions named: a file is one (student: its name without .ipynb); a folder holds files (the same)
     and one folder per student (student: the folder's name) with that student's notebooks. Student ids keep no
-    control characters. A symbolic link or anything but a regular file is never followed nor read: it gets a row
-    saying so. Of several files of one notebook (by their ``NN_`` names) in one student's folder, the one named
+    control characters. In a folder, a symbolic link or anything but a regular file is never followed nor read:
+    it gets a row saying so. Of several files of one notebook (by their ``NN_`` names) in one student's folder, the one named
     exactly like the teacher's notebook is graded, else the newest; the others get a row saying which was."""
     found = []
     for path in map(Path, paths):
-        if path.is_symlink() or (path.exists() and not (path.is_file() or path.is_dir())):
+        if path.exists() and not (path.is_file() or path.is_dir()):     # a path you name may be a link
             found.append(_refused(printable(path.stem), path))
         elif path.is_file() and path.suffix == ".ipynb":
             found.append(Submission(printable(path.stem), path))
