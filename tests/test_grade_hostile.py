@@ -439,6 +439,7 @@ def graded(tmp_path_factory):
         patch.setenv("MINIDAPE_QUICK", "1")
         submissions = grade.grade([folder], csv_path=out / "grades.csv", timeout=60, jobs=2,
                                   feedback=out / "feedback")
+    SECRET.unlink()
     with open(out / "grades.csv") as file:
         rows = list(csv.DictReader(file))
     return {"submissions": {(s.student, s.path.name): s for s in submissions} | {s.student: s for s in submissions
