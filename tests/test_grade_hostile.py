@@ -396,7 +396,7 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
 
 
 def digest(paths) -> dict:
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file() and not p.is_symlink()}
 
 
 @pytest.fixture(scope="module")
