@@ -8,10 +8,10 @@ only (``protocol``: tensors, numbers, strings, ``None`` and lists, tuples and di
 ``torch.load(weights_only=True)`` after their size and their tensors' real storage are checked); anything else
 stays in the worker and comes back as a :class:`Remote` handle that the grader can call in turn.
 
-The library ban: the implement and derive answers of a notebook whose exercises forbid parts of minidape
-(``exercises.LIBRARY``) are judged in a second worker that runs the notebook again (up to its last such check)
-and sees a *censored* package (``censor``): those functions and every method of those classes refuse. Nothing of
-the real implementation is in that process to reach, whatever the answer does.
+The library ban: an answer to an exercise that forbids parts of minidape (``exercises.LIBRARY``) and earns points
+is judged again in another worker that runs the notebook again (up to that exercise's check, one such run per set
+of forbidden names) and sees a *censored* package (``censor``): those functions and every method of those classes
+refuse. Nothing of the real implementation is in that process to reach, whatever the answer does.
 
 Isolation (``confine``: :func:`isolation` says which level this machine gets; ``limits``: what a submission
 may use). Each worker starts as :func:`confine.boot`, which confines itself before it imports anything of
@@ -31,7 +31,7 @@ minidape, then replaces itself with the worker proper:
 * ``none``: resource limits, a process group, a scratch folder, the censored copy first on the path.
 
 Resources, per submission as a whole: where the grader is root and the machine has cgroups (v1 with the memory,
-cpu and pids hierarchies, or v2 with those controllers), both workers of a submission share one cgroup bounding
+cpu and pids hierarchies, or v2 with those controllers), all workers of a submission share one cgroup bounding
 their memory, CPU share and processes (:data:`limits.LIMITS`); elsewhere per-process limits only.
 """
 from ..exercises import NotDone, StudentError, WorkerGone, Wrong
