@@ -15,7 +15,10 @@
    scratch tmpfs and limits. In the worker, ``exercises.check`` only records the answer it is given.
 4. **Verdicts.** The grader then runs each exercise's check in its own process, on fresh random inputs, with
    the answers as handles: calling one runs the student's code in the worker and brings the result back as
-   data. An answer that runs minidape's own implementation of the exercise (``exercises.LIBRARY``) fails.
+   data. An exercise that forbids minidape's own implementation (``exercises.LIBRARY``) and earned points
+   is judged again on a second run of the notebook in a worker whose minidape has that implementation
+   refusing (one per set of forbidden names, up to the last check that forbids it), and that verdict stands;
+   the first run's outputs are the feedback's.
 5. **Output.** A table; ``--csv FILE`` rows ``student,notebook,exercise,points,max_points,passed,message,mistake``
    rewritten atomically after every submission (a crash of the grader keeps what was graded), under a lock on
    ``FILE``, never over an earlier batch without ``overwrite``; and beside it the gradebook
@@ -35,6 +38,7 @@ import inspect
 import json
 import os
 import re
+import shutil
 import sys
 import threading
 import time
@@ -43,18 +47,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import exercises, gradebook, sandbox
+from .collect import TEACHER, NotANotebook, Row, Submission, Written, printable, read_cells, submissions
 from .gradebook import COLUMNS, WRITTEN_COLUMNS, csv_message, write_csv, write_written, written_path  # noqa: F401
 from .threads import THREADS_VARIABLE
 from .utils import quick_mode
 
-TEACHER = Path(__file__).resolve().parents[1] / "notebooks"
 REFERENCES = TEACHER / "references.json"     # the teacher's reference measurements (make notebooks records them)
 NOT_RECORDED = object()         # a prediction variable that no prediction cell of the submission assigns literally
 START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
-
-
-class NotANotebook(ValueError):
-    """A submission file that cannot be read as a notebook; the message says why, in words."""
 
 
 # ------------------------------------------------------------------------------ the teacher's edition
@@ -175,40 +175,6 @@ def _same(source: str) -> str:
     return "\n".join(line.rstrip() for line in source.strip().splitlines())
 
 
-def read_cells(path: Path) -> list[dict]:
-    """A submission's cells (``cell_type``, ``source``, ``tags``), or :class:`NotANotebook` saying what is wrong."""
-    try:
-        raw = path.read_bytes()
-    except FileNotFoundError:
-        raise NotANotebook("the file is gone (deleted before it was graded)") from None
-    except OSError as error:
-        raise NotANotebook(f"the file cannot be read: {error.strerror}") from None
-    if not raw.strip():
-        raise NotANotebook("the file is empty")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError:
-        raise NotANotebook("the file is binary, not a notebook (not UTF-8 text)") from None
-    try:
-        content = json.loads(text)
-    except ValueError as error:
-        raise NotANotebook(f"the file is not a notebook: invalid JSON ({error})") from None
-    if not isinstance(content, dict) or not isinstance(content.get("cells"), list):
-        keys = (", ".join(map(str, content)) or "no keys") if isinstance(content, dict) else type(content).__name__
-        raise NotANotebook(f"the file is JSON but not a notebook: no list of cells (found: {keys})")
-    cells = []
-    for number, cell in enumerate(content["cells"], 1):
-        source = cell.get("source") if isinstance(cell, dict) else None
-        if isinstance(source, list) and all(isinstance(line, str) for line in source):
-            source = "".join(source)
-        if not isinstance(source, str) or cell.get("cell_type") not in ("code", "markdown", "raw"):
-            raise NotANotebook(f"the file is not a valid notebook: cell {number} has no cell_type or source")
-        tags = (cell.get("metadata") or {}).get("tags") if isinstance(cell.get("metadata"), dict) else None
-        tags = [tag for tag in tags if isinstance(tag, str)] if isinstance(tags, list) else []
-        cells.append({"cell_type": cell["cell_type"], "source": source, "tags": tags})
-    return cells
-
-
 def identify(path: Path, cells: list[dict] | None, known: dict[str, Edition]) -> Edition | None:
     """Which teacher notebook a submission is: ``NN_`` in its file name, else the one whose cells it holds
     most (at least three, unchanged)."""
@@ -276,75 +242,6 @@ def restore(edition: Edition, cells: list[dict]) -> list[dict]:
     return restored
 
 
-# ------------------------------------------------------------------------------------- the submissions
-
-
-@dataclass
-class Row:
-    exercise: str
-    points: float
-    max_points: float
-    status: str                             # exercises.PASSED, PARTLY, FAILED, NOT_DONE or NEEDS_FULL
-    message: str
-    code: str = ""                          # the mistake's stable code (exercises.Wrong.code), "" when none
-
-
-@dataclass
-class Written:
-    """A written answer for the teacher to mark with its rubric (``docs/teaching.md``)."""
-    rubric: str
-    answer: str
-    problem: str = ""
-
-
-@dataclass
-class Submission:
-    student: str
-    path: Path
-    notebook: str = ""                      # the teacher notebook's stem, or the file name when unknown
-    rows: list[Row] = field(default_factory=list)
-    problem: str = ""                       # what stopped or broke the run, if anything
-    cells: list[dict] = field(default_factory=list)   # executed, with outputs (for --feedback)
-    written: list[Written] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def points(self) -> float:
-        return sum(row.points for row in self.rows)
-
-    @property
-    def max_points(self) -> float:
-        return sum(row.max_points for row in self.rows)
-
-
-def submissions(paths) -> list[Submission]:
-    """The submissions named: a file is one (student: its name without .ipynb); a folder holds files (the same)
-    and one folder per student (student: the folder's name) with that student's notebooks."""
-    found = []
-    for path in map(Path, paths):
-        if path.is_file() and path.suffix == ".ipynb":
-            found.append(Submission(path.stem, path))
-        elif path.is_dir():
-            for entry in sorted(path.iterdir()):
-                if entry.name.startswith("."):
-                    continue
-                if entry.is_file() and entry.suffix == ".ipynb":
-                    found.append(Submission(entry.stem, entry))
-                elif entry.is_dir():
-                    notebooks = sorted(p for p in entry.rglob("*.ipynb") if not any(
-                        part.startswith(".") for part in p.relative_to(entry).parts))
-                    found += [Submission(entry.name, p) for p in notebooks] or [
-                        Submission(entry.name, entry, entry.name,
-                                   [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {entry}")])]
-        elif path.exists():
-            raise ValueError(f"{path} is not a notebook (.ipynb) or a folder of notebooks")
-        else:
-            raise FileNotFoundError(f"no such notebook or folder: {path}")
-    if not found:
-        raise ValueError(f"no notebooks (.ipynb) in {', '.join(map(str, paths))}")
-    return found
-
-
 # ------------------------------------------------------------------------------------------- grading
 
 
@@ -356,16 +253,38 @@ class Grader:
     hide: list[str]
     env: dict[str, str]
     timeout: float
+    censored: dict[frozenset, Path] = field(default_factory=dict)   # forbidden names -> censored package copy
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    cgroups: str | None = None                                  # "v1", "v2" or None (per-process limits only)
+    writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
-    def start(self, slot: int) -> sandbox.Worker:
+    def start(self, slot: int, censored: Path | None = None, box=None) -> sandbox.Worker:
+        """A worker (with a cgroup of its own for its submission where there are cgroups, ``worker.box``)."""
+        if box is None and self.cgroups is not None:
+            box = sandbox.Box(self.cgroups, f"{os.getpid()}-{slot}-{time.monotonic_ns()}")
         # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
-        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT)
+        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT,
+                              censored=censored, box=box, writable=self.writable)
 
-    def grade(self, submission: Submission, worker: sandbox.Worker) -> Submission:
-        """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes), judge."""
-        start = time.monotonic()
+    def censored_copy(self, forbidden: frozenset) -> Path:
+        """The copy of minidape in which ``forbidden`` refuses, made the first time a submission needs it."""
+        with self.lock:
+            if forbidden not in self.censored:
+                self.censored[forbidden] = sandbox.censored_copy(forbidden)
+            return self.censored[forbidden]
+
+    def stop(self, worker: sandbox.Worker) -> None:
+        """End a worker started by :meth:`start` and remove its submission's cgroup (with any worker left in it)."""
+        worker.close()
+        if worker.box is not None:
+            worker.box.close()
+
+    def grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0) -> Submission:
+        """Fill ``submission``'s rows: read, restore, run in ``worker`` (which it closes with its cgroup), judge;
+        ``judged_slot``: the first of the user id slots its judged workers take (one per forbidden set)."""
+        start, judged = time.monotonic(), []
         try:
-            self._grade(submission, worker)
+            self._grade(submission, worker, judged_slot, judged)
         except Exception as error:          # a bug of the grader's own: this submission's rows say so, the rest go on
             problem = f"the grader failed on this submission ({type(error).__name__}: {error}); grade it again"
             edition = self.known.get(submission.notebook[:2])
@@ -373,12 +292,17 @@ class Grader:
             submission.rows = ([Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
                                if edition else [Row("", 0, 0, exercises.FAILED, problem)])
         finally:
-            worker.close()
+            for each in judged:
+                each.close()
+            self.stop(worker)
             submission.seconds = time.monotonic() - start
         return submission
 
-    def _grade(self, submission: Submission, worker: sandbox.Worker) -> None:
-        if submission.rows:                      # a student folder without notebooks
+    def _grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0,
+               started: list | None = None) -> None:
+        """``started`` gets the judged workers it starts (for :meth:`grade` to close)."""
+        started = [] if started is None else started
+        if submission.rows:                      # refused before it was read (see submissions())
             return
         cells, unreadable = None, ""
         try:
@@ -393,6 +317,10 @@ class Grader:
             submission.rows = [Row("", 0, 0, exercises.FAILED, submission.problem)]
             return
         submission.notebook = edition.stem
+        solutions = {_same(c["source"]) for c in edition.cells if "solution" in c["tags"] and c["cell_type"] == "code"}
+        if cells and any("solution" in c["tags"] and _same(c["source"]) in solutions for c in cells):
+            unreadable = ("refused: this is the teacher's edition (its worked solutions, tagged solution), not a "
+                          "student's work")
         if unreadable:
             submission.problem = unreadable
             submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
@@ -402,10 +330,46 @@ class Grader:
         lost = defined_in_check_cells(edition, cells)
         predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
                                            c.get("tags", ())])
+        # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
+        # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
+        # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
+        answers, channel = self._answers(worker, submission.cells, submission)
+
+        def predicted(exercise) -> dict:
+            return {at: (variable, predictions.get(variable, NOT_RECORDED))
+                    for at, variable in edition.predictions.get(exercise.name, {}).items()}
+        rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e)) for e in edition.roster}
+        worker.close()
+        groups: dict[frozenset, list] = {}
+        for exercise in edition.roster:
+            if exercises.LIBRARY.get(exercise.name) and rows[exercise.name].points > 0:
+                groups.setdefault(frozenset(exercises.LIBRARY[exercise.name]), []).append(exercise)
+        for number, (forbidden, judged) in enumerate(groups.items()):
+            # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
+            # what they forbid. Its outputs are not kept (the feedback shows the first run's).
+            started.append(self.start(judged_slot + number, self.censored_copy(forbidden), worker.box))
+            last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
+            copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
+            run = Submission(submission.student, submission.path)
+            judged_answers, judged_channel = self._answers(started[-1], copies, run)
+            rows.update({e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e))
+                         for e in judged})
+            started[-1].close()
+        submission.rows = [rows[e.name] for e in edition.roster]
+        for row in submission.rows:
+            if row.status != exercises.PASSED and lost.get(row.exercise):
+                row.code = "answer-in-check-cell"
+                row.message += (f"\n    note: your check cell also defined {', '.join(lost[row.exercise])}; the "
+                                f"grader replaces every check cell with the teacher's, so that definition was not "
+                                f"run. Move it into a cell of its own above the check cell.")
+
+    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission):
+        """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``); the answers their check
+        cells recorded (None when there are none to be had) and the channel the checks reach them through."""
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
-            submission.problem = self._run(submission.cells, worker)
+            submission.problem = self._run(cells, worker)
             channel = sandbox.Channel(worker, time.monotonic() + self.timeout)    # the checks' time starts
             if worker.alive:
                 answers = channel.request("answers")
@@ -414,22 +378,11 @@ class Grader:
         except Exception:                   # an error where the protocol has none: a forged answer
             worker.close()
             submission.problem = submission.problem or "the worker broke the protocol"
-        if not isinstance(answers, dict):
-            answers = None
-        for exercise in edition.roster:
-            predicted = {parameter: (variable, predictions.get(variable, NOT_RECORDED))
-                         for parameter, variable in edition.predictions.get(exercise.name, {}).items()}
-            row = self._judge(exercise, answers, channel, submission.problem, predicted)
-            if row.status != exercises.PASSED and lost.get(exercise.name):
-                row.code = "answer-in-check-cell"
-                row.message += (f"\n    note: your check cell also defined {', '.join(lost[exercise.name])}; the "
-                                f"grader replaces every check cell with the teacher's, so that definition was not "
-                                f"run. Move it into a cell of its own above the check cell.")
-            submission.rows.append(row)
+        return (answers if isinstance(answers, dict) else None), channel
 
     def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
-        deadline, errors = time.monotonic() + self.timeout, []
+        deadline, errors, room = time.monotonic() + self.timeout, [], sandbox.MAX_NOTEBOOK_OUTPUT
         for index, cell in enumerate(cells):
             if cell["cell_type"] != "code":
                 continue
@@ -448,7 +401,7 @@ class Grader:
                 cell["outputs"] = [{"output_type": "stream", "name": "stderr",
                                     "text": f"[grader] the worker {what} while running this cell\n"}]
                 return f"the worker {what} while running a cell"
-            cell["outputs"] = _outputs(outputs)
+            cell["outputs"], room = sandbox.cap_outputs(_outputs(outputs), room)
             errors += [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"]
             if stopped:
                 return stopped
@@ -469,7 +422,6 @@ class Grader:
         if not channel.worker.alive:
             return Row(name, 0, points, exercises.FAILED,
                        "not graded: the worker ended while an earlier exercise was checked", "not-graded")
-        channel.forbidden = exercises.LIBRARY.get(name, ())
         missing = [variable for variable, value in predicted.values() if value is NOT_RECORDED]
         if missing:
             return Row(name, 0, points, exercises.FAILED, f"no recorded prediction: the grader reads {missing[0]} "
@@ -529,7 +481,8 @@ def _outputs(outputs) -> list[dict]:
 
 
 def table(graded: list[Submission]) -> str:
-    rows = [(s.student, s.notebook, f"{s.points:g} / {s.max_points:g}", s.problem or "-") for s in graded]
+    rows = [(printable(s.student), printable(s.notebook), f"{s.points:g} / {s.max_points:g}",
+             printable(s.problem) or "-") for s in graded]
     header = ("student", "notebook", "points", "problem")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + f"  {r[3]}" for r in [header, *rows]]
@@ -593,7 +546,7 @@ def _hidden(paths, csv_path, feedback) -> list[str]:
                   *([Path(csv_path).resolve().parent] if csv_path else [])]
     # A folder that holds the package or the interpreter cannot be hidden; its submissions still are, file by file.
     hidden = [p for p in candidates if not any(n == p or p in n.parents for n in needed)]
-    files = [s.path.resolve() for s in submissions(paths) if s.path.is_file()]
+    files = [s.path.resolve() for s in submissions(paths) if not s.rows and s.path.is_file()]
     return [str(p) for p in hidden] + [str(f) for f in files if not any(h in f.parents for h in hidden)]
 
 
@@ -642,15 +595,29 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
     known = editions()
     measured = references()
     todo = submissions(paths)
-    grader = Grader(known, sandbox.isolation(), _hidden(paths, csv_path, feedback), worker_env(), timeout)
-    if grader.level in sandbox.WARNINGS:
-        print(f"warning: {sandbox.WARNINGS[grader.level]}", file=sys.stderr)
-    with grader.start(255) as probe:        # a worker that cannot start is this machine's problem, not a student's
-        try:
-            probe.wait_ready(START_TIMEOUT)
-        except sandbox.WorkerGone as gone:
-            raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
-                          f"user, who must be able to read Python and minidape") from None
+    level = sandbox.isolation()
+    grader = Grader(known, level, _hidden(paths, csv_path, feedback), worker_env(), timeout,
+                    cgroups=sandbox.cgroup_version(),
+                    writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"])
+    for warning in sandbox.warnings(level, grader.cgroups):
+        print(f"warning: {warning}", file=sys.stderr)
+    try:
+        return _grade_all(grader, todo, csv_path, jobs, feedback, entered, measured)
+    finally:
+        for copy in grader.censored.values():
+            shutil.rmtree(copy.parent, ignore_errors=True)
+
+
+def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feedback, entered: dict,
+               measured: dict) -> list[Submission]:
+    probe = grader.start(sandbox.UIDS_PER_GRADER - 1)     # a worker that cannot start is this machine's problem
+    try:
+        probe.wait_ready(START_TIMEOUT)
+    except sandbox.WorkerGone as gone:
+        raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
+                      f"user, who must be able to read Python and minidape") from None
+    finally:
+        grader.stop(probe)
     if feedback is not None:
         Path(feedback).mkdir(mode=0o700, parents=True, exist_ok=True)
     done: dict[int, Submission] = {}
@@ -658,15 +625,17 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
     queue = iter(enumerate(todo))
 
     def work(slot: int) -> None:
-        # Two user ids per slot: the next worker starts (imports torch) while the current one runs.
-        ready = grader.start(2 * slot)
+        # Eight user ids per slot: the next worker starts (imports torch) while the current one and its judged
+        # workers (at most 3 per notebook) run.
+        ready = grader.start(8 * slot)
         try:
             for turn, (index, submission) in enumerate(_locked(queue, lock)):
-                worker, ready = ready, grader.start(2 * slot + (turn + 1) % 2)
-                grader.grade(submission, worker)
+                worker, ready = ready, grader.start(8 * slot + (turn + 1) % 2)
+                grader.grade(submission, worker, judged_slot=8 * slot + 2)
                 with lock:
                     done[index] = submission
-                    print(f"graded {submission.student} · {submission.notebook}: {submission.points:g} / "
+                    print(f"graded {printable(submission.student)} · {printable(submission.notebook)}: "
+                          f"{submission.points:g} / "
                           f"{submission.max_points:g} ({submission.seconds:.1f} s)", flush=True)
                     if csv_path is not None:
                         write_csv([done[i] for i in sorted(done)], csv_path)
@@ -674,7 +643,7 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
                     if feedback is not None:
                         write_feedback(submission, Path(feedback))
         finally:
-            ready.close()
+            grader.stop(ready)
 
     # The workers run the students' modules on the CPU and hand back CPU tensors: so do the checks here
     # (exercises.framework.CHECK_DEVICE is CUDA where present, for a notebook checking its own answers), and

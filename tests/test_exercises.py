@@ -1019,3 +1019,29 @@ def test_the_shipped_references_hold_every_experiment_judged_against_them():
             assert set(values) <= set(recorded[mode][name]), (mode, name)
     full = recorded["full"]["rope_ratio"]
     assert full["longest"] / full["train_length"] > 2     # the full-mode claim notebook 03 asserts too
+
+
+def test_small_domain_derive_checks_cannot_be_answered_by_a_table_of_the_old_domain():
+    """find_shift, output_length and receptive_keys drew from a few hundred inputs; a table of the library's
+    answers on all of them (what a notebook could compute beforehand, or paste) no longer passes."""
+    from minidape.model import REFINER_REGISTRY
+    kernels = (lambda m, n: -(m - n).abs(), lambda m, n: -torch.log1p((m - n).abs()),
+               lambda m, n: -(m - n).abs() ** 1.5)
+    key = lambda kernel: round(float(kernel(torch.tensor(0.0), torch.tensor(3.0))), 5)
+    shifts = {(key(kernel), n): md.kernels.pd_shift(kernel, n) for kernel in kernels for n in range(8, 96)}
+    lengths = {(name, n): md.tasks.get_task(name).output_length(n) for name in
+               exercises.chomsky_hierarchy.OUTPUT_LENGTH_TASKS for n in range(3, 200)}
+    reads = {}
+    for k in (1, 3, 5, 7):
+        cfg = md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, pe="none", refiner="conv",
+                           refiner_kernel=k, refiner_width=8)
+        for i in range(16):
+            for j in range(i + 1):
+                scores = torch.randn(1, 2, 16, 16, requires_grad=True)
+                REFINER_REGISTRY["conv"](cfg)(scores, None, torch.ones(16, 16, dtype=torch.bool).tril())[0, 0, i, j].backward()
+                reads[i, j, k] = scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
+    tables = {"find_shift": lambda kernel, n: shifts[key(kernel), n],
+              "output_length": lambda name, n: lengths[name, n], "receptive_keys": lambda i, j, k: reads[i, j, k]}
+    for name, table in tables.items():
+        status, message, _ = exercises.verdict(name, table)
+        assert status == FAILED and "KeyError" in message, (name, message)

@@ -3,8 +3,11 @@ worker's data-only answers, the CLI; and one real notebook graded in both editio
 
 The hostile class (one `grade` run over many hostile submissions) is in test_grade_hostile.py.
 """
+import ast
 import csv
 import json
+import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -15,6 +18,7 @@ import pytest
 import torch
 
 from minidape import exercises, grade, gradebook, sandbox
+from minidape.sandbox import confine
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
@@ -45,8 +49,10 @@ def test_the_roster_of_every_notebook_is_the_registry_and_its_check_cells():
 
 def test_library_names_exist_and_belong_to_exercises():
     assert set(exercises.LIBRARY) == set(exercises.EXERCISES)
-    for names in exercises.LIBRARY.values():
-        assert all(sandbox._code_objects([name]) for name in names), names
+    copy = sandbox.censored_copy({name for names in exercises.LIBRARY.values() for name in names})
+    shutil.rmtree(copy.parent)
+    with pytest.raises(LookupError, match="minidape.kernels.no_such_thing"):
+        sandbox.censored_copy({"minidape.kernels.pd_shift", "minidape.kernels.no_such_thing"})
 
 
 def student_cells(edition, answers=None, drop=()):
@@ -178,20 +184,31 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
         """), timeout=60)
     channel = sandbox.Channel(worker, time.monotonic() + 120)
     answers = channel.request("answers")
-    channel.forbidden = exercises.LIBRARY["dape_refiner"]
     assert exercises.verdict("dape_refiner", *answers["right"][0])[::2] == ("passed", 3)
     status, message, points = exercises.verdict("dape_refiner", *answers["wrong"][0])
     assert (status, points) == ("failed", 0) and "the residual + B is missing" in message
 
 
-def test_the_library_watch_sees_a_kernel_made_by_minidapes_factory(worker):
-    worker.request("run", 0, "import minidape as md\nmine = md.kernels.log_kernel()\n"
-                             "from minidape import exercises\nexercises.framework.answers = {'k': ((mine,), {})}", timeout=60)
-    channel = sandbox.Channel(worker, time.monotonic() + 60)
-    kernel = channel.request("answers")["k"][0][0]
-    channel.forbidden = exercises.LIBRARY["my_kernel"]
-    with pytest.raises(sandbox.LibraryUsed, match="md.kernels.log_kernel"):
-        kernel(torch.zeros(2), torch.ones(2))
+def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(tmp_path):
+    copy = sandbox.censored_copy(set(exercises.LIBRARY["my_kernel"]) | set(exercises.LIBRARY["my_bias"]))
+    try:
+        with sandbox.Worker(sandbox.isolation(), 201, [], grade.worker_env(), censored=copy) as judged:
+            judged.wait_ready(grade.START_TIMEOUT)
+            [output] = judged.request("run", 0, textwrap.dedent("""
+                import inspect, minidape as md
+                refused = []
+                for make in (md.kernels.log_kernel, lambda: md.model.ALiBiBias(md.GPTConfig(pe="alibi")),
+                             lambda: type("Mine", (md.model.FIREBias,), {})(md.GPTConfig(pe="fire"))):
+                    try:
+                        make()
+                    except RuntimeError as error:
+                        refused.append(str(error).split()[0])
+                print(refused, "def gram" in inspect.getsource(md.kernels), "torch.log1p" in inspect.getsource(md.kernels))
+                """), timeout=60)
+    finally:
+        shutil.rmtree(copy.parent)
+    # refused: the factory, a class, a subclass of one; kept: what no exercise of theirs forbids; gone: the source
+    assert output["text"] == "['md.kernels.log_kernel', 'md.model.ALiBiBias', 'md.model.FIREBias'] True False\n"
 
 
 def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
@@ -237,9 +254,19 @@ def student_edition(source, folder):
 
 def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edition_none(tmp_path, monkeypatch):
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
-    student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
+    full, _ = student_edition(ROOT / "notebooks" / "02_kerple_cpd_kernels.py", tmp_path)
+    # The worked solutions handed in as a student's answers (their `solution` tags gone): the teacher's edition
+    # itself is refused (it is below, graded last).
+    solved = json.loads(full.read_text())
+    for cell in solved["cells"]:
+        cell["metadata"]["tags"] = [t for t in cell["metadata"].get("tags", []) if t != "solution"]
+    (tmp_path / "solved").mkdir()
+    (tmp_path / "solved" / full.name).write_text(json.dumps(solved))
     out = tmp_path / "grades.csv"
-    graded = grade.grade([tmp_path / "teacher", tmp_path / "student"], csv_path=out, timeout=300, jobs=2)
+    graded = grade.grade([tmp_path / "solved", tmp_path / "student", tmp_path / "teacher"], csv_path=out,
+                         timeout=300, jobs=2)
+    assert graded[2].problem.startswith("refused: this is the teacher's edition") and graded[2].points == 0
+    graded = graded[:2]
     names = list(EDITIONS["02"].checks)
     with open(out) as file:
         verdicts = (exercises.PASSED, exercises.PARTLY, exercises.FAILED, exercises.NOT_DONE)
@@ -247,14 +274,14 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
                  next(v for v in verdicts if r["message"].startswith(v))) for r in csv.DictReader(file)]
     points = {e.name: f"{e.points:g}" for e in EDITIONS["02"].roster}
     # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
-    assert rows == [("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names] + [
+    assert rows[:2 * len(names)] == [("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names] + [
         ("02_kerple_cpd_kernels", name, "0", "0", "not done yet") for name in names]
     assert [g.problem for g in graded] == ["", ""]
     # the written answers, for the teacher: here both editions hold the question's cell as it is handed out
     with open(grade.written_path(out)) as file:
         written = list(csv.DictReader(file))
     (question,) = [c["source"].strip() for c in EDITIONS["02"].cells if "rubric:shift_growth" in c["tags"]]
-    assert [(w["rubric"], w["answer"], w["problem"]) for w in written] == [
+    assert [(w["rubric"], w["answer"], w["problem"]) for w in written][:2] == [
         ("shift_growth", question, gradebook.NOT_ANSWERED)] * 2
 
 
@@ -335,11 +362,21 @@ def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monk
 
 
 def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
-    monkeypatch.setattr(sandbox.shutil, "which", lambda name: None)
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(confine.shutil, "which", lambda name: None)
+    monkeypatch.setattr(confine.os, "geteuid", lambda: 0)
     assert sandbox.isolation() == "uid" and "user id of its own" in sandbox.WARNINGS["uid"]
-    monkeypatch.setattr(sandbox.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(confine.os, "geteuid", lambda: 1000)
     assert sandbox.isolation() == "none"
+
+
+def test_a_weaker_level_can_be_asked_for_never_a_stronger_one(monkeypatch):
+    monkeypatch.setattr(confine, "_detected", lambda: "root")
+    monkeypatch.setenv("MINIDAPE_ISOLATION", "uid")
+    assert sandbox.isolation() == "uid"
+    monkeypatch.setattr(confine, "_detected", lambda: "uid")
+    monkeypatch.setenv("MINIDAPE_ISOLATION", "root")
+    with pytest.raises(ValueError, match="MINIDAPE_ISOLATION='root': this machine allows 'uid' and the weaker"):
+        sandbox.isolation()
 
 
 def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path, monkeypatch):
@@ -351,3 +388,43 @@ def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path
     with pytest.raises(OSError, match="did not start .*No module named 'shlex'.*must be able to read Python"):
         grade.grade([path], csv_path=tmp_path / "g.csv", jobs=1)
     assert not (tmp_path / "g.csv").exists()
+
+
+@pytest.mark.skipif(sandbox.cgroup_version() is None, reason="a cgroup per submission needs root and cgroups")
+def test_a_submissions_cgroup_bounds_all_its_processes_together():
+    """Every process a worker starts is in its submission's cgroup (one CPU's worth of time), and their memory is
+    bounded together: two children that each fit the limit alone cannot both live (the limit lowered here)."""
+    version = sandbox.cgroup_version()
+    box = sandbox.Box(version, f"test-{os.getpid()}")
+    box._write("memory.max" if version == "v2" else "memory.limit_in_bytes", 1 << 30)
+    try:
+        with sandbox.Worker(sandbox.isolation(), 202, [], grade.worker_env(), box=box) as worker:
+            worker.wait_ready(grade.START_TIMEOUT)
+            [output] = worker.request("run", 0, textwrap.dedent("""
+                import os, time
+                read, write = os.pipe()
+                if os.fork() == 0:
+                    os.write(write, open("/proc/self/cgroup").read().encode())
+                    os._exit(0)
+                os.wait()
+                print(dict(line.split(":")[1:] for line in os.read(read, 10_000).decode().splitlines()))
+                children = []
+                for _ in range(2):
+                    pid = os.fork()
+                    if pid == 0:
+                        block = b"x" * (600 << 20)       # touched: 600 MB each, the worker's own besides
+                        time.sleep(3)
+                        os._exit(0)
+                    children.append(pid)
+                print(sorted(os.waitpid(pid, 0)[1] & 0x7F for pid in children))
+                """), timeout=120)
+            quota = box._read("cpu.max" if version == "v2" else "cpu.cfs_quota_us")
+    finally:
+        box.close()
+    groups, killed = output["text"].splitlines()
+    groups = ast.literal_eval(groups)
+    controllers = [""] if version == "v2" else ["cpu", "memory", "pids"]
+    assert all(groups[c] == f"/minidape-test-{os.getpid()}" for c in controllers), groups
+    assert ast.literal_eval(killed) in ([0, 9], [9, 9]), killed          # SIGKILL from the cgroup's out-of-memory killer
+    assert quota.split()[0] == "100000"
+    assert not any(folder.exists() for folder in box.folders)

@@ -7,9 +7,15 @@ hostile by cells of its own. Each case below says which exercises it really solv
 points of every exercise, and, for the attacks on other files and processes, that nothing outside the
 submission changed.
 """
+import contextlib
 import csv
 import hashlib
+import io
 import json
+import os
+import resource
+import shutil
+import tempfile
 import textwrap
 from pathlib import Path
 
@@ -38,6 +44,21 @@ SOLUTIONS = {name: cell.source for cell in TEACHER if "solution" in cell.metadat
 SOLUTIONS["shift_measured"] = "triangle = lambda m, n: -(m - n).abs()\n" + SOLUTIONS["shift_measured"]
 STUB = "def {0}(*args):\n    exercises.todo()\n"
 STUBS = {**{n: STUB.format(n) for n in FUNCTIONS}, **{n: f"{n} = None" for n in EXPERIMENT}}
+
+
+BUT_FIND_SHIFT = ("square_quadratic_form", "shift_growth", "kerple_log_bias")
+BUT_KERPLE = ("square_quadratic_form", "find_shift", "shift_growth")
+PLANTED = f"minidape-planted-by-a-classmate-{os.getpid()}"
+PLANT = textwrap.dedent(f"""
+    import os
+    FOLDERS = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+    print("FOUND", sorted(f for f in FOLDERS if os.path.exists(os.path.join(f, "{PLANTED}"))))
+    for folder in FOLDERS:
+        try:
+            open(os.path.join(folder, "{PLANTED}"), "w").write("x")
+        except OSError:
+            pass
+    """)
 
 
 def case(solved=NAMES, answers=(), checks=(), extra=(), earned=()):
@@ -97,11 +118,106 @@ CASES = {
                 pe.r2.copy_(r2)
             return pe(q_pos, k_pos)
         """)}),
-    "switches_off_the_watch": case(("square_quadratic_form", "shift_growth", "kerple_log_bias"), answers={"find_shift": textwrap.dedent("""
+    # The library reached around the ban (issue 31): each answer below runs md.kernels.pd_shift or
+    # md.model.KerpleLogBias in a way that an in-process watch cannot see or that switches it off; the judged run's
+    # minidape has nothing of them to run, so only the honest answers earn.
+    "switches_off_the_watch": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
         import sys
         def find_shift(kernel, n):
             sys.setprofile(None)
             return md.kernels.pd_shift(kernel, n)
+        """)}),
+    "profiler_toggled": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
+        import sys, threading
+        def find_shift(kernel, n):
+            saved = sys.getprofile()
+            sys.setprofile(None)
+            threading.setprofile(None)
+            try:
+                return md.kernels.pd_shift(kernel, n)
+            finally:
+                sys.setprofile(saved)
+        """)}),
+    "trace_callback": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
+        import sys
+        def find_shift(kernel, n):
+            found = []
+            def tracer(frame, event, arg):
+                if not found:
+                    found.append(md.kernels.pd_shift(kernel, n))
+                return None
+            sys.settrace(tracer)
+            (lambda: None)()
+            sys.settrace(None)
+            return found[0]
+        """)}),
+    "thread_started_earlier": case(BUT_FIND_SHIFT, extra=[("square_quadratic_form", textwrap.dedent("""
+        import _thread, queue
+        REQUESTS, RESULTS = queue.Queue(), queue.Queue()
+        def serve():
+            while True:
+                kernel, n = REQUESTS.get()
+                RESULTS.put(md.kernels.pd_shift(kernel, n))
+        _thread.start_new_thread(serve, ())
+        """))], answers={"find_shift": textwrap.dedent("""
+        def find_shift(kernel, n):
+            REQUESTS.put((kernel, n))
+            return RESULTS.get(timeout=5)
+        """)}),
+    "thread_pool": case(BUT_KERPLE, extra=[("square_quadratic_form", textwrap.dedent("""
+        from concurrent.futures import ThreadPoolExecutor
+        POOL = ThreadPoolExecutor(1)
+        POOL.submit(print, "the pool runs").result()
+        """))], answers={"kerple_log_bias": textwrap.dedent("""
+        from minidape.model import KerpleLogBias, GPTConfig
+        def kerple_log_bias(r1, r2, q_pos, k_pos):
+            def library():
+                pe = KerpleLogBias(GPTConfig(n_head=len(r1), n_embd=8 * len(r1), pe="kerple_log"))
+                with torch.no_grad():
+                    pe.r1.copy_(r1)
+                    pe.r2.copy_(r2)
+                return pe(q_pos, k_pos)
+            return POOL.submit(library).result()
+        """)}),
+    "rebound": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
+        kept = md.kernels.pd_shift
+        md.kernels.pd_shift = lambda kernel, n, **options: kept(kernel, n, **options)
+        def find_shift(kernel, n):
+            return md.kernels.pd_shift(kernel, n)
+        """)}),
+    "code_replaced": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
+        import types
+        library = md.kernels.pd_shift
+        mine = types.FunctionType(library.__code__.replace(co_name="mine"), vars(md.kernels), "mine",
+                                  library.__defaults__)
+        def find_shift(kernel, n):
+            return mine(kernel, n)
+        """)}),
+    "source_copied": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
+        import inspect
+        namespace = dict(vars(md.kernels))
+        exec(inspect.getsource(md.kernels.pd_shift), namespace)
+        def find_shift(kernel, n):
+            return namespace["pd_shift"](kernel, n)
+        """)}),
+    "compiled": case(BUT_KERPLE, answers={"kerple_log_bias": textwrap.dedent("""
+        from minidape.model import KerpleLogBias, GPTConfig
+        def kerple_log_bias(r1, r2, q_pos, k_pos):
+            pe = KerpleLogBias(GPTConfig(n_head=len(r1), n_embd=8 * len(r1), pe="kerple_log"))
+            with torch.no_grad():
+                pe.r1.copy_(r1)
+                pe.r2.copy_(r2)
+            return torch.compile(pe, backend="eager")(q_pos, k_pos)
+        """)}),
+    # a table of the library's answers on the inputs the check drew before (three kernels, n < 96)
+    "tabulated": case(BUT_FIND_SHIFT, answers={"find_shift": textwrap.dedent("""
+        import torch
+        KERNELS = (lambda m, n: -(m - n).abs(), lambda m, n: -torch.log1p((m - n).abs()),
+                   lambda m, n: -(m - n).abs() ** 1.5)
+        key = lambda kernel: round(float(kernel(torch.tensor(0.0), torch.tensor(3.0))), 5)
+        TABLE = {(key(kernel), n): md.kernels.pd_shift(kernel, n) for kernel in KERNELS for n in range(8, 96)}
+        def find_shift(kernel, n):
+            return TABLE[key(kernel), n]
         """)}),
     "lying_values": case(("find_shift", "shift_growth", "kerple_log_bias"), answers={"square_quadratic_form": textwrap.dedent("""
         class Anything(float):
@@ -172,7 +288,48 @@ CASES = {
                             '"log": 8.0}'}),
     "honest_too": case(),
 }
+CASES.update({
+    # An answer that hands back a view of 8 bytes posing as 2·10⁸ elements (the worker's own copy switched off):
+    # refused before the grader builds anything from it.
+    "expanded_tensor": case(BUT_KERPLE, answers={"kerple_log_bias": textwrap.dedent("""
+        import torch
+        torch.Tensor.clone = lambda self, *args, **kwargs: self
+        def kerple_log_bias(r1, r2, q_pos, k_pos):
+            return torch.zeros(1, dtype=torch.float64).expand(200_000_000)
+        """)}),
+    "display_flood": case(extra=[("find_shift", textwrap.dedent("""
+        class Big:
+            def _repr_markdown_(self):
+                return "y" * 15_000_000
+        for _ in range(3):
+            display(Big())
+        """))]),
+    # Busy processes that spin to the end of its grading: its own share of the CPU only.
+    "cpu_hog": case(extra=[(None, textwrap.dedent("""
+        import os
+        for _ in range(6):
+            if os.fork() == 0:
+                while True:
+                    pass
+        """))]),
+    # Files left in every world-writable folder for the next submission (a_ sorts first, z_ last) to find.
+    "a_plants_files": case(extra=[("square_quadratic_form", PLANT)]),
+    "z_finds_files": case(extra=[("square_quadratic_form", PLANT)]),
+    "fills_its_scratch": case(extra=[("square_quadratic_form", textwrap.dedent(f"""
+        count = 0
+        try:
+            while count < 20_000:
+                open(f"/tmp/{PLANTED}-{{count}}", "w").close()
+                count += 1
+        except OSError:
+            pass
+        print("FILES", count)
+        """))]),
+})
 CASES = {name: spec for name, spec in CASES.items() if name not in CONTAINED_ONLY}
+SECRET = Path(tempfile.gettempdir()) / f"minidape-secret-{os.getpid()}.json"
+FORGED = "forged\ngraded bob · 02_kerple_cpd_kernels: 9 ∕ 9"   # a division slash: "/" cannot be in a name
+WRITABLE = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
 BROKEN = {"empty": b"", "invalid_json": b'{"cells": [', "binary": bytes(range(256)) * 4,
           "wrong_schema": b'{"hello": 1}'}
 
@@ -239,7 +396,7 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
 
 
 def digest(paths) -> dict:
-    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file()}
+    return {str(p): hashlib.sha256(p.read_bytes()).hexdigest() for p in paths if p.is_file() and not p.is_symlink()}
 
 
 @pytest.fixture(scope="module")
@@ -253,16 +410,51 @@ def graded(tmp_path_factory):
         (folder / name).mkdir()
         (folder / name / "02_kerple_cpd_kernels.ipynb").write_bytes(content)
     (folder / "unnamed.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4}))
+    # Submissions that pose as something they are not (issue 31): links to the teacher's edition and to a file
+    # only the grader may read, the teacher's edition under another name, two files of one notebook, and a
+    # folder name that writes a line of its own into the grader's output.
+    teacher = ROOT / "notebooks" / "02_kerple_cpd_kernels.ipynb"
+    honest = folder / "honest" / "02_kerple_cpd_kernels.ipynb"
+    for name, target in (("linked_teacher", Path(os.path.relpath(teacher, folder / "linked_teacher"))),
+                         ("linked_secret", SECRET)):
+        (folder / name).mkdir()
+        (folder / name / "02_kerple_cpd_kernels.ipynb").symlink_to(target)
+    SECRET.write_text(json.dumps({"secret_top_level_key": 1}))
+    SECRET.chmod(0o600)
+    (folder / "linked_folder").symlink_to(folder / "honest", target_is_directory=True)
+    (folder / "copied_teacher").mkdir()
+    shutil.copy(teacher, folder / "copied_teacher" / "02_mine.ipynb")
+    (folder / "two_files").mkdir()
+    shutil.copy(honest, folder / "two_files" / "02_kerple_cpd_kernels.ipynb")
+    shutil.copy(folder / "deleted_and_rewritten_checks" / "02_kerple_cpd_kernels.ipynb",
+                folder / "two_files" / "02_newer.ipynb")          # newer, but not named like the teacher's
+    (folder / FORGED).mkdir()
+    shutil.copy(honest, folder / FORGED / "02_kerple_cpd_kernels.ipynb")
+    for place in WRITABLE:
+        Path(place, PLANTED).unlink(missing_ok=True)
     protected = [*folder.rglob("*.ipynb"), *(ROOT / "notebooks").iterdir(), *(ROOT / "minidape").glob("*.py")]
-    before = digest(protected)
-    with pytest.MonkeyPatch.context() as patch:       # quick mode for this grading only
+    before, memory = digest(protected), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    printed = io.StringIO()
+    with pytest.MonkeyPatch.context() as patch, contextlib.redirect_stdout(printed):   # quick mode for this only
         patch.setenv("MINIDAPE_QUICK", "1")
         submissions = grade.grade([folder], csv_path=out / "grades.csv", timeout=60, jobs=2,
                                   feedback=out / "feedback")
+    SECRET.unlink()
     with open(out / "grades.csv") as file:
         rows = list(csv.DictReader(file))
-    return {"submissions": {s.student: s for s in submissions}, "rows": rows, "before": before,
-            "after": digest(protected), "out": out}
+    return {"submissions": {(s.student, s.path.name): s for s in submissions} | {s.student: s for s in submissions
+                                                                                if s.path.name != "02_newer.ipynb"},
+            "rows": rows, "before": before, "after": digest(protected), "out": out, "printed": printed.getvalue(),
+            "memory_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - memory,
+            "left": left_behind()}
+
+
+def left_behind() -> list[str]:
+    """The planted files left in the machine's world-writable folders (removed: a weaker level leaves them)."""
+    left = [str(Path(place, PLANTED)) for place in WRITABLE if Path(place, PLANTED).exists()]
+    for path in [*left, *Path("/tmp").glob(f"{PLANTED}-*")]:
+        Path(path).unlink()
+    return left
 
 
 @pytest.mark.parametrize("case", [c for c in CASES if CASES[c]["solved"] is not None])
@@ -282,12 +474,53 @@ def test_a_submission_that_breaks_its_worker_loses_only_its_own_grade(graded, ca
     assert graded["submissions"]["honest_too"].points == sum(POINTS.values())
 
 
-def test_library_answers_fail_with_a_message_naming_the_library(graded):
-    rows = {row.exercise: row for row in graded["submissions"]["library_as_answer"].rows}
-    assert "md.kernels.pd_shift" in rows["find_shift"].message
-    assert "md.model.KerpleLogBias" in rows["kerple_log_bias"].message
-    assert "switched off" in {r.exercise: r for r in graded["submissions"]["switches_off_the_watch"].rows}[
-        "find_shift"].message
+@pytest.mark.parametrize("case", ["library_as_answer", "switches_off_the_watch", "profiler_toggled", "trace_callback",
+                                  "rebound", "code_replaced", "source_copied", "thread_pool", "compiled"])
+def test_library_answers_fail_with_a_message_naming_the_library(graded, case):
+    rows = {row.exercise: row for row in graded["submissions"][case].rows}
+    library = {"find_shift": "md.kernels.pd_shift", "kerple_log_bias": "md.model.KerpleLogBias"}
+    assert any(library[name] in rows[name].message for name in library if rows[name].points == 0), rows
+
+
+def test_a_tensor_posing_as_more_elements_than_its_storage_is_refused_unbuilt(graded):
+    rows = {row.exercise: row for row in graded["submissions"]["expanded_tensor"].rows}
+    assert "200000000 elements over a storage of 8 bytes" in rows["kerple_log_bias"].message
+    assert graded["memory_kb"] < 400_000          # 2·10⁸ float32 built in the grader would be 800 MB
+
+
+def test_links_other_files_and_the_teachers_edition_are_refused_unread(graded):
+    for case in ("linked_teacher", "linked_secret", "linked_folder"):
+        submission = graded["submissions"][case]
+        assert submission.points == 0 and "symbolic link" in submission.problem, submission.problem
+    copied = graded["submissions"]["copied_teacher"]
+    assert copied.points == 0 and copied.problem.startswith("refused: this is the teacher's edition")
+    assert "secret_top_level_key" not in (graded["out"] / "grades.csv").read_text()
+    solutions = [c.source for c in TEACHER if "solution" in c.metadata.get("tags", [])]
+    for case in ("linked_teacher", "copied_teacher"):
+        feedback = next((graded["out"] / "feedback" / case).iterdir()).read_text()
+        assert not any(solution.strip()[:60] in feedback for solution in solutions)
+
+
+def test_one_file_per_student_and_notebook_is_graded_and_the_others_named(graded):
+    chosen = graded["submissions"]["two_files", "02_kerple_cpd_kernels.ipynb"]
+    other = graded["submissions"]["two_files", "02_newer.ipynb"]
+    assert chosen.points == sum(POINTS.values())
+    assert other.points == 0 and other.problem.startswith("not graded: 2 files of notebook 02 from this student; "
+                                                          "graded 02_kerple_cpd_kernels.ipynb")
+
+
+def test_control_characters_cannot_forge_a_line_of_output(graded):
+    assert not any(line.startswith("graded bob") for line in graded["printed"].splitlines())
+    assert graded["submissions"][FORGED.replace("\n", "")].points == sum(POINTS.values())
+
+
+@ROOT_ONLY
+def test_world_writable_folders_are_the_submissions_own_and_gone_afterwards(graded):
+    for case in ("a_plants_files", "z_finds_files"):
+        assert "FOUND []" in printed_by(graded, case)
+    assert graded["left"] == []
+    count = int(printed_by(graded, "fills_its_scratch").split("FILES ")[1].split()[0])
+    assert count < sandbox.LIMITS["files"]
 
 
 def test_the_time_limit_keeps_what_was_answered_before_it(graded):
@@ -323,9 +556,15 @@ def test_nothing_outside_a_submission_was_read_or_changed(graded):
 
 
 @pytest.mark.skipif(LEVEL not in ("root", "uid"), reason="user ids of their own need root")
-def test_no_process_of_any_submission_survives(graded):
-    assert [pid for uid in range(sandbox.UID_BASE, sandbox.UID_BASE + 2 * 256)
-            for pid in sandbox._processes_of(uid)] == []
+def test_no_process_or_cgroup_of_any_submission_survives(graded):
+    first = sandbox.UID_BASE + (os.getpid() % 1_000_000) * sandbox.UIDS_PER_GRADER
+    assert [pid for uid in range(first, first + sandbox.UIDS_PER_GRADER) for pid in sandbox.processes_of(uid)] == []
+    assert list(Path("/sys/fs/cgroup").glob(f"**/minidape-{os.getpid()}-*")) == []
+
+
+def printed_by(graded, case: str) -> str:
+    feedback = json.loads((graded["out"] / "feedback" / case / "02_kerple_cpd_kernels.ipynb").read_text())
+    return "".join(o.get("text", "") for c in feedback["cells"] if c["cell_type"] == "code" for o in c["outputs"])
 
 
 def test_feedback_holds_the_verdicts_under_the_checks_and_bounded_output(graded):
@@ -342,5 +581,6 @@ def test_feedback_holds_the_verdicts_under_the_checks_and_bounded_output(graded)
     empty = json.loads((feedback / "empty" / "02_kerple_cpd_kernels.ipynb").read_text())
     assert [c["source"] for c in empty["cells"]] == [
         f"**Grader · 02_kerple_cpd_kernels: 0 / {total_points} points**\n\nthe file is empty"]
-    huge = (feedback / "huge_output" / "02_kerple_cpd_kernels.ipynb").stat().st_size
-    assert huge < 2 * sandbox.MAX_CELL_OUTPUT + 200_000
+    for case in ("huge_output", "display_flood"):        # print, and display() of any mime type
+        size = (feedback / case / "02_kerple_cpd_kernels.ipynb").stat().st_size
+        assert size < 2 * sandbox.MAX_CELL_OUTPUT + 200_000, (case, size)

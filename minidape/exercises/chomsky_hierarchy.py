@@ -93,7 +93,8 @@ OUTPUT_LENGTH_TASKS = ("reverse_string", "duplicate_string", "compute_sqrt", "bi
 def output_length(your_function):
     from .. import tasks
     generator = _fresh_generator()
-    lengths = [3, 4] + torch.randint(5, 200, (4,), generator=generator).tolist()
+    # lengths up to 10⁹: a table of answers cannot cover them, a formula does
+    lengths = [3, 4] + torch.randint(5, 10**9, (4,), generator=generator).tolist()
     for name in OUTPUT_LENGTH_TASKS:
         task = tasks.get_task(name)
         for n in lengths:

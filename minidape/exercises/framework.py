@@ -140,9 +140,9 @@ def _exercise(notebook: str, kind: str, title: str, hint: str, points: int = 1):
     return register
 
 
-# Per exercise, minidape's own implementation of what it asks for (functions, classes: all their methods, and
-# the functions defined inside them). While the grader calls an answer, entering any of these makes the exercise
-# fail with a message naming it. Experiments answer with data (measurements, predictions, configs): nothing of
+# Per exercise, minidape's own implementation of what it asks for (module-level functions and classes). The grader
+# judges the exercise on a run whose minidape has these refusing (``sandbox.censor``): calling any of them, however
+# reached, raises an error naming it. Experiments answer with data (measurements, predictions, configs): nothing of
 # theirs is called, so nothing is forbidden; a derive exercise that minidape does not compute forbids nothing.
 LIBRARY: dict[str, tuple[str, ...]] = {
     # 01

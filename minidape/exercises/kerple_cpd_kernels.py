@@ -51,8 +51,16 @@ def _log_kernel(m, n):
     return -torch.log1p((m - n).abs())
 
 
-def _power_kernel_1_5(m, n):
-    return -(m - n).abs() ** 1.5
+def _power_kernel(scale: float, power: float):
+    def kernel(m, n):              # travels by its code and closure (the grader's pickler)
+        return -scale * (m - n).abs() ** power
+    return kernel
+
+
+def _log_kernel_at(rate: float):
+    def kernel(m, n):
+        return -torch.log1p(rate * (m - n).abs())
+    return kernel
 
 
 def _gaussian_kernel(m, n):
@@ -67,8 +75,13 @@ def find_shift(your_function):
     generator = _fresh_generator()
 
     n = partial(_draw, generator)
-    cases = [("-|m-n|", _triangle_kernel, n(8, 48)), ("-log(1+|m-n|)", _log_kernel, n(16, 96)),
-             ("-|m-n|^1.5", _power_kernel_1_5, n(8, 24)), ("exp(-((m-n)/4)²)", _gaussian_kernel, n(4, 32))]
+    # kernels with parameters drawn afresh: a table of answers cannot hold them all
+    scale, power, rate = (float(x) for x in 0.5 + 3.5 * torch.rand(3, generator=generator))
+    power = 0.2 + power / 4 * 1.8                  # in (0.2, 2]: CPD
+    cases = [(f"-{scale:.3g}·|m-n|^{power:.3g}", _power_kernel(scale, power), n(8, 48)),
+             (f"-log(1+{rate:.3g}·|m-n|)", _log_kernel_at(rate), n(16, 96)),
+             ("-|m-n|^1.5", _power_kernel(1.0, 1.5), n(8, 24)),
+             ("exp(-((m-n)/4)²)", _gaussian_kernel, n(4, 32))]     # positive definite: its shift is c = 1
     for label, kernel, size in cases:
         got = _number(_given(your_function, "find_shift")(kernel, size), "find_shift(kernel, n)")
         want = kernels.pd_shift(kernel, size)
