@@ -241,13 +241,15 @@ def test_an_unedited_refiner_keeps_its_fused_form_without_a_warning(recwarn):
     assert all(fast.block_form(block.attn, True) is fast.conv for block in model.blocks)
 
 
-BIAS_PES = [pe for pe in BUILTIN_PES if M.pe_has_bias(pe)]
+# Position-only biases: FlexAttention's path (a bias that reads the data stays on the query blocks).
+BIAS_PES = [pe for pe in BUILTIN_PES if issubclass(M.PE_REGISTRY[pe], M.AdditiveBias)]
 
 
 def flex_and_reference_attention(model, idx, compiled: bool):
     """The first layer's attention of ``model`` through FlexAttention and through the reference form."""
     layer = model.blocks[0].attn
-    x, positional = model.hidden_states(idx, upto_layer=0)
+    x, layer_inputs = model.hidden_states(idx, upto_layer=0)          # each layer's positional inputs
+    positional = layer_inputs[0]
     q, k, v = layer.qkv(model.blocks[0].ln_1(x), positional)
     T = idx.shape[1]
     flex = fast.flex_bias_attention(q, k, v, positional.full_bias, model.cfg.causal, compiled=compiled)
@@ -275,12 +277,12 @@ def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_
         model = md.GPT(tiny(pe=pe, refiner=refiner, block_size=T))
         q = SimpleNamespace(device=torch.device(device), shape=(1, 4, T, head_size))     # where, how long, how wide
         with torch.set_grad_enabled(grad):
-            return fast.uses_flex(model.blocks[0].attn, q, model.positional_inputs(torch.arange(T)), dropout)
+            return fast.uses_flex(model.blocks[0].attn, q, model.positional_inputs(torch.arange(T), model.pe), dropout)
 
     assert chosen() and chosen(pe="kerple_log", T=512)
     assert not chosen(device="cpu") and not chosen(T=128) and not chosen(grad=False)
     assert not chosen(refiner="dape") and not chosen(pe="rope") and not chosen(dropout=0.1)
-    assert not chosen(head_size=8)
+    assert not chosen(head_size=8) and not chosen(pe="fox")       # a bias that reads the data: query blocks
     monkeypatch.setattr(fast, "FLEX_ON_CUDA", False)
     assert not chosen()
 
