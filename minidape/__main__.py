@@ -33,6 +33,7 @@ from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .study.claims import FLAT_MARGIN, LEAKY_REFINER, MODELS
 from .study.comparison import DEFAULT_BASELINES
 from .tasks import TASK_NAMES
+from .train import DEFAULT_SETTINGS
 from .threads import THREADS_VARIABLE, use_threads
 from .utils import DEVICE_CHOICES, import_file, quick_mode, register_class
 
@@ -158,8 +159,9 @@ def activation_size(args: argparse.Namespace) -> int | None:
     """Elements of one activation (batch x T x n_embd) of what `train` and `che` train, for the thread count."""
     defaults = GPTConfig()
     width = getattr(args, "n_embd", defaults.n_embd)
-    if args.command == "train":
-        return args.batch_size * getattr(args, "block_size", defaults.block_size) * width
+    if args.command == "train":                   # no --batch-size: the default, or a resumed run's own
+        batch_size = args.batch_size or DEFAULT_SETTINGS["batch_size"]
+        return batch_size * getattr(args, "block_size", defaults.block_size) * width
     if args.command == "che":
         return args.batch_size * args.max_train_length * width
     return None

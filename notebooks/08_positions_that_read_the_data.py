@@ -246,11 +246,16 @@ def focus_temperature(n, gap, p):
 # %%
 exercises.check("focus_temperature", focus_temperature)
 
+# %% [markdown] tags=["solution"]
+# The answer grows like $\ln n$: $\tau(n) = (\ln(n - 1) + \ln\frac{p}{1-p}) / g$.
+
 # %% [markdown]
-# The answer grows like $\ln n$: $\tau(n) = (\ln(n - 1) + \ln\frac{p}{1-p}) / g$. That is the shape minidape's
-# `temperature` option gives the logits (`LengthTemperature`): `"log_length"` multiplies row $i$ by
-# $\max(1, \ln n_i / \ln L)$ ($n_i$ keys seen, $L$ the training length: nothing changes in training), and
-# `"learned"` by $s_h \ln n_i$ with $s_h$ learned per head (SSMax).
+# ### minidape's temperature option
+#
+# A temperature that grows with the number of keys is what minidape's `temperature` option gives the logits
+# (`LengthTemperature`): `"log_length"` multiplies row $i$ by $\max(1, \ln n_i / \ln L)$ ($n_i$ keys seen, $L$
+# the training length: nothing changes in training), and `"learned"` by $s_h \ln n_i$ with $s_h$ learned per head
+# (SSMax). The curve below sets the temperature your answer needs beside it.
 
 # %%
 L = TRAIN_LENGTH

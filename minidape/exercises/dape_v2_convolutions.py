@@ -9,7 +9,7 @@ from .helpers import (_compare_refiners, _config, _draw, _fresh_generator, _give
                       _prediction, _prediction_credit, _refiner_inputs, _remote)
 
 
-def _keys(answer) -> list[int]:
+def _keys(answer, query: int) -> list[int]:
     """The sorted key indices of an answer: any list, tuple, range, set, tensor or numpy array of integers. One
     that the grader's worker hands back as a handle (range, set, numpy array) is read through its public
     methods: range's start, stop and step, a set's membership, an array's tolist."""
@@ -18,7 +18,8 @@ def _keys(answer) -> list[int]:
         if kind == "range":
             answer = range(answer.start, answer.stop, answer.step)
         elif kind in ("set", "frozenset"):
-            found = [key for key in range(-64, 64) if answer.issuperset([key])]
+            # keys a wrong answer might hold too: a kernel's reach (at most 2 · (15 // 2)) past each end
+            found = [key for key in range(-16, query + 17) if answer.issuperset([key])]
             answer = found if answer.issubset(found) else answer
         elif kind == "ndarray":
             answer = answer.tolist()
@@ -37,7 +38,8 @@ def receptive_keys(your_function):
     draw = partial(_draw, generator)
     # queries up to 255 and kernels up to 15 wide: too many cases for a table of answers, none for a formula
     odd = lambda: 2 * draw(0, 8) + 1
-    cases = [(1, draw(1, 256), None), (odd(), draw(4, 256), "diagonal"), (odd(), draw(16, 256), "edge"),
+    wide = lambda: 2 * draw(1, 8) + 1     # at least 3: the diagonal and the edge then reach past the query / key 0
+    cases = [(1, draw(1, 256), None), (wide(), draw(4, 256), "diagonal"), (wide(), draw(16, 256), "edge"),
              (3, draw(2, 256), None), (odd(), draw(8, 256), None), (odd(), draw(1, 256), None)]
     for kernel, i, where in cases:
         j = i if where == "diagonal" else 0 if where == "edge" else draw(0, i + 1)
@@ -48,7 +50,7 @@ def receptive_keys(your_function):
         refined = refiner(scores, None, mask)                  # (1, h, 16, 16)
         refined[0, 0, i, j].backward()
         want = scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
-        got = _keys(_given(your_function, "receptive_keys")(i, j, kernel))
+        got = _keys(_given(your_function, "receptive_keys")(i, j, kernel), i)
         if got == want:
             continue
         where = f"receptive_keys({i}, {j}, k={kernel}) = {got}"
