@@ -11,6 +11,7 @@ are interleaved, the order reversed at every step, so drifting machine load hits
 median over rounds of the per-round median ratio after / before, the range over rounds in brackets, and the
 refiner's step time as a multiple of ``none`` in each package.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,9 @@ def import_before(checkout: Path):
 
 
 def models(package, T: int, refiner: str):
-    cfg = package.GPTConfig(vocab_size=256, n_layer=4, n_head=4, n_embd=128, block_size=T, pe="kerple_log",
-                            refiner=refiner)
+    cfg = package.GPTConfig(
+        vocab_size=256, n_layer=4, n_head=4, n_embd=128, block_size=T, pe="kerple_log", refiner=refiner
+    )
     torch.manual_seed(0)
     return package.GPT(cfg)
 
@@ -99,10 +101,17 @@ def main(argv=None) -> None:
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     before = import_before(args.before)
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, 1 thread; {args.rounds} rounds of {args.warmup} warm-up "
-          f"and {args.steps} timed steps; kerple_log, 4 layers x 4 heads x 128")
-    print("| case | after / before: " + " | ".join(REFINERS) + " | x none before -> after: "
-          + " | ".join(REFINERS[1:]) + " |")
+    print(
+        f"CPU: {cpu_name()}; torch {torch.__version__}, 1 thread; {args.rounds} rounds of {args.warmup} warm-up "
+        f"and {args.steps} timed steps; kerple_log, 4 layers x 4 heads x 128"
+    )
+    print(
+        "| case | after / before: "
+        + " | ".join(REFINERS)
+        + " | x none before -> after: "
+        + " | ".join(REFINERS[1:])
+        + " |"
+    )
     print("|---|" + "---:|" * (2 * len(REFINERS) - 1))
     for case in args.cases:
         T, batch = (int(n) for n in case.split("x"))

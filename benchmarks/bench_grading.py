@@ -9,6 +9,7 @@ processes (`--jobs 2`): its points and seconds (the grader's own per-submission 
 
 Each checkout is imported first on PYTHONPATH (this venv's Python); the times are wall clock of the whole
 `python -m minidape grade` command (start-up, every worker, the CSV)."""
+
 import argparse
 import json
 import os
@@ -27,8 +28,13 @@ def make_class(checkout: Path, folder: Path) -> None:
     full = folder / "full.ipynb"
     subprocess.run([BIN / "jupytext", "--quiet", "--to", "ipynb", "-o", full, source], check=True)
     notebook = json.loads(full.read_text())
-    worked = {**notebook, "cells": [{**c, "metadata": {**c["metadata"], "tags": [
-        t for t in c["metadata"].get("tags", []) if t != "solution"]}} for c in notebook["cells"]]}
+    worked = {
+        **notebook,
+        "cells": [
+            {**c, "metadata": {**c["metadata"], "tags": [t for t in c["metadata"].get("tags", []) if t != "solution"]}}
+            for c in notebook["cells"]
+        ],
+    }
     stubs = {**notebook, "cells": [c for c in notebook["cells"] if "solution" not in c["metadata"].get("tags", [])]}
     for number in range(30):
         student = folder / "class" / f"student{number:02d}"
@@ -42,8 +48,14 @@ HOG = "import os\nfor _ in range(6):\n    if os.fork() == 0:\n        while True
 def grade(checkout: Path, folder: Path) -> tuple[float, str]:
     env = {**os.environ, "PYTHONPATH": str(checkout), "MINIDAPE_QUICK": "1", "OMP_NUM_THREADS": "1"}
     start = time.monotonic()
-    printed = subprocess.run([sys.executable, "-m", "minidape", "grade", str(folder), "--jobs", "2", "--timeout",
-                              "300"], env=env, check=True, cwd=checkout, capture_output=True, text=True).stdout
+    printed = subprocess.run(
+        [sys.executable, "-m", "minidape", "grade", str(folder), "--jobs", "2", "--timeout", "300"],
+        env=env,
+        check=True,
+        cwd=checkout,
+        capture_output=True,
+        text=True,
+    ).stdout
     return time.monotonic() - start, printed
 
 
@@ -52,8 +64,10 @@ def beside_a_hog(checkout: Path, tmp: Path) -> None:
     honest = tmp / "class" / "student00" / "02_kerple_cpd_kernels.ipynb"
     hog = json.loads(honest.read_text())
     hog["cells"].append({"cell_type": "code", "metadata": {}, "source": HOG, "outputs": [], "execution_count": None})
-    for name, notebooks in (("alone", {"honest": honest.read_text()}),
-                            ("beside a hog", {"honest": honest.read_text(), "hog": json.dumps(hog)})):
+    for name, notebooks in (
+        ("alone", {"honest": honest.read_text()}),
+        ("beside a hog", {"honest": honest.read_text(), "hog": json.dumps(hog)}),
+    ):
         folder = tmp / name.replace(" ", "_")
         for student, text in notebooks.items():
             (folder / student).mkdir(parents=True)

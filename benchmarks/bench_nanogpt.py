@@ -12,6 +12,7 @@ steps interleaved (plain, then each encoding of this checkout, then of ``--befor
 step, so drifting load hits all alike; each figure is the median step time as a multiple of the plain model's
 in the same run. Prints a markdown table for benchmarks/RESULTS.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -27,8 +28,10 @@ from bench_before_after import cpu_name, import_before
 
 import minidape as after
 
-SHAPES = {"demo": dict(n_layer=2, n_embd=64, n_head=4, batch=16),          # python -m minidape demo (CPU)
-          "readme": dict(n_layer=4, n_embd=128, n_head=4, batch=32)}       # GPTConfig's defaults, train's batch
+SHAPES = {
+    "demo": dict(n_layer=2, n_embd=64, n_head=4, batch=16),  # python -m minidape demo (CPU)
+    "readme": dict(n_layer=4, n_embd=128, n_head=4, batch=32),
+}  # GPTConfig's defaults, train's batch
 T = 128
 GOALS = {"learned": 1.05, "none": 1.05, "rope": 1.05, "alibi": 1.10, "kerple_log": 1.10, "t5": 1.10, "fire": 1.10}
 
@@ -51,7 +54,7 @@ class PlainGPT(nn.Module):
 
     def forward(self, idx, targets):
         T = idx.shape[1]
-        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))   # (batch, T, C)
+        x = self.wte(idx) + self.wpe(torch.arange(T, device=idx.device))  # (batch, T, C)
         for block in self.blocks:
             x = block(x)
         logits = self.lm_head(self.ln_f(x))
@@ -70,7 +73,7 @@ class PlainBlock(nn.Module):
         batch, T, C = x.shape
         q, k, v = self.c_attn(self.ln_1(x)).split(C, dim=2)
         q, k, v = (t.view(batch, T, self.n_head, C // self.n_head).transpose(1, 2) for t in (q, k, v))
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)        # (batch, nh, T, hs)
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (batch, nh, T, hs)
         x = x + self.c_proj(y.transpose(1, 2).contiguous().view(batch, T, C))
         return x + self.mlp_proj(F.gelu(self.c_fc(self.ln_2(x))))
 
@@ -94,8 +97,9 @@ class Trainee:
 
 def minidape_model(package, shape: dict, pe: str):
     torch.manual_seed(0)
-    cfg = package.GPTConfig(vocab_size=256, block_size=T, pe=pe, n_layer=shape["n_layer"], n_embd=shape["n_embd"],
-                            n_head=shape["n_head"])
+    cfg = package.GPTConfig(
+        vocab_size=256, block_size=T, pe=pe, n_layer=shape["n_layer"], n_embd=shape["n_embd"], n_head=shape["n_head"]
+    )
     return package.GPT(cfg)
 
 
@@ -115,14 +119,19 @@ def measure(shape: dict, packages: dict, steps: int, warmup: int) -> dict[str, f
 
 
 def table(results: dict[str, dict[str, float]], codes: list[str]) -> str:
-    rows = ["| shape | encoding | " + " | ".join(f"{code} × plain" for code in codes) + " | goal | met |",
-            "|---|---|" + "---:|" * len(codes) + "---|---|"]
+    rows = [
+        "| shape | encoding | " + " | ".join(f"{code} × plain" for code in codes) + " | goal | met |",
+        "|---|---|" + "---:|" * len(codes) + "---|---|",
+    ]
     for shape, medians in results.items():
         rows.append(f"| {shape} | plain SDPA GPT: {medians['plain'] * 1e3:.1f} ms | " + " | " * len(codes) + " |")
         for pe, goal in GOALS.items():
             ratios = [medians[f"{code} {pe}"] / medians["plain"] for code in codes]
-            rows.append(f"| {shape} | {pe} | " + " | ".join(f"{r:.2f}" for r in ratios)
-                        + f" | ≤ {goal:.2f} | {'yes' if ratios[0] <= goal else 'no'} |")
+            rows.append(
+                f"| {shape} | {pe} | "
+                + " | ".join(f"{r:.2f}" for r in ratios)
+                + f" | ≤ {goal:.2f} | {'yes' if ratios[0] <= goal else 'no'} |"
+            )
     return "\n".join(rows)
 
 
@@ -137,8 +146,11 @@ def main(argv=None) -> None:
     packages = {"after": after}
     if args.before:
         packages["before"] = import_before(args.before)
-    print(f"CPU: {cpu_name()}; torch {torch.__version__}, 1 thread; T={T}; {args.warmup} warm-up and {args.steps} "
-          f"timed steps per model, all interleaved; step = zero_grad + forward + backward + fused AdamW", flush=True)
+    print(
+        f"CPU: {cpu_name()}; torch {torch.__version__}, 1 thread; T={T}; {args.warmup} warm-up and {args.steps} "
+        f"timed steps per model, all interleaved; step = zero_grad + forward + backward + fused AdamW",
+        flush=True,
+    )
     results = {}
     for name in args.shapes:
         shape = SHAPES[name]

@@ -7,6 +7,7 @@ For each model and ALiBi (same shape, same batch), training steps (forward + bac
 order reversed at every step, so drifting machine load hits both alike. Each figure is the median over rounds of the
 per-round median ratio model / ALiBi, the range over rounds in brackets.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,10 +19,18 @@ from bench_before_after import cpu_name
 
 import minidape as md
 
-MODELS = {"FoX": dict(pe="fox"), "DAPE-FoX": dict(pe="fox", refiner="dape"), "CoPE": dict(pe="cope"),
-          "RoPE/NoPE hybrid": dict(pe="rope,none", temperature="learned"), "rope_pi": dict(pe="rope_pi"),
-          "rope_ntk": dict(pe="rope_ntk"), "xpos": dict(pe="xpos"), "hope": dict(pe="hope"),
-          "Kerple-log": dict(pe="kerple_log"), "DAPE-Kerple": dict(pe="kerple_log", refiner="dape")}
+MODELS = {
+    "FoX": dict(pe="fox"),
+    "DAPE-FoX": dict(pe="fox", refiner="dape"),
+    "CoPE": dict(pe="cope"),
+    "RoPE/NoPE hybrid": dict(pe="rope,none", temperature="learned"),
+    "rope_pi": dict(pe="rope_pi"),
+    "rope_ntk": dict(pe="rope_ntk"),
+    "xpos": dict(pe="xpos"),
+    "hope": dict(pe="hope"),
+    "Kerple-log": dict(pe="kerple_log"),
+    "DAPE-Kerple": dict(pe="kerple_log", refiner="dape"),
+}
 
 
 def trainer(T: int, **overrides):
@@ -36,6 +45,7 @@ def trainer(T: int, **overrides):
         loss.backward()
         optimizer.step()
         return time.perf_counter() - start
+
     return step
 
 
@@ -47,13 +57,15 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    print(f"# step time against ALiBi: 2 layers x 64 wide, 4 heads, T={args.length}, batch {args.batch}, "
-          f"{cpu_name()}, 1 thread, torch {torch.__version__}")
+    print(
+        f"# step time against ALiBi: 2 layers x 64 wide, 4 heads, T={args.length}, batch {args.batch}, "
+        f"{cpu_name()}, 1 thread, torch {torch.__version__}"
+    )
     print("| model | step time / ALiBi's | ALiBi's step (ms) |\n|---|---|---|")
     idx = torch.randint(0, 256, (args.batch, args.length), generator=torch.Generator().manual_seed(0))
     for name, overrides in MODELS.items():
         model, alibi = trainer(args.length, **overrides), trainer(args.length, pe="alibi")
-        for _ in range(2):                          # warm-up
+        for _ in range(2):  # warm-up
             model(idx), alibi(idx)
         ratios, alibi_times = [], []
         for _ in range(args.rounds):
@@ -64,8 +76,11 @@ def main() -> None:
                 per_step.append(times[model] / times[alibi])
                 alibi_times.append(times[alibi])
             ratios.append(statistics.median(per_step))
-        print(f"| {name} | {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] | "
-              f"{1000 * statistics.median(alibi_times):.0f} |", flush=True)
+        print(
+            f"| {name} | {statistics.median(ratios):.2f}x [{min(ratios):.2f}-{max(ratios):.2f}] | "
+            f"{1000 * statistics.median(alibi_times):.0f} |",
+            flush=True,
+        )
 
 
 if __name__ == "__main__":

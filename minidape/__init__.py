@@ -4,9 +4,12 @@ The model, the corpora and the training loop are imported here; every other modu
 `tasks`, `che`, `kernels`, ...) is imported on first use (PEP 562 `__getattr__`), so that `import minidape.model`
 stays quick and loads neither matplotlib nor tqdm.
 """
+
 import importlib
 
 from . import threads  # first, before torch loads: OpenMP's idle threads sleep instead of spinning
+
+# isort: split
 from . import fast  # installs the fast path into model.SelfAttention (model.py itself imports nothing from it)
 from .data import load_corpus
 from .model import (
@@ -40,6 +43,18 @@ def __dir__():
 
 
 __all__ = [
-    "GPT", "GPTConfig", "PE_NAMES", "REFINER_NAMES", "AdditiveBias", "DataDependentBias", "AbsolutePositions",
-    "RotaryEmbedding", "register_pe", "register_refiner", "check_causal", "load_corpus", "train", *LAZY_MODULES,
+    "GPT",
+    "GPTConfig",
+    "PE_NAMES",
+    "REFINER_NAMES",
+    "AdditiveBias",
+    "DataDependentBias",
+    "AbsolutePositions",
+    "RotaryEmbedding",
+    "register_pe",
+    "register_refiner",
+    "check_causal",
+    "load_corpus",
+    "train",
+    *LAZY_MODULES,
 ]

@@ -13,6 +13,7 @@ Training runs through :func:`minidape.train.train`, the package's one training l
 that draws each step's task batch and Adam, as the benchmark does. The task generators and the accuracy
 they are scored by are :mod:`minidape.tasks`.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -69,8 +70,9 @@ def task_config(task, cfg: GPTConfig | None = None, max_train_length: int = 40) 
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"cfg must be a GPTConfig, got {type(cfg).__name__}")
     block_size = sequence_length(task, task.valid_length(max_train_length))
-    return dataclasses.replace(cfg, causal=False, vocab_size=task.model_vocab_size, block_size=block_size,
-                               tie_embeddings=False)
+    return dataclasses.replace(
+        cfg, causal=False, vocab_size=task.model_vocab_size, block_size=block_size, tie_embeddings=False
+    )
 
 
 def _check_config(cfg: GPTConfig, task: Task) -> None:
@@ -78,9 +80,11 @@ def _check_config(cfg: GPTConfig, task: Task) -> None:
     if not isinstance(cfg, GPTConfig):
         raise TypeError(f"the model must carry a GPTConfig as .cfg (an md.GPT), got {type(cfg).__name__}")
     if cfg.causal or cfg.vocab_size < task.model_vocab_size:
-        raise ValueError(f"a model for {task.name} needs causal=False and vocab_size >= {task.model_vocab_size}; "
-                         f"got causal={cfg.causal}, vocab_size={cfg.vocab_size} (build it from "
-                         f"md.che.task_config({task.name!r}, cfg))")
+        raise ValueError(
+            f"a model for {task.name} needs causal=False and vocab_size >= {task.model_vocab_size}; "
+            f"got causal={cfg.causal}, vocab_size={cfg.vocab_size} (build it from "
+            f"md.che.task_config({task.name!r}, cfg))"
+        )
 
 
 def _check_positions_cover(cfg: GPTConfig, task: Task, lengths: list[int]) -> None:
@@ -88,12 +92,16 @@ def _check_positions_cover(cfg: GPTConfig, task: Task, lengths: list[int]) -> No
     range of random positions (which evaluation draws too)."""
     longest = sequence_length(task, max(lengths))
     if cfg.random_positions and longest > cfg.random_positions:
-        raise ValueError(f"random_positions={cfg.random_positions} is shorter than the longest test sequence "
-                         f"({longest} tokens = input + answer placeholders); raise it or test shorter lengths")
+        raise ValueError(
+            f"random_positions={cfg.random_positions} is shorter than the longest test sequence "
+            f"({longest} tokens = input + answer placeholders); raise it or test shorter lengths"
+        )
     table = max(cfg.block_size, cfg.random_positions)
     if cfg.pe == "learned" and longest > table:
-        raise ValueError(f"pe='learned' has {table} positions but the longest test sequence has {longest} tokens; "
-                         f"use random_positions >= {longest} (Ruoss et al.) or shorter test lengths")
+        raise ValueError(
+            f"pe='learned' has {table} positions but the longest test sequence has {longest} tokens; "
+            f"use random_positions >= {longest} (Ruoss et al.) or shorter test lengths"
+        )
 
 
 @contextlib.contextmanager
@@ -111,8 +119,9 @@ def _test_positions(model: nn.Module):
 
 
 @torch.no_grad()
-def evaluate_task(model: nn.Module, task, lengths: Iterable[int], samples: int = 64, seed: int = 0,
-                  batch_tokens: int = 16384) -> dict[int, float]:
+def evaluate_task(
+    model: nn.Module, task, lengths: Iterable[int], samples: int = 64, seed: int = 0, batch_tokens: int = 16384
+) -> dict[int, float]:
     """Accuracy of an encoder ``model`` on ``samples`` fresh sequences of each length: ``{n: accuracy}``.
 
     Each length's sequences come from a generator seeded by ``(seed, n)``, so every model meets the same test
@@ -141,7 +150,7 @@ def evaluate_task(model: nn.Module, task, lengths: Iterable[int], samples: int =
                     logits, _ = model(encoder_inputs(x, task).to(device))
                 y = y.to(device)
                 mask = output_mask(y, task)
-                answers = logits[:, -y.shape[1]:, :task.output_vocab].argmax(dim=-1)
+                answers = logits[:, -y.shape[1] :, : task.output_vocab].argmax(dim=-1)
                 correct += int(((answers == y) & mask).sum())
                 scored += int(mask.sum())
             results[n] = correct / scored
@@ -174,11 +183,25 @@ class _TaskBatches:
         return {"length": self.length, "accuracy": accuracy(logits[:, answers], targets[:, answers], self.task).item()}
 
 
-def train_task(task, model_or_cfg: GPTConfig | nn.Module | None = None, *, steps: int = 1000, batch_size: int = 32,
-               lr: float = 1e-3, warmup: int | None = None, min_lr: float | None = None, grad_clip: float = 1.0,
-               max_train_length: int = 40, test_lengths: Iterable[int] = range(1, 501), eval_samples: int = 64,
-               eval_batch_tokens: int = 16384, device: str | torch.device = "auto", seed: int = 0,
-               log_every: int | None = None, progress: bool = True) -> tuple[nn.Module, list[dict], dict]:
+def train_task(
+    task,
+    model_or_cfg: GPTConfig | nn.Module | None = None,
+    *,
+    steps: int = 1000,
+    batch_size: int = 32,
+    lr: float = 1e-3,
+    warmup: int | None = None,
+    min_lr: float | None = None,
+    grad_clip: float = 1.0,
+    max_train_length: int = 40,
+    test_lengths: Iterable[int] = range(1, 501),
+    eval_samples: int = 64,
+    eval_batch_tokens: int = 16384,
+    device: str | torch.device = "auto",
+    seed: int = 0,
+    log_every: int | None = None,
+    progress: bool = True,
+) -> tuple[nn.Module, list[dict], dict]:
     r"""Train an encoder on ``task`` as Ruoss et al. (2023) and the DAPE paper (Appendix D), then test it.
 
     - Model: a ``GPTConfig`` (made fit by :func:`task_config`: encoder, the task's vocabulary), a model
@@ -202,8 +225,10 @@ def train_task(task, model_or_cfg: GPTConfig | nn.Module | None = None, *, steps
     for name, value in (("steps", steps), ("batch_size", batch_size), ("max_train_length", max_train_length)):
         check_number(name, value, 1, allow_none=False)
     if max_train_length < task.min_length:
-        raise ValueError(f"max_train_length={max_train_length} is below the shortest {task.name} input "
-                         f"({task.min_length}: it needs {task.length_rule})")
+        raise ValueError(
+            f"max_train_length={max_train_length} is below the shortest {task.name} input "
+            f"({task.min_length}: it needs {task.length_rule})"
+        )
     lengths = _valid_lengths(task, test_lengths, "test_lengths")
     device = resolve_device(device)
     if model_or_cfg is None or isinstance(model_or_cfg, GPTConfig):
@@ -214,21 +239,45 @@ def train_task(task, model_or_cfg: GPTConfig | nn.Module | None = None, *, steps
 
     batches = _TaskBatches(task, batch_size, max_train_length)
     started = time.perf_counter()
-    model, history = train(model_or_cfg, batches, steps=steps, lr=lr, warmup=warmup, min_lr=min_lr,
-                           weight_decay=0.0, grad_clip=grad_clip, optimizer="adam", log_every=log_every,
-                           metrics=batches.metrics, device=device, seed=seed, progress=progress)
+    model, history = train(
+        model_or_cfg,
+        batches,
+        steps=steps,
+        lr=lr,
+        warmup=warmup,
+        min_lr=min_lr,
+        weight_decay=0.0,
+        grad_clip=grad_clip,
+        optimizer="adam",
+        log_every=log_every,
+        metrics=batches.metrics,
+        device=device,
+        seed=seed,
+        progress=progress,
+    )
     train_seconds = time.perf_counter() - started
 
     started = time.perf_counter()
     curve = evaluate_task(model, task, lengths, samples=eval_samples, seed=seed, batch_tokens=eval_batch_tokens)
     results = {
-        "task": task.name, "level": task.level, "model": model_label(model.cfg), "accuracy": curve,
+        "task": task.name,
+        "level": task.level,
+        "model": model_label(model.cfg),
+        "accuracy": curve,
         "mean_beyond_train": _mean([acc for n, acc in curve.items() if n > max_train_length]),
         "mean_within_train": _mean([acc for n, acc in curve.items() if n <= max_train_length]),
-        "chance": task.chance_accuracy, "max_train_length": max_train_length, "steps": steps,
-        "batch_size": batch_size, "lr": lr, "eval_samples": eval_samples, "seed": seed, "device": str(device),
-        "parameters": sum(p.numel() for p in model.parameters()), "config": dataclasses.asdict(model.cfg),
-        "train_seconds": round(train_seconds, 1), "eval_seconds": round(time.perf_counter() - started, 1),
+        "chance": task.chance_accuracy,
+        "max_train_length": max_train_length,
+        "steps": steps,
+        "batch_size": batch_size,
+        "lr": lr,
+        "eval_samples": eval_samples,
+        "seed": seed,
+        "device": str(device),
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "config": dataclasses.asdict(model.cfg),
+        "train_seconds": round(train_seconds, 1),
+        "eval_seconds": round(time.perf_counter() - started, 1),
     }
     return model, history, results
 

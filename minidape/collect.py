@@ -1,5 +1,6 @@
 """What was handed in: the submissions in the files and folders the teacher names (one per student and
 notebook, links and other non-regular files refused unread), and a submission file's cells."""
+
 from __future__ import annotations
 
 import json
@@ -24,14 +25,15 @@ class Row:
     exercise: str
     points: float
     max_points: float
-    status: str                             # exercises.PASSED, PARTLY, FAILED, NOT_DONE or NEEDS_FULL
+    status: str  # exercises.PASSED, PARTLY, FAILED, NOT_DONE or NEEDS_FULL
     message: str
-    code: str = ""                          # the mistake's stable code (exercises.Wrong.code), "" when none
+    code: str = ""  # the mistake's stable code (exercises.Wrong.code), "" when none
 
 
 @dataclass
 class Written:
     """A written answer for the teacher to mark with its rubric (``docs/teaching.md``)."""
+
     rubric: str
     answer: str
     problem: str = ""
@@ -41,10 +43,10 @@ class Written:
 class Submission:
     student: str
     path: Path
-    notebook: str = ""                      # the teacher notebook's stem, or the file name when unknown
+    notebook: str = ""  # the teacher notebook's stem, or the file name when unknown
     rows: list[Row] = field(default_factory=list)
-    problem: str = ""                       # what stopped or broke the run, if anything
-    cells: list[dict] = field(default_factory=list)   # executed, with outputs (for --feedback)
+    problem: str = ""  # what stopped or broke the run, if anything
+    cells: list[dict] = field(default_factory=list)  # executed, with outputs (for --feedback)
     written: list[Written] = field(default_factory=list)
     seconds: float = 0.0
 
@@ -66,11 +68,11 @@ def submissions(paths) -> list[Submission]:
     """The submissions named: a file is one (student: its name without .ipynb); a folder holds files (the same)
     and one folder per student (student: the folder's name) with that student's notebooks. Student ids keep no
     control characters. In a folder, a symbolic link or anything but a regular file is never followed nor read:
-    it gets a row saying so. Of several files of one notebook (by their ``NN_`` names) in one student's folder, the one named
-    exactly like the teacher's notebook is graded, else the newest; the others get a row saying which was."""
+    it gets a row saying so. Of several files of one notebook (by their ``NN_`` names) in one student's folder, the
+    one named exactly like the teacher's notebook is graded, else the newest; the others get a row saying which was."""
     found = []
     for path in map(Path, paths):
-        if path.exists() and not (path.is_file() or path.is_dir()):     # a path you name may be a link
+        if path.exists() and not (path.is_file() or path.is_dir()):  # a path you name may be a link
             found.append(_refused(printable(path.stem), path))
         elif path.is_file() and path.suffix == ".ipynb":
             found.append(Submission(printable(path.stem), path))
@@ -103,7 +105,7 @@ def _refused(student: str, path: Path) -> Submission:
 def _folder(student: str, folder: Path) -> list[Submission]:
     """One student's notebooks, found without following links, one per notebook (see :func:`submissions`)."""
     files, refused = [], []
-    for top, folders, names in os.walk(folder):          # never enters a linked folder
+    for top, folders, names in os.walk(folder):  # never enters a linked folder
         folders[:] = sorted(f for f in folders if not f.startswith("."))
         for name in sorted(names):
             entry = Path(top) / name
@@ -121,18 +123,29 @@ def _folder(student: str, folder: Path) -> list[Submission]:
         found.append(Submission(student, chosen))
         for other in entries:
             if other != chosen:
-                message = (f"not graded: {len(entries)} files of notebook {number} from this student; graded "
-                           f"{printable(chosen.relative_to(folder))} (the one named like the teacher's notebook, else "
-                           f"the newest)")
-                found.append(Submission(student, other, printable(other.name),
-                                        [Row("", 0, 0, exercises.FAILED, message)], message))
-    return found or [Submission(student, folder, printable(folder.name),
-                                [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {printable(folder)}")])]
+                message = (
+                    f"not graded: {len(entries)} files of notebook {number} from this student; graded "
+                    f"{printable(chosen.relative_to(folder))} (the one named like the teacher's notebook, else "
+                    f"the newest)"
+                )
+                found.append(
+                    Submission(
+                        student, other, printable(other.name), [Row("", 0, 0, exercises.FAILED, message)], message
+                    )
+                )
+    return found or [
+        Submission(
+            student,
+            folder,
+            printable(folder.name),
+            [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {printable(folder)}")],
+        )
+    ]
 
 
 def read_cells(path: Path) -> list[dict]:
     """A submission's cells (``cell_type``, ``source``, ``tags``), or :class:`NotANotebook` saying what is wrong."""
-    try:        # never through a link (one put in its place since it was found), never a pipe or a device
+    try:  # never through a link (one put in its place since it was found), never a pipe or a device
         descriptor = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
     except FileNotFoundError:
         raise NotANotebook("the file is gone (deleted before it was graded)") from None

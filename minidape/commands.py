@@ -43,9 +43,15 @@ def config_overrides(args: argparse.Namespace) -> dict:
 
 
 # The API's names of the settings a command line sets by flags, as they appear in errors: `name=value`, `name must`.
-SETTING_NAMES = re.compile(r"(?<![-\w])(" + "|".join(
-    [field.name for field in dataclasses.fields(GPTConfig)] + list(RUN_SETTINGS) + ["eval_every", "checkpoint_every"])
-    + r")(?==| must\b)")
+SETTING_NAMES = re.compile(
+    r"(?<![-\w])("
+    + "|".join(
+        [field.name for field in dataclasses.fields(GPTConfig)]
+        + list(RUN_SETTINGS)
+        + ["eval_every", "checkpoint_every"]
+    )
+    + r")(?==| must\b)"
+)
 
 
 @contextlib.contextmanager
@@ -78,12 +84,26 @@ def _train_into(args: argparse.Namespace, out: Path, main_process: bool) -> None
         cfg = dataclasses.replace(checkpoint_config(read_checkpoint(checkpoint_path), checkpoint_path), **overrides)
     else:
         cfg = GPTConfig(**overrides)
-    model, history = train(cfg, args.corpus, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                           min_lr=args.min_lr, warmup=args.warmup, weight_decay=args.weight_decay,
-                           grad_clip=args.grad_clip, eval_every=args.eval_every,
-                           checkpoint_every=args.checkpoint_every, device=args.device, seed=args.seed,
-                           compile=args.compile, out=out, resume=args.resume, overwrite=args.overwrite,
-                           allow_leakage=args.allow_leakage)
+    model, history = train(
+        cfg,
+        args.corpus,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        min_lr=args.min_lr,
+        warmup=args.warmup,
+        weight_decay=args.weight_decay,
+        grad_clip=args.grad_clip,
+        eval_every=args.eval_every,
+        checkpoint_every=args.checkpoint_every,
+        device=args.device,
+        seed=args.seed,
+        compile=args.compile,
+        out=out,
+        resume=args.resume,
+        overwrite=args.overwrite,
+        allow_leakage=args.allow_leakage,
+    )
     if main_process:
         with atomic_path(out / "history.json") as tmp:
             tmp.write_text(json.dumps(history, indent=1) + "\n")
@@ -111,8 +131,7 @@ def run_labels(paths: list[str], models: list) -> list[str]:
         if file in seen:
             raise ValueError(f"eval: {file} given twice (as {seen[file]!r} and {path!r}); give each run once")
         seen[file] = path
-    names = [file.parent.parts if file.name == CHECKPOINT_NAME else file.parent.parts + (file.stem,)
-             for file in files]
+    names = [file.parent.parts if file.name == CHECKPOINT_NAME else file.parent.parts + (file.stem,) for file in files]
     kinds = [model_label(model.cfg) for model in models]
     labels = []
     for kind, name in zip(kinds, names):
@@ -120,8 +139,9 @@ def run_labels(paths: list[str], models: list) -> list[str]:
         if len(alike) == 1:
             labels.append(kind)
             continue
-        depth = next(depth for depth in range(1, len(name) + 1)
-                     if sum(other[-depth:] == name[-depth:] for other in alike) == 1)
+        depth = next(
+            depth for depth in range(1, len(name) + 1) if sum(other[-depth:] == name[-depth:] for other in alike) == 1
+        )
         labels.append(f"{kind} ({'/'.join(name[-depth:])})")
     return labels
 
@@ -138,9 +158,9 @@ def _eval_corpus(path: str, checkpoint: dict, corpus: str | None) -> str:
 
 
 def eval_command(args: argparse.Namespace) -> None:
-    if args.out:      # a folder of the user's choice: never over results already there, unless --overwrite
+    if args.out:  # a folder of the user's choice: never over results already there, unless --overwrite
         out = refuse_to_replace(args.out, RESULT_FILES, args.overwrite)
-    else:             # the first run's own folder: its results are updated
+    else:  # the first run's own folder: its results are updated
         out = run_directory(args.checkpoints[0])
     with folder_lock(out):
         _evaluate_into(args, out)
@@ -155,15 +175,23 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
     for (path, model, _), label in zip(runs, labels):
         block_size = model.cfg.block_size
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
-        results[label] = perplexity_by_length(model, load_corpus(corpora[path], "val"), lengths,
-                                              last_k=args.last_k, protocol=args.protocol,
-                                              n_windows=args.n_windows, n_tokens=args.n_tokens, seed=args.seed,
-                                              progress=True)
+        results[label] = perplexity_by_length(
+            model,
+            load_corpus(corpora[path], "val"),
+            lengths,
+            last_k=args.last_k,
+            protocol=args.protocol,
+            n_windows=args.n_windows,
+            n_tokens=args.n_tokens,
+            seed=args.seed,
+            progress=True,
+        )
         train_lengths.add(block_size)
     train_length = train_lengths.pop() if len(train_lengths) == 1 else None
     details = {"protocol": args.protocol, "corpus": ", ".join(sorted(set(corpora.values()))), "seed": args.seed}
     details["last_k" if args.protocol == "last_k" else "n_tokens"] = (
-        args.last_k if args.protocol == "last_k" else args.n_tokens or "all")
+        args.last_k if args.protocol == "last_k" else args.n_tokens or "all"
+    )
     table = plots.write_extrapolation(out, results, train_length, "Length extrapolation", details)
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'extrapolation.png'}")
@@ -176,8 +204,9 @@ def che_command(args: argparse.Namespace) -> None:
     task = get_task(args.task)
     fixed = [name for name in ("vocab_size", "causal", "block_size") if name in vars(args)]
     if fixed:
-        raise ValueError(f"the task sets {', '.join(fixed)}; drop "
-                         f"{', '.join('--' + name.replace('_', '-') for name in fixed)}")
+        raise ValueError(
+            f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
+        )
     with flags_named():
         cfg = GPTConfig(**config_overrides(args))
     lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
@@ -190,26 +219,59 @@ def che_command(args: argparse.Namespace) -> None:
 
 
 def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: str, lengths: range) -> None:
-    _, history, results = train_task(task, cfg, steps=args.steps, batch_size=args.batch_size, lr=args.lr,
-                                     max_train_length=args.max_train_length, test_lengths=lengths,
-                                     eval_samples=args.eval_samples, device=args.device, seed=args.seed)
+    _, history, results = train_task(
+        task,
+        cfg,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        max_train_length=args.max_train_length,
+        test_lengths=lengths,
+        eval_samples=args.eval_samples,
+        device=args.device,
+        seed=args.seed,
+    )
     table = accuracy_table({label: results}, train_length=args.max_train_length)
-    settings = {key: results[key] for key in ("level", "steps", "batch_size", "lr", "max_train_length",
-                                              "eval_samples", "seed", "device", "parameters", "train_seconds",
-                                              "eval_seconds")}
+    settings = {
+        key: results[key]
+        for key in (
+            "level",
+            "steps",
+            "batch_size",
+            "lr",
+            "max_train_length",
+            "eval_samples",
+            "seed",
+            "device",
+            "parameters",
+            "train_seconds",
+            "eval_seconds",
+        )
+    }
     settings["model"] = f"{cfg.n_layer} layers, n_embd {cfg.n_embd}, {cfg.n_head} heads, {label}"
     settings["chance accuracy"] = f"{100 * task.chance_accuracy:.0f}%"
-    fig = plots.plot_accuracy({label: results["accuracy"]}, train_length=args.max_train_length,
-                              chance=task.chance_accuracy, title=f"{task.name} ({task.level}): {label}")
+    fig = plots.plot_accuracy(
+        {label: results["accuracy"]},
+        train_length=args.max_train_length,
+        chance=task.chance_accuracy,
+        title=f"{task.name} ({task.level}): {label}",
+    )
     try:
-        write_results(out, f"{task.name}: accuracy (%) by input length", table, settings,
-                      {**results, "history": history},
-                      figures={"accuracy.png": plots.figure_writer(fig, "accuracy.png")})
+        write_results(
+            out,
+            f"{task.name}: accuracy (%) by input length",
+            table,
+            settings,
+            {**results, "history": history},
+            figures={"accuracy.png": plots.figure_writer(fig, "accuracy.png")},
+        )
     finally:
         plt.close(fig)
     print(table)
-    print(f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
-          f"(chance {100 * task.chance_accuracy:.0f}%)")
+    print(
+        f"mean accuracy beyond training: {100 * results['mean_beyond_train']:.1f}% "
+        f"(chance {100 * task.chance_accuracy:.0f}%)"
+    )
     print(f"wrote {out / 'results.md'}, {out / 'results.json'} and {out / 'accuracy.png'}")
 
 
@@ -218,32 +280,62 @@ def _che_into(args: argparse.Namespace, out: Path, task, cfg: GPTConfig, label: 
 
 def demo_command(args: argparse.Namespace) -> None:
     from .study.demo import run_demo
+
     run_demo(args.corpus, args.out, steps=args.steps, seed=args.seed, device=args.device, overwrite=args.overwrite)
 
 
 def reproduce_command(args: argparse.Namespace) -> None:
     from .study import reproduce
+
     command = "python -m minidape " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    reproduce(budget=args.budget, seeds=args.seeds, corpora=args.corpus, out=args.out, device=args.device,
-              command=command, rerun=args.rerun)
+    reproduce(
+        budget=args.budget,
+        seeds=args.seeds,
+        corpora=args.corpus,
+        out=args.out,
+        device=args.device,
+        command=command,
+        rerun=args.rerun,
+    )
 
 
 def compare_command(args: argparse.Namespace) -> None:
     from .study import compare, parse_model
     from .study.runs import slug
+
     out = args.out or Path("runs") / "compare" / slug(parse_model(args.pe)[0])
-    compare(args.pe, against=tuple(args.against), seeds=args.seeds, corpus=args.corpus, out=out, budget=args.budget,
-            steps=args.steps, batch_size=args.batch_size, lr=args.lr, n_layer=args.n_layer, n_embd=args.n_embd,
-            n_head=args.n_head, train_length=args.train_length, lengths=args.lengths, margin=args.margin / 100,
-            device=args.device, overwrite=args.overwrite, rerun=args.rerun, keep_checkpoints=args.keep_checkpoints,
-            allow_leakage=args.allow_leakage)
+    compare(
+        args.pe,
+        against=tuple(args.against),
+        seeds=args.seeds,
+        corpus=args.corpus,
+        out=out,
+        budget=args.budget,
+        steps=args.steps,
+        batch_size=args.batch_size,
+        lr=args.lr,
+        n_layer=args.n_layer,
+        n_embd=args.n_embd,
+        n_head=args.n_head,
+        train_length=args.train_length,
+        lengths=args.lengths,
+        margin=args.margin / 100,
+        device=args.device,
+        overwrite=args.overwrite,
+        rerun=args.rerun,
+        keep_checkpoints=args.keep_checkpoints,
+        allow_leakage=args.allow_leakage,
+    )
 
 
 def handout_command(args: argparse.Namespace) -> None:
     from .handout import handout
+
     out = handout(args.out, args.notebooks)
-    print(f"wrote the hand-out to {out}: {len(list(out.glob('notebooks/*.ipynb')))} notebooks, "
-          f"{next(out.glob('*.whl')).name}, README.md")
+    print(
+        f"wrote the hand-out to {out}: {len(list(out.glob('notebooks/*.ipynb')))} notebooks, "
+        f"{next(out.glob('*.whl')).name}, README.md"
+    )
 
 
 # What grading needs beyond minidape's own dependencies (the `grade` extra): jupytext reads the teacher's notebooks,
@@ -259,36 +351,59 @@ def grade_command(args: argparse.Namespace) -> None:
         except ImportError:
             missing.append(name)
     if missing:
-        raise ValueError(f"grading needs {' and '.join(missing)}, not installed here: pip install 'minidape[grade]' "
-                         f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
-                         f"'.[grade]')")
+        raise ValueError(
+            f"grading needs {' and '.join(missing)}, not installed here: pip install 'minidape[grade]' "
+            f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
+            f"'.[grade]')"
+        )
     from . import gradebook
     from .grade import grade
-    if args.gradebook is not None:          # the teacher's marks folded in, nothing graded again
+
+    if args.gradebook is not None:  # the teacher's marks folded in, nothing graded again
         if args.paths or args.csv:
-            raise ValueError("--gradebook FILE rebuilds the gradebook of an earlier grade --csv FILE: give no "
-                             "notebooks and no --csv with it")
-        if not Path(args.gradebook).is_file():         # before its lock file is made beside it
-            raise FileNotFoundError(f"--gradebook {args.gradebook}: no such grades file (write it with grade --csv "
-                                    f"{args.gradebook})")
+            raise ValueError(
+                "--gradebook FILE rebuilds the gradebook of an earlier grade --csv FILE: give no "
+                "notebooks and no --csv with it"
+            )
+        if not Path(args.gradebook).is_file():  # before its lock file is made beside it
+            raise FileNotFoundError(
+                f"--gradebook {args.gradebook}: no such grades file (write it with grade --csv {args.gradebook})"
+            )
         with gradebook.held(args.gradebook, overwrite=True):
             written = gradebook.gradebook(args.gradebook)
-        print(f"wrote {', '.join(map(str, written))} from {args.gradebook} and {gradebook.written_path(args.gradebook)}")
+        print(
+            f"wrote {', '.join(map(str, written))} from {args.gradebook} and {gradebook.written_path(args.gradebook)}"
+        )
         return
     if not args.paths:
         raise ValueError("grade needs notebooks or folders to grade (or --gradebook FILE)")
-    grade(args.paths, csv_path=args.csv, timeout=args.timeout, jobs=args.jobs, feedback=args.feedback,
-          overwrite=args.overwrite)
+    grade(
+        args.paths,
+        csv_path=args.csv,
+        timeout=args.timeout,
+        jobs=args.jobs,
+        feedback=args.feedback,
+        overwrite=args.overwrite,
+    )
 
 
 def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:
     """The benchmark (`minidape.bench`) with its own flags; `--pe` and `--threads` are checked by the CLI's parser."""
     from .bench import main
+
     shared = (["--pe", args.pe] if args.pe is not None else []) + (
-        [] if args.threads is None else ["--threads"] + ([str(args.threads)] if args.threads else []))
+        [] if args.threads is None else ["--threads"] + ([str(args.threads)] if args.threads else [])
+    )
     main(shared + bench_args)
 
 
-COMMANDS = {"demo": demo_command, "train": train_command, "eval": eval_command, "che": che_command,
-            "reproduce": reproduce_command, "compare": compare_command, "grade": grade_command,
-            "handout": handout_command}
+COMMANDS = {
+    "demo": demo_command,
+    "train": train_command,
+    "eval": eval_command,
+    "che": che_command,
+    "reproduce": reproduce_command,
+    "compare": compare_command,
+    "grade": grade_command,
+    "handout": handout_command,
+}

@@ -39,8 +39,14 @@ def _bundled_data():
 DATA_DIR = _bundled_data()
 # name -> files under data/, concatenated in this order (see data/PROVENANCE.md)
 CORPORA = {
-    "austen": ("austen/emma.txt.gz", "austen/mansfieldpark.txt.gz", "austen/northangerabbey.txt.gz",
-               "austen/persuasion.txt.gz", "austen/prideprejudice.txt.gz", "austen/sensesensibility.txt.gz"),
+    "austen": (
+        "austen/emma.txt.gz",
+        "austen/mansfieldpark.txt.gz",
+        "austen/northangerabbey.txt.gz",
+        "austen/persuasion.txt.gz",
+        "austen/prideprejudice.txt.gz",
+        "austen/sensesensibility.txt.gz",
+    ),
     "latex": ("latex/latex_math.tex.gz",),
     "python": ("code/python_stdlib.txt.gz",),
 }
@@ -49,8 +55,12 @@ VAL_FRACTION = 0.1
 
 
 # What a path that is there but is no regular file is, for the error (reading a FIFO would wait for a writer).
-NOT_FILES = {stat.S_ISFIFO: "a named pipe (FIFO)", stat.S_ISCHR: "a character device",
-             stat.S_ISBLK: "a block device", stat.S_ISSOCK: "a socket"}
+NOT_FILES = {
+    stat.S_ISFIFO: "a named pipe (FIFO)",
+    stat.S_ISCHR: "a character device",
+    stat.S_ISBLK: "a block device",
+    stat.S_ISSOCK: "a socket",
+}
 
 
 def _check_regular(path: Path) -> None:
@@ -90,15 +100,21 @@ def _corpus_tokens(name_or_path: str) -> torch.Tensor:
         return _read_corpus(name_or_path, None)
     path = user_path(name_or_path, "corpus")
     if path.is_dir():
-        raise ValueError(f"corpus {name_or_path!r} is a folder, not a file; valid corpora are {', '.join(CORPORA)}, "
-                         f"or a path to a .txt or .gz file")
+        raise ValueError(
+            f"corpus {name_or_path!r} is a folder, not a file; valid corpora are {', '.join(CORPORA)}, "
+            f"or a path to a .txt or .gz file"
+        )
     _check_regular(path)
     if not path.is_file():
         if path.suffix not in (".txt", ".gz"):
-            raise ValueError(f"unknown corpus {name_or_path!r}: valid corpora are {', '.join(CORPORA)}, "
-                             f"or a path to a .txt or .gz file")
-        raise FileNotFoundError(f"corpus file {name_or_path!r} does not exist; valid corpora are "
-                                f"{', '.join(CORPORA)}, or a path to an existing .txt or .gz file")
+            raise ValueError(
+                f"unknown corpus {name_or_path!r}: valid corpora are {', '.join(CORPORA)}, "
+                f"or a path to a .txt or .gz file"
+            )
+        raise FileNotFoundError(
+            f"corpus file {name_or_path!r} does not exist; valid corpora are "
+            f"{', '.join(CORPORA)}, or a path to an existing .txt or .gz file"
+        )
     stat = path.stat()
     return _read_corpus(name_or_path, (stat.st_mtime_ns, stat.st_size))
 
@@ -109,8 +125,10 @@ def load_corpus(name_or_path: str | os.PathLike = "austen", split: str = "train"
     The split is deterministic: `train` is the first 90% of the bytes, `val` the last 10%.
     """
     if not isinstance(name_or_path, (str, os.PathLike)):
-        raise TypeError(f"name_or_path must be a corpus name ({', '.join(CORPORA)}) or a file path, "
-                        f"got {type(name_or_path).__name__}")
+        raise TypeError(
+            f"name_or_path must be a corpus name ({', '.join(CORPORA)}) or a file path, "
+            f"got {type(name_or_path).__name__}"
+        )
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}: valid splits are {', '.join(SPLITS)}")
     tokens = _corpus_tokens(os.fspath(name_or_path))
@@ -121,8 +139,10 @@ def load_corpus(name_or_path: str | os.PathLike = "austen", split: str = "train"
 def check_tokens(tokens, what: str, expected: str) -> torch.Tensor:
     """`tokens` itself if it is a 1-D integer tensor, else a TypeError: "{what} must be {expected}, got ..."."""
     if not torch.is_tensor(tokens) or tokens.dim() != 1 or tokens.is_floating_point():
-        raise TypeError(f"{what} must be {expected}, got "
-                        f"{type(tokens).__name__}{tuple(tokens.shape) if torch.is_tensor(tokens) else ''}")
+        raise TypeError(
+            f"{what} must be {expected}, got "
+            f"{type(tokens).__name__}{tuple(tokens.shape) if torch.is_tensor(tokens) else ''}"
+        )
     return tokens
 
 
@@ -131,8 +151,13 @@ def _check_width(tokens: torch.Tensor, width: int) -> None:
         raise ValueError(f"need windows of {width} tokens but the data has only {len(tokens)}")
 
 
-def get_batch(tokens: torch.Tensor, batch_size: int, block_size: int, generator: torch.Generator | None = None,
-              device: str | torch.device = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def get_batch(
+    tokens: torch.Tensor,
+    batch_size: int,
+    block_size: int,
+    generator: torch.Generator | None = None,
+    device: str | torch.device = "cpu",
+) -> tuple[torch.Tensor, torch.Tensor]:
     """`batch_size` random windows: inputs `x` and next-token targets `y`, both LongTensor `(B, block_size)`."""
     _check_width(tokens, block_size + 1)
     starts = torch.randint(len(tokens) - block_size, (batch_size, 1), generator=generator)
@@ -184,8 +209,9 @@ def corpus_to_read(recorded: dict | str, name_or_path: str | os.PathLike | None,
         if "name" in recorded:
             return recorded["name"]
         if not Path(recorded["path"]).is_file():
-            raise ValueError(f"{what}: the corpus it was trained on, {expected}, no longer exists; "
-                             f"pass the corpus explicitly")
+            raise ValueError(
+                f"{what}: the corpus it was trained on, {expected}, no longer exists; pass the corpus explicitly"
+            )
         name_or_path = recorded["path"]
     given = corpus_identity(name_or_path)
     if given != recorded:

@@ -54,8 +54,9 @@ def _check_lengths(lengths) -> list[int]:
     if isinstance(lengths, numbers.Integral) and not isinstance(lengths, bool):
         return [_check_length(lengths, "lengths")]
     if isinstance(lengths, (str, bytes)) or not isinstance(lengths, Iterable):
-        raise TypeError(f"lengths must be a positive integer or a list of them, got {lengths!r} "
-                        f"({type(lengths).__name__})")
+        raise TypeError(
+            f"lengths must be a positive integer or a list of them, got {lengths!r} ({type(lengths).__name__})"
+        )
     return [_check_length(length, "each length") for length in lengths]
 
 
@@ -63,20 +64,25 @@ def _check_vocabulary(model: nn.Module, tokens: torch.Tensor) -> None:
     """A model that is one; too few tokens, or tokens outside the model's vocabulary, are a data error, not a
     length the model cannot run."""
     if not isinstance(model, nn.Module):
-        raise TypeError(f"model must be a torch model (e.g. md.GPT or md.load_checkpoint(path)[0]), got "
-                        f"{type(model).__name__}")
+        raise TypeError(
+            f"model must be a torch model (e.g. md.GPT or md.load_checkpoint(path)[0]), got {type(model).__name__}"
+        )
     if len(tokens) < 2:
-        raise ValueError(f"tokens holds {len(tokens)} token(s); evaluation needs at least 2 (an input and the "
-                         f"next token it predicts)")
+        raise ValueError(
+            f"tokens holds {len(tokens)} token(s); evaluation needs at least 2 (an input and the "
+            f"next token it predicts)"
+        )
     vocab_size = getattr(getattr(model, "cfg", None), "vocab_size", None)
     if vocab_size is not None and len(tokens) and (int(tokens.min()) < 0 or int(tokens.max()) >= vocab_size):
-        raise ValueError(f"tokens must lie in [0, vocab_size={vocab_size}); got values in "
-                         f"[{int(tokens.min())}, {int(tokens.max())}]")
+        raise ValueError(
+            f"tokens must lie in [0, vocab_size={vocab_size}); got values in [{int(tokens.min())}, {int(tokens.max())}]"
+        )
 
 
 @torch.inference_mode()
-def _token_losses(model: nn.Module, windows: torch.Tensor, score_last: int, max_batch_tokens: int,
-                  bar=None) -> torch.Tensor:
+def _token_losses(
+    model: nn.Module, windows: torch.Tensor, score_last: int, max_batch_tokens: int, bar=None
+) -> torch.Tensor:
     """Cross-entropy of the last `score_last` predictions of each window `(N, length + 1)`: `(N, score_last)`.
 
     The model reads `window[:-1]` and predicts `window[1:]`; batches hold at most `max_batch_tokens` tokens. A
@@ -116,21 +122,33 @@ def scored_ends(n_tokens: int, longest: int, scored: int, n_windows: int, seed: 
     tokens, drawn by `seed` alone. Stretch `tokens[e - scored + 1 : e + 1]` is scored; every window, of any
     length up to `longest`, ends at `e`. The candidates lie `scored` apart, so the stretches never overlap."""
     if n_tokens < longest + 1:
-        raise ValueError(f"need windows of {longest + 1} tokens (length {longest} plus its next-token target) but "
-                         f"the tokens number only {n_tokens}; use shorter lengths or more tokens")
-    candidates = (n_tokens - 1 - longest) // scored + 1      # e = longest + j * scored, j < candidates
+        raise ValueError(
+            f"need windows of {longest + 1} tokens (length {longest} plus its next-token target) but "
+            f"the tokens number only {n_tokens}; use shorter lengths or more tokens"
+        )
+    candidates = (n_tokens - 1 - longest) // scored + 1  # e = longest + j * scored, j < candidates
     if n_windows > candidates:
-        raise ValueError(f"{n_tokens} tokens hold {candidates} disjoint stretches of {scored} scored tokens after "
-                         f"a context of {longest}; ask for n_windows <= {candidates}, shorter lengths or more tokens")
+        raise ValueError(
+            f"{n_tokens} tokens hold {candidates} disjoint stretches of {scored} scored tokens after "
+            f"a context of {longest}; ask for n_windows <= {candidates}, shorter lengths or more tokens"
+        )
     generator = torch.Generator().manual_seed(seed)
     chosen = torch.randperm(candidates, generator=generator)[:n_windows].sort().values
     return longest + chosen * scored
 
 
-def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k: int = 256,
-                         protocol: str = "last_k", n_windows: int = 32, n_tokens: int | None = None,
-                         seed: int = 0, max_batch_tokens: int = MAX_BATCH_TOKENS,
-                         progress: bool = False) -> dict[int, float]:
+def perplexity_by_length(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    lengths,
+    last_k: int = 256,
+    protocol: str = "last_k",
+    n_windows: int = 32,
+    n_tokens: int | None = None,
+    seed: int = 0,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+    progress: bool = False,
+) -> dict[int, float]:
     """Perplexity at each evaluation length: `{length: ppl}` (NaN where the model cannot run that length).
     Every length scores the same tokens (see the module docstring); only their context grows with the length.
 
@@ -157,21 +175,27 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     _check_length(max_batch_tokens, "max_batch_tokens")
     longest = max(lengths)
     if protocol == "last_k":
-        if n_tokens is not None:    # last_k draws from the whole stream: a cut-off would go unnoticed
-            raise ValueError(f"n_tokens={n_tokens!r} applies to protocol='nonoverlap' only; last_k places its "
-                             f"windows over all of tokens (pass tokens[:n] to restrict it)")
+        if n_tokens is not None:  # last_k draws from the whole stream: a cut-off would go unnoticed
+            raise ValueError(
+                f"n_tokens={n_tokens!r} applies to protocol='nonoverlap' only; last_k places its "
+                f"windows over all of tokens (pass tokens[:n] to restrict it)"
+            )
         scored = min(last_k, min(lengths))
         ends = scored_ends(len(tokens), longest, scored, n_windows, seed)
     else:
         n_scored = len(tokens) - 1 if n_tokens is None else _check_length(n_tokens, "n_tokens")
         if n_scored > len(tokens) - 1:
-            raise ValueError(f"n_tokens={n_scored} predictions asked for, but {len(tokens)} tokens hold "
-                             f"{len(tokens) - 1}")
+            raise ValueError(
+                f"n_tokens={n_scored} predictions asked for, but {len(tokens)} tokens hold {len(tokens) - 1}"
+            )
         if n_scored < longest:
-            raise ValueError(f"{n_scored + 1} tokens hold no window of length {longest} plus its next-token "
-                             f"target; use shorter lengths or more tokens")
+            raise ValueError(
+                f"{n_scored + 1} tokens hold no window of length {longest} plus its next-token "
+                f"target; use shorter lengths or more tokens"
+            )
     results = {}
     from tqdm import tqdm  # here: `import minidape` stays free of tqdm
+
     bar = tqdm(total=0, disable=not progress, unit="tok", desc="eval", dynamic_ncols=True)
     with _evaluation_mode(model), bar:
         for length in lengths:
@@ -181,12 +205,16 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
                 count, remainder = divmod(n_scored, length)
                 batches = [(tokens[(torch.arange(count) * length)[:, None] + torch.arange(length + 1)], length)]
                 if remainder:
-                    batches.append((tokens[count * length: n_scored + 1][None], remainder))
+                    batches.append((tokens[count * length : n_scored + 1][None], remainder))
             bar.total += sum(windows.numel() - len(windows) for windows, _ in batches)
             bar.set_description(f"eval at {length}")
             try:
-                losses = torch.cat([_token_losses(model, windows, score_last, max_batch_tokens, bar).flatten()
-                                    for windows, score_last in batches])
+                losses = torch.cat(
+                    [
+                        _token_losses(model, windows, score_last, max_batch_tokens, bar).flatten()
+                        for windows, score_last in batches
+                    ]
+                )
             except ValueError as err:  # a PE that cannot run this length, e.g. "learned" beyond its table
                 warnings.warn(f"length {length} skipped (reported as NaN): {err}", stacklevel=2)
                 results[length] = math.nan
@@ -195,8 +223,14 @@ def perplexity_by_length(model: nn.Module, tokens: torch.Tensor, lengths, last_k
     return results
 
 
-def loss_by_position(model: nn.Module, tokens: torch.Tensor, length: int, n_windows: int = 16, seed: int = 0,
-                     max_batch_tokens: int = MAX_BATCH_TOKENS) -> torch.Tensor:
+def loss_by_position(
+    model: nn.Module,
+    tokens: torch.Tensor,
+    length: int,
+    n_windows: int = 16,
+    seed: int = 0,
+    max_batch_tokens: int = MAX_BATCH_TOKENS,
+) -> torch.Tensor:
     """Kerple's position-wise loss: a `(length,)` tensor whose entry `i` is the mean loss of predicting
     token `i + 1` from tokens `0..i`, over `n_windows` seeded windows of `length + 1` tokens.
     `exp` of it is the position-wise perplexity."""

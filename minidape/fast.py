@@ -28,27 +28,38 @@ one, ``block_form`` checks that structure and compares the fused form with the m
 small input: a refiner edited in ``model.py`` (another activation, another equation) runs in its reference
 form, with a warning, instead of silently computing something else.
 """
+
 from __future__ import annotations
 
 import functools
 import math
 import warnings
 import weakref
-from typing import Callable
+from collections.abc import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .model import (LEAKY_SLOPE, ConvRefiner, DAPEAddRefiner, DAPEConcatRefiner, DAPERefiner, PositionalInputs,
-                    SelfAttention, attend, attention_mask, refiner_view)
+from .model import (
+    LEAKY_SLOPE,
+    ConvRefiner,
+    DAPEAddRefiner,
+    DAPEConcatRefiner,
+    DAPERefiner,
+    PositionalInputs,
+    SelfAttention,
+    attend,
+    attention_mask,
+    refiner_view,
+)
 from .model import attention as reference_attention
 
 # The refiner's hidden activations of one query block are kept under this many elements (at least 16 query
 # rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel launches
 # stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
-QUERY_BLOCK_ELEMENTS = {"cpu": 2 ** 22, "accelerator": 2 ** 26}
-FULL_BIAS_ELEMENTS = 2 ** 24
+QUERY_BLOCK_ELEMENTS = {"cpu": 2**22, "accelerator": 2**26}
+FULL_BIAS_ELEMENTS = 2**24
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -69,9 +80,17 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
         return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
     refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
-        mask = attention_mask(T, layer.cfg.causal, q.device)   # a refiner that may read other query rows: the
-        return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout,   # paper form
-                                   layer.temperature_rows(0, T, T))[0]
+        mask = attention_mask(T, layer.cfg.causal, q.device)  # a refiner that may read other query rows: the
+        return reference_attention(
+            q,
+            k,
+            v,
+            positional.full_bias,
+            mask,
+            layer.refiner,
+            dropout,  # paper form
+            layer.temperature_rows(0, T, T),
+        )[0]
     return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
 
 
@@ -90,7 +109,7 @@ def own_forward(refiner, scores, bias, mask):
     return refiner(scores, bias, mask)
 
 
-_checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()   # refiner module -> its checked form
+_checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # refiner module -> its checked form
 
 
 def block_form(layer: SelfAttention, has_bias: bool) -> Callable | None:
@@ -103,8 +122,11 @@ def block_form(layer: SelfAttention, has_bias: bool) -> Callable | None:
     if refiner not in _checked_forms:
         problem = _structure_problem(refiner) or _probe_problem(refiner, layer.cfg.causal, has_bias)
         if problem:
-            warnings.warn(f"fast path: {type(refiner).__name__} {problem}, so its fused form would compute something "
-                          f"else; this layer runs model.py's reference form (same result, slower)", stacklevel=2)
+            warnings.warn(
+                f"fast path: {type(refiner).__name__} {problem}, so its fused form would compute something "
+                f"else; this layer runs model.py's reference form (same result, slower)",
+                stacklevel=2,
+            )
         _checked_forms[refiner] = None if problem else FUSED_FORMS[type(refiner)]
     return _checked_forms[refiner]
 
@@ -117,8 +139,14 @@ def _structure_problem(refiner) -> str | None:
             return "has no nn.Conv2d conv1 and conv2"
         kernel = convs[0].kernel_size[1]
         for conv in convs:
-            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != \
-                    ((1, kernel), (0, kernel // 2), (1, 1), (1, 1), 1, "zeros"):
+            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != (
+                (1, kernel),
+                (0, kernel // 2),
+                (1, 1),
+                (1, 1),
+                1,
+                "zeros",
+            ):
                 return "has a convolution that is not 1 x kernel with padding kernel // 2 along the keys"
         return None
     f = getattr(refiner, "f", None)
@@ -145,7 +173,7 @@ def _probe_problem(refiner, causal: bool, has_bias: bool, T: int = 7) -> str | N
         fused = FUSED_FORMS[type(refiner)](refiner, scores, seen_bias, mask)
     if expected.shape != fused.shape:
         return f"returns shape {tuple(expected.shape)} where its fused form gives {tuple(fused.shape)}"
-    tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 3e-2   # relative to the largest score
+    tolerance = 1e-4 if weight.dtype in (torch.float32, torch.float64) else 3e-2  # relative to the largest score
     error = (expected - fused).masked_fill(~allowed, 0).abs().max().item()
     if not error <= tolerance * (1 + expected.masked_fill(~allowed, 0).abs().max().item()):
         return f"differs from its fused form by {error:.3g} on a test input"
@@ -184,8 +212,9 @@ def query_block_mask(q0: int, q1: int, k1: int, causal: bool, device) -> torch.T
     return torch.arange(k1, device=device)[None, :] <= torch.arange(q0, q1, device=device)[:, None]
 
 
-def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: PositionalInputs, refine: Callable | None,
-                           dropout: float) -> list[torch.Tensor]:
+def attend_in_query_blocks(
+    layer: SelfAttention, q, k, v, positional: PositionalInputs, refine: Callable | None, dropout: float
+) -> list[torch.Tensor]:
     """Attention in blocks of query rows, each against the keys it can see: (batch, nh, rows, hs) per block.
 
     The keys are split at the same rows as the queries (key blocks); a causal query block takes the key blocks
@@ -219,20 +248,25 @@ def attend_in_query_blocks(layer: SelfAttention, q, k, v, positional: Positional
         else:
             bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
         temperature = layer.temperature_rows(q0, q1, T)
-        if refiner is None and temperature is None:   # S + B through the fused kernel, bias and mask as one float mask
-            if precomputed:              # the same in every layer: made once per forward
-                attn_mask = per_forward(positional, ("float mask", q0, q1, k1, q.dtype),
-                                        lambda bias=bias, mask=mask: float_mask(bias, mask, q.dtype))
+        if refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
+            if precomputed:  # the same in every layer: made once per forward
+                attn_mask = per_forward(
+                    positional,
+                    ("float mask", q0, q1, k1, q.dtype),
+                    lambda bias=bias, mask=mask: float_mask(bias, mask, q.dtype),
+                )
             else:
                 attn_mask = float_mask(bias, mask, q.dtype)
             # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
             # keys) one the unfused math kernel (torch 2.13; a mask that needs a gradient takes it anyway). A bias
             # that reads the data has its batch axis already.
-            outputs[i] = F.scaled_dot_product_attention(query_blocks[i], keys, values, dropout_p=dropout,
-                                                        attn_mask=attn_mask.expand(batch, -1, -1, -1))
+            outputs[i] = F.scaled_dot_product_attention(
+                query_blocks[i], keys, values, dropout_p=dropout, attn_mask=attn_mask.expand(batch, -1, -1, -1)
+            )
         else:
-            outputs[i] = attend_query_block(refiner, refine, query_blocks[i], keys, values, bias, mask, dropout,
-                                            temperature)
+            outputs[i] = attend_query_block(
+                refiner, refine, query_blocks[i], keys, values, bias, mask, dropout, temperature
+            )
     return outputs
 
 
@@ -269,15 +303,15 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
     """``model.attention`` with a refiner or a temperature for a block of query rows: q (batch, nh, rows, hs), k/v
     (batch, nh, keys, hs), bias (nh, rows, keys), (batch, nh, rows, keys) or None, mask (rows, keys), temperature
     (1 or nh, rows, 1) or None -> (batch, nh, rows, hs). ``refine`` is ``block_form``'s."""
-    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)         # S, scaling the smaller operand
+    scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is None:
-        refined = scores + seen_bias                                             # A = S + B
+        refined = scores + seen_bias  # A = S + B
     else:
         refined = refine(refiner, scores, seen_bias, mask)
     if temperature is not None:
-        refined = refined * temperature                                          # tau (.) A
-    return attend(refined, allowed, v, dropout)[0]                               # softmax(mask(A)) V
+        refined = refined * temperature  # tau (.) A
+    return attend(refined, allowed, v, dropout)[0]  # softmax(mask(A)) V
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -296,10 +330,18 @@ def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: fl
     """Whether this layer's attention goes through FlexAttention (it has no dropout; its CUDA kernels need a head
     size of at least 16; the bias it reads is the whole (nh, T, T) one, so only where that is held anyway)."""
     T = q.shape[2]
-    return (FLEX_ON_CUDA and q.device.type == "cuda" and torch.is_grad_enabled() and layer.refiner is None
-            and positional.bias_between is not None and layer.temperature is None and dropout == 0.0
-            and T >= FLEX_MIN_LENGTH
-            and q.shape[-1] >= 16 and layer.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS)
+    return (
+        FLEX_ON_CUDA
+        and q.device.type == "cuda"
+        and torch.is_grad_enabled()
+        and layer.refiner is None
+        and positional.bias_between is not None
+        and layer.temperature is None
+        and dropout == 0.0
+        and T >= FLEX_MIN_LENGTH
+        and q.shape[-1] >= 16
+        and layer.cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
+    )
 
 
 def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
@@ -320,6 +362,7 @@ def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
 @functools.cache
 def compiled_flex_attention():
     from torch.nn.attention.flex_attention import flex_attention
+
     return torch.compile(flex_attention)
 
 
@@ -330,6 +373,7 @@ def causal_block_mask(T: int, device: str):
 
     def causal(batch, head, query, key):
         return key <= query
+
     return create_block_mask(causal, None, None, T, T, device=device)
 
 
@@ -369,7 +413,7 @@ class _CellMLP(torch.autograd.Function):
 
     @staticmethod
     def hidden(x, hidden_offset, w_in):
-        pre_activation = torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x)      # (batch, W, N)
+        pre_activation = torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x)  # (batch, W, N)
         return F.leaky_relu_(pre_activation, LEAKY_SLOPE)
 
     @staticmethod
@@ -380,7 +424,7 @@ class _CellMLP(torch.autograd.Function):
         grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
         grad_hidden = torch.bmm(_CellMLP.batched(w_out.t(), batch), grad_out)
         torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden)
-        grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()      # as (C, W): 1.6-2x faster than (W, C)
+        grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()  # as (C, W): 1.6-2x faster than (W, C)
         grad_offset = grad_hidden.sum(0)
         if hidden_offset.shape[-1] == 1:
             grad_offset = grad_offset.sum(-1, keepdim=True)
@@ -400,7 +444,7 @@ def head_mlp(f, x, bias=None, residual=None):
     $W_1 [x; B] = W_x x + W_B B$: the bias half, the same for every sequence, is computed once and broadcast."""
     first, last = f.hidden_layer, f.output_layer
     batch, h, Tq, Tk = x.shape
-    if bias is not None and bias.dim() == 4:     # a bias read from the data differs per sequence: [x, B] as input
+    if bias is not None and bias.dim() == 4:  # a bias read from the data differs per sequence: [x, B] as input
         cells = torch.cat([x, bias.to(x.dtype)], dim=1).reshape(batch, 2 * h, -1)
         out = _CellMLP.run(cells, first.bias[:, None], first.weight, last.weight).view(batch, h, Tq, Tk)
         return _residual_sum(x, out, last.bias, residual)
@@ -444,8 +488,8 @@ def _shifted_copies(x, kernel: int):
     n_keys = x.shape[-1]
     for t in range(kernel):
         d = t - kernel // 2
-        lo, hi = max(0, -d), n_keys - max(0, d)          # the keys j whose j + d lies in the row
-        out[:, t, ..., lo:hi] = x[..., lo + d: hi + d]
+        lo, hi = max(0, -d), n_keys - max(0, d)  # the keys j whose j + d lies in the row
+        out[:, t, ..., lo:hi] = x[..., lo + d : hi + d]
         out[:, t, ..., :lo] = 0
         out[:, t, ..., hi:] = 0
     return out
@@ -460,7 +504,7 @@ def _summed_shifts(y, kernel: int):
         d = t - kernel // 2
         if d:
             lo, hi = max(0, -d), n_keys - max(0, d)
-            out[..., lo + d: hi + d] += y[:, t, ..., lo:hi]
+            out[..., lo + d : hi + d] += y[:, t, ..., lo:hi]
     return out
 
 
@@ -488,12 +532,12 @@ def conv(refiner, scores, bias, mask):
     batch, h, Tq, Tk = scores.shape
     kernel = refiner.conv1.kernel_size[1]
 
-    def copies(x):                                  # tril, then (batch, C, Tq, Tk) -> (batch, kernel * C, Tq * Tk)
+    def copies(x):  # tril, then (batch, C, Tq, Tk) -> (batch, kernel * C, Tq * Tk)
         return _KeyShifts.apply(x.masked_fill(~mask, 0), kernel, False).flatten(1, 2).flatten(2)
 
-    w1 = refiner.conv1.weight[:, :, 0].transpose(1, 2)                       # (W, kernel, C_in)
-    w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)   # (kernel * h, W), taps reversed
-    if bias is not None and bias.dim() == 4:     # a bias read from the data differs per sequence: [S, B] as input
+    w1 = refiner.conv1.weight[:, :, 0].transpose(1, 2)  # (W, kernel, C_in)
+    w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)  # (kernel * h, W), taps reversed
+    if bias is not None and bias.dim() == 4:  # a bias read from the data differs per sequence: [S, B] as input
         inputs = copies(torch.cat([scores, bias.to(scores.dtype)], dim=1))
         taps = _CellMLP.run(inputs, refiner.conv1.bias[:, None], w1.flatten(1), w2)
     else:

@@ -31,6 +31,7 @@
    measurement does not count. Experiments on the notebooks' own models are judged against the teacher's
    reference measurements (``notebooks/references.json``), whatever the grading mode.
 """
+
 from __future__ import annotations
 
 import ast
@@ -52,9 +53,9 @@ from .gradebook import COLUMNS, WRITTEN_COLUMNS, csv_message, write_csv, write_w
 from .threads import THREADS_VARIABLE
 from .utils import quick_mode
 
-REFERENCES = TEACHER / "references.json"     # the teacher's reference measurements (make notebooks records them)
-NOT_RECORDED = object()         # a prediction variable that no prediction cell of the submission assigns literally
-START_TIMEOUT = 180             # seconds for a worker to start (import torch) before its first cell
+REFERENCES = TEACHER / "references.json"  # the teacher's reference measurements (make notebooks records them)
+NOT_RECORDED = object()  # a prediction variable that no prediction cell of the submission assigns literally
+START_TIMEOUT = 180  # seconds for a worker to start (import torch) before its first cell
 
 
 # ------------------------------------------------------------------------------ the teacher's edition
@@ -63,11 +64,12 @@ START_TIMEOUT = 180             # seconds for a worker to start (import torch) b
 @dataclass
 class Edition:
     """One notebook of the teacher's edition: its cells, and which of them check which exercise."""
-    stem: str                                   # "02_kerple_cpd_kernels"
-    number: str                                 # "02"
-    cells: list[dict]                           # {"cell_type", "source", "tags"}
+
+    stem: str  # "02_kerple_cpd_kernels"
+    number: str  # "02"
+    cells: list[dict]  # {"cell_type", "source", "tags"}
     roster: list[exercises.Exercise]
-    checks: dict[str, int] = field(default_factory=dict)   # exercise name -> index of its check cell
+    checks: dict[str, int] = field(default_factory=dict)  # exercise name -> index of its check cell
     # experiment name -> {the checker's parameter: the prediction variable the check cell passes to it}
     predictions: dict[str, dict[str, str]] = field(default_factory=dict)
 
@@ -94,8 +96,10 @@ def check_calls(source: str) -> list[ast.Call]:
 def _checked_name(call: ast.Call) -> str | None:
     """The exercise name a ``check`` call names as a string literal (by position or as ``name=``)."""
     function = call.func
-    if not ((isinstance(function, ast.Attribute) and function.attr == "check") or
-            (isinstance(function, ast.Name) and function.id == "check")):
+    if not (
+        (isinstance(function, ast.Attribute) and function.attr == "check")
+        or (isinstance(function, ast.Name) and function.id == "check")
+    ):
         return None
     named = call.args[0] if call.args else next((k.value for k in call.keywords if k.arg == "name"), None)
     return named.value if isinstance(named, ast.Constant) and isinstance(named.value, str) else None
@@ -118,25 +122,37 @@ def exercise_names(notebook) -> list[str]:
 def editions(folder: Path = TEACHER) -> dict[str, Edition]:
     """The teacher's notebooks by number; an error if one's check cells disagree with the exercises' registry."""
     import jupytext
+
     if not folder.is_dir():
         raise FileNotFoundError(f"the teacher's edition {folder} is not there: grade from a checkout of minidape")
     found = {}
     for path in sorted(folder.glob("[0-9][0-9]_*.py")):
         notebook = jupytext.read(path)
-        cells = [{"cell_type": c.cell_type, "source": c.source, "tags": list(c.metadata.get("tags", []))}
-                 for c in notebook.cells]
+        cells = [
+            {"cell_type": c.cell_type, "source": c.source, "tags": list(c.metadata.get("tags", []))}
+            for c in notebook.cells
+        ]
         edition = Edition(path.stem, path.name[:2], cells, exercises.exercises_of(path.name[:2]))
         for name in exercise_names(notebook):
-            edition.checks[name] = next(i for i, c in enumerate(notebook.cells) if c.cell_type == "code" and
-                                        "solution" not in c.metadata.get("tags", []) and name in checked(c.source))
+            edition.checks[name] = next(
+                i
+                for i, c in enumerate(notebook.cells)
+                if c.cell_type == "code" and "solution" not in c.metadata.get("tags", []) and name in checked(c.source)
+            )
         if list(edition.checks) != [e.name for e in edition.roster]:
-            raise RuntimeError(f"{path}: its check cells ({list(edition.checks)}) differ from the registered "
-                               f"exercises of {edition.number} ({[e.name for e in edition.roster]})")
-        predicted = set(literal_assignments([c for c in cells if "prediction" in c["tags"]
-                                             and "solution" not in c["tags"]]))
+            raise RuntimeError(
+                f"{path}: its check cells ({list(edition.checks)}) differ from the registered "
+                f"exercises of {edition.number} ({[e.name for e in edition.roster]})"
+            )
+        predicted = set(
+            literal_assignments([c for c in cells if "prediction" in c["tags"] and "solution" not in c["tags"]])
+        )
         for name, index in edition.checks.items():
-            edition.predictions[name] = {parameter: variable for parameter, variable in _names_passed_to_check(
-                cells[index]["source"], name).items() if variable in predicted}
+            edition.predictions[name] = {
+                parameter: variable
+                for parameter, variable in _names_passed_to_check(cells[index]["source"], name).items()
+                if variable in predicted
+            }
         found[edition.number] = edition
     return found
 
@@ -147,7 +163,7 @@ def _names_passed_to_check(source: str, name: str) -> dict[str, str | None]:
     parameters = list(inspect.signature(exercises.EXERCISES[name].checker).parameters)
     for call in check_calls(source):
         if _checked_name(call) == name:
-            passed = dict(zip(parameters, call.args[1:]))     # args[0] is the name, unless given as name=
+            passed = dict(zip(parameters, call.args[1:]))  # args[0] is the name, unless given as name=
             passed.update({k.arg: k.value for k in call.keywords if k.arg not in (None, "name")})
             return {parameter: value.id if isinstance(value, ast.Name) else None for parameter, value in passed.items()}
     return {}
@@ -184,8 +200,10 @@ def identify(path: Path, cells: list[dict] | None, known: dict[str, Edition]) ->
     if not cells:
         return None
     theirs = {_same(c["source"]) for c in cells if c["source"].strip()}
-    counts = {number: sum(_same(c["source"]) in theirs for c in edition.cells if c["source"].strip())
-              for number, edition in known.items()}
+    counts = {
+        number: sum(_same(c["source"]) in theirs for c in edition.cells if c["source"].strip())
+        for number, edition in known.items()
+    }
     best = max(counts, key=counts.get, default=None)
     return known[best] if best is not None and counts[best] >= 3 else None
 
@@ -209,8 +227,13 @@ def _defined(source: str) -> set[str]:
     """The names a cell's top level binds (functions, classes, assignments)."""
     tree = ast.parse(source)
     names = {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.ClassDef))}
-    return names | {target.id for node in tree.body if isinstance(node, ast.Assign) for target in node.targets
-                    if isinstance(target, ast.Name)}
+    return names | {
+        target.id
+        for node in tree.body
+        if isinstance(node, ast.Assign)
+        for target in node.targets
+        if isinstance(target, ast.Name)
+    }
 
 
 def restore(edition: Edition, cells: list[dict]) -> list[dict]:
@@ -232,8 +255,9 @@ def restore(edition: Edition, cells: list[dict]) -> list[dict]:
     for name, index in sorted(edition.checks.items(), key=lambda item: item[1]):
         after = [matched[i] for i in sorted(matched) if i > index]
         at = after[0] if after else len(kept)
-        before.setdefault(at, []).append({"cell_type": "code", "source": edition.cells[index]["source"],
-                                          "checks": name})
+        before.setdefault(at, []).append(
+            {"cell_type": "code", "source": edition.cells[index]["source"], "checks": name}
+        )
     restored = []
     for at in range(len(kept) + 1):
         restored += before.get(at, [])
@@ -248,14 +272,15 @@ def restore(edition: Edition, cells: list[dict]) -> list[dict]:
 @dataclass
 class Grader:
     """What every job shares: the teacher's edition, the sandbox's settings, the time limit."""
+
     known: dict[str, Edition]
     level: str
     hide: list[str]
     env: dict[str, str]
     timeout: float
-    censored: dict[frozenset, Path] = field(default_factory=dict)   # forbidden names -> censored package copy
+    censored: dict[frozenset, Path] = field(default_factory=dict)  # forbidden names -> censored package copy
     lock: threading.Lock = field(default_factory=threading.Lock)
-    cgroups: str | None = None                                  # "v1", "v2" or None (per-process limits only)
+    cgroups: str | None = None  # "v1", "v2" or None (per-process limits only)
     writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
     def start(self, slot: int, censored: Path | None = None, box=None) -> sandbox.Worker:
@@ -263,8 +288,16 @@ class Grader:
         if box is None and self.cgroups is not None:
             box = sandbox.Box(self.cgroups, f"{os.getpid()}-{slot}-{time.monotonic_ns()}")
         # CPU seconds per process: the cells' and the checks' time, with room for a busy machine's start-up.
-        return sandbox.Worker(self.level, slot, self.hide, self.env, cpu_seconds=2 * self.timeout + START_TIMEOUT,
-                              censored=censored, box=box, writable=self.writable)
+        return sandbox.Worker(
+            self.level,
+            slot,
+            self.hide,
+            self.env,
+            cpu_seconds=2 * self.timeout + START_TIMEOUT,
+            censored=censored,
+            box=box,
+            writable=self.writable,
+        )
 
     def censored_copy(self, forbidden: frozenset) -> Path:
         """The copy of minidape in which ``forbidden`` refuses, made the first time a submission needs it."""
@@ -285,12 +318,15 @@ class Grader:
         start, judged = time.monotonic(), []
         try:
             self._grade(submission, worker, judged_slot, judged)
-        except Exception as error:          # a bug of the grader's own: this submission's rows say so, the rest go on
+        except Exception as error:  # a bug of the grader's own: this submission's rows say so, the rest go on
             problem = f"the grader failed on this submission ({type(error).__name__}: {error}); grade it again"
             edition = self.known.get(submission.notebook[:2])
             submission.problem = problem
-            submission.rows = ([Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
-                               if edition else [Row("", 0, 0, exercises.FAILED, problem)])
+            submission.rows = (
+                [Row(e.name, 0, e.points, exercises.FAILED, problem) for e in edition.roster]
+                if edition
+                else [Row("", 0, 0, exercises.FAILED, problem)]
+            )
         finally:
             for each in judged:
                 each.close()
@@ -298,11 +334,12 @@ class Grader:
             submission.seconds = time.monotonic() - start
         return submission
 
-    def _grade(self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0,
-               started: list | None = None) -> None:
+    def _grade(
+        self, submission: Submission, worker: sandbox.Worker, judged_slot: int = 0, started: list | None = None
+    ) -> None:
         """``started`` gets the judged workers it starts (for :meth:`grade` to close)."""
         started = [] if started is None else started
-        if submission.rows:                      # refused before it was read (see submissions())
+        if submission.rows:  # refused before it was read (see submissions())
             return
         cells, unreadable = None, ""
         try:
@@ -312,15 +349,18 @@ class Grader:
         edition = identify(submission.path, cells, self.known)
         if edition is None:
             submission.notebook = submission.path.name
-            submission.problem = unreadable or (f"cannot tell which notebook this is: name it NN_... like the "
-                                                f"teacher's ({', '.join(e.stem for e in self.known.values())})")
+            submission.problem = unreadable or (
+                f"cannot tell which notebook this is: name it NN_... like the "
+                f"teacher's ({', '.join(e.stem for e in self.known.values())})"
+            )
             submission.rows = [Row("", 0, 0, exercises.FAILED, submission.problem)]
             return
         submission.notebook = edition.stem
         solutions = {_same(c["source"]) for c in edition.cells if "solution" in c["tags"] and c["cell_type"] == "code"}
         if cells and any("solution" in c["tags"] and _same(c["source"]) in solutions for c in cells):
-            unreadable = ("refused: this is the teacher's edition (its worked solutions, tagged solution), not a "
-                          "student's work")
+            unreadable = (
+                "refused: this is the teacher's edition (its worked solutions, tagged solution), not a student's work"
+            )
         if unreadable:
             submission.problem = unreadable
             submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
@@ -328,16 +368,20 @@ class Grader:
         submission.cells = restore(edition, cells)
         submission.written = written_answers(edition, cells)
         lost = defined_in_check_cells(edition, cells)
-        predictions = literal_assignments([c for c in cells if c["cell_type"] == "code" and "prediction" in
-                                           c.get("tags", ())])
+        predictions = literal_assignments(
+            [c for c in cells if c["cell_type"] == "code" and "prediction" in c.get("tags", ())]
+        )
         # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
         # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
         # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
         answers, channel = self._answers(worker, submission.cells, submission)
 
         def predicted(exercise) -> dict:
-            return {at: (variable, predictions.get(variable, NOT_RECORDED))
-                    for at, variable in edition.predictions.get(exercise.name, {}).items()}
+            return {
+                at: (variable, predictions.get(variable, NOT_RECORDED))
+                for at, variable in edition.predictions.get(exercise.name, {}).items()
+            }
+
         rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e)) for e in edition.roster}
         worker.close()
         groups: dict[frozenset, list] = {}
@@ -349,19 +393,22 @@ class Grader:
             # what they forbid. Its outputs are not kept (the feedback shows the first run's).
             started.append(self.start(judged_slot + number, self.censored_copy(forbidden), worker.box))
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
-            copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[:last + 1]]
+            copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[: last + 1]]
             run = Submission(submission.student, submission.path)
             judged_answers, judged_channel = self._answers(started[-1], copies, run)
-            rows.update({e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e))
-                         for e in judged})
+            rows.update(
+                {e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e)) for e in judged}
+            )
             started[-1].close()
         submission.rows = [rows[e.name] for e in edition.roster]
         for row in submission.rows:
             if row.status != exercises.PASSED and lost.get(row.exercise):
                 row.code = "answer-in-check-cell"
-                row.message += (f"\n    note: your check cell also defined {', '.join(lost[row.exercise])}; the "
-                                f"grader replaces every check cell with the teacher's, so that definition was not "
-                                f"run. Move it into a cell of its own above the check cell.")
+                row.message += (
+                    f"\n    note: your check cell also defined {', '.join(lost[row.exercise])}; the "
+                    f"grader replaces every check cell with the teacher's, so that definition was not "
+                    f"run. Move it into a cell of its own above the check cell."
+                )
 
     def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission):
         """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``); the answers their check
@@ -370,12 +417,12 @@ class Grader:
         try:
             worker.wait_ready(START_TIMEOUT)
             submission.problem = self._run(cells, worker)
-            channel = sandbox.Channel(worker, time.monotonic() + self.timeout)    # the checks' time starts
+            channel = sandbox.Channel(worker, time.monotonic() + self.timeout)  # the checks' time starts
             if worker.alive:
                 answers = channel.request("answers")
         except sandbox.WorkerGone as gone:
             submission.problem = submission.problem or f"the worker {gone}"
-        except Exception:                   # an error where the protocol has none: a forged answer
+        except Exception:  # an error where the protocol has none: a forged answer
             worker.close()
             submission.problem = submission.problem or "the worker broke the protocol"
         return (answers if isinstance(answers, dict) else None), channel
@@ -392,14 +439,19 @@ class Grader:
                     outputs = worker.unpack(worker.read(max(0.0, deadline - time.monotonic())))
                     stopped = ""
                 except sandbox.TimeLimit:
-                    worker.interrupt()              # a KeyboardInterrupt in the cell, so the answers survive
+                    worker.interrupt()  # a KeyboardInterrupt in the cell, so the answers survive
                     outputs = worker.unpack(worker.read(10))
                     stopped = f"stopped at the time limit of {self.timeout:g} s"
-            except Exception as gone:           # WorkerGone, or an error where the protocol has none
+            except Exception as gone:  # WorkerGone, or an error where the protocol has none
                 worker.close()
                 what = gone if isinstance(gone, sandbox.WorkerGone) else "broke the protocol"
-                cell["outputs"] = [{"output_type": "stream", "name": "stderr",
-                                    "text": f"[grader] the worker {what} while running this cell\n"}]
+                cell["outputs"] = [
+                    {
+                        "output_type": "stream",
+                        "name": "stderr",
+                        "text": f"[grader] the worker {what} while running this cell\n",
+                    }
+                ]
                 return f"the worker {what} while running a cell"
             cell["outputs"], room = sandbox.cap_outputs(_outputs(outputs), room)
             errors += [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"]
@@ -412,26 +464,43 @@ class Grader:
         parameter: (variable, value)."""
         name, points = exercise.name, exercise.points
         if answers is None:
-            return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}",
-                       "not-graded")
+            return Row(name, 0, points, exercises.FAILED, f"not graded: {problem or 'the worker ended'}", "not-graded")
         answer = answers.get(name)
-        if not (isinstance(answer, (tuple, list)) and len(answer) == 2 and isinstance(answer[0], (tuple, list))
-                and isinstance(answer[1], dict) and all(isinstance(k, str) for k in answer[1])):
+        if not (
+            isinstance(answer, (tuple, list))
+            and len(answer) == 2
+            and isinstance(answer[0], (tuple, list))
+            and isinstance(answer[1], dict)
+            and all(isinstance(k, str) for k in answer[1])
+        ):
             why = f" ({problem})" if problem else ""
             return Row(name, 0, points, exercises.FAILED, f"no answer: its check cell did not run{why}", "no-answer")
         if not channel.worker.alive:
-            return Row(name, 0, points, exercises.FAILED,
-                       "not graded: the worker ended while an earlier exercise was checked", "not-graded")
+            return Row(
+                name,
+                0,
+                points,
+                exercises.FAILED,
+                "not graded: the worker ended while an earlier exercise was checked",
+                "not-graded",
+            )
         missing = [variable for variable, value in predicted.values() if value is NOT_RECORDED]
         if missing:
-            return Row(name, 0, points, exercises.FAILED, f"no recorded prediction: the grader reads {missing[0]} "
-                       f"from your cell tagged 'prediction', as a literal value (a number, True/False, a name or a "
-                       f"dict of them) written before the run; keep that cell and its tag", "no-recorded-prediction")
+            return Row(
+                name,
+                0,
+                points,
+                exercises.FAILED,
+                f"no recorded prediction: the grader reads {missing[0]} "
+                f"from your cell tagged 'prediction', as a literal value (a number, True/False, a name or a "
+                f"dict of them) written before the run; keep that cell and its tag",
+                "no-recorded-prediction",
+            )
         arguments, options = list(answer[0]), dict(answer[1])
-        try:        # the recorded prediction replaces what the call passed, by position or by keyword alike
+        try:  # the recorded prediction replaces what the call passed, by position or by keyword alike
             bound = inspect.signature(exercise.checker).bind(*arguments, **options)
         except TypeError:
-            pass    # a call the checker cannot take: the verdict says so
+            pass  # a call the checker cannot take: the verdict says so
         else:
             bound.arguments.update({parameter: value for parameter, (_, value) in predicted.items()})
             arguments, options = list(bound.args), dict(bound.kwargs)
@@ -450,10 +519,16 @@ def written_answers(edition: Edition, cells: list[dict]) -> list[Written]:
     for cell in edition.cells:
         if "written" in cell["tags"] and "solution" not in cell["tags"]:
             prompts.update({rubric: _same(cell["source"]) for rubric in _rubrics(cell)})
-    return [(Written(rubric, found[rubric], gradebook.NOT_ANSWERED if _same(found[rubric]) == prompts.get(rubric)
-                     else "") if rubric in found else
-             Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)"))
-            for rubric in edition.rubrics]
+    return [
+        (
+            Written(
+                rubric, found[rubric], gradebook.NOT_ANSWERED if _same(found[rubric]) == prompts.get(rubric) else ""
+            )
+            if rubric in found
+            else Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
+        )
+        for rubric in edition.rubrics
+    ]
 
 
 def _outputs(outputs) -> list[dict]:
@@ -464,16 +539,30 @@ def _outputs(outputs) -> list[dict]:
             continue
         kind = output.get("output_type")
         if kind == "stream" and isinstance(output.get("text"), str):
-            kept.append({"output_type": "stream", "name": "stderr" if output.get("name") == "stderr" else "stdout",
-                         "text": output["text"]})
+            kept.append(
+                {
+                    "output_type": "stream",
+                    "name": "stderr" if output.get("name") == "stderr" else "stdout",
+                    "text": output["text"],
+                }
+            )
         elif kind in ("display_data", "execute_result") and isinstance(output.get("data"), dict):
-            data = {mime: value for mime, value in output["data"].items()
-                    if mime in ("text/plain", "text/markdown", "image/png") and isinstance(value, str)}
+            data = {
+                mime: value
+                for mime, value in output["data"].items()
+                if mime in ("text/plain", "text/markdown", "image/png") and isinstance(value, str)
+            }
             kept.append({"output_type": "display_data", "data": data, "metadata": {}})
         elif kind == "error":
             trace = output.get("traceback")
-            kept.append({"output_type": "error", "ename": str(output.get("ename")), "evalue": str(output.get("evalue")),
-                         "traceback": [str(line) for line in trace] if isinstance(trace, list) else []})
+            kept.append(
+                {
+                    "output_type": "error",
+                    "ename": str(output.get("ename")),
+                    "evalue": str(output.get("evalue")),
+                    "traceback": [str(line) for line in trace] if isinstance(trace, list) else [],
+                }
+            )
     return kept
 
 
@@ -481,8 +570,10 @@ def _outputs(outputs) -> list[dict]:
 
 
 def table(graded: list[Submission]) -> str:
-    rows = [(printable(s.student), printable(s.notebook), f"{s.points:g} / {s.max_points:g}",
-             printable(s.problem) or "-") for s in graded]
+    rows = [
+        (printable(s.student), printable(s.notebook), f"{s.points:g} / {s.max_points:g}", printable(s.problem) or "-")
+        for s in graded
+    ]
     header = ("student", "notebook", "points", "problem")
     widths = [max(len(r[i]) for r in [header, *rows]) for i in range(3)]
     lines = ["  ".join(r[i].ljust(widths[i]) for i in range(3)) + f"  {r[3]}" for r in [header, *rows]]
@@ -499,24 +590,48 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
     cells = [{"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source": summary}]
     for cell in submission.cells:
         if cell["cell_type"] == "code":
-            cells.append({"cell_type": "code", "execution_count": None, "metadata": {},
-                          "outputs": cell.get("outputs", []), "source": cell["source"]})
+            cells.append(
+                {
+                    "cell_type": "code",
+                    "execution_count": None,
+                    "metadata": {},
+                    "outputs": cell.get("outputs", []),
+                    "source": cell["source"],
+                }
+            )
         else:
             cells.append({"cell_type": cell["cell_type"], "metadata": {}, "source": cell["source"]})
         row = rows.get(cell.get("checks"))
         if row is not None:
             mark = {exercises.PASSED: "✓", exercises.PARTLY: "±", exercises.NEEDS_FULL: "?"}.get(row.status, "✗")
             message = "\n".join(f"    {line}" for line in row.message.splitlines())
-            cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
-                          f"**Grader · {row.exercise}: {mark} {row.points:g} / {row.max_points:g}**\n\n{message}\n"})
+            cells.append(
+                {
+                    "cell_type": "markdown",
+                    "metadata": {"tags": ["grader"]},
+                    "source": f"**Grader · {row.exercise}: {mark} {row.points:g} / {row.max_points:g}**\n\n{message}\n",
+                }
+            )
         if "written" in cell.get("tags", ()) and _rubrics(cell):
-            cells.append({"cell_type": "markdown", "metadata": {"tags": ["grader"]}, "source":
-                          f"**Grader · written answer ({', '.join(f'rubric:{r}' for r in _rubrics(cell))})**: "
-                          f"marked by your teacher, not by the grader"})
-    notebook = {"cells": cells, "nbformat": 4, "nbformat_minor": 4, "metadata": {"kernelspec": {
-        "name": "python3", "display_name": "Python 3", "language": "python"}}}
-    target = folder / submission.student / (submission.path.name if submission.path.suffix == ".ipynb"
-                                             else f"{submission.path.name}.ipynb")
+            cells.append(
+                {
+                    "cell_type": "markdown",
+                    "metadata": {"tags": ["grader"]},
+                    "source": f"**Grader · written answer ({', '.join(f'rubric:{r}' for r in _rubrics(cell))})**: "
+                    f"marked by your teacher, not by the grader",
+                }
+            )
+    notebook = {
+        "cells": cells,
+        "nbformat": 4,
+        "nbformat_minor": 4,
+        "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3", "language": "python"}},
+    }
+    target = (
+        folder
+        / submission.student
+        / (submission.path.name if submission.path.suffix == ".ipynb" else f"{submission.path.name}.ipynb")
+    )
     target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     gradebook.write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
     return target
@@ -539,11 +654,17 @@ def check_output_paths(csv_path, feedback) -> None:
 def _hidden(paths, csv_path, feedback) -> list[str]:
     """What the workers must not see: the submissions, the teacher's edition and tests, the outputs."""
     root = TEACHER.parent
-    package = Path(exercises.__file__).resolve().parent.parent   # minidape/, above exercises/
+    package = Path(exercises.__file__).resolve().parent.parent  # minidape/, above exercises/
     needed = [package, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
-    candidates = [*(Path(p).resolve() for p in paths), TEACHER, root / "tests", root / "student", root / ".git",
-                  *([Path(feedback).resolve()] if feedback else []),
-                  *([Path(csv_path).resolve().parent] if csv_path else [])]
+    candidates = [
+        *(Path(p).resolve() for p in paths),
+        TEACHER,
+        root / "tests",
+        root / "student",
+        root / ".git",
+        *([Path(feedback).resolve()] if feedback else []),
+        *([Path(csv_path).resolve().parent] if csv_path else []),
+    ]
     # A folder that holds the package or the interpreter cannot be hidden; its submissions still are, file by file.
     hidden = [p for p in candidates if not any(n == p or p in n.parents for n in needed)]
     files = [s.path.resolve() for s in submissions(paths) if not s.rows and s.path.is_file()]
@@ -552,12 +673,18 @@ def _hidden(paths, csv_path, feedback) -> list[str]:
 
 def worker_env() -> dict[str, str]:
     """The worker's environment: nothing of the grader's but what running the notebooks needs."""
-    threads = os.environ.get(THREADS_VARIABLE, "1")     # one each by default: the workers fill the cores
-    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LANG": "C.UTF-8", THREADS_VARIABLE: threads,
-           "OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads, "OMP_WAIT_POLICY": "PASSIVE",
-           "PYTHONDONTWRITEBYTECODE": "1",
-           "PYTHONPATH": os.pathsep.join([str(TEACHER.parent), *filter(None, [os.environ.get("PYTHONPATH")])])}
-    if quick_mode():                    # switched on by either of its names here; the workers get one
+    threads = os.environ.get(THREADS_VARIABLE, "1")  # one each by default: the workers fill the cores
+    env = {
+        "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
+        "LANG": "C.UTF-8",
+        THREADS_VARIABLE: threads,
+        "OMP_NUM_THREADS": threads,
+        "MKL_NUM_THREADS": threads,
+        "OMP_WAIT_POLICY": "PASSIVE",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONPATH": os.pathsep.join([str(TEACHER.parent), *filter(None, [os.environ.get("PYTHONPATH")])]),
+    }
+    if quick_mode():  # switched on by either of its names here; the workers get one
         env["MINIDAPE_QUICK"] = "1"
     return env
 
@@ -565,13 +692,21 @@ def worker_env() -> dict[str, str]:
 def references(path: Path = REFERENCES) -> dict:
     """The teacher's reference measurements, by mode and experiment (see ``exercises.helpers._measurement``)."""
     if not path.is_file():
-        raise FileNotFoundError(f"the teacher's edition has no reference measurements ({path}): run `make notebooks` "
-                                f"once, which records them")
+        raise FileNotFoundError(
+            f"the teacher's edition has no reference measurements ({path}): run `make notebooks` "
+            f"once, which records them"
+        )
     return json.loads(path.read_text())
 
 
-def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600, jobs: int | None = None,
-          feedback: str | os.PathLike | None = None, overwrite: bool = False) -> list[Submission]:
+def grade(
+    paths,
+    csv_path: str | os.PathLike | None = None,
+    timeout: float = 600,
+    jobs: int | None = None,
+    feedback: str | os.PathLike | None = None,
+    overwrite: bool = False,
+) -> list[Submission]:
     """Grade every submission named (files or folders), print the table, write the CSV and feedback if asked.
     With a CSV, the gradebook beside it too (:mod:`minidape.gradebook`), under the CSV's lock; an earlier
     batch's CSV is replaced only with ``overwrite`` (the teacher's marks for unchanged written answers kept)."""
@@ -586,8 +721,10 @@ def grade(paths, csv_path: str | os.PathLike | None = None, timeout: float = 600
     with gradebook.held(csv_path, overwrite) as entered:
         graded = _grade(paths, csv_path, timeout, jobs, feedback, entered)
         written = gradebook.gradebook(csv_path)
-    print(f"wrote {csv_path}, the written answers to {written_path(csv_path)} (fill in their points column, then "
-          f"grade --gradebook {csv_path}), and {', '.join(map(str, written))}")
+    print(
+        f"wrote {csv_path}, the written answers to {written_path(csv_path)} (fill in their points column, then "
+        f"grade --gradebook {csv_path}), and {', '.join(map(str, written))}"
+    )
     return graded
 
 
@@ -596,9 +733,15 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
     measured = references()
     todo = submissions(paths)
     level = sandbox.isolation()
-    grader = Grader(known, level, _hidden(paths, csv_path, feedback), worker_env(), timeout,
-                    cgroups=sandbox.cgroup_version(),
-                    writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"])
+    grader = Grader(
+        known,
+        level,
+        _hidden(paths, csv_path, feedback),
+        worker_env(),
+        timeout,
+        cgroups=sandbox.cgroup_version(),
+        writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"],
+    )
     for warning in sandbox.warnings(level, grader.cgroups):
         print(f"warning: {warning}", file=sys.stderr)
     try:
@@ -608,14 +751,17 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
             shutil.rmtree(copy.parent, ignore_errors=True)
 
 
-def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feedback, entered: dict,
-               measured: dict) -> list[Submission]:
-    probe = grader.start(sandbox.UIDS_PER_GRADER - 1)     # a worker that cannot start is this machine's problem
+def _grade_all(
+    grader: Grader, todo: list[Submission], csv_path, jobs: int, feedback, entered: dict, measured: dict
+) -> list[Submission]:
+    probe = grader.start(sandbox.UIDS_PER_GRADER - 1)  # a worker that cannot start is this machine's problem
     try:
         probe.wait_ready(START_TIMEOUT)
     except sandbox.WorkerGone as gone:
-        raise OSError(f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
-                      f"user, who must be able to read Python and minidape") from None
+        raise OSError(
+            f"the sandboxed worker {gone}; with isolation level {grader.level!r} it runs as another "
+            f"user, who must be able to read Python and minidape"
+        ) from None
     finally:
         grader.stop(probe)
     if feedback is not None:
@@ -634,9 +780,12 @@ def _grade_all(grader: Grader, todo: list[Submission], csv_path, jobs: int, feed
                 grader.grade(submission, worker, judged_slot=8 * slot + 2)
                 with lock:
                     done[index] = submission
-                    print(f"graded {printable(submission.student)} · {printable(submission.notebook)}: "
-                          f"{submission.points:g} / "
-                          f"{submission.max_points:g} ({submission.seconds:.1f} s)", flush=True)
+                    print(
+                        f"graded {printable(submission.student)} · {printable(submission.notebook)}: "
+                        f"{submission.points:g} / "
+                        f"{submission.max_points:g} ({submission.seconds:.1f} s)",
+                        flush=True,
+                    )
                     if csv_path is not None:
                         write_csv([done[i] for i in sorted(done)], csv_path)
                         write_written([done[i] for i in sorted(done)], written_path(csv_path), entered)

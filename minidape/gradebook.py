@@ -20,6 +20,7 @@ while it writes (a second run into the same file is refused, naming the holder),
 batch's CSV without ``--overwrite``; with it, the marks entered for written answers are carried over to the new
 file for every answer whose text did not change.
 """
+
 from __future__ import annotations
 
 import csv
@@ -36,7 +37,7 @@ from pathlib import Path
 
 COLUMNS = ["student", "notebook", "exercise", "points", "max_points", "passed", "message", "mistake"]
 WRITTEN_COLUMNS = ["student", "notebook", "rubric", "answer", "problem", "points", "max_points"]
-WRITTEN_POINTS = 2                  # each written answer, unless the course says otherwise (docs/teaching.md)
+WRITTEN_POINTS = 2  # each written answer, unless the course says otherwise (docs/teaching.md)
 NOT_ANSWERED = "not answered: the cell still holds the question as handed out"
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
@@ -104,25 +105,35 @@ def held(csv_path, overwrite: bool):
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             holder = os.pread(descriptor, 500, 0).decode(errors="replace").strip() or "another process"
-            raise ValueError(f"--csv {path} is being written by another grade run ({holder}); wait for it to "
-                             f"finish or give another file") from None
+            raise ValueError(
+                f"--csv {path} is being written by another grade run ({holder}); wait for it to "
+                f"finish or give another file"
+            ) from None
         os.ftruncate(descriptor, 0)
-        os.pwrite(descriptor, f"pid {os.getpid()} on {socket.gethostname()}, since "
-                              f"{time.strftime('%Y-%m-%d %H:%M:%S')}".encode(), 0)
+        os.pwrite(
+            descriptor,
+            f"pid {os.getpid()} on {socket.gethostname()}, since {time.strftime('%Y-%m-%d %H:%M:%S')}".encode(),
+            0,
+        )
         earlier = [p for p in (path, written_path(path)) if p.exists()]
         if earlier and not overwrite:
-            raise ValueError(f"--csv {path}: {' and '.join(map(str, earlier))} hold an earlier batch's grades; give "
-                             f"another file, or --overwrite to replace them (the marks entered for written "
-                             f"answers are kept for every answer that did not change)")
+            raise ValueError(
+                f"--csv {path}: {' and '.join(map(str, earlier))} hold an earlier batch's grades; give "
+                f"another file, or --overwrite to replace them (the marks entered for written "
+                f"answers are kept for every answer that did not change)"
+            )
         yield marks(written_path(path)) if written_path(path).exists() else {}
     finally:
-        os.close(descriptor)                # releases the lock
+        os.close(descriptor)  # releases the lock
 
 
 def marks(path: Path) -> dict[tuple[str, str, str, str], str]:
     """The points a teacher entered in a written-answers file, by (student, notebook, rubric, answer)."""
-    return {(row["student"], row["notebook"], row["rubric"], row["answer"]): row["points"].strip()
-            for row in _read(path) if row.get("points", "").strip()}
+    return {
+        (row["student"], row["notebook"], row["rubric"], row["answer"]): row["points"].strip()
+        for row in _read(path)
+        if row.get("points", "").strip()
+    }
 
 
 # ---------------------------------------------------------------------------------------- the two CSVs
@@ -138,19 +149,52 @@ def write_csv(graded, path) -> None:
     partial credit shows in ``points``; an exercise not judged (quick mode, see ``exercises.NeedsFullMode``) has
     no points; ``mistake`` is the stable code of what was wrong."""
     from .exercises import NEEDS_FULL, PASSED
-    write_atomically(Path(path), _csv_text(COLUMNS, (
-        [s.student, s.notebook, row.exercise, "" if row.status == NEEDS_FULL else row.points, row.max_points,
-         int(row.status == PASSED), csv_message(row), row.code] for s in graded for row in s.rows)))
+
+    write_atomically(
+        Path(path),
+        _csv_text(
+            COLUMNS,
+            (
+                [
+                    s.student,
+                    s.notebook,
+                    row.exercise,
+                    "" if row.status == NEEDS_FULL else row.points,
+                    row.max_points,
+                    int(row.status == PASSED),
+                    csv_message(row),
+                    row.code,
+                ]
+                for s in graded
+                for row in s.rows
+            ),
+        ),
+    )
 
 
 def write_written(graded, path, entered: dict | None = None) -> None:
     """One row per written question of every submission (``WRITTEN_COLUMNS``), with the points already entered
     for the same answer (``entered``, from :func:`marks`)."""
     entered = entered or {}
-    write_atomically(Path(path), _csv_text(WRITTEN_COLUMNS, (
-        [s.student, s.notebook, w.rubric, w.answer, w.problem,
-         entered.get((spreadsheet_safe(s.student), s.notebook, w.rubric, spreadsheet_safe(w.answer)), ""),
-         WRITTEN_POINTS] for s in graded for w in s.written)))
+    write_atomically(
+        Path(path),
+        _csv_text(
+            WRITTEN_COLUMNS,
+            (
+                [
+                    s.student,
+                    s.notebook,
+                    w.rubric,
+                    w.answer,
+                    w.problem,
+                    entered.get((spreadsheet_safe(s.student), s.notebook, w.rubric, spreadsheet_safe(w.answer)), ""),
+                    WRITTEN_POINTS,
+                ]
+                for s in graded
+                for w in s.written
+            ),
+        ),
+    )
 
 
 # ------------------------------------------------------------------------- totals, summary, the export
@@ -178,8 +222,9 @@ def gradebook(csv_path) -> list[Path]:
     for number, row in enumerate(written, 2):
         points = _number(row.get("points", ""), f"{written_path(path)} line {number}")
         if points is not None and not 0 <= points <= _number(row["max_points"], "max_points"):
-            raise ValueError(f"{written_path(path)} line {number}: points {points:g} is outside 0 .. "
-                             f"{row['max_points']}")
+            raise ValueError(
+                f"{written_path(path)} line {number}: points {points:g} is outside 0 .. {row['max_points']}"
+            )
     write_atomically(sibling(path, "totals"), totals(rows, written))
     write_atomically(sibling(path, "summary"), summary(rows, written))
     folder = sibling(path, "gradescope")
@@ -212,10 +257,20 @@ def totals(rows: list[dict], written: list[dict]) -> str:
         points[row["student"], row["notebook"]] += earned or 0
         most[row["student"], row["notebook"]] += _number(row["max_points"], "max_points") or 0
     header = ["student", *notebooks, "total", "max_total", "written_to_mark", "not_judged"]
-    return _csv_text(header, ([student, *(points[student, n] if (student, n) in most else "" for n in notebooks),
-                               sum(points[student, n] for n in notebooks),
-                               sum(most[student, n] for n in notebooks), to_mark[student], not_judged[student]]
-                              for student in students))
+    return _csv_text(
+        header,
+        (
+            [
+                student,
+                *(points[student, n] if (student, n) in most else "" for n in notebooks),
+                sum(points[student, n] for n in notebooks),
+                sum(most[student, n] for n in notebooks),
+                to_mark[student],
+                not_judged[student],
+            ]
+            for student in students
+        ),
+    )
 
 
 def summary(rows: list[dict], written: list[dict]) -> str:
@@ -228,22 +283,48 @@ def summary(rows: list[dict], written: list[dict]) -> str:
     for (notebook, exercise), group in groups.items():
         judged = [row for row in group if row["points"].strip()]
         mistakes = Counter(row["mistake"] for row in judged if row["passed"] != "1" and row["mistake"])
-        lines.append([notebook, exercise, len(group), len(judged),
-                      round(sum(float(row["points"]) for row in judged) / len(judged), 2) if judged else "",
-                      group[0]["max_points"], round(sum(row["passed"] == "1" for row in judged) / len(judged), 2)
-                      if judged else "", "; ".join(f"{code} ({count})" for code, count in mistakes.most_common(3))])
+        lines.append(
+            [
+                notebook,
+                exercise,
+                len(group),
+                len(judged),
+                round(sum(float(row["points"]) for row in judged) / len(judged), 2) if judged else "",
+                group[0]["max_points"],
+                round(sum(row["passed"] == "1" for row in judged) / len(judged), 2) if judged else "",
+                "; ".join(f"{code} ({count})" for code, count in mistakes.most_common(3)),
+            ]
+        )
     by_rubric: dict[tuple[str, str], list[dict]] = defaultdict(list)
     for row in written:
         by_rubric[row["notebook"], row["rubric"]].append(row)
     for (notebook, rubric), group in by_rubric.items():
-        done = [v for v in (_number(row.get("points", ""), f"{row['student']} {rubric}") for row in group)
-                if v is not None]
+        done = [
+            v for v in (_number(row.get("points", ""), f"{row['student']} {rubric}") for row in group) if v is not None
+        ]
         unanswered = sum(row["problem"].startswith("not answered") for row in group)
-        lines.append([notebook, f"rubric:{rubric}", len(group), len(done),
-                      round(sum(done) / len(done), 2) if done else "", WRITTEN_POINTS, "",
-                      f"not-answered ({unanswered})" if unanswered else ""])
-    header = ["notebook", "exercise", "submissions", "judged", "mean_points", "max_points", "share_passed",
-              "common_mistakes"]
+        lines.append(
+            [
+                notebook,
+                f"rubric:{rubric}",
+                len(group),
+                len(done),
+                round(sum(done) / len(done), 2) if done else "",
+                WRITTEN_POINTS,
+                "",
+                f"not-answered ({unanswered})" if unanswered else "",
+            ]
+        )
+    header = [
+        "notebook",
+        "exercise",
+        "submissions",
+        "judged",
+        "mean_points",
+        "max_points",
+        "share_passed",
+        "common_mistakes",
+    ]
     return _csv_text(header, lines)
 
 
@@ -255,18 +336,28 @@ def gradescope(rows: list[dict], written: list[dict]) -> dict[tuple[str, str], d
         results = found.setdefault((row["student"], row["notebook"]), {"score": 0.0, "output": "", "tests": []})
         earned = _number(row["points"], row["exercise"])
         results["score"] += earned or 0
-        results["tests"].append({"name": row["exercise"] or row["notebook"], "score": earned or 0.0,
-                                 "max_score": _number(row["max_points"], "max_points") or 0.0,
-                                 "status": "passed" if row["passed"] == "1" else "failed",
-                                 "output": row["message"].lstrip("'")})
+        results["tests"].append(
+            {
+                "name": row["exercise"] or row["notebook"],
+                "score": earned or 0.0,
+                "max_score": _number(row["max_points"], "max_points") or 0.0,
+                "status": "passed" if row["passed"] == "1" else "failed",
+                "output": row["message"].lstrip("'"),
+            }
+        )
     for row in written:
         results = found.setdefault((row["student"], row["notebook"]), {"score": 0.0, "output": "", "tests": []})
         earned = _number(row.get("points", ""), row["rubric"])
         results["score"] += earned or 0
-        results["tests"].append({"name": f"written answer (rubric:{row['rubric']})", "score": earned or 0.0,
-                                 "max_score": _number(row["max_points"], "max_points") or 0.0,
-                                 "status": "passed" if earned is not None and earned > 0 else "failed",
-                                 "output": "not marked yet" if earned is None else "marked by your teacher"})
-    for (student, notebook), results in found.items():
+        results["tests"].append(
+            {
+                "name": f"written answer (rubric:{row['rubric']})",
+                "score": earned or 0.0,
+                "max_score": _number(row["max_points"], "max_points") or 0.0,
+                "status": "passed" if earned is not None and earned > 0 else "failed",
+                "output": "not marked yet" if earned is None else "marked by your teacher",
+            }
+        )
+    for (_student, notebook), results in found.items():
         results["output"] = f"{notebook}: {results['score']:g} points (graded by minidape)"
     return found

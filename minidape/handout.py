@@ -15,6 +15,7 @@ Before anything is written, every line a student could copy from a worked soluti
 is searched for in every file of the hand-out, the wheel's members included; a hand-out that holds one is
 refused. The folder is written whole or not at all, and an existing one is never replaced.
 """
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]          # the checkout: notebooks/, pyproject.toml, data/
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: notebooks/, pyproject.toml, data/
 TEACHER = ROOT / "notebooks"
 
 
@@ -36,8 +37,10 @@ def is_solution(cell) -> bool:
 def teacher_notebooks(numbers=None) -> list[Path]:
     """The teacher's notebook sources (``notebooks/NN_*.py``), all or those numbered ``numbers`` ("03", ...)."""
     if not (ROOT / "pyproject.toml").is_file() or not TEACHER.is_dir():
-        raise FileNotFoundError(f"the hand-out is made from a checkout of minidape (notebooks/ and pyproject.toml "
-                                f"beside {Path(__file__).parent}); {ROOT} is not one")
+        raise FileNotFoundError(
+            f"the hand-out is made from a checkout of minidape (notebooks/ and pyproject.toml "
+            f"beside {Path(__file__).parent}); {ROOT} is not one"
+        )
     found = {path.name[:2]: path for path in sorted(TEACHER.glob("[0-9][0-9]_*.py"))}
     if numbers is None:
         return list(found.values())
@@ -51,8 +54,12 @@ def solution_lines(notebook) -> set[str]:
     """The lines of a notebook's solution cells a student could copy: code (or prose) not already in the cell
     before it or in minidape's library modules (which every student has; the checks in minidape/exercises/ are
     not exempt), without comments, docstrings, signatures and short generic lines."""
-    library = {line.split("  #")[0].strip() for path in Path(__file__).parent.rglob("*.py")
-               if "exercises" not in path.parts for line in path.read_text().splitlines()}
+    library = {
+        line.split("  #")[0].strip()
+        for path in Path(__file__).parent.rglob("*.py")
+        if "exercises" not in path.parts
+        for line in path.read_text().splitlines()
+    }
     lines, previous = set(), None
     for cell in notebook.cells:
         if not is_solution(cell):
@@ -61,8 +68,13 @@ def solution_lines(notebook) -> set[str]:
         given = {line.strip() for line in previous.source.splitlines()} if previous is not None else set()
         for line in cell.source.splitlines():
             line = line.split("  #")[0].strip()
-            if (len(line) >= 24 and line not in given and not line.startswith(("#", '"""', "def ", "class ", 'r"""'))
-                    and not line.endswith('"""') and line not in library):
+            if (
+                len(line) >= 24
+                and line not in given
+                and not line.startswith(("#", '"""', "def ", "class ", 'r"""'))
+                and not line.endswith('"""')
+                and line not in library
+            ):
                 lines.add(line)
     return lines
 
@@ -71,15 +83,22 @@ def copyable_lines(sources) -> set[str]:
     """The solution lines of the notebooks ``sources`` that no student-edition cell of any of them shows anyway
     (a generic line, such as a causal mask, that a worked solution shares with another notebook's text)."""
     import jupytext
+
     notebooks = [jupytext.read(source) for source in sources]
-    shown = {line.split("  #")[0].strip() for notebook in notebooks for cell in notebook.cells
-             if not is_solution(cell) for line in cell.source.splitlines()}
+    shown = {
+        line.split("  #")[0].strip()
+        for notebook in notebooks
+        for cell in notebook.cells
+        if not is_solution(cell)
+        for line in cell.source.splitlines()
+    }
     return set().union(*(solution_lines(notebook) for notebook in notebooks)) - shown
 
 
 def student_notebook(notebook):
     """The student edition of a teacher's notebook: its solution cells removed and no outputs."""
     import nbformat
+
     edition = nbformat.v4.new_notebook(metadata=notebook.metadata)
     for cell in notebook.cells:
         if is_solution(cell):
@@ -104,7 +123,7 @@ def leaks(folder: Path, lines: set[str]) -> list[str]:
             with zipfile.ZipFile(path) as wheel:
                 for member in wheel.namelist():
                     search(f"{path.name}/{member}", wheel.read(member).decode("utf-8", errors="replace"))
-        elif path.suffix == ".ipynb":           # JSON: its cells' text and outputs, not the escaped file
+        elif path.suffix == ".ipynb":  # JSON: its cells' text and outputs, not the escaped file
             search(str(path.relative_to(folder)), "\n".join(_notebook_text(json.loads(path.read_text()))))
         else:
             search(str(path.relative_to(folder)), path.read_text(encoding="utf-8", errors="replace"))
@@ -130,8 +149,23 @@ def build_wheel(into: Path) -> Path:
             shutil.copy(ROOT / name, source / name)
         for folder in ("minidape", "data"):
             shutil.copytree(ROOT / folder, source / folder, ignore=shutil.ignore_patterns("__pycache__"))
-        built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                                str(source), "-w", str(into)], capture_output=True, text=True, timeout=600)
+        built = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "wheel",
+                "--no-deps",
+                "--no-build-isolation",
+                "-q",
+                str(source),
+                "-w",
+                str(into),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         if built.returncode != 0:
             raise OSError(f"building the wheel failed: {built.stderr.strip().splitlines()[-1:]}")
     return next(into.glob("minidape-*.whl"))
@@ -184,10 +218,13 @@ def handout(out, numbers=None, course: str = "minidape") -> Path:
     """Write the hand-out of the teacher's notebooks ``numbers`` (all when None) to the new folder ``out``."""
     import jupytext
     import nbformat
+
     out = Path(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise FileExistsError(f"{out} already exists and is not an empty folder: give a new folder for the "
-                              f"hand-out (an earlier one is never replaced)")
+        raise FileExistsError(
+            f"{out} already exists and is not an empty folder: give a new folder for the "
+            f"hand-out (an earlier one is never replaced)"
+        )
     if not out.parent.resolve().is_dir():
         raise FileNotFoundError(f"{out}: the folder {out.parent} does not exist")
     sources = teacher_notebooks(numbers)
@@ -197,13 +234,14 @@ def handout(out, numbers=None, course: str = "minidape") -> Path:
         for source in sources:
             nbformat.write(student_notebook(jupytext.read(source)), partial / "notebooks" / f"{source.stem}.ipynb")
         wheel = build_wheel(partial)
-        (partial / "README.md").write_text(STUDENT_README.format(
-            course=course, wheel=wheel.name, names=", ".join(source.stem for source in sources)))
+        (partial / "README.md").write_text(
+            STUDENT_README.format(course=course, wheel=wheel.name, names=", ".join(source.stem for source in sources))
+        )
         found = leaks(partial, copyable_lines(teacher_notebooks()))
         if found:
             raise RuntimeError(f"the hand-out would hold lines of worked solutions: {found[:3]}")
         if out.exists():
-            out.rmdir()                     # empty, checked above
+            out.rmdir()  # empty, checked above
         partial.rename(out)
     except BaseException:
         shutil.rmtree(partial, ignore_errors=True)

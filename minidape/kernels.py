@@ -12,18 +12,19 @@ The maths behind Kerple (Chi et al., 2022, §3), checked numerically on finite p
 A kernel is any callable ``k(m, n)`` that takes two broadcastable float64 tensors of positions and returns
 their (broadcast) values; ``gram`` calls it once with a column and a row of positions.
 """
+
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from contextlib import contextmanager
-from typing import Callable
 
 import torch
 
 Kernel = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
-DEFAULT_POINTS = 32          # positions 0..31 when no points are given
-SYMMETRY_RTOL = 1e-10        # |K - K^T| allowed, relative to max |K|
+DEFAULT_POINTS = 32  # positions 0..31 when no points are given
+SYMMETRY_RTOL = 1e-10  # |K - K^T| allowed, relative to max |K|
 
 
 def positions(points=DEFAULT_POINTS) -> torch.Tensor:
@@ -38,8 +39,9 @@ def positions(points=DEFAULT_POINTS) -> torch.Tensor:
     try:
         x = torch.as_tensor(points).to(torch.float64)
     except (TypeError, ValueError, RuntimeError) as error:
-        raise TypeError(f"points must be an int N (positions 0..N-1) or a 1-D sequence of numbers; "
-                        f"got {type(points).__name__}") from error
+        raise TypeError(
+            f"points must be an int N (positions 0..N-1) or a 1-D sequence of numbers; got {type(points).__name__}"
+        ) from error
     if x.dim() != 1 or len(x) < 2:
         raise ValueError(f"points must be 1-D with at least 2 positions; got shape {tuple(x.shape)}")
     if not torch.isfinite(x).all():
@@ -60,14 +62,18 @@ def gram(kernel: Kernel, points=DEFAULT_POINTS) -> torch.Tensor:
     except (TypeError, ValueError, RuntimeError) as error:
         raise TypeError(f"kernel returned {type(values).__name__}; it must return a tensor of numbers") from error
     try:
-        matrix = values.broadcast_to(n, n).clone()          # a constant kernel may return a scalar
+        matrix = values.broadcast_to(n, n).clone()  # a constant kernel may return a scalar
     except RuntimeError as error:
-        raise ValueError(f"kernel(m, n) with m of shape ({n}, 1) and n of shape (1, {n}) returned shape "
-                         f"{tuple(values.shape)}; it must broadcast to ({n}, {n})") from error
+        raise ValueError(
+            f"kernel(m, n) with m of shape ({n}, 1) and n of shape (1, {n}) returned shape "
+            f"{tuple(values.shape)}; it must broadcast to ({n}, {n})"
+        ) from error
     if not torch.isfinite(matrix).all():
         bad = (~torch.isfinite(matrix)).nonzero()[0].tolist()
-        raise ValueError(f"kernel gave a non-finite value {matrix[bad[0], bad[1]].item()} at positions "
-                         f"({x[bad[0]].item()}, {x[bad[1]].item()})")
+        raise ValueError(
+            f"kernel gave a non-finite value {matrix[bad[0], bad[1]].item()} at positions "
+            f"({x[bad[0]].item()}, {x[bad[1]].item()})"
+        )
     return matrix
 
 
@@ -98,8 +104,10 @@ def _symmetric_gram(kernel: Kernel, points) -> torch.Tensor:
     matrix = gram(kernel, points)
     asymmetry = (matrix - matrix.T).abs().max().item()
     if asymmetry > SYMMETRY_RTOL * _scale(matrix):
-        raise ValueError(f"kernel is not symmetric: k(m, n) and k(n, m) differ by up to {asymmetry:.3g}; PD and "
-                         f"CPD are defined for symmetric kernels (use |m - n| rather than m - n)")
+        raise ValueError(
+            f"kernel is not symmetric: k(m, n) and k(n, m) differ by up to {asymmetry:.3g}; PD and "
+            f"CPD are defined for symmetric kernels (use |m - n| rather than m - n)"
+        )
     return (matrix + matrix.T) / 2
 
 
@@ -134,8 +142,9 @@ def _random_point_sets(n_sets: int, n_points: int, span: float, seed: int):
         yield torch.rand(n_points, generator=generator, dtype=torch.float64) * span
 
 
-def is_cpd(kernel: Kernel, n_sets: int = 32, n_points: int = 16, span: float = 64.0, seed: int = 0,
-           rtol: float = 1e-9) -> bool:
+def is_cpd(
+    kernel: Kernel, n_sets: int = 32, n_points: int = 16, span: float = 64.0, seed: int = 0, rtol: float = 1e-9
+) -> bool:
     r"""True when $\lambda_{\min}(Q^\top K Q) \ge -\text{rtol}\cdot\max|K|$ on every test set: the integer
     grid ``0..n_points-1`` and ``n_sets - 1`` seeded random sets of ``n_points`` positions in
     ``[0, span)``. A numerical check: ``False`` is a proof (a counterexample), ``True`` is evidence."""
@@ -154,8 +163,9 @@ def is_cpd(kernel: Kernel, n_sets: int = 32, n_points: int = 16, span: float = 6
     return True
 
 
-def pd_shift(kernel: Kernel, points=DEFAULT_POINTS, start: float = 1.0, max_steps: int = 64,
-             rtol: float = 1e-10) -> float:
+def pd_shift(
+    kernel: Kernel, points=DEFAULT_POINTS, start: float = 1.0, max_steps: int = 64, rtol: float = 1e-10
+) -> float:
     r"""The first $c$ in the geometric sequence ``start``, ``2 start``, ``4 start``, ... for which $c + K$ is
     positive semi-definite, $\lambda_{\min}(c\,\mathbf{1}\mathbf{1}^\top + K) \ge -\text{rtol}\cdot\max|c + K|$
     (Kerple's CPD shift lemma, §3.2). PSD-ness only grows with $c$ (it adds the PSD matrix
@@ -173,16 +183,20 @@ def pd_shift(kernel: Kernel, points=DEFAULT_POINTS, start: float = 1.0, max_step
     basis = zero_sum_basis(len(matrix))
     restricted = smallest_eigenvalue(basis.T @ matrix @ basis)
     if restricted < -rtol * _scale(matrix):
-        raise ValueError(f"kernel is not CPD on these points (smallest eigenvalue on zero-sum vectors "
-                         f"{restricted:.3g} < 0), so no constant c makes c + K positive semi-definite")
+        raise ValueError(
+            f"kernel is not CPD on these points (smallest eigenvalue on zero-sum vectors "
+            f"{restricted:.3g} < 0), so no constant c makes c + K positive semi-definite"
+        )
     c = float(start)
     for _ in range(max_steps):
         shifted = matrix + c
         if smallest_eigenvalue(shifted) >= -rtol * _scale(shifted):
             return c
         c *= 2
-    raise ValueError(f"no c in {start:g}, {2 * start:g}, ..., {start * 2 ** (max_steps - 1):g} makes c + K "
-                     f"positive semi-definite; raise max_steps or start")
+    raise ValueError(
+        f"no c in {start:g}, {2 * start:g}, ..., {start * 2 ** (max_steps - 1):g} makes c + K "
+        f"positive semi-definite; raise max_steps or start"
+    )
 
 
 def _check_parameters(**parameters) -> None:

@@ -24,21 +24,20 @@ einops installed, it builds and trains every encoding and refiner in the forms b
 Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
 number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
 """
+
 from __future__ import annotations
 
 import copy
 import math
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields, replace
 from functools import cached_property
-from typing import Callable
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 from einops import rearrange
-
 
 # ----------------------------------------------------------------------------------------------------
 # Configuration and registries
@@ -50,38 +49,47 @@ class GPTConfig:
     n_layer: int = 4
     n_head: int = 4
     n_embd: int = 128
-    block_size: int = 128         # training length; not a limit at inference (except pe="learned")
-    pe: str = "rope"              # one of PE_NAMES, or names joined by commas, cycled over the layers
-    refiner: str = "none"         # one of REFINER_NAMES
-    refiner_width: int = 32       # hidden width of the DAPE MLP / conv refiner (D_DAPE)
-    refiner_kernel: int = 3       # key-axis kernel size of the "conv" refiner (odd)
-    causal: bool = True           # False: bidirectional encoder (Chomsky-hierarchy tasks)
+    block_size: int = 128  # training length; not a limit at inference (except pe="learned")
+    pe: str = "rope"  # one of PE_NAMES, or names joined by commas, cycled over the layers
+    refiner: str = "none"  # one of REFINER_NAMES
+    refiner_width: int = 32  # hidden width of the DAPE MLP / conv refiner (D_DAPE)
+    refiner_kernel: int = 3  # key-axis kernel size of the "conv" refiner (odd)
+    causal: bool = True  # False: bidirectional encoder (Chomsky-hierarchy tasks)
     dropout: float = 0.0
-    random_positions: int = 0     # L > 0: train on sorted random positions drawn from [0, L)
+    random_positions: int = 0  # L > 0: train on sorted random positions drawn from [0, L)
     rope_base: float = 10000.0
-    tie_embeddings: bool = True   # the output layer shares the token embedding (GPT-2); False: its own weights
-    fast: bool = True             # the package's fast path when installed (see SelfAttention); False: forms below
-    attn_chunk: int = 0           # for the fast path: query rows per attention block; 0 picks from a memory budget
-    temperature: str = "none"     # one of TEMPERATURES: a softmax temperature that grows with the context
+    tie_embeddings: bool = True  # the output layer shares the token embedding (GPT-2); False: its own weights
+    fast: bool = True  # the package's fast path when installed (see SelfAttention); False: forms below
+    attn_chunk: int = 0  # for the fast path: query rows per attention block; 0 picks from a memory budget
+    temperature: str = "none"  # one of TEMPERATURES: a softmax temperature that grows with the context
 
     def __post_init__(self):
         self.validate()
 
     def validate(self) -> None:
         """Raise TypeError (wrong type) or ValueError (bad value) naming the field, the value and what is valid."""
-        kinds = {"pe": str, "refiner": str, "temperature": str, "causal": bool, "tie_embeddings": bool, "fast": bool,
-                 "dropout": float, "rope_base": float}
+        kinds = {
+            "pe": str,
+            "refiner": str,
+            "temperature": str,
+            "causal": bool,
+            "tie_embeddings": bool,
+            "fast": bool,
+            "dropout": float,
+            "rope_base": float,
+        }
         for field in fields(self):
             value, kind = getattr(self, field.name), kinds.get(field.name, int)
-            if kind is float:      # an int is a number too (dropout=0), a bool is not
+            if kind is float:  # an int is a number too (dropout=0), a bool is not
                 ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            else:                  # bool is a subclass of int: an int field refuses True
+            else:  # bool is a subclass of int: an int field refuses True
                 ok = isinstance(value, kind) and (kind is bool or not isinstance(value, bool))
             if not ok:
                 expected = {str: "a string", bool: "True or False", float: "a finite number", int: "an integer"}
-                raise TypeError(f"GPTConfig.{field.name} must be {expected[kind]}; got {value!r} "
-                                f"({type(value).__name__})")
-        layer_pes = layer_encodings(self)      # checks each name of a per-layer spec
+                raise TypeError(
+                    f"GPTConfig.{field.name} must be {expected[kind]}; got {value!r} ({type(value).__name__})"
+                )
+        layer_pes = layer_encodings(self)  # checks each name of a per-layer spec
         if self.temperature not in TEMPERATURES:
             raise ValueError(f"unknown temperature {self.temperature!r}; valid choices: {', '.join(TEMPERATURES)}")
         if self.refiner not in REFINER_REGISTRY:
@@ -90,31 +98,38 @@ class GPTConfig:
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be a positive integer; got {getattr(self, name)!r}")
         if self.n_embd % self.n_head:
-            raise ValueError(f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; "
-                             f"choose n_embd as a multiple of n_head")
+            raise ValueError(
+                f"n_embd={self.n_embd} is not divisible by n_head={self.n_head}; choose n_embd as a multiple of n_head"
+            )
         head_size = self.n_embd // self.n_head
         if any(issubclass(PE_REGISTRY[name], RotaryEmbedding) for name in layer_pes) and head_size % 2:
-            raise ValueError(f"pe={self.pe!r} rotates pairs of channels and needs an even head size; "
-                             f"got n_embd/n_head = {self.n_embd}/{self.n_head} = {head_size}")
+            raise ValueError(
+                f"pe={self.pe!r} rotates pairs of channels and needs an even head size; "
+                f"got n_embd/n_head = {self.n_embd}/{self.n_head} = {head_size}"
+            )
         if self.pe == "sinusoidal" and self.n_embd % 2:
             raise ValueError(f"pe='sinusoidal' needs an even n_embd (sin/cos pairs); got {self.n_embd}")
         if self.refiner_kernel < 1 or self.refiner_kernel % 2 == 0:
-            raise ValueError(f"refiner_kernel must be an odd integer >= 1 (1, 3, 5, ...); "
-                             f"got {self.refiner_kernel!r}")
+            raise ValueError(f"refiner_kernel must be an odd integer >= 1 (1, 3, 5, ...); got {self.refiner_kernel!r}")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout must be in [0, 1); got {self.dropout!r}")
         if not self.rope_base > 1.0:
-            raise ValueError(f"rope_base must be > 1 (RoPE's frequencies base^(-2i/d) must fall with i); "
-                             f"got {self.rope_base!r}")
+            raise ValueError(
+                f"rope_base must be > 1 (RoPE's frequencies base^(-2i/d) must fall with i); got {self.rope_base!r}"
+            )
         if self.random_positions:
             if self.random_positions < self.block_size:
-                raise ValueError(f"random_positions must be 0 (off) or an integer L >= block_size="
-                                 f"{self.block_size}; got {self.random_positions!r}")
+                raise ValueError(
+                    f"random_positions must be 0 (off) or an integer L >= block_size="
+                    f"{self.block_size}; got {self.random_positions!r}"
+                )
             if all(name == "none" or issubclass(PE_REGISTRY[name], DataDependentBias) for name in layer_pes):
                 raise ValueError(f"random_positions needs a pe that reads positions; pe={self.pe!r} reads none")
         if self.temperature != "none" and self.block_size < 2:
-            raise ValueError(f"temperature={self.temperature!r} divides by ln(block_size) and needs block_size >= 2; "
-                             f"got {self.block_size}")
+            raise ValueError(
+                f"temperature={self.temperature!r} divides by ln(block_size) and needs block_size >= 2; "
+                f"got {self.block_size}"
+            )
         if self.attn_chunk < 0:
             raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
 
@@ -127,12 +142,17 @@ def layer_encodings(cfg: GPTConfig) -> list[str]:
     names = cfg.pe.split(",")
     for name in names:
         if name not in PE_REGISTRY:
-            raise ValueError(f"unknown pe {name!r}" + (f" in pe={cfg.pe!r}" if len(names) > 1 else "")
-                             + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
-                               f"(cycled over the layers, e.g. 'rope,none')")
+            raise ValueError(
+                f"unknown pe {name!r}"
+                + (f" in pe={cfg.pe!r}" if len(names) > 1 else "")
+                + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
+                f"(cycled over the layers, e.g. 'rope,none')"
+            )
     if len(names) > 1 and any(issubclass(PE_REGISTRY[name], AbsolutePositions) for name in names):
-        raise ValueError(f"pe={cfg.pe!r}: an absolute encoding is added to the token embeddings, not chosen per "
-                         f"layer; a per-layer spec may name rotary encodings, biases and 'none'")
+        raise ValueError(
+            f"pe={cfg.pe!r}: an absolute encoding is added to the token embeddings, not chosen per "
+            f"layer; a per-layer spec may name rotary encodings, biases and 'none'"
+        )
     return [names[layer % len(names)] for layer in range(cfg.n_layer)]
 
 
@@ -172,18 +192,23 @@ def _register(registry: dict, kind: str, name: str, check: Callable[[type], None
     if not isinstance(name, str) or not name:
         raise ValueError(f"a {kind} name must be a non-empty string; got {name!r}")
     if name in registry and _builtin(registry[name]):
-        raise ValueError(f"{kind} {name!r} is already registered; registered {kind}s: "
-                         f"{', '.join(registry)}. Pick another name.")
+        raise ValueError(
+            f"{kind} {name!r} is already registered; registered {kind}s: {', '.join(registry)}. Pick another name."
+        )
 
     def decorator(cls):
         check(cls)
         # A user's name registered again with a new class (a notebook cell run after an edit) takes the new
         # class, with a one-line notice, so editing a bias needs no kernel restart.
         if registry.get(name, cls) is not cls:
-            print(f"minidape: {kind} {name!r} now builds {cls.__qualname__} (replacing the class registered "
-                  f"before under that name)", file=sys.stderr)
+            print(
+                f"minidape: {kind} {name!r} now builds {cls.__qualname__} (replacing the class registered "
+                f"before under that name)",
+                file=sys.stderr,
+            )
         registry[name] = cls
         return cls
+
     return decorator
 
 
@@ -202,8 +227,11 @@ def register_pe(name: str):
 
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, kinds)):
-            raise TypeError(f"register_pe({name!r}) expects a subclass of md.AdditiveBias or md.DataDependentBias "
-                            f"(or AbsolutePositions / RotaryEmbedding); got {cls!r}")
+            raise TypeError(
+                f"register_pe({name!r}) expects a subclass of md.AdditiveBias or md.DataDependentBias "
+                f"(or AbsolutePositions / RotaryEmbedding); got {cls!r}"
+            )
+
     return _register(PE_REGISTRY, "pe", name, check)
 
 
@@ -219,9 +247,11 @@ def register_refiner(name: str):
     tells whether any output depends on later tokens (a perturbation test); ``train``, ``compare`` and
     ``reproduce`` run it before the first step and refuse a decoder that fails it.
     """
+
     def check(cls):
         if not (isinstance(cls, type) and issubclass(cls, nn.Module)):
             raise TypeError(f"register_refiner({name!r}) expects an nn.Module subclass; got {cls!r}")
+
     return _register(REFINER_REGISTRY, "refiner", name, check)
 
 
@@ -293,7 +323,7 @@ class RotaryEmbedding(nn.Module):
 
     def forward(self, pos, T: int):
         theta, scale = self.frequencies_and_scale(T)
-        angle = pos.float()[:, None] * theta                           # (T, d/2)
+        angle = pos.float()[:, None] * theta  # (T, d/2)
         return angle.cos() * scale, angle.sin() * scale
 
     def rotations(self, pos, T: int):
@@ -339,10 +369,12 @@ class LearnedPositions(AbsolutePositions):
         # count tells whether they fit, without reading them on the host (which on a GPU waits for the queue).
         rows = self.table.num_embeddings
         if (len(pos) > rows) if self.training else (pos.max() >= rows):
-            raise ValueError(f"pe='learned' has a table of {self.table.num_embeddings} positions but got a "
-                             f"sequence of length {len(pos)} (largest position {int(pos.max())}); a learned "
-                             f"table cannot extrapolate: evaluate at T <= {self.table.num_embeddings} "
-                             f"or use another pe")
+            raise ValueError(
+                f"pe='learned' has a table of {self.table.num_embeddings} positions but got a "
+                f"sequence of length {len(pos)} (largest position {int(pos.max())}); a learned "
+                f"table cannot extrapolate: evaluate at T <= {self.table.num_embeddings} "
+                f"or use another pe"
+            )
         return self.table(pos)
 
 
@@ -357,7 +389,7 @@ class SinusoidalPositions(AbsolutePositions):
         self.register_buffer("omega", omega, persistent=False)
 
     def forward(self, pos):
-        angle = pos.float()[:, None] * self.omega                      # (T, d/2)
+        angle = pos.float()[:, None] * self.omega  # (T, d/2)
         return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(1)  # (T, d) interleaved sin, cos
 
 
@@ -387,7 +419,7 @@ class YaRNEmbedding(RotaryEmbedding):
         last = head_size // 2 - 1
         low = min(max(math.floor(correction_dim(beta)), 0), last)
         high = min(max(math.ceil(correction_dim(alpha)), 0), last)
-        span = max(high - low, 1e-3)                                   # avoid 0/0 when low == high
+        span = max(high - low, 1e-3)  # avoid 0/0 when low == high
         ramp = ((torch.arange(head_size // 2, dtype=torch.float32) - low) / span).clamp(0, 1)
         self.register_buffer("ramp", ramp, persistent=False)
 
@@ -424,7 +456,7 @@ class NTKAwareRoPE(RotaryEmbedding):
         if s <= 1:
             return self.theta, 1.0
         d = 2 * len(self.theta)
-        exponent = torch.arange(0, d, 2, dtype=torch.float32, device=self.theta.device) / d      # 2i/d
+        exponent = torch.arange(0, d, 2, dtype=torch.float32, device=self.theta.device) / d  # 2i/d
         return (self.base * s ** (d / (d - 2))) ** -exponent, 1.0
 
 
@@ -445,10 +477,10 @@ class XPosEmbedding(RotaryEmbedding):
         self.register_buffer("zeta", zeta, persistent=False)
 
     def rotations(self, pos, T: int):
-        cos, sin = self(pos, T)                                          # (T, d/2) each
+        cos, sin = self(pos, T)  # (T, d/2) each
         centered = (pos.float() - pos.float().mean())[:, None] / self.scale_base
-        query_scale = self.zeta ** centered                              # zeta^(n / gamma)  (T, d/2)
-        key_scale = 1 / query_scale                                      # zeta^(-m / gamma)
+        query_scale = self.zeta**centered  # zeta^(n / gamma)  (T, d/2)
+        key_scale = 1 / query_scale  # zeta^(-m / gamma)
         return (cos * query_scale, sin * query_scale), (cos * key_scale, sin * key_scale)
 
 
@@ -485,9 +517,10 @@ def alibi_slopes(n_head: int) -> torch.Tensor:
     r"""For $n$ a power of two: $m_h = 2^{-8h/n}$, $h = 1..n$. Otherwise, with $p = 2^{\lfloor\log_2 n\rfloor}$
     (the largest power of two up to $n$): the $p$ slopes for $p$ heads, then every other slope for $2p$ heads,
     the first $n - p$ of them."""
+
     def geometric(n):
         start = 2.0 ** (-8.0 / n)
-        return [start ** h for h in range(1, n + 1)]
+        return [start**h for h in range(1, n + 1)]
 
     p = 2 ** math.floor(math.log2(n_head))
     slopes = geometric(p) + geometric(2 * p)[0::2][: n_head - p]
@@ -519,10 +552,10 @@ class T5Bias(AdditiveBias):
         return torch.where(distance < exact, distance, large)
 
     def buckets(self, q_pos, k_pos):
-        diff = q_pos[:, None] - k_pos[None, :]                         # i - j
+        diff = q_pos[:, None] - k_pos[None, :]  # i - j
         if self.causal:
             return self.bucket(diff.clamp(min=0), self.num_buckets, self.max_distance)
-        half = self.num_buckets // 2                                   # keys ahead use buckets half..
+        half = self.num_buckets // 2  # keys ahead use buckets half..
         return self.bucket(diff.abs(), half, self.max_distance) + half * (diff < 0)
 
     def forward(self, q_pos, k_pos):
@@ -552,8 +585,8 @@ class KerpleLogBias(_ClampedParameters):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.causal = cfg.causal
-        self.r1 = nn.Parameter(torch.rand(cfg.n_head) * 2)          # U[0, 2)
-        self.r2 = nn.Parameter(torch.rand(cfg.n_head))              # U[0, 1)
+        self.r1 = nn.Parameter(torch.rand(cfg.n_head) * 2)  # U[0, 2)
+        self.r2 = nn.Parameter(torch.rand(cfg.n_head))  # U[0, 1)
 
     def forward(self, q_pos, k_pos):
         self.project_()
@@ -571,8 +604,8 @@ class KerplePowerBias(_ClampedParameters):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.causal = cfg.causal
-        self.a = nn.Parameter(torch.rand(cfg.n_head))               # U[0, 1)
-        self.p = nn.Parameter(torch.rand(cfg.n_head) * 2)           # U[0, 2)
+        self.a = nn.Parameter(torch.rand(cfg.n_head))  # U[0, 1)
+        self.p = nn.Parameter(torch.rand(cfg.n_head) * 2)  # U[0, 2)
 
     def forward(self, q_pos, k_pos):
         self.project_()
@@ -640,8 +673,8 @@ class ForgetGateBias(DataDependentBias):
 
     def forward(self, x, q, k, first_query: int = 0):
         Tq, Tk = q.shape[2], k.shape[2]
-        c = self.log_forget(x[:, :Tk]).float().cumsum(-1)                         # c_i (batch, nh, Tk)
-        D = c[..., first_query:first_query + Tq, None] - c[..., None, :]          # c_i - c_j (batch, nh, Tq, Tk)
+        c = self.log_forget(x[:, :Tk]).float().cumsum(-1)  # c_i (batch, nh, Tk)
+        D = c[..., first_query : first_query + Tq, None] - c[..., None, :]  # c_i - c_j (batch, nh, Tq, Tk)
         return D if self.causal else -D.abs()
 
 
@@ -659,28 +692,28 @@ class ContextualPositionBias(DataDependentBias):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.causal = cfg.causal
-        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.block_size))   # e (hs, P)
+        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.block_size))  # e (hs, P)
 
     def positions(self, q, k, first_query: int = 0):
         r"""$p_{ij}$ (batch, nh, Tq, Tk) in float32: the gates summed from key j to query i."""
         Tq, Tk = q.shape[2], k.shape[2]
-        gates = torch.sigmoid((q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]))   # g (batch, nh, Tq, Tk)
+        gates = torch.sigmoid((q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1]))  # g (batch, nh, Tq, Tk)
         query = torch.arange(first_query, first_query + Tq, device=q.device)[:, None]
         key = torch.arange(Tk, device=q.device)[None, :]
-        before = gates.masked_fill(key > query, 0.0)                                # keys j <= i
-        counted = before.flip(-1).cumsum(-1).flip(-1)                             # sum_{t=j}^{i} g_it
+        before = gates.masked_fill(key > query, 0.0)  # keys j <= i
+        counted = before.flip(-1).cumsum(-1).flip(-1)  # sum_{t=j}^{i} g_it
         if self.causal:
             return counted
-        after = gates.masked_fill(key < query, 0.0).cumsum(-1)                   # keys j >= i: sum_{t=i}^{j} g_it
+        after = gates.masked_fill(key < query, 0.0).cumsum(-1)  # keys j >= i: sum_{t=i}^{j} g_it
         return torch.where(key <= query, counted, after)
 
     def forward(self, x, q, k, first_query: int = 0):
         p = self.positions(q, k, first_query).clamp(max=self.embeddings.shape[1] - 1)
         low, high = p.floor(), p.ceil()
         w = (p - low).to(q.dtype)
-        read = q @ self.embeddings.to(q.dtype)                                    # q_i^T e[n] (batch, nh, Tq, P)
+        read = q @ self.embeddings.to(q.dtype)  # q_i^T e[n] (batch, nh, Tq, P)
         at_low, at_high = read.gather(-1, low.long()), read.gather(-1, high.long())
-        return (1 - w) * at_low + w * at_high                                      # z (batch, nh, Tq, Tk)
+        return (1 - w) * at_low + w * at_high  # z (batch, nh, Tq, Tk)
 
 
 def pe_has_bias(pe: str) -> bool:
@@ -708,23 +741,24 @@ class LengthTemperature(nn.Module):
         self.kind, self.causal = cfg.temperature, cfg.causal
         self.register_buffer("log_train_length", torch.tensor(math.log(cfg.block_size)), persistent=False)
         if self.kind == "learned":
-            self.scale = nn.Parameter(torch.full((cfg.n_head,), 1 / math.log(cfg.block_size)))     # s_h
+            self.scale = nn.Parameter(torch.full((cfg.n_head,), 1 / math.log(cfg.block_size)))  # s_h
 
     def forward(self, q0: int, q1: int, T: int):
         device = self.log_train_length.device
-        keys_seen = torch.arange(q0 + 1, q1 + 1, device=device) if self.causal else torch.full((q1 - q0,), T,
-                                                                                                device=device)
-        log_n = keys_seen.float().log()[None, :, None]                          # ln n_i (1, Tq, 1)
+        keys_seen = (
+            torch.arange(q0 + 1, q1 + 1, device=device) if self.causal else torch.full((q1 - q0,), T, device=device)
+        )
+        log_n = keys_seen.float().log()[None, :, None]  # ln n_i (1, Tq, 1)
         if self.kind == "log_length":
             return (log_n / self.log_train_length).clamp(min=1)
-        return self.scale[:, None, None] * log_n                                 # s_h ln n_i (nh, Tq, 1)
+        return self.scale[:, None, None] * log_n  # s_h ln n_i (nh, Tq, 1)
 
 
 # ----------------------------------------------------------------------------------------------------
 # Refiners: rewrite the scaled scores S (batch, h, Tq, Tk) given the bias B (h, Tq, Tk) or None
 
 
-LEAKY_SLOPE = 0.01   # LeakyReLU's negative slope in DAPE's MLP and DAPE-V2's convolutions (the authors' code)
+LEAKY_SLOPE = 0.01  # LeakyReLU's negative slope in DAPE's MLP and DAPE-V2's convolutions (the authors' code)
 
 
 class HeadMLP(nn.Module):
@@ -738,7 +772,7 @@ class HeadMLP(nn.Module):
         self.mlp = nn.Sequential(nn.Linear(n_in, width), nn.LeakyReLU(LEAKY_SLOPE), nn.Linear(width, n_head))
 
     @property
-    def hidden_layer(self) -> nn.Linear:      # W_1, b_1
+    def hidden_layer(self) -> nn.Linear:  # W_1, b_1
         return self.mlp[0]
 
     @property
@@ -746,7 +780,7 @@ class HeadMLP(nn.Module):
         return self.mlp[1]
 
     @property
-    def output_layer(self) -> nn.Linear:      # W_2, b_2
+    def output_layer(self) -> nn.Linear:  # W_2, b_2
         return self.mlp[2]
 
     def forward(self, x):
@@ -779,8 +813,8 @@ class DAPERefiner(nn.Module):
         self.f = HeadMLP(n_in, cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        refined = scores + self.f(stack_scores_and_bias(scores, bias))           # S + f([S, B])
-        return refined if bias is None else refined + bias                        # + B
+        refined = scores + self.f(stack_scores_and_bias(scores, bias))  # S + f([S, B])
+        return refined if bias is None else refined + bias  # + B
 
 
 register_refiner("cape")(DAPERefiner)
@@ -803,7 +837,7 @@ class DAPEAddRefiner(nn.Module):
         self.f = HeadMLP(cfg.n_head, cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        biased = scores if bias is None else scores + bias                        # S + B
+        biased = scores if bias is None else scores + bias  # S + B
         return biased + self.f(biased)
 
 
@@ -830,8 +864,8 @@ class ConvRefiner(nn.Module):
         self.conv2 = nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, kernel), padding=(0, kernel // 2))
 
     def forward(self, scores, bias, mask):
-        lower = stack_scores_and_bias(scores, bias).masked_fill(~mask, 0.0)     # tril([S, B]) (batch, C, Tq, Tk)
-        conv = self.conv2(F.leaky_relu(self.conv1(lower), LEAKY_SLOPE))           # (batch, h, Tq, Tk)
+        lower = stack_scores_and_bias(scores, bias).masked_fill(~mask, 0.0)  # tril([S, B]) (batch, C, Tq, Tk)
+        conv = self.conv2(F.leaky_relu(self.conv1(lower), LEAKY_SLOPE))  # (batch, h, Tq, Tk)
         refined = scores + conv
         return refined if bias is None else refined + bias
 
@@ -870,14 +904,14 @@ def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0, temperatu
     (batch, nh, Tq, hs) and the pieces ``scores`` $S$, ``bias`` $B$ (as the encoding gave it), ``refined`` $A$
     (what reaches the mask) and ``probs``, for plots and teaching.
     """
-    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])                    # S (batch, nh, Tq, Tk)
+    scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S (batch, nh, Tq, Tk)
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is not None:
-        refined = refiner(scores, seen_bias, mask)                               # A = refine(S, B)
+        refined = refiner(scores, seen_bias, mask)  # A = refine(S, B)
     else:
-        refined = scores if bias is None else scores + seen_bias                 # A = S + B
+        refined = scores if bias is None else scores + seen_bias  # A = S + B
     if temperature is not None:
-        refined = refined * temperature                                          # tau (.) A
+        refined = refined * temperature  # tau (.) A
     y, probs = attend(refined, allowed, v, dropout)
     return y, {"scores": scores, "bias": bias, "refined": refined, "probs": probs}
 
@@ -887,7 +921,7 @@ def attend(refined, allowed, v, dropout: float = 0.0):
     minimum, as the authors' code does; cells where $B = -\\infty$ are cut the same way (``refiner_view``)."""
     masked = refined.masked_fill(~allowed, torch.finfo(refined.dtype).min)
     probs = F.dropout(F.softmax(masked, dim=-1), p=dropout)
-    return probs.to(v.dtype) @ v, probs     # under autocast A may be float32 (bf16 S + float32 B), V bfloat16
+    return probs.to(v.dtype) @ v, probs  # under autocast A may be float32 (bf16 S + float32 B), V bfloat16
 
 
 class PositionalInputs:
@@ -895,10 +929,10 @@ class PositionalInputs:
     encoding); a layer whose bias reads the data takes its own copy (``reading``)."""
 
     def __init__(self, positions, rotary, bias_between, data_bias=None):
-        self.positions = positions            # (T,)
-        self.rotary = rotary                  # ((cos, sin) for queries, (cos, sin) for keys), each (T, hs/2); or None
-        self.bias_between = bias_between      # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no such bias
-        self.data_bias = data_bias            # (q0, q1, k1) -> B (batch, nh, q1 - q0, k1), checked; or None
+        self.positions = positions  # (T,)
+        self.rotary = rotary  # ((cos, sin) for queries, (cos, sin) for keys), each (T, hs/2); or None
+        self.bias_between = bias_between  # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no such bias
+        self.data_bias = data_bias  # (q0, q1, k1) -> B (batch, nh, q1 - q0, k1), checked; or None
 
     @property
     def has_bias(self) -> bool:
@@ -930,15 +964,15 @@ class SelfAttention(nn.Module):
     def __init__(self, cfg: GPTConfig, pe: str | None = None):
         super().__init__()
         self.cfg = cfg
-        self.pe = cfg.pe if pe is None else pe                               # this layer's encoding (a name)
+        self.pe = cfg.pe if pe is None else pe  # this layer's encoding (a name)
         self.n_head, self.head_size = cfg.n_head, cfg.n_embd // cfg.n_head
         self.c_attn = _normal_linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = _normal_linear(cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.resid_dropout = nn.Dropout(cfg.dropout)
         encoding = PE_REGISTRY[self.pe]
-        self.data_bias = encoding(cfg) if issubclass(encoding, DataDependentBias) else None   # this layer's own
+        self.data_bias = encoding(cfg) if issubclass(encoding, DataDependentBias) else None  # this layer's own
         self.temperature = LengthTemperature(cfg) if cfg.temperature != "none" else None
-        refiner_cls = REFINER_REGISTRY[cfg.refiner]                # built for this layer's encoding (its B or none)
+        refiner_cls = REFINER_REGISTRY[cfg.refiner]  # built for this layer's encoding (its B or none)
         refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
         self.refiner = refiner_cls(refiner_cfg) if refiner_cls is not None else None
 
@@ -958,12 +992,15 @@ class SelfAttention(nn.Module):
             return positional
 
         def bias_rows(q0, q1, k1):
-            bias = self.data_bias(x, q[:, :, q0:q1], k[:, :, :k1], first_query=q0)    # B (batch, nh, Tq, Tk)
+            bias = self.data_bias(x, q[:, :, q0:q1], k[:, :, :k1], first_query=q0)  # B (batch, nh, Tq, Tk)
             expected = (len(x), self.n_head, q1 - q0, k1)
             if tuple(bias.shape) != expected:
-                raise ValueError(f"pe={self.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
-                                 f"(batch, n_head, Tq, Tk) = {expected}")
+                raise ValueError(
+                    f"pe={self.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
+                    f"(batch, n_head, Tq, Tk) = {expected}"
+                )
             return bias
+
         return positional.reading(bias_rows)
 
     def forward(self, x, positional: PositionalInputs):
@@ -974,9 +1011,17 @@ class SelfAttention(nn.Module):
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
-            y, _ = attention(q, k, v, positional.full_bias, attention_mask(T, self.cfg.causal, x.device),
-                             self.refiner, dropout, self.temperature_rows(0, T, T))
-        y = y.transpose(1, 2).contiguous().view(batch, T, C)                     # (batch, T, C)
+            y, _ = attention(
+                q,
+                k,
+                v,
+                positional.full_bias,
+                attention_mask(T, self.cfg.causal, x.device),
+                self.refiner,
+                dropout,
+                self.temperature_rows(0, T, T),
+            )
+        y = y.transpose(1, 2).contiguous().view(batch, T, C)  # (batch, T, C)
         return self.resid_dropout(self.c_proj(y))
 
     def temperature_rows(self, q0: int, q1: int, T: int):
@@ -989,8 +1034,15 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x, positional)
         T = q.shape[2]
         positional = self.inputs(x, q, k, positional)
-        return attention(q, k, v, positional.full_bias, attention_mask(T, self.cfg.causal, x.device),
-                         self.refiner, temperature=self.temperature_rows(0, T, T))[1]
+        return attention(
+            q,
+            k,
+            v,
+            positional.full_bias,
+            attention_mask(T, self.cfg.causal, x.device),
+            self.refiner,
+            temperature=self.temperature_rows(0, T, T),
+        )[1]
 
 
 class MLP(nn.Module):
@@ -1033,9 +1085,12 @@ class GPT(nn.Module):
         self.wte = nn.Embedding(cfg.vocab_size, cfg.n_embd)
         nn.init.normal_(self.wte.weight, std=0.02)
         self.layer_pes = layer_encodings(cfg)
-        shared = {name: PE_REGISTRY[name] for name in dict.fromkeys(self.layer_pes)
-                  if not issubclass(PE_REGISTRY[name], DataDependentBias)}
-        if len(set(self.layer_pes)) == 1:                              # shared by all layers
+        shared = {
+            name: PE_REGISTRY[name]
+            for name in dict.fromkeys(self.layer_pes)
+            if not issubclass(PE_REGISTRY[name], DataDependentBias)
+        }
+        if len(set(self.layer_pes)) == 1:  # shared by all layers
             self.pe = shared.get(cfg.pe, NoPositions)(cfg)
         else:
             self.pe = nn.ModuleDict({name: encoding(cfg) for name, encoding in shared.items()})
@@ -1044,21 +1099,22 @@ class GPT(nn.Module):
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
-            self.lm_head.weight = self.wte.weight                      # weight tying (GPT-2)
+            self.lm_head.weight = self.wte.weight  # weight tying (GPT-2)
         else:
             nn.init.normal_(self.lm_head.weight, std=0.02)
-        self._values_checked = set()                                   # see check_values
+        self._values_checked = set()  # see check_values
 
     def forward(self, idx, targets=None):
         check_idx(self, idx)
         if targets is not None:
             check_targets(self, targets, idx)
         x, _ = self.hidden_states(idx)
-        logits = self.lm_head(self.ln_f(x))                            # (batch, T, vocab)
+        logits = self.lm_head(self.ln_f(x))  # (batch, T, vocab)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten().long().to(logits.device),
-                                   ignore_index=-1)
+            loss = F.cross_entropy(
+                logits.float().flatten(0, 1), targets.flatten().long().to(logits.device), ignore_index=-1
+            )
         return logits, loss
 
     def hidden_states(self, idx, upto_layer: int | None = None):
@@ -1066,7 +1122,7 @@ class GPT(nn.Module):
         (x, each layer's positional inputs)."""
         idx = idx.long()
         pos = self.positions(idx.shape[1], idx.device)
-        x = self.wte(idx)                                              # (batch, T, C)
+        x = self.wte(idx)  # (batch, T, C)
         if isinstance(self.pe, AbsolutePositions):
             x = x + self.pe(pos).to(x.dtype)
         x = self.drop(x)
@@ -1092,16 +1148,17 @@ class GPT(nn.Module):
         rotary = encoding.rotations(pos, len(pos)) if isinstance(encoding, RotaryEmbedding) else None
         if not isinstance(encoding, AdditiveBias):
             return PositionalInputs(pos, rotary, None)
-        checked = set()           # every layer asks for the same query and key positions: check their values once
+        checked = set()  # every layer asks for the same query and key positions: check their values once
 
         def bias_between(q_pos, k_pos):
-            bias = encoding(q_pos, k_pos)                              # B (nh, Tq, Tk)
+            bias = encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
             shape = (len(pos), len(q_pos), len(k_pos))
             if shape not in checked:
                 check_bias_shape(self, bias, shape[1:])
                 self.check_values(("bias", *shape), lambda: check_bias_values(self, bias, q_pos, k_pos))
                 checked.add(shape)
             return bias.to(self.wte.weight.dtype)
+
         return PositionalInputs(pos, rotary, bias_between)
 
     def check_values(self, key: tuple, check: Callable[[], None]) -> None:
@@ -1158,52 +1215,70 @@ def _is_int(value) -> bool:
 
 
 def check_idx(model: GPT, idx) -> None:
-    if not isinstance(idx, torch.Tensor) or idx.dtype not in (torch.long, torch.int32, torch.int16,
-                                                                torch.int8, torch.uint8):
+    if not isinstance(idx, torch.Tensor) or idx.dtype not in (
+        torch.long,
+        torch.int32,
+        torch.int16,
+        torch.int8,
+        torch.uint8,
+    ):
         got = idx.dtype if isinstance(idx, torch.Tensor) else type(idx).__name__
         raise TypeError(f"idx must be an integer tensor of token ids (torch.long); got {got}")
     if idx.dim() != 2:
         raise ValueError(f"idx must have shape (batch, T); got shape {tuple(idx.shape)}")
     if idx.numel() == 0:
-        raise ValueError(f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at "
-                         f"least one token")
+        raise ValueError(
+            f"idx is empty: shape (batch, T) = {tuple(idx.shape)}; give at least one sequence of at least one token"
+        )
     vocab = model.cfg.vocab_size
 
     def in_range():
         if idx.min() < 0 or idx.max() >= vocab:
-            raise ValueError(f"token ids must be in [0, vocab_size={vocab}); got values in "
-                             f"[{int(idx.min())}, {int(idx.max())}]")
+            raise ValueError(
+                f"token ids must be in [0, vocab_size={vocab}); got values in [{int(idx.min())}, {int(idx.max())}]"
+            )
+
     model.check_values(("idx", *idx.shape), in_range)
 
 
 def check_targets(model: GPT, targets, idx) -> None:
-    if not isinstance(targets, torch.Tensor) or targets.is_floating_point() or targets.is_complex() \
-            or targets.dtype == torch.bool:
+    if (
+        not isinstance(targets, torch.Tensor)
+        or targets.is_floating_point()
+        or targets.is_complex()
+        or targets.dtype == torch.bool
+    ):
         got = targets.dtype if isinstance(targets, torch.Tensor) else type(targets).__name__
         raise TypeError(f"targets must be an integer tensor of token ids (torch.long, -1 to ignore); got {got}")
     if targets.shape != idx.shape:
-        raise ValueError(f"targets must have the shape of idx {tuple(idx.shape)} (one target per input "
-                         f"token); got shape {tuple(targets.shape)}")
+        raise ValueError(
+            f"targets must have the shape of idx {tuple(idx.shape)} (one target per input "
+            f"token); got shape {tuple(targets.shape)}"
+        )
     vocab = model.cfg.vocab_size
 
     def in_range():
         if targets.min() < -1 or targets.max() >= vocab:
-            raise ValueError(f"targets must be in [0, vocab_size={vocab}) or -1 (ignored); "
-                             f"got values in [{int(targets.min())}, {int(targets.max())}]")
+            raise ValueError(
+                f"targets must be in [0, vocab_size={vocab}) or -1 (ignored); "
+                f"got values in [{int(targets.min())}, {int(targets.max())}]"
+            )
+
     model.check_values(("targets", *targets.shape), in_range)
 
 
 def check_bias_shape(model: GPT, bias, query_and_keys: tuple[int, int]) -> None:
     expected = (model.cfg.n_head, *query_and_keys)
     if tuple(bias.shape) != expected:
-        raise ValueError(f"pe={model.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
-                         f"(n_head, Tq, Tk) = {expected}")
+        raise ValueError(
+            f"pe={model.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected (n_head, Tq, Tk) = {expected}"
+        )
 
 
 @torch.no_grad()
 def check_bias_values(model: GPT, bias, q_pos, k_pos) -> None:
     """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here")."""
-    may_attend = k_pos[None, :] <= q_pos[:, None]          # (Tq, Tk): a decoder's query sees no later key
+    may_attend = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk): a decoder's query sees no later key
     if not model.cfg.causal:
         may_attend = torch.ones_like(may_attend)
     # One pass for the usual case: each row's largest visible value is finite unless the row holds a NaN or
@@ -1214,13 +1289,17 @@ def check_bias_values(model: GPT, bias, q_pos, k_pos) -> None:
     bad = may_attend & (bias.isnan() | (bias == float("inf")))
     if bad.any():
         head, i, j = bad.nonzero()[0].tolist()
-        raise ValueError(f"pe={pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, query "
-                         f"{int(q_pos[i])}, key {int(k_pos[j])}, a cell the query may attend to; a bias must be "
-                         f"finite there, or -inf for 'never attend here' (a hard window)")
+        raise ValueError(
+            f"pe={pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, query "
+            f"{int(q_pos[i])}, key {int(k_pos[j])}, a cell the query may attend to; a bias must be "
+            f"finite there, or -inf for 'never attend here' (a hard window)"
+        )
     head, i = (~may_attend | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
-    raise ValueError(f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to (head "
-                     f"{head}): its attention would be undefined; leave at least one key finite (e.g. the query's "
-                     f"own position)")
+    raise ValueError(
+        f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to (head "
+        f"{head}): its attention would be undefined; leave at least one key finite (e.g. the query's "
+        f"own position)"
+    )
 
 
 def check_sampling(model: GPT, max_new_tokens, temperature, top_k) -> None:
@@ -1228,10 +1307,11 @@ def check_sampling(model: GPT, max_new_tokens, temperature, top_k) -> None:
         raise ValueError("generate needs a decoder; this model has causal=False")
     if not _is_int(max_new_tokens) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0; got {max_new_tokens!r}")
-    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) \
-            or not 0 < temperature < math.inf:
-        raise ValueError(f"temperature must be a number > 0 (1 samples the model's distribution, lower is "
-                         f"greedier); got {temperature!r}")
+    if isinstance(temperature, bool) or not isinstance(temperature, (int, float)) or not 0 < temperature < math.inf:
+        raise ValueError(
+            f"temperature must be a number > 0 (1 samples the model's distribution, lower is "
+            f"greedier); got {temperature!r}"
+        )
     if top_k is not None and (not _is_int(top_k) or top_k < 1):
         raise ValueError(f"top_k must be None (no cut) or an integer >= 1; got {top_k!r}")
 
@@ -1259,8 +1339,10 @@ def check_causal(model_or_cfg: GPT | GPTConfig, length: int | None = None, seed:
     T = model.cfg.block_size if length is None else length
     vocab = model.cfg.vocab_size
     if not _is_int(T) or T < 2 or vocab < 2:
-        raise ValueError(f"check_causal needs length >= 2 and vocab_size >= 2 to change a later token; got "
-                         f"length={T!r}, vocab_size={vocab}")
+        raise ValueError(
+            f"check_causal needs length >= 2 and vocab_size >= 2 to change a later token; got "
+            f"length={T!r}, vocab_size={vocab}"
+        )
     generator = torch.Generator().manual_seed(seed)
     idx = torch.randint(0, vocab, (2, T), generator=generator)
     model = model.double().eval()
@@ -1268,9 +1350,9 @@ def check_causal(model_or_cfg: GPT | GPTConfig, length: int | None = None, seed:
         logits = model(idx.to(model.device))[0]
         tolerance = 64 * torch.finfo(logits.dtype).eps * (1 + logits.abs().max().item())
         for t in sorted({0, T // 3, T // 2, T - 2}):
-            changed = idx.clone()                                      # every token after t becomes another one
+            changed = idx.clone()  # every token after t becomes another one
             shift = torch.randint(1, vocab, (2, T - t - 1), generator=generator)
-            changed[:, t + 1:] = (idx[:, t + 1:] + shift) % vocab
+            changed[:, t + 1 :] = (idx[:, t + 1 :] + shift) % vocab
             other = model(changed.to(model.device))[0]
             if (other[:, : t + 1] - logits[:, : t + 1]).abs().max().item() > tolerance:
                 return False

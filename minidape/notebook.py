@@ -22,9 +22,10 @@ from .utils import quick_mode, resolve_device
 @dataclasses.dataclass(frozen=True)
 class Run:
     """One run of a notebook: CI's quick run or the full one, and when it started."""
+
     quick: bool
-    started: float                      # time.perf_counter() at start()
-    threads: int                        # torch's CPU threads (minidape.threads)
+    started: float  # time.perf_counter() at start()
+    threads: int  # torch's CPU threads (minidape.threads)
 
     def seconds(self) -> float:
         """Seconds since the notebook started."""
@@ -53,13 +54,14 @@ def device() -> str:
 @dataclasses.dataclass(frozen=True)
 class BooksBudget:
     """The training budget of the books notebooks (03–06): byte-level models on Jane Austen's novels."""
-    train_length: int                   # block_size: the training length of every model
-    steps: int                          # optimizer steps per model
-    batch: int                          # sequences per step
-    lr: float                           # peak learning rate (AdamW, cosine schedule)
-    lengths: tuple[int, ...]            # evaluation lengths, from the training length up
-    eval_windows: int                   # seeded validation windows per evaluation length (last_k)
-    val_windows: int                    # windows of the validation loss logged during training
+
+    train_length: int  # block_size: the training length of every model
+    steps: int  # optimizer steps per model
+    batch: int  # sequences per step
+    lr: float  # peak learning rate (AdamW, cosine schedule)
+    lengths: tuple[int, ...]  # evaluation lengths, from the training length up
+    eval_windows: int  # seeded validation windows per evaluation length (last_k)
+    val_windows: int  # windows of the validation loss logged during training
 
     def __str__(self) -> str:
         return f"steps {self.steps}, batch {self.batch}, training length {self.train_length}"
@@ -69,7 +71,15 @@ def books_budget(quick: bool) -> BooksBudget:
     """Full mode: 400 steps of 16 x 64 bytes, evaluated up to 16x the training length. Quick mode (CI): the same
     code on 8 steps of 8 sequences, evaluated up to 4x."""
     if quick:
-        return BooksBudget(train_length=64, steps=8, batch=8, lr=3e-3, lengths=(64, 128, 256), eval_windows=4,
-                           val_windows=8)
-    return BooksBudget(train_length=64, steps=400, batch=16, lr=3e-3, lengths=(64, 128, 256, 512, 1024),
-                       eval_windows=32, val_windows=32)
+        return BooksBudget(
+            train_length=64, steps=8, batch=8, lr=3e-3, lengths=(64, 128, 256), eval_windows=4, val_windows=8
+        )
+    return BooksBudget(
+        train_length=64,
+        steps=400,
+        batch=16,
+        lr=3e-3,
+        lengths=(64, 128, 256, 512, 1024),
+        eval_windows=32,
+        val_windows=32,
+    )

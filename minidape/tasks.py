@@ -31,6 +31,7 @@ input positions so the model's own cross-entropy trains on the answer positions 
 This module only generates and scores (torch only); training and testing an encoder on a task, the
 protocol of the DAPE papers, is :mod:`minidape.che`.
 """
+
 from __future__ import annotations
 
 import math
@@ -38,7 +39,14 @@ import math
 import torch
 
 __all__ = [
-    "TASK_NAMES", "LEVELS", "Task", "get_task", "accuracy", "output_mask", "encoder_inputs", "encoder_targets",
+    "TASK_NAMES",
+    "LEVELS",
+    "Task",
+    "get_task",
+    "accuracy",
+    "output_mask",
+    "encoder_inputs",
+    "encoder_targets",
 ]
 
 MODULUS = 5  # modulus of the arithmetic tasks and length of the cycle, as in the benchmark
@@ -166,15 +174,18 @@ class Task:
         if not self.is_valid_length(n):
             raise ValueError(
                 f"{self.name} cannot produce inputs of length {n}: it needs {self.length_rule} "
-                f"(task.valid_length({n}) gives the length the original benchmark would use)")
+                f"(task.valid_length({n}) gives the length the original benchmark would use)"
+            )
         return self._sample(batch_size, n, generator)
 
     def _sample(self, batch_size: int, n: int, generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         raise NotImplementedError
 
     def __repr__(self) -> str:
-        return (f"{type(self).__name__}(name={self.name!r}, level={self.level!r}, input_vocab={self.input_vocab}, "
-                f"output_vocab={self.output_vocab}, end_token={self.end_token})")
+        return (
+            f"{type(self).__name__}(name={self.name!r}, level={self.level!r}, input_vocab={self.input_vocab}, "
+            f"output_vocab={self.output_vocab}, end_token={self.end_token})"
+        )
 
 
 # ---------------------------------------------------------------------------------------------- regular
@@ -270,8 +281,11 @@ class StackManipulation(Task):
         return _check_positive_int(n, "n") + 1
 
     def _sample(self, batch_size, n, generator):
-        stack_length = (torch.randint(1, n, (batch_size, 1), generator=generator) if n > 1
-                        else torch.ones(batch_size, 1, dtype=torch.long))
+        stack_length = (
+            torch.randint(1, n, (batch_size, 1), generator=generator)
+            if n > 1
+            else torch.ones(batch_size, 1, dtype=torch.long)
+        )
         symbols = _rand_bits((batch_size, n), generator)
         actions = torch.randint(self.POP, self.POP + 3, (batch_size, n), generator=generator)
         inputs = torch.where(torch.arange(n) < stack_length, symbols, actions)
@@ -288,8 +302,7 @@ class StackManipulation(Task):
         positions = torch.arange(n + 1)
         top_first = stack.gather(1, (height[:, None] - 1 - positions).clamp(0, n - 1))
         height = height[:, None]
-        targets = torch.where(positions < height, top_first,
-                              torch.where(positions == height, self.end_token, 0))
+        targets = torch.where(positions < height, top_first, torch.where(positions == height, self.end_token, 0))
         return inputs, targets
 
 
@@ -307,8 +320,9 @@ class ReverseString(Task):
         return strings, strings.flip(1)
 
 
-def _random_bracket_expression(length: int, operators: tuple[int, ...], ids: dict[str, int],
-                               stream: _UniformStream) -> tuple[list[int], int]:
+def _random_bracket_expression(
+    length: int, operators: tuple[int, ...], ids: dict[str, int], stream: _UniformStream
+) -> tuple[list[int], int]:
     """A random expression of exactly ``length`` tokens over ``{0..4}`` and its value mod 5.
 
     The grammar of the original generator: length 1 ``d``, 2 ``-d``, 3 ``(d)``, 4 ``(-d)``; longer:
@@ -341,8 +355,7 @@ def _random_bracket_expression(length: int, operators: tuple[int, ...], ids: dic
             op = operators[stream.below(len(operators))]
             tokens.append(ids["("])
             # Popped in reverse: left operand, operator token, right operand, combine, closing bracket.
-            work.extend([("token", ids[")"]), ("apply", op), ("expr", arg - 3 - left), ("token", op),
-                         ("expr", left)])
+            work.extend([("token", ids[")"]), ("apply", op), ("expr", arg - 3 - left), ("token", op), ("expr", left)])
     return tokens, values[0]
 
 
@@ -468,17 +481,18 @@ class _BinaryOperation(Task):
         # of its width, leading (here: trailing, little-endian) zeros allowed.
         a_length = torch.randint(1, n - 1, (batch_size, 1), generator=generator)
         positions = torch.arange(n)
-        bits = _resample_zero_rows(_rand_bits((batch_size, n), generator),
-                                   [positions < a_length, positions > a_length], generator)
+        bits = _resample_zero_rows(
+            _rand_bits((batch_size, n), generator), [positions < a_length, positions > a_length], generator
+        )
         inputs = torch.where(positions == a_length, self.OPERATOR, bits)
 
         out_length = self.output_length(n)
         targets = torch.zeros(batch_size, out_length, dtype=torch.long)
         for row, (bit_row, split) in enumerate(zip(bits.tolist(), a_length[:, 0].tolist())):
             a = _bits_to_int(bit_row[:split][::-1])
-            b = _bits_to_int(bit_row[split + 1:][::-1])
+            b = _bits_to_int(bit_row[split + 1 :][::-1])
             answer = _int_to_bits(self._combine(a, b))[::-1] + [self.end_token]
-            targets[row, :len(answer)] = torch.tensor(answer)
+            targets[row, : len(answer)] = torch.tensor(answer)
         return inputs, targets
 
 
@@ -529,13 +543,14 @@ class ComputeSqrt(Task):
         return math.ceil(_check_positive_int(n, "n") / 2)
 
     def _sample(self, batch_size, n, generator):
-        inputs = _resample_zero_rows(_rand_bits((batch_size, n), generator), [torch.ones(n, dtype=torch.bool)],
-                                     generator)
+        inputs = _resample_zero_rows(
+            _rand_bits((batch_size, n), generator), [torch.ones(n, dtype=torch.bool)], generator
+        )
         out_length = self.output_length(n)
         targets = torch.zeros(batch_size, out_length, dtype=torch.long)
         for row, bit_row in enumerate(inputs.tolist()):
             root = _int_to_bits(math.isqrt(_bits_to_int(bit_row)))
-            targets[row, out_length - len(root):] = torch.tensor(root)
+            targets[row, out_length - len(root) :] = torch.tensor(root)
         return inputs, targets
 
 
@@ -553,12 +568,26 @@ class BucketSort(Task):
         return strings, strings.sort(dim=1).values
 
 
-_TASKS = {task.name: task for task in (
-    EvenPairs, ModularArithmetic, ParityCheck, CycleNavigation,
-    StackManipulation, ReverseString, ModularArithmeticBrackets, SolveEquation,
-    DuplicateString, MissingDuplicateString, OddsFirst, BinaryAddition, BinaryMultiplication, ComputeSqrt,
-    BucketSort,
-)}
+_TASKS = {
+    task.name: task
+    for task in (
+        EvenPairs,
+        ModularArithmetic,
+        ParityCheck,
+        CycleNavigation,
+        StackManipulation,
+        ReverseString,
+        ModularArithmeticBrackets,
+        SolveEquation,
+        DuplicateString,
+        MissingDuplicateString,
+        OddsFirst,
+        BinaryAddition,
+        BinaryMultiplication,
+        ComputeSqrt,
+        BucketSort,
+    )
+}
 TASK_NAMES = tuple(_TASKS)
 
 
@@ -602,9 +631,10 @@ def accuracy(logits: torch.Tensor, targets: torch.Tensor, task: Task, per_sample
     if logits.dim() != 3 or logits.shape[:2] != targets.shape or logits.shape[2] < task.output_vocab:
         raise ValueError(
             f"logits must be (B, L, >= {task.output_vocab}) matching targets {tuple(targets.shape)}, got "
-            f"{tuple(logits.shape)} (for an encoder's output take logits[:, -L:], the answer positions)")
+            f"{tuple(logits.shape)} (for an encoder's output take logits[:, -L:], the answer positions)"
+        )
     mask = output_mask(targets, task)
-    correct = (logits[..., :task.output_vocab].argmax(dim=-1) == targets) & mask
+    correct = (logits[..., : task.output_vocab].argmax(dim=-1) == targets) & mask
     if per_sample:
         return correct.sum(dim=1) / mask.sum(dim=1)
     return correct.sum() / mask.sum()
@@ -614,13 +644,18 @@ def encoder_inputs(inputs: torch.Tensor, task: Task) -> torch.Tensor:
     """``inputs (B, n)`` followed by ``output_length(n)`` placeholder ids ``task.input_vocab``."""
     if not isinstance(inputs, torch.Tensor) or inputs.dim() != 2:
         raise ValueError("inputs must be a (batch, n) tensor of input ids")
-    placeholders = torch.full((inputs.shape[0], task.output_length(inputs.shape[1])), task.placeholder_token,
-                              dtype=inputs.dtype, device=inputs.device)
+    placeholders = torch.full(
+        (inputs.shape[0], task.output_length(inputs.shape[1])),
+        task.placeholder_token,
+        dtype=inputs.dtype,
+        device=inputs.device,
+    )
     return torch.cat([inputs, placeholders], dim=1)
 
 
 def encoder_targets(targets: torch.Tensor, n: int) -> torch.Tensor:
     """``targets (B, L)`` preceded by ``n`` ignore labels (-1), aligned with :func:`encoder_inputs`."""
-    ignored = torch.full((targets.shape[0], _check_positive_int(n, "n")), -1, dtype=targets.dtype,
-                         device=targets.device)
+    ignored = torch.full(
+        (targets.shape[0], _check_positive_int(n, "n")), -1, dtype=targets.dtype, device=targets.device
+    )
     return torch.cat([ignored, targets], dim=1)

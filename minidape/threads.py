@@ -13,6 +13,7 @@ steps measured 5-8x slower than on one thread. So minidape
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
     ``OMP_NUM_THREADS``.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,7 +26,7 @@ from pathlib import Path
 THREADS_VARIABLE = "MINIDAPE_THREADS"
 # A thread gets at least this many elements of one activation (batch x T x n_embd): below that the work is
 # split too thin to gain from another thread (the notebooks' models run on one).
-WORK_PER_THREAD = 2 ** 15
+WORK_PER_THREAD = 2**15
 
 
 def quiet_waiting() -> bool:
@@ -57,7 +58,7 @@ def allowed_cores() -> int:
     """Cores this process may run on: its CPU affinity, capped by the cgroup's CPU quota."""
     try:
         cores = len(os.sched_getaffinity(0))
-    except AttributeError:                               # macOS, Windows
+    except AttributeError:  # macOS, Windows
         cores = os.cpu_count() or 1
     limit = cgroup_cpu_limit()
     return max(1, min(cores, limit) if limit else cores)
@@ -90,7 +91,7 @@ def machine_load() -> float:
 @dataclasses.dataclass(frozen=True)
 class ThreadChoice:
     threads: int
-    reason: str                                          # where the number came from
+    reason: str  # where the number came from
 
     def __str__(self) -> str:
         return f"{self.threads} CPU thread{'s' if self.threads > 1 else ''} ({self.reason})"
@@ -129,13 +130,14 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
         return ThreadChoice(most, reason + ", idle threads sleep")
     # Spinning threads (torch loaded before minidape): only as many as the cores other processes leave free.
     load = machine_load()
-    free = cores - load * cores / (os.cpu_count() or cores)   # a host-wide load, spread over the host's cores
+    free = cores - load * cores / (os.cpu_count() or cores)  # a host-wide load, spread over the host's cores
     return ThreadChoice(max(1, min(most, int(free + 0.5))), reason + f", load {load:.1f}, idle threads spin")
 
 
 def use_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
     """``choose_threads`` and set torch's intra-op thread count to it; the choice (print it: ``str(choice)``)."""
     import torch  # here: quiet_waiting runs before torch loads
+
     choice = choose_threads(requested, work)
     torch.set_num_threads(choice.threads)
     return choice

@@ -55,19 +55,39 @@ from torch.nn.parallel import DistributedDataParallel
 
 from .data import check_tokens, corpus_identity, corpus_to_read, fixed_windows, get_batch, load_corpus
 from .model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, check_causal
-from .utils import (atomic_path, autocast_for, check_memory, check_number, check_writable_folder,
-                    holds_out_folder, model_label, remove_stale_temporaries, resolve_device, source_file,
-                    user_path)
+from .utils import (
+    atomic_path,
+    autocast_for,
+    check_memory,
+    check_number,
+    check_writable_folder,
+    holds_out_folder,
+    model_label,
+    remove_stale_temporaries,
+    resolve_device,
+    source_file,
+    user_path,
+)
 
 CHECKPOINT_NAME = "checkpoint.pt"
-RUN_FILES = (CHECKPOINT_NAME, "history.json")      # a run folder's files (history.json: the CLI's)
+RUN_FILES = (CHECKPOINT_NAME, "history.json")  # a run folder's files (history.json: the CLI's)
 CHECKPOINT_KEYS = ("model", "config", "optimizer", "step", "seed", "history")
-CHECKPOINT_TYPES = {"model": (dict,), "config": (dict,), "optimizer": (dict, type(None)), "step": (int,),
-                    "seed": (int,), "history": (list,)}
+CHECKPOINT_TYPES = {
+    "model": (dict,),
+    "config": (dict,),
+    "optimizer": (dict, type(None)),
+    "step": (int,),
+    "seed": (int,),
+    "history": (list,),
+}
 OPTIMIZERS = ("adamw", "adam")
 TOKENS_EXPECTED = "a 1-D integer token tensor, a corpus name/path, or a batch function (step, generator) -> (x, y)"
-NON_FINITE_CAUSES = ("a learning rate too high for this model", "a config value out of range (e.g. rope_base <= 0)",
-                     "a PE or refiner returning NaN or inf", "no gradient clipping (grad_clip=0)")
+NON_FINITE_CAUSES = (
+    "a learning rate too high for this model",
+    "a config value out of range (e.g. rope_base <= 0)",
+    "a PE or refiner returning NaN or inf",
+    "no gradient clipping (grad_clip=0)",
+)
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -105,6 +125,7 @@ def _stop_on_signals() -> Callable[[], None]:
     def restore() -> None:
         for number, handler in previous.items():
             signal.signal(number, handler)
+
     return restore
 
 
@@ -141,8 +162,15 @@ def lr_at(step: int, steps: int, lr: float, min_lr: float, warmup: int) -> float
 # ----------------------------------------------------------------------------- checkpoints
 
 
-def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.optim.Optimizer | None = None,
-                    step: int = 0, seed: int = 0, history: list[dict] | None = None, **extra) -> Path:
+def save_checkpoint(
+    path: str | os.PathLike,
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None = None,
+    step: int = 0,
+    seed: int = 0,
+    history: list[dict] | None = None,
+    **extra,
+) -> Path:
     """Write a checkpoint of plain state (tensors, numbers, strings) that loads with `weights_only=True`.
 
     Keys: `model` (state dict), `config` (`asdict(model.cfg)`), `optimizer`, `step` (updates done), `seed`,
@@ -150,9 +178,11 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
     cfg = model.cfg
-    pe_sources = [source_file(PE_REGISTRY[name]) for name in cfg.pe.split(",")]     # a per-layer spec names several
-    sources = {"pe": next((path for path in pe_sources if path), None),
-               "refiner": source_file(REFINER_REGISTRY[cfg.refiner])}
+    pe_sources = [source_file(PE_REGISTRY[name]) for name in cfg.pe.split(",")]  # a per-layer spec names several
+    sources = {
+        "pe": next((path for path in pe_sources if path), None),
+        "refiner": source_file(REFINER_REGISTRY[cfg.refiner]),
+    }
     checkpoint = {
         "model": model.state_dict(),
         "config": dataclasses.asdict(cfg),
@@ -166,7 +196,7 @@ def save_checkpoint(path: str | os.PathLike, model: nn.Module, optimizer: torch.
     with atomic_path(path) as tmp:
         try:
             torch.save(checkpoint, tmp)
-        except RuntimeError as err:     # torch's zip writer reports a failed write so, without the OS's reason
+        except RuntimeError as err:  # torch's zip writer reports a failed write so, without the OS's reason
             raise OSError(f"the write failed, as on a full disk ({str(err).splitlines()[0]})") from err
     return Path(path)
 
@@ -181,15 +211,18 @@ def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu")
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # torch raises several types (EOFError, RuntimeError, UnpicklingError, ...)
-        raise ValueError(f"cannot read checkpoint {path}: the file is truncated or corrupt "
-                         f"({type(err).__name__}: {err})") from err
+        raise ValueError(
+            f"cannot read checkpoint {path}: the file is truncated or corrupt ({type(err).__name__}: {err})"
+        ) from err
     missing = [key for key in CHECKPOINT_KEYS if not isinstance(checkpoint, dict) or key not in checkpoint]
     if missing:
         raise ValueError(f"{path} is not a minidape checkpoint: missing {', '.join(missing)}")
     for key, kinds in CHECKPOINT_TYPES.items():
         if not isinstance(checkpoint[key], kinds):
-            raise ValueError(f"{path} is not a minidape checkpoint: its {key} is a {type(checkpoint[key]).__name__}, "
-                             f"where a {' or '.join(kind.__name__ for kind in kinds)} belongs")
+            raise ValueError(
+                f"{path} is not a minidape checkpoint: its {key} is a {type(checkpoint[key]).__name__}, "
+                f"where a {' or '.join(kind.__name__ for kind in kinds)} belongs"
+            )
     return checkpoint
 
 
@@ -200,17 +233,22 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
     known = {f.name for f in dataclasses.fields(GPTConfig)}
     unknown = sorted(set(config) - known)
     if unknown:
-        raise ValueError(f"{where}: its config has fields unknown to GPTConfig: {', '.join(unknown)}; "
-                         f"known fields: {', '.join(sorted(known))}")
+        raise ValueError(
+            f"{where}: its config has fields unknown to GPTConfig: {', '.join(unknown)}; "
+            f"known fields: {', '.join(sorted(known))}"
+        )
     for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY)):
-        names = str(config.get(kind)).split(",") if kind == "pe" else [config.get(kind)]   # pe: per-layer spec
+        names = str(config.get(kind)).split(",") if kind == "pe" else [config.get(kind)]  # pe: per-layer spec
         missing = [name for name in names if name is not None and name not in registry]
         if missing:
             source = checkpoint.get("sources", {}).get(kind)
-            if source and ":" in config[kind]:       # registered from FILE.py:ClassName (`--pe FILE.py:ClassName`)
+            if source and ":" in config[kind]:  # registered from FILE.py:ClassName (`--pe FILE.py:ClassName`)
                 source = f"{source}:{config[kind].rpartition(':')[2]}"
-            where_from = (f"it was registered by {source}: import it first (CLI: --import {source})" if source else
-                          "import the file that registers it first (CLI: --import FILE.py)")
+            where_from = (
+                f"it was registered by {source}: import it first (CLI: --import {source})"
+                if source
+                else "import the file that registers it first (CLI: --import FILE.py)"
+            )
             raise ValueError(f"{where} uses {kind} {missing[0]!r}, which is not registered here; {where_from}")
     try:
         return GPTConfig(**config)
@@ -222,14 +260,18 @@ def load_weights(model: nn.Module, weights: dict, where: str | os.PathLike) -> N
     """Load a checkpoint's `weights` into `model`, built from its config; weights that do not fit that config
     (a missing or stray tensor, another shape) are a ValueError naming `where` and the first mismatch."""
     expected = model.state_dict()
-    mismatches = [f"{key} is missing" if key not in weights else
-                  f"{key} has shape {tuple(weights[key].shape)} where its config needs {tuple(tensor.shape)}"
-                  for key, tensor in expected.items()
-                  if key not in weights or getattr(weights[key], "shape", None) != tensor.shape]
+    mismatches = [
+        f"{key} is missing"
+        if key not in weights
+        else f"{key} has shape {tuple(weights[key].shape)} where its config needs {tuple(tensor.shape)}"
+        for key, tensor in expected.items()
+        if key not in weights or getattr(weights[key], "shape", None) != tensor.shape
+    ]
     mismatches += [f"it holds {key}, which its config has no place for" for key in weights if key not in expected]
     if mismatches:
-        raise ValueError(f"{where}: its weights do not fit its config ({len(mismatches)} mismatch(es)); first: "
-                         f"{mismatches[0]}")
+        raise ValueError(
+            f"{where}: its weights do not fit its config ({len(mismatches)} mismatch(es)); first: {mismatches[0]}"
+        )
     model.load_state_dict(weights)
 
 
@@ -283,13 +325,17 @@ def ddp_device(device: str | torch.device, local_rank: int, local_world_size: in
     if local_world_size <= gpus:
         return torch.device("cuda", local_rank), None
     if wanted == "cuda":
-        raise ValueError(f"device {device!r} under DDP needs a GPU per process: {local_world_size} processes on "
-                         f"this machine, {gpus} GPU(s) visible; launch at most {gpus} (torchrun "
-                         f"--nproc_per_node={gpus}) or use device='cpu' (gloo)")
+        raise ValueError(
+            f"device {device!r} under DDP needs a GPU per process: {local_world_size} processes on "
+            f"this machine, {gpus} GPU(s) visible; launch at most {gpus} (torchrun "
+            f"--nproc_per_node={gpus}) or use device='cpu' (gloo)"
+        )
     reason = None
     if gpus:
-        reason = (f"DDP: {local_world_size} processes on this machine but {gpus} GPU(s): each rank needs its own, "
-                  f"so all ranks train on the CPU with gloo")
+        reason = (
+            f"DDP: {local_world_size} processes on this machine but {gpus} GPU(s): each rank needs its own, "
+            f"so all ranks train on the CPU with gloo"
+        )
     return torch.device("cpu"), reason
 
 
@@ -298,8 +344,9 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size <= 1:
         return DistributedContext(), resolve_device(device)
-    context = DistributedContext(rank=int(os.environ["RANK"]), world_size=world_size,
-                                 local_rank=int(os.environ.get("LOCAL_RANK", "0")))
+    context = DistributedContext(
+        rank=int(os.environ["RANK"]), world_size=world_size, local_rank=int(os.environ.get("LOCAL_RANK", "0"))
+    )
     # a launcher that does not say how many processes share this machine: assume all of them (the safe side)
     local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     device, reason = ddp_device(device, context.local_rank, local_world_size)
@@ -318,8 +365,7 @@ def setup_distributed(device: str | torch.device) -> tuple[DistributedContext, t
 
 # The settings that make a run what it is: a resumed run takes them from its checkpoint (key `settings`).
 RUN_SETTINGS = ("steps", "batch_size", "lr", "min_lr", "warmup", "weight_decay", "grad_clip", "optimizer", "seed")
-DEFAULT_SETTINGS = dict(steps=1000, batch_size=32, lr=1e-3, weight_decay=0.1, grad_clip=1.0, optimizer="adamw",
-                        seed=0)
+DEFAULT_SETTINGS = dict(steps=1000, batch_size=32, lr=1e-3, weight_decay=0.1, grad_clip=1.0, optimizer="adamw", seed=0)
 
 
 def _run_settings(given: dict, checkpoint: dict | None, resume_from, is_main: bool) -> dict:
@@ -328,16 +374,24 @@ def _run_settings(given: dict, checkpoint: dict | None, resume_from, is_main: bo
     except `steps`, which extends the run (said on stderr). A checkpoint of an earlier version, without
     `settings`, keeps its seed and takes the rest as a new run does."""
     saved = {} if checkpoint is None else checkpoint.get("settings", {"seed": int(checkpoint["seed"])})
-    differing = [f"{name}={given[name]!r} (the run's own: {saved[name]!r})" for name in RUN_SETTINGS
-                 if name != "steps" and given[name] is not None and name in saved and given[name] != saved[name]]
+    differing = [
+        f"{name}={given[name]!r} (the run's own: {saved[name]!r})"
+        for name in RUN_SETTINGS
+        if name != "steps" and given[name] is not None and name in saved and given[name] != saved[name]
+    ]
     if differing:
-        raise ValueError(f"resume of {resume_from}: {', '.join(differing)}; a resumed run continues with the run's "
-                         f"own settings: drop the differing ones, or start a new run (overwrite=True / --overwrite)")
+        raise ValueError(
+            f"resume of {resume_from}: {', '.join(differing)}; a resumed run continues with the run's "
+            f"own settings: drop the differing ones, or start a new run (overwrite=True / --overwrite)"
+        )
     settings = {**DEFAULT_SETTINGS, **{name: value for name, value in given.items() if value is not None}, **saved}
     if given["steps"] is not None:
         if is_main and "steps" in saved and given["steps"] != saved["steps"]:
-            print(f"resume of {resume_from}: from {saved['steps']} to {given['steps']} steps (the cosine schedule "
-                  f"continues over the new length)", file=sys.stderr)
+            print(
+                f"resume of {resume_from}: from {saved['steps']} to {given['steps']} steps (the cosine schedule "
+                f"continues over the new length)",
+                file=sys.stderr,
+            )
         settings["steps"] = given["steps"]
     settings["warmup"] = max(1, settings["steps"] // 20) if settings.get("warmup") is None else settings["warmup"]
     settings["min_lr"] = settings["lr"] / 10 if settings.get("min_lr") is None else settings["min_lr"]
@@ -350,8 +404,9 @@ def _run_folder(out, resume, overwrite) -> Path | None:
     if not isinstance(resume, (bool, str, os.PathLike)):
         raise TypeError(f"resume must be True, False or a checkpoint's path, got {resume!r} ({type(resume).__name__})")
     if resume and overwrite:
-        raise ValueError("resume and overwrite exclude each other: resume continues the checkpoint in out, "
-                         "overwrite replaces it")
+        raise ValueError(
+            "resume and overwrite exclude each other: resume continues the checkpoint in out, overwrite replaces it"
+        )
     if out is None:
         if resume is True:
             raise ValueError("resume=True needs out= (the run directory holding checkpoint.pt)")
@@ -361,8 +416,10 @@ def _run_folder(out, resume, overwrite) -> Path | None:
     # resuming another run's checkpoint into this folder would replace this folder's run
     continues_it = resume is True or (resume and Path(resume).resolve() in (existing.resolve(), out.resolve()))
     if existing.exists() and not (continues_it or overwrite):
-        raise ValueError(f"{out} already holds a checkpoint; pass resume=True to continue it or overwrite=True "
-                         f"to replace it (CLI: --resume or --overwrite), or choose another out")
+        raise ValueError(
+            f"{out} already holds a checkpoint; pass resume=True to continue it or overwrite=True "
+            f"to replace it (CLI: --resume or --overwrite), or choose another out"
+        )
     return out
 
 
@@ -375,8 +432,10 @@ def _resolve_data(data, val_data, checkpoint: dict | None, resume_from) -> tuple
     recorded = None if checkpoint is None else checkpoint.get("corpus")
     if data is None:
         if checkpoint is not None and recorded is None:
-            raise ValueError(f"resume of {resume_from}: the checkpoint was trained on data given as a tensor or "
-                             f"function, not a corpus; pass the same data again")
+            raise ValueError(
+                f"resume of {resume_from}: the checkpoint was trained on data given as a tensor or "
+                f"function, not a corpus; pass the same data again"
+            )
         data = "austen" if checkpoint is None else None
     if recorded is not None and (data is None or isinstance(data, (str, os.PathLike))):
         data = corpus_to_read(recorded, data, f"resume of {resume_from}")
@@ -399,15 +458,19 @@ def _resolve_config(model_or_cfg, checkpoint: dict | None, resume_from) -> GPTCo
         given = getattr(model_or_cfg, "cfg", model_or_cfg)
         if given is not None and given != saved:
             changed = [f.name for f in dataclasses.fields(saved) if getattr(given, f.name) != getattr(saved, f.name)]
-            raise ValueError(f"the model to resume differs from the checkpoint's in: {', '.join(changed)}; "
-                             f"pass None to use the checkpoint's config")
+            raise ValueError(
+                f"the model to resume differs from the checkpoint's in: {', '.join(changed)}; "
+                f"pass None to use the checkpoint's config"
+            )
         return saved
     if isinstance(model_or_cfg, GPTConfig):
         return model_or_cfg
     if isinstance(model_or_cfg, nn.Module) and isinstance(getattr(model_or_cfg, "cfg", None), GPTConfig):
         return model_or_cfg.cfg
-    raise TypeError(f"model_or_cfg must be a GPTConfig or a model with a .cfg GPTConfig "
-                    f"(None only with resume), got {type(model_or_cfg).__name__}")
+    raise TypeError(
+        f"model_or_cfg must be a GPTConfig or a model with a .cfg GPTConfig "
+        f"(None only with resume), got {type(model_or_cfg).__name__}"
+    )
 
 
 def _build_model(model_or_cfg, cfg: GPTConfig, checkpoint: dict | None, resume_from) -> nn.Module:
@@ -424,8 +487,10 @@ def _optimizer(model: nn.Module, kind: str, lr: float, weight_decay: float, devi
     parameters, on CPU, CUDA and MPS alike): it also skips an update on the device when told to (`found_inf`),
     which is how `train` keeps a non-finite gradient out of the weights without a host sync per step."""
     params = [p for p in model.parameters() if p.requires_grad]
-    groups = [{"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-              {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}]
+    groups = [
+        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
+        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+    ]
     if kind == "adamw":
         return torch.optim.AdamW(groups, lr=lr, betas=(0.9, 0.95), fused=True)
     return torch.optim.Adam(groups, lr=lr, betas=(0.9, 0.999), fused=True)
@@ -439,8 +504,10 @@ def _load_optimizer_state(optim: torch.optim.Optimizer, saved: dict) -> None:
     """Load a checkpoint's moments, step counts and hyperparameters into `optim`, keeping `optim`'s own
     implementation: `load_state_dict` would restore the flags of the device the state was saved on (a state
     saved by a per-tensor CPU optimizer would turn a fused CUDA one back into a per-tensor one)."""
-    groups = [{**saved_group, **{key: group[key] for key in OPTIMIZER_IMPLEMENTATION if key in group}}
-              for saved_group, group in zip(saved["param_groups"], optim.param_groups)]
+    groups = [
+        {**saved_group, **{key: group[key] for key in OPTIMIZER_IMPLEMENTATION if key in group}}
+        for saved_group, group in zip(saved["param_groups"], optim.param_groups)
+    ]
     optim.load_state_dict({**saved, "param_groups": groups})
 
 
@@ -459,16 +526,18 @@ def validation_loss(model: nn.Module, windows: torch.Tensor, batch_size: int, de
     return total / len(windows)
 
 
-def _draw_batch(data, step: int, generator: torch.Generator, batch_size: int, block_size: int,
-                device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+def _draw_batch(
+    data, step: int, generator: torch.Generator, batch_size: int, block_size: int, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
     """The batch of one step: random windows of token data, or whatever the batch function returns."""
     if not callable(data):
         batch = get_batch(data, batch_size, block_size, generator=generator)
     else:
         batch = data(step, generator)
         if not (isinstance(batch, tuple) and len(batch) == 2 and all(torch.is_tensor(part) for part in batch)):
-            raise TypeError(f"the batch function must return a tuple (inputs, targets) of tensors, got "
-                            f"{type(batch).__name__}")
+            raise TypeError(
+                f"the batch function must return a tuple (inputs, targets) of tensors, got {type(batch).__name__}"
+            )
     return _to_device(batch[0], device), _to_device(batch[1], device)
 
 
@@ -480,15 +549,27 @@ def _to_device(tensor: torch.Tensor, device: torch.device) -> torch.Tensor:
     return tensor.to(device)
 
 
-def _non_finite_message(step: int, loss: float, grad_norm: float, last_loss: float | None, lr: float,
-                        out: Path | None, saved_step: int | None) -> str:
+def _non_finite_message(
+    step: int,
+    loss: float,
+    grad_norm: float,
+    last_loss: float | None,
+    lr: float,
+    out: Path | None,
+    saved_step: int | None,
+) -> str:
     """One line: what went non-finite and where, the last finite loss, the checkpoint kept, the usual causes."""
     what = f"loss {loss}" if not math.isfinite(loss) else f"gradient norm {grad_norm} (loss {loss:.4f})"
     last = f"the last finite loss was {last_loss:.4f} at step {step - 1}" if last_loss is not None else "at the start"
-    kept = (f"; {out / CHECKPOINT_NAME} (step {saved_step}) is untouched" if out is not None and saved_step is not None
-            else "")
-    return (f"training stopped at step {step}: non-finite {what}; {last}{kept}. Usual causes: "
-            f"{', '.join(NON_FINITE_CAUSES)} (lr={lr:g})")
+    kept = (
+        f"; {out / CHECKPOINT_NAME} (step {saved_step}) is untouched"
+        if out is not None and saved_step is not None
+        else ""
+    )
+    return (
+        f"training stopped at step {step}: non-finite {what}; {last}{kept}. Usual causes: "
+        f"{', '.join(NON_FINITE_CAUSES)} (lr={lr:g})"
+    )
 
 
 def _interrupted_message(step: int, out: Path | None, saved_step: int | None, signum: int | None = None) -> str:
@@ -496,10 +577,14 @@ def _interrupted_message(step: int, out: Path | None, saved_step: int | None, si
     if out is None:
         return f"training interrupted {where}; nothing was saved (out=None)"
     if saved_step is None:
-        return (f"training interrupted {where} before its first checkpoint; nothing was saved in {out} "
-                f"(checkpoint_every=N keeps progress)")
-    return (f"training interrupted {where}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
-            f"with resume=True (CLI: --resume)")
+        return (
+            f"training interrupted {where} before its first checkpoint; nothing was saved in {out} "
+            f"(checkpoint_every=N keeps progress)"
+        )
+    return (
+        f"training interrupted {where}; {out / CHECKPOINT_NAME} holds step {saved_step}: continue it "
+        f"with resume=True (CLI: --resume)"
+    )
 
 
 def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
@@ -511,26 +596,48 @@ def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
     small = dataclasses.replace(cfg, n_layer=1, block_size=min(cfg.block_size, 64), dropout=0.0)
     if check_causal(small):
         return False
-    message = (f"{model_label(cfg)} reads the future: with pe {cfg.pe!r} and refiner {cfg.refiner!r} a position's "
-               f"output changes when later tokens change (md.check_causal), so its losses and perplexities mean "
-               f"nothing")
+    message = (
+        f"{model_label(cfg)} reads the future: with pe {cfg.pe!r} and refiner {cfg.refiner!r} a position's "
+        f"output changes when later tokens change (md.check_causal), so its losses and perplexities mean "
+        f"nothing"
+    )
     if not allow_leakage:
-        raise ValueError(f"{message}; fix the refiner, or pass allow_leakage=True (CLI: --allow-leakage) for a "
-                         f"deliberate leakage experiment")
-    warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=4)   # the line that called train/compare
+        raise ValueError(
+            f"{message}; fix the refiner, or pass allow_leakage=True (CLI: --allow-leakage) for a "
+            f"deliberate leakage experiment"
+        )
+    warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=4)  # the line that called train/compare
     return True
 
 
 @holds_out_folder()
-def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int | None = None,
-          batch_size: int | None = None, lr: float | None = None, min_lr: float | None = None,
-          warmup: int | None = None, weight_decay: float | None = None, grad_clip: float | None = None,
-          optimizer: str | None = None, val_data=None, eval_every: int | None = None,
-          eval_windows: int = 32, log_every: int | None = None, metrics: Callable | None = None,
-          device: str | torch.device = "auto", seed: int | None = None, compile: bool = False,
-          out: str | os.PathLike | None = None, checkpoint_every: int | None = None,
-          resume: bool | str | os.PathLike = False, overwrite: bool = False, allow_leakage: bool = False,
-          progress: bool = True) -> tuple[nn.Module, list[dict]]:
+def train(
+    model_or_cfg: GPTConfig | nn.Module | None,
+    data=None,
+    *,
+    steps: int | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    min_lr: float | None = None,
+    warmup: int | None = None,
+    weight_decay: float | None = None,
+    grad_clip: float | None = None,
+    optimizer: str | None = None,
+    val_data=None,
+    eval_every: int | None = None,
+    eval_windows: int = 32,
+    log_every: int | None = None,
+    metrics: Callable | None = None,
+    device: str | torch.device = "auto",
+    seed: int | None = None,
+    compile: bool = False,
+    out: str | os.PathLike | None = None,
+    checkpoint_every: int | None = None,
+    resume: bool | str | os.PathLike = False,
+    overwrite: bool = False,
+    allow_leakage: bool = False,
+    progress: bool = True,
+) -> tuple[nn.Module, list[dict]]:
     """Train a GPT; returns `(model, history)`. The one training loop of the package.
 
     - `model_or_cfg`: a `GPTConfig` (the model is built after seeding, so its init is reproducible), a model
@@ -563,23 +670,38 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
       it was.
     The model is returned in eval mode, unwrapped (no DDP, no compile).
     """
-    given = dict(steps=steps, batch_size=batch_size, lr=lr, min_lr=min_lr, warmup=warmup,
-                 weight_decay=weight_decay, grad_clip=grad_clip, optimizer=optimizer, seed=seed)
-    _check_arguments(**given, eval_every=eval_every, eval_windows=eval_windows, log_every=log_every,
-                     checkpoint_every=checkpoint_every, metrics=metrics)
+    given = dict(
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        min_lr=min_lr,
+        warmup=warmup,
+        weight_decay=weight_decay,
+        grad_clip=grad_clip,
+        optimizer=optimizer,
+        seed=seed,
+    )
+    _check_arguments(
+        **given,
+        eval_every=eval_every,
+        eval_windows=eval_windows,
+        log_every=log_every,
+        checkpoint_every=checkpoint_every,
+        metrics=metrics,
+    )
     out = _run_folder(out, resume, overwrite)
     context, device = setup_distributed(device)
-    if out is not None and context.is_main:     # rank 0 holds the folder: no one else writes there
+    if out is not None and context.is_main:  # rank 0 holds the folder: no one else writes there
         remove_stale_temporaries(out, RUN_FILES)
     resume_from = (out / CHECKPOINT_NAME if resume is True else Path(resume)) if resume else None
     checkpoint = None if resume_from is None else read_checkpoint(resume_from, device)
     settings = _run_settings(given, checkpoint, resume_from, context.is_main)
     steps, batch_size, lr, min_lr, warmup, weight_decay, grad_clip, optimizer, seed = (
-        settings[name] for name in RUN_SETTINGS)
+        settings[name] for name in RUN_SETTINGS
+    )
     cfg = _resolve_config(model_or_cfg, checkpoint, resume_from)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
-    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage,
-               built=isinstance(model_or_cfg, nn.Module))
+    _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage, built=isinstance(model_or_cfg, nn.Module))
     seed_everything(seed)
     model = _build_model(model_or_cfg, cfg, checkpoint, resume_from).to(device)
 
@@ -595,7 +717,7 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
     step_model = _wrap(model, context, device, compile)
     watch = NonFiniteWatch(optim, device, context)
 
-    def read_health() -> None:    # raises at the first non-finite step since the last read, naming the checkpoint kept
+    def read_health() -> None:  # raises at the first non-finite step since the last read, naming the checkpoint kept
         watch.read(lambda *values: _non_finite_message(*values, lr, out, saved_step))
 
     def save(step_done: int) -> None:
@@ -603,16 +725,24 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
         read_health()
         if out is not None and context.is_main:
             try:
-                save_checkpoint(out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus,
-                                settings=settings)
+                save_checkpoint(
+                    out / CHECKPOINT_NAME, model, optim, step_done, seed, history, corpus=corpus, settings=settings
+                )
             except OSError as err:
                 kept = "nothing was saved" if saved_step is None else f"it still holds step {saved_step}"
                 raise OSError(f"training stopped at step {step_done}: {err}; {kept}") from err
             saved_step = step_done
 
     from tqdm import tqdm  # here, not at the top: `import minidape` stays free of tqdm (text bars, not tqdm.auto)
-    bar = tqdm(total=steps, initial=start, disable=not (progress and context.is_main), unit="step",
-               desc=model_label(cfg), dynamic_ncols=True)
+
+    bar = tqdm(
+        total=steps,
+        initial=start,
+        disable=not (progress and context.is_main),
+        unit="step",
+        desc=model_label(cfg),
+        dynamic_ncols=True,
+    )
     generator = torch.Generator()
     clock, eval_seconds, tokens_trained, postfix = time.perf_counter(), 0.0, 0, {}
     step = start
@@ -630,14 +760,17 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
                 logits, loss = _update(step_model, model, optim, x, y, learning_rate, grad_clip, device, watch, step)
                 tokens_trained += x.numel() * context.world_size
                 bar.update(1)
-            else:                # the final entry measures the trained model; no update follows
+            else:  # the final entry measures the trained model; no update follows
                 with torch.no_grad(), autocast_for(device):
                     logits, loss = model(x, y)
                 watch.record(step, loss, torch.zeros((), device=device), update=False)
             if step % log_every == 0 or step == steps:
                 read_health()
-                entry = {"step": step, "loss": _mean_over_ranks(loss, context),
-                         "lr": lr_at(step, steps, lr, min_lr, warmup)}
+                entry = {
+                    "step": step,
+                    "loss": _mean_over_ranks(loss, context),
+                    "lr": lr_at(step, steps, lr, min_lr, warmup),
+                }
                 if metrics is not None:
                     entry.update(metrics(logits.detach().float(), x, y))
                 if val_windows is not None and (step % eval_every == 0 or step == steps):
@@ -653,8 +786,9 @@ def train(model_or_cfg: GPTConfig | nn.Module | None, data=None, *, steps: int |
         save(steps)
     except KeyboardInterrupt as interrupt:
         signum = getattr(interrupt, "signum", None)
-        raise TrainingInterrupted(_interrupted_message(step, out, saved_step, signum),
-                                  130 if signum is None else 128 + signum) from None
+        raise TrainingInterrupted(
+            _interrupted_message(step, out, saved_step, signum), 130 if signum is None else 128 + signum
+        ) from None
     finally:
         restore_signals()
         bar.close()
@@ -675,7 +809,7 @@ def _update(step_model, model, optim, x, y, learning_rate: float, grad_clip: flo
     loss.backward()
     # the norm is needed to catch a non-finite gradient; an infinite bound leaves it unclipped
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip if grad_clip > 0 else math.inf)
-    watch.record(step, loss, grad_norm, update=True)     # before the update: a NaN never reaches the weights
+    watch.record(step, loss, grad_norm, update=True)  # before the update: a NaN never reaches the weights
     optim.step()
     optim.zero_grad(set_to_none=True)
     return logits, loss
@@ -704,7 +838,7 @@ class NonFiniteWatch:
         """Raise FloatingPointError(message(step, loss, grad_norm, last finite loss)) at the first bad step."""
         if not self.unread:
             return
-        values = torch.stack([torch.stack(record) for _, record in self.unread]).tolist()   # the one host sync
+        values = torch.stack([torch.stack(record) for _, record in self.unread]).tolist()  # the one host sync
         for (step, _), (loss, grad_norm, healthy) in zip(self.unread, values):
             if not healthy:  # the same on every rank (all-reduced), so every rank stops here
                 raise FloatingPointError(message(step, loss, grad_norm, self.last_loss))
@@ -743,8 +877,16 @@ def _restore_optimizer(optim: torch.optim.Optimizer, checkpoint: dict | None, st
 
 def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics, **counts) -> None:
     """`train`'s arguments, each error naming the bad value and what is valid."""
-    minimum = {"steps": 1, "batch_size": 1, "warmup": 0, "eval_every": 1, "eval_windows": 1, "log_every": 1,
-               "checkpoint_every": 0, "seed": 0}
+    minimum = {
+        "steps": 1,
+        "batch_size": 1,
+        "warmup": 0,
+        "eval_every": 1,
+        "eval_windows": 1,
+        "log_every": 1,
+        "checkpoint_every": 0,
+        "seed": 0,
+    }
     for name, value in counts.items():
         check_number(name, value, minimum[name])
     for name, value in (("min_lr", min_lr), ("weight_decay", weight_decay), ("grad_clip", grad_clip)):
@@ -757,23 +899,29 @@ def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics,
         raise TypeError(f"metrics must be a function (logits, inputs, targets) -> dict, got {type(metrics).__name__}")
 
 
-def _check_run(cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device, allow_leakage: bool,
-               built: bool) -> None:
+def _check_run(
+    cfg: GPTConfig, train_data, val_data, batch_size: int, device: torch.device, allow_leakage: bool, built: bool
+) -> None:
     """Before the first step: a decoder's windows of 2 tokens or more, token data longer than a window and
     within the vocabulary, a training step that fits in memory (with the weights of a model not `built` yet),
     and no leak (`decoder_leaks`)."""
     if cfg.causal and cfg.block_size < 2:
-        raise ValueError(f"block_size={cfg.block_size} is too short for a language model: it must be >= 2, so that "
-                         f"a window holds a token that can read an earlier one")
+        raise ValueError(
+            f"block_size={cfg.block_size} is too short for a language model: it must be >= 2, so that "
+            f"a window holds a token that can read an earlier one"
+        )
     for name, tokens in (("data", train_data), ("val_data", val_data)):
         if tokens is None or callable(tokens):
             continue
         if len(tokens) <= cfg.block_size + 1:
-            raise ValueError(f"{name} has {len(tokens)} tokens; training needs more than block_size + 1 = "
-                             f"{cfg.block_size + 1}")
+            raise ValueError(
+                f"{name} has {len(tokens)} tokens; training needs more than block_size + 1 = {cfg.block_size + 1}"
+            )
         if int(tokens.max()) >= cfg.vocab_size or int(tokens.min()) < 0:
-            raise ValueError(f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
-                             f"[0, vocab_size={cfg.vocab_size})")
+            raise ValueError(
+                f"{name} holds tokens in [{int(tokens.min())}, {int(tokens.max())}], outside "
+                f"[0, vocab_size={cfg.vocab_size})"
+            )
     # a batch function's batch size and lengths are its own business: then the weights alone are counted
     check_memory(cfg, 0 if callable(train_data) else batch_size, cfg.block_size, True, device, weights=not built)
-    decoder_leaks(cfg, allow_leakage)     # after the memory check: it builds a one-layer model of this width
+    decoder_leaks(cfg, allow_leakage)  # after the memory check: it builds a one-layer model of this width

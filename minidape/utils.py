@@ -84,8 +84,10 @@ def quick_mode() -> bool:
     values = {name: os.environ.get(name, "") for name in QUICK_MODE_VARIABLES}
     for name, value in values.items():
         if value.strip() not in QUICK_MODE_VALUES:
-            raise ValueError(f"{name}={value!r} is not a quick-mode setting; valid values: 1 (quick mode: fewer "
-                             f"steps, shorter lengths) and 0 or empty (full runs)")
+            raise ValueError(
+                f"{name}={value!r} is not a quick-mode setting; valid values: 1 (quick mode: fewer "
+                f"steps, shorter lengths) and 0 or empty (full runs)"
+            )
     return any(QUICK_MODE_VALUES[value.strip()] for value in values.values())
 
 
@@ -115,7 +117,7 @@ def user_path(path: str | os.PathLike, what: str) -> Path:
 
 
 LOCK_NAME = ".minidape.lock"
-_HELD_LOCKS: dict[Path, int] = {}      # lock files this process holds -> how many with-blocks hold each
+_HELD_LOCKS: dict[Path, int] = {}  # lock files this process holds -> how many with-blocks hold each
 
 
 @contextlib.contextmanager
@@ -152,7 +154,7 @@ def file_lock(lock: str | os.PathLike, shared: bool = False):
             same_file = False
         if same_file:
             break
-        os.close(descriptor)                    # removed by its last holder while we waited: lock the new one
+        os.close(descriptor)  # removed by its last holder while we waited: lock the new one
     _HELD_LOCKS[lock] = 1
     try:
         os.ftruncate(descriptor, 0)
@@ -160,7 +162,7 @@ def file_lock(lock: str | os.PathLike, shared: bool = False):
         yield None
     finally:
         del _HELD_LOCKS[lock]
-        try:                                    # the last holder (no other shared one) removes the file
+        try:  # the last holder (no other shared one) removes the file
             fcntl.flock(descriptor, fcntl.LOCK_EX | fcntl.LOCK_NB)
             lock.unlink(missing_ok=True)
         except BlockingIOError:
@@ -180,12 +182,14 @@ def folder_lock(folder: str | os.PathLike, what: str = "--out", shared: bool = F
     try:
         with file_lock(folder / LOCK_NAME, shared) as holder:
             if holder is not None:
-                raise ValueError(f"{what} {str(folder)!r} is in use by another minidape process (PID {holder}); "
-                                 f"wait for it to finish or choose another {what}")
+                raise ValueError(
+                    f"{what} {str(folder)!r} is in use by another minidape process (PID {holder}); "
+                    f"wait for it to finish or choose another {what}"
+                )
             yield folder
     finally:
         if created:
-            with contextlib.suppress(OSError):   # not empty (the run wrote files), or taken by another process
+            with contextlib.suppress(OSError):  # not empty (the run wrote files), or taken by another process
                 folder.rmdir()
 
 
@@ -193,6 +197,7 @@ def holds_out_folder(shared: bool = False):
     """Decorator: a call's `out` folder (its argument `out`, when not None) is held with `folder_lock` for the
     whole call, so a second process writing there is refused before any work. Under torchrun only rank 0,
     the one that writes, holds it."""
+
     def decorate(function):
         signature = inspect.signature(function)
 
@@ -205,7 +210,9 @@ def holds_out_folder(shared: bool = False):
                 return function(*args, **options)
             with folder_lock(check_writable_folder(out), "out", shared):
                 return function(*args, **options)
+
         return holding
+
     return decorate
 
 
@@ -219,7 +226,7 @@ def _temporary_beside(path: Path) -> Path:
 def _publish(tmp: Path, path: Path) -> None:
     umask = os.umask(0)
     os.umask(umask)
-    os.chmod(tmp, 0o666 & ~umask)                   # mkstemp makes the file private; give it the usual mode
+    os.chmod(tmp, 0o666 & ~umask)  # mkstemp makes the file private; give it the usual mode
     os.replace(tmp, path)
 
 
@@ -298,8 +305,9 @@ def check_writable_folder(folder: str | os.PathLike, what: str = "out") -> Path:
         with tempfile.TemporaryFile(dir=existing):
             pass
     except OSError as err:
-        raise ValueError(f"{what}={str(folder)!r} is not writable: cannot create files in {str(existing)!r} "
-                         f"({err.strerror or err})") from err
+        raise ValueError(
+            f"{what}={str(folder)!r} is not writable: cannot create files in {str(existing)!r} ({err.strerror or err})"
+        ) from err
     return folder
 
 
@@ -313,8 +321,10 @@ def refuse_to_replace(out: str | os.PathLike, earlier, overwrite: bool, what: st
     out = check_writable_folder(out, what)
     found = [name for name in earlier if (out / name).exists()]
     if found and not overwrite:
-        raise ValueError(f"{what} {str(out)!r} already holds earlier results ({', '.join(found)}); pass "
-                         f"--overwrite to replace them, or choose another {what}")
+        raise ValueError(
+            f"{what} {str(out)!r} already holds earlier results ({', '.join(found)}); pass "
+            f"--overwrite to replace them, or choose another {what}"
+        )
     return out
 
 
@@ -329,16 +339,21 @@ def json_ready(value):
     return value
 
 
-def write_results(out: str | os.PathLike, title: str, table: str, details: dict, payload: dict,
-                  figures: dict | None = None) -> Path:
+def write_results(
+    out: str | os.PathLike, title: str, table: str, details: dict, payload: dict, figures: dict | None = None
+) -> Path:
     """The one results writer: `out/results.md` (the title, the markdown table, then one line per scalar
     detail), `out/results.json` (`payload`, strict JSON) and the `figures` (`{name: write(path)}`, e.g. a plot),
     written together (`write_together`: all of them, or on a failure none); returns `out`."""
     out = Path(out)
     settings = "\n".join(f"- {key}: {value}" for key, value in details.items() if not isinstance(value, dict))
-    write_together({out / "results.md": lambda tmp: tmp.write_text(f"# {title}\n\n{table}\n{settings}\n"),
-                    out / "results.json": lambda tmp: tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n"),
-                    **{out / name: write for name, write in (figures or {}).items()}})
+    write_together(
+        {
+            out / "results.md": lambda tmp: tmp.write_text(f"# {title}\n\n{table}\n{settings}\n"),
+            out / "results.json": lambda tmp: tmp.write_text(json.dumps(json_ready(payload), indent=1) + "\n"),
+            **{out / name: write for name, write in (figures or {}).items()},
+        }
+    )
     return out
 
 
@@ -358,7 +373,7 @@ def available_memory(device: torch.device) -> int | None:
         with open("/proc/meminfo") as meminfo:
             for line in meminfo:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024                   # the file gives kB
+                    return int(line.split()[1]) * 1024  # the file gives kB
     except OSError:
         pass
     try:
@@ -372,10 +387,11 @@ def parameter_count(cfg) -> int:
     """The parameters of `GPT(cfg)`, counted on the meta device: nothing is allocated, so a model far too large
     is counted as quickly as a small one. A user's class that cannot be built there counts as nothing."""
     from .model import GPT
+
     try:
         with torch.device("meta"):
             return sum(parameter.numel() for parameter in GPT(cfg).parameters())
-    except Exception:       # the real build raises the same error, in the user's own words
+    except Exception:  # the real build raises the same error, in the user's own words
         return 0
 
 
@@ -399,15 +415,16 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
       $W$ twice, in every layer for backward.
     Element size: 2 bytes under CUDA's bf16 autocast, else 4.
     """
-    from .model import REFINER_REGISTRY         # here: model.py runs alone, without this module
+    from .model import REFINER_REGISTRY  # here: model.py runs alone, without this module
+
     size = 2 if device.type == "cuda" else 4
     h, layers, tokens = cfg.n_head, cfg.n_layer, batch * T
     per_token = layers * 16 * cfg.n_embd + 3 * cfg.vocab_size if training else 8 * cfg.n_embd + cfg.vocab_size
     refiner = REFINER_REGISTRY[cfg.refiner]
     if not attends_all_cells(cfg):
-        cells = batch * T * T * (0.5 if cfg.causal else 1.0)            # query blocks: a decoder's lower half
+        cells = batch * T * T * (0.5 if cfg.causal else 1.0)  # query blocks: a decoder's lower half
         attention = layers * 4 * h * cells if training and refiner is not None else 0
-    else:                                                                # the reference form: all cells at once
+    else:  # the reference form: all cells at once
         width = 3 * h + (2 * cfg.refiner_width if refiner is not None else 0)
         attention = (layers if training else 1) * width * batch * T * T
     parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg) if weights else 0
@@ -417,8 +434,9 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
 def attends_all_cells(cfg) -> bool:
     """Whether attention of this config is computed over all T x T cells at once: `fast=False`, or a refiner
     the fast path does not run in query blocks (`fast.runs_in_query_blocks`)."""
-    from . import fast                           # here: fast imports model, which runs without this module
+    from . import fast  # here: fast imports model, which runs without this module
     from .model import REFINER_REGISTRY
+
     refiner = REFINER_REGISTRY[cfg.refiner]
     return not (cfg.fast and (refiner is None or fast.runs_in_query_blocks(refiner)))
 
@@ -431,19 +449,26 @@ def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device, 
     if available is None or needed <= available:
         return
     what = "a training step" if training else "evaluating"
-    change = ("a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
-              if training else "shorter --lengths")
+    change = (
+        "a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
+        if training
+        else "shorter --lengths"
+    )
     share = ""
     if weights:
         parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg)
         share = f" ({parameters / 2**30:.1f} GiB of it the weights{', gradients and Adam state' if training else ''})"
         change = f"a smaller --n-embd or --n-layer, {change}"
     if attends_all_cells(cfg):
-        change += (" (this model computes all T x T attention cells at once: fast=False, or a refiner without "
-                   "row_local = True)")
-    raise MemoryError(f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
-                      f"heads) needs at least {needed / 2**30:.1f} GiB{share}, but {device.type} has "
-                      f"{available / 2**30:.1f} GiB available; use {change}")
+        change += (
+            " (this model computes all T x T attention cells at once: fast=False, or a refiner without "
+            "row_local = True)"
+        )
+    raise MemoryError(
+        f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
+        f"heads) needs at least {needed / 2**30:.1f} GiB{share}, but {device.type} has "
+        f"{available / 2**30:.1f} GiB available; use {change}"
+    )
 
 
 # ----------------------------------------------------------------------------- names and users' code
@@ -482,10 +507,16 @@ def import_file(path: str | os.PathLike):
         spec.loader.exec_module(module)
     except (Exception, SystemExit) as err:  # the user's code failed, or tried to end the command: say where
         del sys.modules[name]
-        line = err.lineno if isinstance(err, SyntaxError) else next(
-            (frame.lineno for frame in reversed(inspect.trace()) if Path(frame.filename) == path), "?")
-        what = (f"called exit ({err.code!r}): a file to import must define and register, not end the command"
-                if isinstance(err, SystemExit) else f"{type(err).__name__}: {err}")
+        line = (
+            err.lineno
+            if isinstance(err, SyntaxError)
+            else next((frame.lineno for frame in reversed(inspect.trace()) if Path(frame.filename) == path), "?")
+        )
+        what = (
+            f"called exit ({err.code!r}): a file to import must define and register, not end the command"
+            if isinstance(err, SystemExit)
+            else f"{type(err).__name__}: {err}"
+        )
         raise ValueError(f"--import {str(path)!r} failed at line {line}: {what}") from err
     return module
 
@@ -494,8 +525,17 @@ def register_class(spec: str, what: str = "--import") -> tuple[str, str, str]:
     """``FILE.py:ClassName``, a positional encoding or refiner class in a user's file: the file imported
     (`import_file`) and the class registered under ``STEM:ClassName``, unless the file registered it itself.
     Returns ``(kind, registered name, sha256 of the file)``, kind "pe" or "refiner" by the class's base."""
-    from .model import (PE_REGISTRY, REFINER_REGISTRY, AbsolutePositions, AdditiveBias, DataDependentBias,
-                        RotaryEmbedding, register_pe, register_refiner)
+    from .model import (
+        PE_REGISTRY,
+        REFINER_REGISTRY,
+        AbsolutePositions,
+        AdditiveBias,
+        DataDependentBias,
+        RotaryEmbedding,
+        register_pe,
+        register_refiner,
+    )
+
     file_name, _, class_name = spec.rpartition(":")
     path = user_path(file_name, what)
     if path.suffix != ".py" or not class_name:
@@ -508,8 +548,11 @@ def register_class(spec: str, what: str = "--import") -> tuple[str, str, str]:
         raise ValueError(f"{what} {spec!r}: {err}") from err
     cls = getattr(module, class_name, None)
     if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        found = [name for name, value in vars(module).items() if isinstance(value, type)
-                 and issubclass(value, nn.Module) and value.__module__ == module.__name__]
+        found = [
+            name
+            for name, value in vars(module).items()
+            if isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == module.__name__
+        ]
         problem = f"defines no {class_name!r}" if cls is None else f"{class_name} is not an nn.Module class"
         raise ValueError(f"{what} {spec!r}: {path} {problem}; its module classes: {', '.join(found) or 'none'}")
     kind = "pe" if issubclass(cls, (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)) else "refiner"

@@ -1,4 +1,5 @@
 """The refiner benchmark compares like with like: its reference row (`fast=False`) computes what `dape` computes."""
+
 import subprocess
 import sys
 from pathlib import Path
@@ -8,7 +9,7 @@ import torch
 import minidape as md
 from minidape import bench
 
-SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"   # the repository's entry
+SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"  # the repository's entry
 
 
 def test_reference_row_is_the_dape_row_in_its_paper_form():
@@ -60,14 +61,23 @@ def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
     """What `bench --import FILE.py --pe NAME` relies on: a PE registered from a user's file builds and times,
     in this process and in the fresh processes of `--rounds` (which load the file again)."""
     path = tmp_path / "bench_bias.py"
-    path.write_text("import torch\nimport minidape as md\n\n\n@md.register_pe('bench_bias')\n"
-                    "class BenchBias(md.AdditiveBias):\n    def __init__(self, cfg):\n        super().__init__()\n"
-                    "        self.scale = torch.nn.Parameter(torch.ones(cfg.n_head, 1, 1))\n\n"
-                    "    def forward(self, q_pos, k_pos):\n"
-                    "        return -self.scale * (q_pos[:, None] - k_pos[None, :]).abs().float()\n")
+    path.write_text(
+        "import torch\nimport minidape as md\n\n\n@md.register_pe('bench_bias')\n"
+        "class BenchBias(md.AdditiveBias):\n    def __init__(self, cfg):\n        super().__init__()\n"
+        "        self.scale = torch.nn.Parameter(torch.ones(cfg.n_head, 1, 1))\n\n"
+        "    def forward(self, q_pos, k_pos):\n"
+        "        return -self.scale * (q_pos[:, None] - k_pos[None, :]).abs().float()\n"
+    )
     md.utils.import_file(path)
-    medians = bench.timed_rounds({"bench_bias": ("bench_bias", "none", False), "dape": ("bench_bias", "dape", False)},
-                                 T=16, B=2, size="tiny", device=torch.device("cpu"), repeats=1, rounds=2)
+    medians = bench.timed_rounds(
+        {"bench_bias": ("bench_bias", "none", False), "dape": ("bench_bias", "dape", False)},
+        T=16,
+        B=2,
+        size="tiny",
+        device=torch.device("cpu"),
+        repeats=1,
+        rounds=2,
+    )
     assert len(medians) == 2
     for round_medians in medians:
         assert set(round_medians) == {"bench_bias", "dape"} and all(s > 0 for s in round_medians.values())
@@ -75,14 +85,18 @@ def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
 
 def table_rows(text: str) -> dict[str, list[str]]:
     """The rows of the markdown tables in `text`: {first cell: the other cells}."""
-    cells = ([cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| "))
+    cells = (
+        [cell.strip() for cell in line.strip("|").split("|")] for line in text.splitlines() if line.startswith("| ")
+    )
     return {row[0]: row[1:] for row in cells}
 
 
 def test_cape_table_gives_each_phase_its_ratio_to_the_base_pe_beside_the_papers(monkeypatch):
-    medians = {"none": {"forward": 0.010, "backward": 0.030, "step": 0.040},
-               "dape": {"forward": 0.025, "backward": 0.045, "step": 0.070},
-               "conv": {"forward": 0.020, "backward": 0.060, "step": 0.080}}
+    medians = {
+        "none": {"forward": 0.010, "backward": 0.030, "step": 0.040},
+        "dape": {"forward": 0.025, "backward": 0.045, "step": 0.070},
+        "conv": {"forward": 0.020, "backward": 0.060, "step": 0.080},
+    }
     monkeypatch.setattr(bench, "time_phases", lambda cases, *args, **kwargs: {label: medians[label] for label in cases})
     table = bench.cape_table("tiny", "kerple_log", 64, 2, torch.device("cpu"), repeats=1, memory=False)
     rows = table_rows(table)
@@ -97,9 +111,28 @@ def test_cape_table_gives_each_phase_its_ratio_to_the_base_pe_beside_the_papers(
 
 def test_bench_cape_table_runs_on_the_cpu_at_the_tiny_shape():
     """`bench --cape-table` end to end on the CPU, tiny model, a short sequence: every row measured."""
-    out = subprocess.run([sys.executable, "-m", "minidape", "bench", "--device", "cpu", "--cape-table", "--size",
-                          "tiny", "--length", "16", "--batch", "2", "--repeats", "1"], capture_output=True, text=True,
-                         timeout=300)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "minidape",
+            "bench",
+            "--device",
+            "cpu",
+            "--cape-table",
+            "--size",
+            "tiny",
+            "--length",
+            "16",
+            "--batch",
+            "2",
+            "--repeats",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     rows = table_rows(out.stdout)
     assert "T=16, B=2" in out.stdout and "float32 on " in out.stdout
@@ -120,8 +153,16 @@ def test_the_nanogpt_reference_is_ours_in_size_and_learns():
     shape = bench_nanogpt.SHAPES["demo"]
     torch.manual_seed(0)
     plain = bench_nanogpt.PlainGPT(256, 32, shape["n_layer"], shape["n_embd"], shape["n_head"])
-    ours = md.GPT(md.GPTConfig(vocab_size=256, block_size=32, pe="learned", n_layer=shape["n_layer"],
-                               n_embd=shape["n_embd"], n_head=shape["n_head"]))
+    ours = md.GPT(
+        md.GPTConfig(
+            vocab_size=256,
+            block_size=32,
+            pe="learned",
+            n_layer=shape["n_layer"],
+            n_embd=shape["n_embd"],
+            n_head=shape["n_head"],
+        )
+    )
     assert sum(p.numel() for p in plain.parameters()) == sum(p.numel() for p in ours.parameters())
     trainee = bench_nanogpt.Trainee(plain)
     x = torch.randint(0, 256, (4, 32), generator=torch.Generator().manual_seed(0))

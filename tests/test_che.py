@@ -1,4 +1,5 @@
 """CHE training and testing of encoders (through md.train), the accuracy table and plot, the `che` command."""
+
 import json
 import os
 import subprocess
@@ -19,31 +20,48 @@ def tiny_config(**overrides):
     return md.GPTConfig(**{"n_layer": 1, "n_embd": 16, "n_head": 2, "pe": "alibi", **overrides})
 
 
-@pytest.mark.parametrize("name, block_size", [("duplicate_string", 120), ("modular_arithmetic", 40),
-                                              ("compute_sqrt", 60), ("bucket_sort", 80)])
+@pytest.mark.parametrize(
+    "name, block_size",
+    [("duplicate_string", 120), ("modular_arithmetic", 40), ("compute_sqrt", 60), ("bucket_sort", 80)],
+)
 def test_task_config(name, block_size):
     cfg = che.task_config(name, md.GPTConfig(pe="kerple_log", refiner="dape", causal=True, vocab_size=256))
     task = tasks.get_task(name)
     assert (cfg.causal, cfg.vocab_size, cfg.block_size) == (False, task.model_vocab_size, block_size)
     assert (cfg.pe, cfg.refiner) == ("kerple_log", "dape")
-    model = md.GPT(cfg)                          # the classifier is its own layer, as in the benchmark
+    model = md.GPT(cfg)  # the classifier is its own layer, as in the benchmark
     assert not cfg.tie_embeddings and model.lm_head.weight is not model.wte.weight
 
 
 def test_short_training_run_beats_chance():
     # Inputs of length 1..6 keep it short; parity of up to 6 bits is far from trivial for chance (50%).
     model, history, results = che.train_task(
-        "parity_check", md.GPTConfig(n_layer=2, n_embd=32, n_head=2, pe="rope"), steps=600, lr=3e-3,
-        max_train_length=6, test_lengths=range(2, 7), eval_samples=256, progress=False)
+        "parity_check",
+        md.GPTConfig(n_layer=2, n_embd=32, n_head=2, pe="rope"),
+        steps=600,
+        lr=3e-3,
+        max_train_length=6,
+        test_lengths=range(2, 7),
+        eval_samples=256,
+        progress=False,
+    )
     assert results["mean_within_train"] > 0.6 and not model.training
     assert history[-1]["loss"] < history[0]["loss"] - 0.1
 
 
 def test_train_task_history_and_results():
     lengths = [3, 7, 8, 12, 20]
-    model, history, results = che.train_task("modular_arithmetic", tiny_config(), steps=20, batch_size=4,
-                                               max_train_length=9, test_lengths=lengths, eval_samples=8,
-                                               log_every=5, progress=False)
+    model, history, results = che.train_task(
+        "modular_arithmetic",
+        tiny_config(),
+        steps=20,
+        batch_size=4,
+        max_train_length=9,
+        test_lengths=lengths,
+        eval_samples=8,
+        log_every=5,
+        progress=False,
+    )
     assert [entry["step"] for entry in history] == [0, 5, 10, 15, 20]  # the last after the last update
     # One length per step from U{1..9}, made odd as the task needs.
     assert all(entry["length"] in (1, 3, 5, 7, 9) for entry in history)
@@ -59,9 +77,18 @@ def test_train_task_history_and_results():
 
 def test_train_task_is_seeded():
     def run(seed):
-        _, history, results = che.train_task("reverse_string", tiny_config(), steps=6, batch_size=4,
-                                               test_lengths=[5, 50], eval_samples=4, seed=seed, progress=False)
+        _, history, results = che.train_task(
+            "reverse_string",
+            tiny_config(),
+            steps=6,
+            batch_size=4,
+            test_lengths=[5, 50],
+            eval_samples=4,
+            seed=seed,
+            progress=False,
+        )
         return [(entry["length"], entry["loss"]) for entry in history], results["accuracy"]
+
     assert run(3) == run(3)
     assert run(3)[0] != run(4)[0]
 
@@ -135,8 +162,10 @@ def test_train_task_bad_inputs():
 
 
 def test_accuracy_table_means_per_bin():
-    curves = {"a": {10: 1.0, 40: 0.8, 50: 0.6, 90: 0.4, 150: 0.2},
-              "b": {"10": 0.5, "40": 0.5, "50": 0.5, "90": 0.5, "150": 0.5}}  # JSON keys work too
+    curves = {
+        "a": {10: 1.0, 40: 0.8, 50: 0.6, 90: 0.4, 150: 0.2},
+        "b": {"10": 0.5, "40": 0.5, "50": 0.5, "90": 0.5, "150": 0.5},
+    }  # JSON keys work too
     table = che.accuracy_table({"a": {"accuracy": curves["a"]}, "b": curves["b"]}, train_length=40)
     lines = table.strip().splitlines()
     assert lines[0] == "| model | 1–40 (train) | 41–100 | 101–150 | mean 41–150 |"
@@ -148,8 +177,9 @@ def test_accuracy_table_means_per_bin():
 
 def test_plot_accuracy_writes_the_figure(tmp_path):
     path = tmp_path / "plots" / "accuracy.png"
-    fig = md.plots.plot_accuracy({"alibi": {10: 1.0, 50: 0.5}, "kerple": {10: 0.9, 50: 0.7}}, train_length=40,
-                              chance=0.5, path=path)
+    fig = md.plots.plot_accuracy(
+        {"alibi": {10: 1.0, 50: 0.5}, "kerple": {10: 0.9, 50: 0.7}}, train_length=40, chance=0.5, path=path
+    )
     ax = fig.axes[0]
     assert path.stat().st_size > 0 and sorted(p.name for p in path.parent.iterdir()) == ["accuracy.png"]
     assert [line.get_label() for line in ax.get_lines()][:2] == ["alibi", "kerple"]
@@ -158,15 +188,42 @@ def test_plot_accuracy_writes_the_figure(tmp_path):
 
 def run_cli(*args, cwd=None):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, "-m", "minidape", *args], capture_output=True, text=True, cwd=cwd,
-                          env=env, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "minidape", *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=300
+    )
 
 
 def test_che_cli_round_trip(tmp_path):
     out = tmp_path / "run"
-    done = run_cli("che", "--task", "bucket_sort", "--pe", "kerple_log", "--refiner", "conv", "--n-layer", "1",
-                   "--n-embd", "16", "--n-head", "2", "--steps", "4", "--batch-size", "4", "--max-train-length",
-                   "10", "--max-test-length", "20", "--length-step", "5", "--eval-samples", "4", "--out", str(out))
+    done = run_cli(
+        "che",
+        "--task",
+        "bucket_sort",
+        "--pe",
+        "kerple_log",
+        "--refiner",
+        "conv",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "16",
+        "--n-head",
+        "2",
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--max-train-length",
+        "10",
+        "--max-test-length",
+        "20",
+        "--length-step",
+        "5",
+        "--eval-samples",
+        "4",
+        "--out",
+        str(out),
+    )
     assert done.returncode == 0, done.stderr
     assert "| model | 1–10 (train) | 11–20 | mean 11–20 |" in done.stdout and "| kerple_log+conv |" in done.stdout
     assert sorted(p.name for p in out.iterdir()) == ["accuracy.png", "results.json", "results.md"]

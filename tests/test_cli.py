@@ -1,4 +1,5 @@
 """The command line: help of each command, a train -> eval round trip, resume, the demo, bad input."""
+
 import dataclasses
 import json
 import os
@@ -37,8 +38,9 @@ def corpus_file(tmp_path_factory):
 
 def run_cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "minidape", *args], cwd=cwd, env=env, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "minidape", *args], cwd=cwd, env=env, capture_output=True, text=True, timeout=300
+    )
 
 
 def error_lines(stderr: str) -> list[str]:
@@ -66,8 +68,10 @@ def test_help_of_every_command(capsys):
     train_help = help_text(capsys, "train")
     for field in dataclasses.fields(md.GPTConfig):  # every GPTConfig field is a flag
         assert f"--{field.name.replace('_', '-')}" in train_help
-    assert all(flag in train_help for flag in ("--corpus", "--steps", "--out", "--resume", "--overwrite", "--device",
-                                               "--import"))
+    assert all(
+        flag in train_help
+        for flag in ("--corpus", "--steps", "--out", "--resume", "--overwrite", "--device", "--import")
+    )
     parsed = cli.build_parser().parse_args(["train", "--no-causal", "--dropout", "0.25", "--pe", "t5", "--out", "x"])
     assert (parsed.causal, parsed.dropout, parsed.pe) == (False, 0.25, "t5")  # typed from the dataclass
     assert all(flag in help_text(capsys, "eval") for flag in ("--lengths", "--protocol", "--last-k", "--corpus"))
@@ -75,27 +79,51 @@ def test_help_of_every_command(capsys):
 
 
 def test_train_then_eval_round_trip(tmp_path, corpus_file):
-    trained = run_cli("train", *TINY_FLAGS, "--pe", "kerple_log", "--refiner", "dape", "--refiner-width", "8",
-                      "--corpus", str(corpus_file), "--steps", "4", "--batch-size", "4",
-                      "--out", "run", cwd=tmp_path)
+    trained = run_cli(
+        "train",
+        *TINY_FLAGS,
+        "--pe",
+        "kerple_log",
+        "--refiner",
+        "dape",
+        "--refiner-width",
+        "8",
+        "--corpus",
+        str(corpus_file),
+        "--steps",
+        "4",
+        "--batch-size",
+        "4",
+        "--out",
+        "run",
+        cwd=tmp_path,
+    )
     assert trained.returncode == 0, trained.stderr[-3000:]
     run = tmp_path / "run"
     assert "kerple_log+dape: step 4" in trained.stdout
     history = json.loads((run / "history.json").read_text())
     assert history[0]["step"] == 0 and history[-1]["step"] == 4
     model, checkpoint = load_checkpoint(run)
-    assert dataclasses.asdict(model.cfg) == dataclasses.asdict(md.GPTConfig(
-        n_layer=1, n_head=2, n_embd=32, block_size=16, pe="kerple_log", refiner="dape", refiner_width=8))
+    assert dataclasses.asdict(model.cfg) == dataclasses.asdict(
+        md.GPTConfig(n_layer=1, n_head=2, n_embd=32, block_size=16, pe="kerple_log", refiner="dape", refiner_width=8)
+    )
     assert checkpoint["corpus"] == md.data.corpus_identity(corpus_file) and checkpoint["step"] == 4
     assert checkpoint["corpus"]["path"] == str(corpus_file.resolve())
 
-    evaluated = run_cli("eval", "run", "--lengths", "16", "64", "--n-windows", "2", "--last-k", "8", "--device", "cpu",
-                        cwd=tmp_path)
+    evaluated = run_cli(
+        "eval", "run", "--lengths", "16", "64", "--n-windows", "2", "--last-k", "8", "--device", "cpu", cwd=tmp_path
+    )
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    assert sorted(os.listdir(run)) == ["checkpoint.pt", "extrapolation.png", "history.json", "results.json",
-                                       "results.md"]
-    expected = md.evaluate.perplexity_by_length(model, md.load_corpus(corpus_file, "val"), [16, 64], last_k=8,
-                                                n_windows=2)
+    assert sorted(os.listdir(run)) == [
+        "checkpoint.pt",
+        "extrapolation.png",
+        "history.json",
+        "results.json",
+        "results.md",
+    ]
+    expected = md.evaluate.perplexity_by_length(
+        model, md.load_corpus(corpus_file, "val"), [16, 64], last_k=8, n_windows=2
+    )
     saved = json.loads((run / "results.json").read_text())
     assert saved["results"]["kerple_log+dape"] == pytest.approx({"16": expected[16], "64": expected[64]}, rel=1e-5)
     row = f"| kerple_log+dape | **{expected[16]:.2f}** | **{expected[64]:.2f}** |"
@@ -112,23 +140,37 @@ def test_resume_and_eval_of_two_runs_in_process(tmp_path, corpus_file, capsys):
     assert load_checkpoint(tmp_path / "alibi")[1]["step"] == 5
     cli.main(["train", *common, "--pe", "alibi", "--steps", "2", "--out", str(tmp_path / "other")])
     capsys.readouterr()
-    cli.main(["eval", str(tmp_path / "alibi" / "checkpoint.pt"), str(tmp_path / "other"), "--lengths", "32",
-              "--protocol", "nonoverlap", "--n-tokens", "500", "--out", str(tmp_path / "both")])
+    cli.main(
+        [
+            "eval",
+            str(tmp_path / "alibi" / "checkpoint.pt"),
+            str(tmp_path / "other"),
+            "--lengths",
+            "32",
+            "--protocol",
+            "nonoverlap",
+            "--n-tokens",
+            "500",
+            "--out",
+            str(tmp_path / "both"),
+        ]
+    )
     names = json.loads((tmp_path / "both" / "results.json").read_text())["results"]
     assert set(names) == {"alibi (alibi)", "alibi (other)"}  # same kind of model: told apart by run directory
 
 
 def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
     # the demo's real budget is its own business; here every code path runs on a token budget
-    tiny = dataclasses.replace(demo.QUICK_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2,
-                               eval_factors=(1, 2), eval_windows=1)
+    tiny = dataclasses.replace(
+        demo.QUICK_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, eval_factors=(1, 2), eval_windows=1
+    )
     monkeypatch.setattr(demo, "QUICK_BUDGET", tiny)
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
     cli.main(["demo", "--out", str(tmp_path), "--device", "cpu"])
     printed = capsys.readouterr().out
     names = list(demo.DEMO_MODELS)
     assert names == ["NoPE", "RoPE", "ALiBi", "Kerple-log", "FIRE", "DAPE-Kerple", "DAPE1x3-Kerple"]
-    for name in names:   # the study's model of that name, at the demo's size
+    for name in names:  # the study's model of that name, at the demo's size
         config = read_checkpoint(tmp_path / name)["config"]
         assert {key: config[key] for key in study.MODELS[name]} == study.MODELS[name] and config["n_layer"] == 1
     results = json.loads((tmp_path / "results.json").read_text())["results"]
@@ -147,8 +189,12 @@ def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
 def write_files(folder: Path) -> dict[str, Path]:
     """Files a user might pass: a bias of their own, a broken one, a non-Python file, a file that is no
     checkpoint."""
-    files = {"bias": folder / "window_bias.py", "broken": folder / "broken.py", "text": folder / "notes.txt",
-             "not_checkpoint": folder / "weights.pt"}
+    files = {
+        "bias": folder / "window_bias.py",
+        "broken": folder / "broken.py",
+        "text": folder / "notes.txt",
+        "not_checkpoint": folder / "weights.pt",
+    }
     files["bias"].write_text(USER_BIAS)
     files["class_bias"] = folder / "gauss.py"
     files["class_bias"].write_text(CLASS_BIAS)
@@ -202,32 +248,50 @@ def user_files(tmp_path_factory):
 def trained_run(tmp_path_factory, corpus_file):
     """A tiny run trained in-process, for the commands that need a checkpoint."""
     out = tmp_path_factory.mktemp("trained") / "run"
-    cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2",
-              "--out", str(out)])
+    cli.main(
+        ["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--out", str(out)]
+    )
     return out
 
 
 def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[tuple[list[str], str]]:
     """(argv, a fragment of the message) for the mistakes users make with each command."""
     train = ["train", *TINY_FLAGS, "--corpus", str(corpus), "--steps", "2"]
-    che = ["che", "--task", "even_pairs", "--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--steps", "1",
-           "--out", str(tmp / "che")]
+    che = [
+        "che",
+        "--task",
+        "even_pairs",
+        "--n-layer",
+        "1",
+        "--n-embd",
+        "16",
+        "--n-head",
+        "2",
+        "--steps",
+        "1",
+        "--out",
+        str(tmp / "che"),
+    ]
     return [
         (["frobnicate"], "invalid choice: 'frobnicate'"),
         ([], "the following arguments are required: command"),
         (["train", "--pe", "bogus", "--out", "x"], "argument --pe: unknown pe 'bogus'; valid choices: none, learned"),
         (["train", "--refiner", "mlp", "--out", "x"], "argument --refiner: unknown refiner 'mlp'; valid choices: none"),
         (["train", "--pe", f"{files['class_bias']}:Nothing", "--out", "x"], "defines no 'Nothing'"),
-        (["train", "--refiner", f"{files['class_bias']}:Gauss", "--out", "x"],
-         "is a positional encoding, not a refiner"),
+        (
+            ["train", "--refiner", f"{files['class_bias']}:Gauss", "--out", "x"],
+            "is a positional encoding, not a refiner",
+        ),
         (["reproduce", "--import", f"{files['class_bias']}:Gauss", "--seeds", "1"], "seeds must be an integer >= 2"),
         (["train", "--steps", "2"], "the following arguments are required: --out"),
         ([*train, "--out", str(tmp / "a"), "--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
         ([*train, "--out", str(tmp / "a"), "--lr", "-1"], "argument --lr: must be a number > 0, got '-1'"),
         ([*train, "--out", str(tmp / "a"), "--n-layer", "two"], "invalid int value: 'two'"),
         ([*train, "--out", str(tmp / "a"), "--frobnicate"], "unrecognized arguments: --frobnicate"),
-        (["train", *TINY_FLAGS, "--corpus", "nope", "--out", str(tmp / "a")],
-         "unknown corpus 'nope': valid corpora are austen, latex, python"),
+        (
+            ["train", *TINY_FLAGS, "--corpus", "nope", "--out", str(tmp / "a")],
+            "unknown corpus 'nope': valid corpora are austen, latex, python",
+        ),
         ([*train, "--out", str(files["text"])], "is a file, not a folder"),
         ([*train, "--out", str(files["text"] / "run")], "cannot be created"),
         ([*train, "--out", str(run)], "already holds a checkpoint; pass resume=True to continue it or overwrite"),
@@ -249,9 +313,26 @@ def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[t
         ([*che, "--vocab-size", "4"], "the task sets vocab_size; drop --vocab-size"),
         ([*che, "--steps", "0"], "argument --steps: must be a positive integer, got '0'"),
         ([*che, "--max-test-length", "5", "--length-step", "10"], "--length-step 10 exceeds --max-test-length 5"),
-        (["che", "--task", "duplicate_string", "--pe", "alibi", "--random-positions", "200", "--steps", "1",
-          "--out", str(tmp / "che")], "--random-positions=200 is shorter than the longest test sequence"),
-        ([*train, "--out", str(tmp / "a"), "--threads", "-3"], "argument --threads: must be a positive integer, got '-3'"),
+        (
+            [
+                "che",
+                "--task",
+                "duplicate_string",
+                "--pe",
+                "alibi",
+                "--random-positions",
+                "200",
+                "--steps",
+                "1",
+                "--out",
+                str(tmp / "che"),
+            ],
+            "--random-positions=200 is shorter than the longest test sequence",
+        ),
+        (
+            [*train, "--out", str(tmp / "a"), "--threads", "-3"],
+            "argument --threads: must be a positive integer, got '-3'",
+        ),
         (["eval", str(run), "--threads", "two"], "argument --threads: must be a positive integer, got 'two'"),
         (["bench", "--threads", "0"], "argument --threads: must be a positive integer, got '0'"),
         (["bench", "--pe", "bogus"], "argument --pe: invalid choice: 'bogus'"),
@@ -290,13 +371,41 @@ def test_an_interrupted_run_says_how_to_resume_in_one_line(tmp_path, corpus_file
         return draw(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "get_batch", interrupt_at_step_3)
-    code, err = failing(capsys, ["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6",
-                                 "--batch-size", "2", "--checkpoint-every", "2", "--out", str(tmp_path)])
+    code, err = failing(
+        capsys,
+        [
+            "train",
+            *TINY_FLAGS,
+            "--corpus",
+            str(corpus_file),
+            "--steps",
+            "6",
+            "--batch-size",
+            "2",
+            "--checkpoint-every",
+            "2",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert code == 130 and len(err) == 1
     assert "interrupted at step 3" in err[0] and "holds step 2" in err[0] and "--resume" in err[0]
     monkeypatch.undo()
-    cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6", "--batch-size", "2",
-              "--out", str(tmp_path), "--resume"])
+    cli.main(
+        [
+            "train",
+            *TINY_FLAGS,
+            "--corpus",
+            str(corpus_file),
+            "--steps",
+            "6",
+            "--batch-size",
+            "2",
+            "--out",
+            str(tmp_path),
+            "--resume",
+        ]
+    )
     assert load_checkpoint(tmp_path)[1]["step"] == 6
 
 
@@ -312,8 +421,23 @@ def test_a_non_finite_loss_is_one_line_naming_the_step(tmp_path, corpus_file, ca
             return logits, loss * float("nan") if NaNFromStep2.calls > 2 else loss
 
     monkeypatch.setattr(train_module, "GPT", NaNFromStep2)
-    code, err = failing(capsys, ["train", *TINY_FLAGS, "--corpus", str(corpus_file), "--steps", "6",
-                                 "--batch-size", "2", "--eval-every", "100", "--out", str(tmp_path)])
+    code, err = failing(
+        capsys,
+        [
+            "train",
+            *TINY_FLAGS,
+            "--corpus",
+            str(corpus_file),
+            "--steps",
+            "6",
+            "--batch-size",
+            "2",
+            "--eval-every",
+            "100",
+            "--out",
+            str(tmp_path),
+        ],
+    )
     assert code == 2 and len(err) == 1
     assert "stopped at step 2: non-finite loss nan" in err[0] and "learning rate" in err[0]
     assert not (tmp_path / CHECKPOINT_NAME).exists()
@@ -322,8 +446,20 @@ def test_a_non_finite_loss_is_one_line_naming_the_step(tmp_path, corpus_file, ca
 def test_eval_refuses_a_corpus_file_changed_since_training(tmp_path, corpus_file, capsys):
     corpus = tmp_path / "books.txt"
     corpus.write_bytes(corpus_file.read_bytes())
-    cli.main(["train", *TINY_FLAGS, "--corpus", str(corpus), "--steps", "1", "--batch-size", "2",
-              "--out", str(tmp_path / "run")])
+    cli.main(
+        [
+            "train",
+            *TINY_FLAGS,
+            "--corpus",
+            str(corpus),
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--out",
+            str(tmp_path / "run"),
+        ]
+    )
     corpus.write_bytes(corpus_file.read_bytes()[:-100])
     code, err = failing(capsys, ["eval", str(tmp_path / "run"), "--lengths", "16", "--n-windows", "1"])
     assert code == 2 and "but the run was trained on" in err[0] and str(corpus) in err[0]
@@ -336,8 +472,28 @@ def test_a_users_bias_through_train_eval_che_and_bench(tmp_path, corpus_file, us
     """`--import` loads the registration in every command; a checkpoint that needs it says so."""
     bias = str(user_files["bias"])
     run = tmp_path / "run"
-    cli.main(["train", "--import", bias, *TINY_FLAGS, "--pe", "window_bias", "--refiner", "dape", "--refiner-width",
-              "8", "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2", "--out", str(run)])
+    cli.main(
+        [
+            "train",
+            "--import",
+            bias,
+            *TINY_FLAGS,
+            "--pe",
+            "window_bias",
+            "--refiner",
+            "dape",
+            "--refiner-width",
+            "8",
+            "--corpus",
+            str(corpus_file),
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--out",
+            str(run),
+        ]
+    )
     assert read_checkpoint(run)["sources"] == {"pe": str(user_files["bias"].resolve())}
 
     # a fresh process, where nothing registered window_bias
@@ -349,9 +505,37 @@ def test_a_users_bias_through_train_eval_che_and_bench(tmp_path, corpus_file, us
     cli.main(["eval", "--import", bias, str(run), "--lengths", "16", "32", "--n-windows", "1"])
     assert "| window_bias+dape |" in capsys.readouterr().out
 
-    cli.main(["che", "--import", bias, "--task", "parity_check", "--pe", "window_bias", "--n-layer", "1",
-              "--n-embd", "16", "--n-head", "2", "--steps", "2", "--batch-size", "2", "--max-train-length", "5",
-              "--max-test-length", "10", "--length-step", "5", "--eval-samples", "2", "--out", str(tmp_path / "che")])
+    cli.main(
+        [
+            "che",
+            "--import",
+            bias,
+            "--task",
+            "parity_check",
+            "--pe",
+            "window_bias",
+            "--n-layer",
+            "1",
+            "--n-embd",
+            "16",
+            "--n-head",
+            "2",
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--max-train-length",
+            "5",
+            "--max-test-length",
+            "10",
+            "--length-step",
+            "5",
+            "--eval-samples",
+            "2",
+            "--out",
+            str(tmp_path / "che"),
+        ]
+    )
     assert json.loads((tmp_path / "che" / "results.json").read_text())["config"]["pe"] == "window_bias"
     # --pe window_bias is accepted and handed on: the benchmark's own check of --rounds is what speaks
     benched = run_cli("bench", "--import", bias, "--pe", "window_bias", "--rounds", "0", cwd=tmp_path)
@@ -362,23 +546,52 @@ def test_the_file_class_form_in_train_eval_compare_and_reproduce(tmp_path, corpu
     """`--pe FILE.py:ClassName` in train (as in compare), `--import FILE.py:ClassName` in every command."""
     gauss = f"{user_files['class_bias']}:Gauss"
     run = tmp_path / "run"
-    cli.main(["train", *TINY_FLAGS, "--pe", gauss, "--corpus", str(corpus_file), "--steps", "2", "--batch-size", "2",
-              "--out", str(run)])
+    cli.main(
+        [
+            "train",
+            *TINY_FLAGS,
+            "--pe",
+            gauss,
+            "--corpus",
+            str(corpus_file),
+            "--steps",
+            "2",
+            "--batch-size",
+            "2",
+            "--out",
+            str(run),
+        ]
+    )
     assert read_checkpoint(run)["config"]["pe"] == "gauss:Gauss"
-    forgot = run_cli("eval", str(run), "--lengths", "16", "--n-windows", "1", cwd=tmp_path)   # a fresh process
+    forgot = run_cli("eval", str(run), "--lengths", "16", "--n-windows", "1", cwd=tmp_path)  # a fresh process
     assert forgot.returncode == 2 and f"--import {user_files['class_bias'].resolve()}:Gauss" in forgot.stderr
     evaluated = run_cli("eval", "--import", gauss, str(run), "--lengths", "16", "32", "--n-windows", "1", cwd=tmp_path)
     assert evaluated.returncode == 0 and "| gauss:Gauss |" in evaluated.stdout
     parsed = cli.build_parser().parse_args(["compare", "--pe", f"{gauss}+conv:5", "--against", "alibi"])
-    assert study.parse_model(parsed.pe) == ("gauss:Gauss+conv:k=5", {"pe": "gauss:Gauss", "refiner": "conv",
-                                                                     "refiner_kernel": 5})
+    assert study.parse_model(parsed.pe) == (
+        "gauss:Gauss+conv:k=5",
+        {"pe": "gauss:Gauss", "refiner": "conv", "refiner_kernel": 5},
+    )
 
 
 def test_compare_help_names_every_knob_with_its_default(capsys):
     text = " ".join(help_text(capsys, "compare").split())
     options = text.partition("options:")[2]
-    for flag in ("--against", "--seeds", "--corpus", "--budget", "--steps", "--batch-size", "--lr", "--n-layer",
-                 "--n-embd", "--n-head", "--train-length", "--lengths", "--margin"):
+    for flag in (
+        "--against",
+        "--seeds",
+        "--corpus",
+        "--budget",
+        "--steps",
+        "--batch-size",
+        "--lr",
+        "--n-layer",
+        "--n-embd",
+        "--n-head",
+        "--train-length",
+        "--lengths",
+        "--margin",
+    ):
         assert re.search(rf" {flag} [A-Z_ .\[\]{{}},]*[a-z][^-]*?\(default", options), flag
     assert all(f" {flag} " in options for flag in ("--pe", "--rerun", "--keep-checkpoints"))
     for name in (*md.PE_NAMES, "dape", "conv", "FILE.py:ClassName", "kerple_log+conv:5", "w=matched", "small"):

@@ -1,4 +1,5 @@
 """Corpora as byte tokens: bundled names, .txt/.gz paths, the 90/10 split, windows and errors."""
+
 import gzip
 import os
 

@@ -2,6 +2,7 @@
 the RoPE scaling family (PI, NTK-aware, xPos, HoPE), per-layer encodings and the length-aware temperature. Each new
 encoding x every refiner: its maths, causality, fast path = reference (forward and every gradient), a training step
 and evaluation at 16x the training length."""
+
 import copy
 import itertools
 import math
@@ -31,7 +32,7 @@ def perturbed_pair(cfg, seed: int = 0):
     with torch.no_grad():
         for block in model.blocks:
             for module in (block.attn.refiner, block.attn.data_bias, block.attn.temperature):
-                for p in (module.parameters() if module is not None else []):
+                for p in module.parameters() if module is not None else []:
                     p.add_(torch.randn_like(p) * 0.3)
     reference = copy.deepcopy(model)
     reference.cfg.fast = False
@@ -40,9 +41,11 @@ def perturbed_pair(cfg, seed: int = 0):
 
 # ---------------------------------------------------------------------------------------------- every combination
 
+
 @pytest.mark.parametrize("fast", [True, False])
-@pytest.mark.parametrize("pe,temperature,refiner",
-                         [(pe, t, r) for (pe, t), r in itertools.product(COMBINATIONS, BUILTIN_REFINERS)])
+@pytest.mark.parametrize(
+    "pe,temperature,refiner", [(pe, t, r) for (pe, t), r in itertools.product(COMBINATIONS, BUILTIN_REFINERS)]
+)
 def test_every_new_combination_is_causal(pe, temperature, refiner, fast):
     cfg = tiny(pe=pe, temperature=temperature, refiner=refiner, attn_chunk=7, fast=fast)
     model = perturbed_pair(cfg)[0 if fast else 1]
@@ -50,18 +53,20 @@ def test_every_new_combination_is_causal(pe, temperature, refiner, fast):
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
-@pytest.mark.parametrize("pe,temperature,refiner",
-                         [(pe, t, r) for (pe, t), r in itertools.product(COMBINATIONS, BUILTIN_REFINERS)])
+@pytest.mark.parametrize(
+    "pe,temperature,refiner", [(pe, t, r) for (pe, t), r in itertools.product(COMBINATIONS, BUILTIN_REFINERS)]
+)
 def test_fast_equals_reference_forward_and_every_gradient(pe, temperature, refiner, causal):
-    for T, chunk in ((12, 0), (40, 7)):         # one query block; blocks of 7 rows beyond block_size = 16
+    for T, chunk in ((12, 0), (40, 7)):  # one query block; blocks of 7 rows beyond block_size = 16
         cfg = tiny(pe=pe, temperature=temperature, refiner=refiner, causal=causal, attn_chunk=chunk)
         model, reference = perturbed_pair(cfg)
         idx = torch.randint(0, 64, (2, T), generator=torch.Generator().manual_seed(T))
         assert_same_forward_and_gradients(model, reference, idx)
 
 
-@pytest.mark.parametrize("pe,temperature,refiner",
-                         [(pe, t, r) for (pe, t), r in itertools.product(COMBINATIONS, BUILTIN_REFINERS)])
+@pytest.mark.parametrize(
+    "pe,temperature,refiner", [(pe, t, r) for (pe, t), r in itertools.product(COMBINATIONS, BUILTIN_REFINERS)]
+)
 def test_every_new_combination_trains_a_step_and_evaluates_at_16x(pe, temperature, refiner):
     torch.manual_seed(0)
     model = md.GPT(tiny(pe=pe, temperature=temperature, refiner=refiner))
@@ -97,6 +102,7 @@ def test_memory_stays_bounded_in_query_blocks_for_a_bias_of_the_data():
     def spy(self, x, q, k, first_query=0):
         asked.append((q.shape[2], k.shape[2]))
         return forward(self, x, q, k, first_query)
+
     M.ForgetGateBias.forward = spy
     try:
         with torch.no_grad():
@@ -107,6 +113,7 @@ def test_memory_stays_bounded_in_query_blocks_for_a_bias_of_the_data():
 
 
 # ---------------------------------------------------------------------------------------------- FoX
+
 
 def layer_input(model, idx, layer=0):
     """The input of a layer's attention (after its LayerNorm), and its q, k."""
@@ -125,10 +132,10 @@ def test_fox_bias_is_the_cumulative_log_gate_sum():
         x, q, k = layer_input(model, idx)
         fox = model.blocks[0].attn.data_bias
         bias = fox(x, q, k)
-        gate = torch.sigmoid(x @ fox.gate.weight.T + fox.gate.bias)               # f_t (batch, T, nh)
+        gate = torch.sigmoid(x @ fox.gate.weight.T + fox.gate.bias)  # f_t (batch, T, nh)
     assert bias.shape == (2, 4, 9, 9)
     for b, h, i in itertools.product(range(2), range(4), range(9)):
-        for j in range(i + 1):            # D_ij = sum_{l=j+1..i} log f_l, 0 on the diagonal
+        for j in range(i + 1):  # D_ij = sum_{l=j+1..i} log f_l, 0 on the diagonal
             expected = sum(math.log(gate[b, t, h].item()) for t in range(j + 1, i + 1))
             assert bias[b, h, i, j].item() == pytest.approx(expected, abs=1e-5)
     maps = model.attention_maps(idx, layer=0)
@@ -138,13 +145,13 @@ def test_fox_bias_is_the_cumulative_log_gate_sum():
 def test_fox_starts_as_alibi_and_reads_the_content():
     model = md.GPT(tiny(pe="fox", n_head=8))
     fox = model.blocks[1].attn.data_bias
-    nn.init.zeros_(fox.gate.weight)                                # constant gates: sigma(b_h) = exp(-m_h)
+    nn.init.zeros_(fox.gate.weight)  # constant gates: sigma(b_h) = exp(-m_h)
     x, q, k = torch.randn(1, 10, 32), torch.randn(1, 8, 10, 4), torch.randn(1, 8, 10, 4)
     alibi = M.ALiBiBias(tiny(n_head=8))(torch.arange(10), torch.arange(10))
     torch.testing.assert_close(fox(x, q, k)[0].tril(), alibi.tril())
-    nn.init.normal_(fox.gate.weight)                               # gates of the content: the decay varies
+    nn.init.normal_(fox.gate.weight)  # gates of the content: the decay varies
     D = fox(x, q, k)[0]
-    steps = D[:, 1:, 0] - D[:, :-1, 0]                             # log f_i along each row's first column
+    steps = D[:, 1:, 0] - D[:, :-1, 0]  # log f_i along each row's first column
     assert steps.std(dim=1).min() > 1e-3
 
 
@@ -159,17 +166,26 @@ def test_fox_in_an_encoder_is_symmetric_and_blocks_agree_with_the_whole():
 
 # ---------------------------------------------------------------------------------------------- CoPE
 
+
 def test_cope_positions_count_the_gates_and_interpolate():
     cope = M.ContextualPositionBias(tiny(block_size=8))
     k = torch.zeros(1, 1, 6, 8)
-    k[..., 0] = torch.tensor([1.0, -1, 1, -1, 1, 1])      # keys 0, 2, 4, 5 "count"; 1 and 3 do not
+    k[..., 0] = torch.tensor([1.0, -1, 1, -1, 1, 1])  # keys 0, 2, 4, 5 "count"; 1 and 3 do not
     q = torch.zeros(1, 1, 6, 8)
-    q[..., 0] = 1000.0                                   # gates sigmoid(+-1000 / sqrt 8): exactly 1 or 0
+    q[..., 0] = 1000.0  # gates sigmoid(+-1000 / sqrt 8): exactly 1 or 0
     p = cope.positions(q, k)[0, 0]
-    counts = torch.tensor([[1.0, 0, 0, 0, 0, 0], [1, 0, 0, 0, 0, 0], [2, 1, 1, 0, 0, 0], [2, 1, 1, 0, 0, 0],
-                           [3, 2, 2, 1, 1, 0], [4, 3, 3, 2, 2, 1]])
-    torch.testing.assert_close(p, counts)                 # p_ij: counted keys from j to i (words, not tokens)
-    q[..., 0] = 0.0                                       # every gate 1/2: p_ij = (i - j + 1) / 2
+    counts = torch.tensor(
+        [
+            [1.0, 0, 0, 0, 0, 0],
+            [1, 0, 0, 0, 0, 0],
+            [2, 1, 1, 0, 0, 0],
+            [2, 1, 1, 0, 0, 0],
+            [3, 2, 2, 1, 1, 0],
+            [4, 3, 3, 2, 2, 1],
+        ]
+    )
+    torch.testing.assert_close(p, counts)  # p_ij: counted keys from j to i (words, not tokens)
+    q[..., 0] = 0.0  # every gate 1/2: p_ij = (i - j + 1) / 2
     i, j = torch.arange(6)[:, None], torch.arange(6)[None, :]
     torch.testing.assert_close(cope.positions(q, k)[0, 0], ((i - j + 1) / 2).clamp(min=0).where(j <= i, 0.0))
     with torch.no_grad():
@@ -177,7 +193,7 @@ def test_cope_positions_count_the_gates_and_interpolate():
     q = torch.randn(1, 1, 6, 8) * 0.1
     z = cope(None, q, k)[0, 0]
     p = cope.positions(q, k)[0, 0]
-    read = q[0, 0] @ cope.embeddings                      # q_i^T e[n] (6, 8)
+    read = q[0, 0] @ cope.embeddings  # q_i^T e[n] (6, 8)
     for i_, j_ in [(5, 0), (4, 2), (3, 3)]:
         lo, w = int(p[i_, j_].floor()), (p[i_, j_] - p[i_, j_].floor()).item()
         expected = (1 - w) * read[i_, lo] + w * read[i_, min(lo + 1, 7)]
@@ -187,17 +203,21 @@ def test_cope_positions_count_the_gates_and_interpolate():
 def test_cope_caps_positions_at_its_table_and_blocks_agree_with_the_whole():
     cope = M.ContextualPositionBias(tiny(block_size=4))
     nn.init.normal_(cope.embeddings)
-    q, k = torch.full((1, 1, 10, 8), 10.0), torch.ones(1, 1, 10, 8)            # gates ~ 1: p_ij = i - j + 1
+    q, k = torch.full((1, 1, 10, 8), 10.0), torch.ones(1, 1, 10, 8)  # gates ~ 1: p_ij = i - j + 1
     z = cope(None, q, k)
     read = q[0, 0, 0] @ cope.embeddings
-    assert z[0, 0, 9, 0].item() == pytest.approx(read[3].item(), rel=1e-4)      # 10 keys, capped at P - 1 = 3
+    assert z[0, 0, 9, 0].item() == pytest.approx(read[3].item(), rel=1e-4)  # 10 keys, capped at P - 1 = 3
     q, k = torch.randn(2, 4, 10, 8), torch.randn(2, 4, 10, 8)
-    torch.testing.assert_close(cope(None, q[:, :, 3:7], k[:, :, :8], first_query=3),
-                               cope(None, q, k)[:, :, 3:7, :8].where(torch.arange(8) <= torch.arange(3, 7)[:, None],
-                                                                     cope(None, q[:, :, 3:7], k[:, :, :8], 3)))
+    torch.testing.assert_close(
+        cope(None, q[:, :, 3:7], k[:, :, :8], first_query=3),
+        cope(None, q, k)[:, :, 3:7, :8].where(
+            torch.arange(8) <= torch.arange(3, 7)[:, None], cope(None, q[:, :, 3:7], k[:, :, :8], 3)
+        ),
+    )
 
 
 # ---------------------------------------------------------------------------------------------- users' own, causality
+
 
 def test_a_data_bias_that_reads_a_future_token_is_refused_by_check_causal():
     name = "test_reads_next_token"
@@ -212,7 +232,7 @@ def test_a_data_bias_that_reads_a_future_token_is_refused_by_check_causal():
 
         def forward(self, x, q, k, first_query=0):
             Tq, Tk = q.shape[2], k.shape[2]
-            ahead = torch.cat([x[:, 1:], x[:, -1:]], dim=1)[:, first_query:first_query + Tq]   # x_{i+1}
+            ahead = torch.cat([x[:, 1:], x[:, -1:]], dim=1)[:, first_query : first_query + Tq]  # x_{i+1}
             return (ahead @ x[:, :Tk].transpose(1, 2))[:, None].expand(-1, self.n_head, -1, -1)
 
     for fast, refiner in itertools.product([True, False], ["none", "dape"]):
@@ -233,7 +253,7 @@ def test_a_user_data_bias_trains_with_every_refiner_and_a_wrong_shape_is_named()
 
         def forward(self, x, q, k, first_query=0):
             Tq, Tk = q.shape[2], k.shape[2]
-            rate = nn.functional.softplus(self.rate(x[:, :Tk])).transpose(1, 2)[:, :, None, :]   # (b, h, 1, Tk)
+            rate = nn.functional.softplus(self.rate(x[:, :Tk])).transpose(1, 2)[:, :, None, :]  # (b, h, 1, Tk)
             distance = (torch.arange(first_query, first_query + Tq)[:, None] - torch.arange(Tk)).clamp(min=0)
             return -rate * distance
 
@@ -249,13 +269,14 @@ def test_a_user_data_bias_trains_with_every_refiner_and_a_wrong_shape_is_named()
             super().__init__()
 
         def forward(self, x, q, k, first_query=0):
-            return torch.zeros(q.shape[1], q.shape[2], k.shape[2])         # no batch axis
+            return torch.zeros(q.shape[1], q.shape[2], k.shape[2])  # no batch axis
 
     with pytest.raises(ValueError, match=r"test_data_bias_wrong_shape.*\(batch, n_head, Tq, Tk\)"):
         md.GPT(tiny(pe="test_data_bias_wrong_shape"))(torch.randint(0, 64, (2, 8)))
 
 
 # ---------------------------------------------------------------------------------------------- per-layer, temperature
+
 
 def test_a_per_layer_spec_rotates_only_the_layers_it_names():
     model = md.GPT(tiny(pe="rope,none,none", n_layer=4))
@@ -272,7 +293,7 @@ def test_a_per_layer_spec_rotates_only_the_layers_it_names():
         tiny(pe="rope,ropee")
     with pytest.raises(ValueError, match="absolute encoding"):
         tiny(pe="learned,rope")
-    mixed = md.GPT(tiny(pe="alibi,cope", refiner="dape"))                    # both kinds of bias; the refiner reads B
+    mixed = md.GPT(tiny(pe="alibi,cope", refiner="dape"))  # both kinds of bias; the refiner reads B
     assert mixed.blocks[0].attn.refiner.f.hidden_layer.in_features == 8
     assert mixed.blocks[1].attn.data_bias is not None and mixed.blocks[0].attn.data_bias is None
 
@@ -306,6 +327,7 @@ def test_a_bad_temperature_is_named():
 
 # ---------------------------------------------------------------------------------------------- RoPE scaling family
 
+
 def rotary(pe, **kw):
     cfg = tiny(pe=pe, **kw)
     return md.GPT(cfg).pe, cfg
@@ -316,7 +338,7 @@ def test_position_interpolation_divides_every_frequency_beyond_the_training_leng
     theta = pi.theta
     for T in (8, 16):
         torch.testing.assert_close(pi.frequencies_and_scale(T)[0], theta)
-    cos, sin = pi(torch.arange(64), 64)                 # s = 4: position 40 rotates as position 10 did
+    cos, sin = pi(torch.arange(64), 64)  # s = 4: position 40 rotates as position 10 did
     torch.testing.assert_close(cos[40], torch.cos(10 * theta))
     torch.testing.assert_close(sin[40], torch.sin(10 * theta))
 
@@ -341,25 +363,27 @@ def test_xpos_scales_each_pair_by_zeta_to_the_distance():
     cos, sin = M.RotaryEmbedding.forward(xpos, pos, 30)
     plain_q, plain_k = M.apply_rotary(q, cos, sin), M.apply_rotary(k, cos, sin)
     for n, m in [(20, 3), (7, 7), (29, 0)]:
-        decay = zeta ** ((n - m) / 512)                                    # per pair i, on both its channels
+        decay = zeta ** ((n - m) / 512)  # per pair i, on both its channels
         expected = (plain_q[0, 0, n] * plain_k[0, 0, m] * decay.repeat(2)).sum()
         assert (rq[0, 0, n] @ rk[0, 0, m]).item() == pytest.approx(expected.item(), rel=1e-4)
 
 
 def test_hope_keeps_only_the_frequencies_that_turn_within_the_training_length():
-    hope, cfg = rotary("hope", n_embd=64)                        # head size 16: 8 pairs
+    hope, cfg = rotary("hope", n_embd=64)  # head size 16: 8 pairs
     theta = cfg.rope_base ** (-torch.arange(0, 16, 2) / 16)
     keep = 2 * math.pi / theta <= cfg.block_size
     assert 0 < keep.sum() < 8
     torch.testing.assert_close(hope.theta, torch.where(keep, theta, 0.0).float())
     cos, sin = hope(torch.arange(100), 100)
-    assert torch.all(cos[:, ~keep] == 1) and torch.all(sin[:, ~keep] == 0)      # no position in those channels
+    assert torch.all(cos[:, ~keep] == 1) and torch.all(sin[:, ~keep] == 0)  # no position in those channels
 
 
 # ---------------------------------------------------------------------------------------------- CLI and compare
 
+
 def test_the_cli_takes_a_per_layer_spec_and_a_temperature_and_names_a_bad_one(capsys):
     from minidape import __main__ as cli
+
     parsed = cli.build_parser().parse_args(["train", "--pe", "rope,none", "--temperature", "learned", "--out", "x"])
     assert (parsed.pe, parsed.temperature) == ("rope,none", "learned")
     for flags in (["--pe", "rope,nope"], ["--temperature", "hot"]):
@@ -372,6 +396,7 @@ def test_the_cli_takes_a_per_layer_spec_and_a_temperature_and_names_a_bad_one(ca
 def test_compare_takes_the_new_study_models_by_label():
     from minidape import study
     from minidape.study.comparison import parse_model, resolve_pe
+
     for label in ("FoX", "DAPE-FoX", "CoPE", "RoPE/NoPE hybrid"):
         name, overrides = parse_model(label)
         assert name == label and overrides == study.MODELS[label] and md.check_causal(tiny(**overrides), length=24)
@@ -380,4 +405,4 @@ def test_compare_takes_the_new_study_models_by_label():
     with pytest.raises(ValueError, match="unknown pe 'Fox'.*several of them joined by commas"):
         parse_model("Fox")
     with pytest.raises(ValueError, match="unknown pe"):
-        parse_model("DAPE1x3-Kerple without tril")           # the leaky model is C4's, never a baseline
+        parse_model("DAPE1x3-Kerple without tril")  # the leaky model is C4's, never a baseline

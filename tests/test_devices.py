@@ -3,6 +3,7 @@
 Without a GPU: the probe's parameters live on PyTorch's "meta" device, and its forward records the device
 its inputs arrived on, then stops the call. A function that forgot to move its tensors hands it CPU tensors.
 """
+
 import sys
 
 import pytest

@@ -1,4 +1,5 @@
 """Evaluation protocols and per-position loss against plain computations; extrapolation plots and tables."""
+
 import math
 import os
 
@@ -26,8 +27,9 @@ def tokens():
 def tiny_model(**overrides) -> md.GPT:
     """A fixed, untrained model: a known function of its input, good enough to check the bookkeeping."""
     torch.manual_seed(0)
-    return md.GPT(md.GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "pe": "alibi",
-                                  **overrides})).eval()
+    return md.GPT(
+        md.GPTConfig(**{"n_layer": 1, "n_head": 2, "n_embd": 32, "block_size": 16, "pe": "alibi", **overrides})
+    ).eval()
 
 
 def losses_of(model, inputs: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -43,7 +45,7 @@ def last_k_by_hand(model, tokens, lengths, last_k, n_windows, seed):
     ends = md.evaluate.scored_ends(len(tokens), max(lengths), scored, n_windows, seed)
     result = {}
     for length in lengths:
-        windows = torch.stack([tokens[end - length:end + 1] for end in ends.tolist()])
+        windows = torch.stack([tokens[end - length : end + 1] for end in ends.tolist()])
         result[length] = losses_of(model, windows[:, :-1], windows[:, 1:])[:, -scored:].mean().exp().item()
     return result
 
@@ -63,8 +65,8 @@ def test_scored_stretches_are_disjoint_seeded_and_leave_room_for_the_longest_win
     assert torch.equal(ends, md.evaluate.scored_ends(1000, 100, 30, 12, seed=1))
     assert not torch.equal(ends, md.evaluate.scored_ends(1000, 100, 30, 12, seed=2))
     assert len(set(ends.tolist())) == 12 and ends.min() >= 100 and ends.max() <= 999
-    assert bool((ends.diff() >= 30).all())                 # no token is scored twice
-    assert md.evaluate.scored_ends(131, 100, 30, 2, seed=0).tolist() == [100, 130]   # every candidate taken
+    assert bool((ends.diff() >= 30).all())  # no token is scored twice
+    assert md.evaluate.scored_ends(131, 100, 30, 2, seed=0).tolist() == [100, 130]  # every candidate taken
     with pytest.raises(ValueError, match="hold 2 disjoint stretches of 30 scored tokens"):
         md.evaluate.scored_ends(131, 100, 30, 3)
 
@@ -91,7 +93,7 @@ def test_a_context_free_model_has_a_flat_curve(protocol):
     lengths = [64, 128, 256, 512, 1024]
     options = dict(n_tokens=20_000) if protocol == "nonoverlap" else dict(n_windows=32)
     curve = md.evaluate.perplexity_by_length(ContextFree(), tokens, lengths, protocol=protocol, **options)
-    assert 2 < curve[64] < 50                              # a real (bigram) model, not a constant
+    assert 2 < curve[64] < 50  # a real (bigram) model, not a constant
     assert max(curve.values()) == pytest.approx(min(curve.values()), rel=1e-6)
 
 
@@ -101,7 +103,7 @@ def test_nonoverlap_scores_every_token_of_one_stretch_at_every_length(tokens):
     for length in (20, 64):
         losses = []
         for start in range(0, 1000, length):  # windows of `length` inputs; 64 ends with one of 1000 % 64 = 40
-            window = tokens[start:min(start + length, 1000) + 1][None]
+            window = tokens[start : min(start + length, 1000) + 1][None]
             losses.append(losses_of(model, window[:, :-1], window[:, 1:]))
         scored = torch.cat(losses, dim=1)
         assert scored.shape == (1, 1000)
@@ -113,8 +115,9 @@ def test_protocols_differ_and_batching_changes_nothing(tokens):
     lengths = [16, 48]
     for protocol, options in (("last_k", dict(last_k=8, n_windows=6)), ("nonoverlap", dict(n_tokens=500))):
         one_big = md.evaluate.perplexity_by_length(model, tokens, lengths, protocol=protocol, **options)
-        many_small = md.evaluate.perplexity_by_length(model, tokens, lengths, protocol=protocol, **options,
-                                                      max_batch_tokens=20)
+        many_small = md.evaluate.perplexity_by_length(
+            model, tokens, lengths, protocol=protocol, **options, max_batch_tokens=20
+        )
         assert many_small == pytest.approx(one_big, rel=1e-5)
     last_k = md.evaluate.perplexity_by_length(model, tokens, lengths, last_k=8, n_windows=6)
     nonoverlap = md.evaluate.perplexity_by_length(model, tokens, lengths, protocol="nonoverlap", n_tokens=500)

@@ -4,6 +4,7 @@ differently pass, the stub is "not done yet", and each mistake students make fai
 The correct answers here are written independently of minidape's code (from the papers' formulas), so a check
 that compared against the wrong thing would fail them.
 """
+
 import json
 import math
 import re
@@ -72,7 +73,7 @@ def alibi_bias_geometric(n_head, q_pos, k_pos):
     return slopes[:, None, None] * (k_pos[None, :] - q_pos[:, None]).double()
 
 
-ENTROPY = 4.44315          # mean entropy (nats) of ALiBi's 4 heads at T = 1024, from the geometric sums below
+ENTROPY = 4.44315  # mean entropy (nats) of ALiBi's 4 heads at T = 1024, from the geometric sums below
 
 
 def alibi_entropy_measured():
@@ -90,7 +91,7 @@ def square_quadratic_form(x, c):
 
 def square_quadratic_form_expanded(x, c):
     """All three sums kept (correct for any c, not only zero-sum ones)."""
-    return (-(c.sum() * (c @ x ** 2)) * 2 + 2 * (c @ x) ** 2).item()
+    return (-(c.sum() * (c @ x**2)) * 2 + 2 * (c @ x) ** 2).item()
 
 
 def find_shift(kernel, n, start=1.0):
@@ -128,7 +129,7 @@ def kerple_log_bias_einsum(r1, r2, q_pos, k_pos):
 
 def protocols_from_curve(curve, T, k):
     k = min(k, T)
-    return math.exp(curve[T - k:T].mean()), math.exp(curve[:T].mean())
+    return math.exp(curve[T - k : T].mean()), math.exp(curve[:T].mean())
 
 
 def running_mean(curve, width):
@@ -139,7 +140,7 @@ def running_mean(curve, width):
 
 
 def running_mean_by_loop(curve, width):
-    return torch.stack([curve[max(0, t - width + 1):t + 1].mean() for t in range(len(curve))])
+    return torch.stack([curve[max(0, t - width + 1) : t + 1].mean() for t in range(len(curve))])
 
 
 LAST_K = {"rope": {64: 10.0, 1024: 31.0}}
@@ -157,7 +158,7 @@ class MyDAPE(nn.Module):
         self.second = nn.Linear(cfg.refiner_width, cfg.n_head)
 
     def forward(self, scores, bias, mask):
-        both = torch.cat([scores, bias.expand_as(scores)], dim=1)                       # (batch, 2h, T, T)
+        both = torch.cat([scores, bias.expand_as(scores)], dim=1)  # (batch, 2h, T, T)
         hidden = torch.einsum("wc,bcij->bwij", self.first.weight, both) + self.first.bias[:, None, None]
         hidden = F.leaky_relu(hidden, 0.01)
         out = torch.einsum("hw,bwij->bhij", self.second.weight, hidden) + self.second.bias[:, None, None]
@@ -195,22 +196,28 @@ class DAPEInputFirst(nn.Module):
 
 def dape_variant(**changes):
     """MyDAPE with one mistake: the forward pass rebuilt with `changes` applied."""
+
     def forward(self, scores, bias, mask):
         bias = bias.expand_as(scores)
         first = [bias, scores] if changes.get("order") else [scores, bias]
         cells = torch.cat(first, 1).permute(0, 2, 3, 1)
-        hidden = changes.get("activation", lambda x: F.leaky_relu(x, 0.01))(F.linear(cells, self.first.weight,
-                                                                                      self.first.bias))
+        hidden = changes.get("activation", lambda x: F.leaky_relu(x, 0.01))(
+            F.linear(cells, self.first.weight, self.first.bias)
+        )
         out = F.linear(hidden, self.second.weight, self.second.bias).permute(0, 3, 1, 2)
         return changes.get("combine", lambda s, b, o: s + b + o)(scores, bias, out)
+
     return type("WrongDAPE", (MyDAPE,), {"forward": forward})
 
 
 class DAPENoBias(nn.Module):
     def __init__(self, cfg):
         super().__init__()
-        self.f = nn.Sequential(nn.Linear(2 * cfg.n_head, cfg.refiner_width, bias=False), nn.LeakyReLU(0.01),
-                               nn.Linear(cfg.refiner_width, cfg.n_head, bias=False))
+        self.f = nn.Sequential(
+            nn.Linear(2 * cfg.n_head, cfg.refiner_width, bias=False),
+            nn.LeakyReLU(0.01),
+            nn.Linear(cfg.refiner_width, cfg.n_head, bias=False),
+        )
 
     def forward(self, scores, bias, mask):
         bias = bias.expand_as(scores)
@@ -224,8 +231,10 @@ def dape_cost(variant, h, W, batch, T):
 
 def far_attention(model, idx, train_length):
     T = idx.shape[1]
-    masses = [model.attention_maps(idx, layer)["probs"][0, :, -1, :T - train_length].sum(-1)
-              for layer in range(model.cfg.n_layer)]
+    masses = [
+        model.attention_maps(idx, layer)["probs"][0, :, -1, : T - train_length].sum(-1)
+        for layer in range(model.cfg.n_layer)
+    ]
     return torch.stack(masses).mean().item()
 
 
@@ -239,9 +248,11 @@ class MyConvRefiner(nn.Module):
     def __init__(self, cfg):
         super().__init__()
         k = cfg.refiner_kernel
-        self.conv = nn.Sequential(nn.Conv2d(2 * cfg.n_head, cfg.refiner_width, (1, k), padding=(0, k // 2)),
-                                  nn.LeakyReLU(0.01),
-                                  nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, k), padding=(0, k // 2)))
+        self.conv = nn.Sequential(
+            nn.Conv2d(2 * cfg.n_head, cfg.refiner_width, (1, k), padding=(0, k // 2)),
+            nn.LeakyReLU(0.01),
+            nn.Conv2d(cfg.refiner_width, cfg.n_head, (1, k), padding=(0, k // 2)),
+        )
 
     def forward(self, scores, bias, mask):
         bias = bias.expand_as(scores)
@@ -260,9 +271,9 @@ class ConvByConv1d(nn.Module):
 
     def forward(self, scores, bias, mask):
         bias = bias.expand_as(scores)
-        x = torch.cat([scores, bias], 1) * mask                                       # tril by multiplication
+        x = torch.cat([scores, bias], 1) * mask  # tril by multiplication
         b, c, T, _ = x.shape
-        rows = x.permute(0, 2, 1, 3).reshape(b * T, c, T)                             # one sequence per query row
+        rows = x.permute(0, 2, 1, 3).reshape(b * T, c, T)  # one sequence per query row
         out = self.second(F.leaky_relu(self.first(rows), 0.01))
         return scores + bias + out.reshape(b, T, -1, T).permute(0, 2, 1, 3)
 
@@ -275,6 +286,7 @@ def conv_variant(tril=True, residual_b=True, activation=None):
         first, second = self.conv[0], self.conv[2]
         out = second((activation or (lambda x: F.leaky_relu(x, 0.01)))(first(features)))
         return scores + (bias if residual_b else 0) + out
+
     return type("WrongConv", (MyConvRefiner,), {"forward": forward})
 
 
@@ -283,8 +295,10 @@ def receptive_keys(i, j, k):
     return list(range(max(0, j - reach), min(i, j + reach) + 1))
 
 
-HISTORIES = {"conv k=3": [{"val_loss": 3.0}, {"val_loss": 2.0}],
-             "leaky_conv k=3": [{"val_loss": 3.0}, {"val_loss": 0.5}]}
+HISTORIES = {
+    "conv k=3": [{"val_loss": 3.0}, {"val_loss": 2.0}],
+    "leaky_conv k=3": [{"val_loss": 3.0}, {"val_loss": 0.5}],
+}
 FINAL = {"conv k=3": 2.0, "leaky_conv k=3": 0.5}
 
 
@@ -301,9 +315,9 @@ def far_mass(a, s, L, T):
 
 
 def far_mass_by_softmax(a, s, L, T):
-    d = torch.arange(T - 1, -1, -1, dtype=torch.float64)                                # keys 0 .. T - 1
+    d = torch.arange(T - 1, -1, -1, dtype=torch.float64)  # keys 0 .. T - 1
     p = torch.softmax(a / (1 + (d / s) ** 2), 0)
-    return p[:T - L].sum().item()
+    return p[: T - L].sum().item()
 
 
 class CauchyBias(md.AdditiveBias):
@@ -334,6 +348,7 @@ def bias_class(forward, parameters=True):
         if parameters:
             self.width = nn.Parameter(torch.linspace(1.0, 4.0, cfg.n_head))
         self.n_head = cfg.n_head
+
     return type("WrongBias", (md.AdditiveBias,), {"__init__": __init__, "forward": forward})
 
 
@@ -351,9 +366,11 @@ class Runs(dict):
 
     def built(self):
         config = dict(n_layer=2, n_head=4, n_embd=64, block_size=64)
-        runs = {"kerple": md.GPTConfig(pe="kerple_log", **{**config, **self.first_overrides}),
-                "mine": md.GPTConfig(pe="my_bias", **config),
-                "dape-mine": md.GPTConfig(pe="my_bias", refiner="dape", **config)}
+        runs = {
+            "kerple": md.GPTConfig(pe="kerple_log", **{**config, **self.first_overrides}),
+            "mine": md.GPTConfig(pe="my_bias", **config),
+            "dape-mine": md.GPTConfig(pe="my_bias", refiner="dape", **config),
+        }
         return {name: cfg for name, cfg in runs.items() if name != self.drop}
 
 
@@ -369,13 +386,13 @@ def addition_sample(batch, n, generator):
     for row in range(batch):
         split = int(torch.randint(1, n - 1, (1,), generator=generator))
         bits = torch.randint(0, 2, (n,), generator=generator)
-        while not (bits[:split].any() and bits[split + 1:].any()):
+        while not (bits[:split].any() and bits[split + 1 :].any()):
             bits = torch.randint(0, 2, (n,), generator=generator)
         bits[split] = 2
         a = int("".join(map(str, bits[:split].flip(0).tolist())), 2)
-        b = int("".join(map(str, bits[split + 1:].flip(0).tolist())), 2)
+        b = int("".join(map(str, bits[split + 1 :].flip(0).tolist())), 2)
         answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
-        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+        inputs[row], targets[row, : len(answer)] = bits, torch.tensor(answer)
     return inputs, targets
 
 
@@ -386,8 +403,10 @@ def addition_by_md_tasks(batch, n, generator):
 
 def addition_with(change):
     """addition_sample with one mistake: `change(inputs, targets, n)` rewrites the correct pair."""
+
     def sample(batch, n, generator):
         return change(*addition_sample(batch, n, generator), n)
+
     return sample
 
 
@@ -395,8 +414,8 @@ def reversed_answer(inputs, targets, n):
     """The sum's bits big-endian, END, 0s."""
     out = torch.zeros_like(targets)
     for row, target in enumerate(targets.tolist()):
-        bits = target[:target.index(2)][::-1] + [2]
-        out[row, :len(bits)] = torch.tensor(bits)
+        bits = target[: target.index(2)][::-1] + [2]
+        out[row, : len(bits)] = torch.tensor(bits)
     return inputs, out
 
 
@@ -414,9 +433,9 @@ def big_endian_operands(inputs, targets, n):
     out = torch.zeros_like(targets)
     for row, bits in enumerate(inputs.tolist()):
         split = bits.index(2)
-        a, b = (int("".join(map(str, part)), 2) for part in (bits[:split], bits[split + 1:]))
+        a, b = (int("".join(map(str, part)), 2) for part in (bits[:split], bits[split + 1 :]))
         answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
-        out[row, :len(answer)] = torch.tensor(answer)
+        out[row, : len(answer)] = torch.tensor(answer)
     return inputs, out
 
 
@@ -434,18 +453,23 @@ def fixed_split(batch, n, generator):
         a = b = sum(1 << i for i in range(n // 2))
         b = sum(1 << i for i in range(n - 1 - n // 2))
         answer = [int(c) for c in format(a + b, "b")][::-1] + [2]
-        inputs[row], targets[row, :len(answer)] = bits, torch.tensor(answer)
+        inputs[row], targets[row, : len(answer)] = bits, torch.tensor(answer)
     return inputs, targets
 
 
 def output_length(name, n):
-    return {"reverse_string": n, "duplicate_string": 2 * n, "compute_sqrt": math.ceil(n / 2),
-            "binary_multiplication": n, "parity_check": 1}[name]
+    return {
+        "reverse_string": n,
+        "duplicate_string": 2 * n,
+        "compute_sqrt": math.ceil(n / 2),
+        "binary_multiplication": n,
+        "parity_check": 1,
+    }[name]
 
 
 def masked_accuracy(logits, targets, end_token):
     is_end = (targets == end_token).int()
-    scored = (is_end.cumsum(1) - is_end) == 0              # no END strictly before
+    scored = (is_end.cumsum(1) - is_end) == 0  # no END strictly before
     correct = (logits.argmax(-1) == targets) & scored
     return (correct.sum() / scored.sum()).item()
 
@@ -481,8 +505,8 @@ class StubBias(md.AdditiveBias):
 
 
 def fox_bias(log_forget):
-    c = log_forget.cumsum(-1)                               # c_i = sum_{l <= i} log f_l
-    return c[..., :, None] - c[..., None, :]               # D_ij = c_i - c_j = sum_{l=j+1..i} log f_l
+    c = log_forget.cumsum(-1)  # c_i = sum_{l <= i} log f_l
+    return c[..., :, None] - c[..., None, :]  # D_ij = c_i - c_j = sum_{l=j+1..i} log f_l
 
 
 def fox_bias_by_loops(log_forget):
@@ -490,7 +514,7 @@ def fox_bias_by_loops(log_forget):
     D = torch.zeros(*log_forget.shape, T, dtype=log_forget.dtype)
     for i in range(T):
         for j in range(i + 1):
-            D[..., i, j] = log_forget[..., j + 1:i + 1].sum(-1)
+            D[..., i, j] = log_forget[..., j + 1 : i + 1].sum(-1)
     return D
 
 
@@ -500,7 +524,7 @@ def focus_temperature(n, gap, p):
 
 def focus_temperature_by_bisection(n, gap, p):
     low, high = 0.0, 1e4
-    for _ in range(200):                                    # share of the key ahead grows with tau
+    for _ in range(200):  # share of the key ahead grows with tau
         tau = (low + high) / 2
         share = 1 / (1 + (n - 1) * math.exp(-tau * gap))
         low, high = (tau, high) if share < p else (low, tau)
@@ -566,11 +590,16 @@ EQUIVALENT = [
 
 # (name, the wrong answer's argument list, words its message must contain): the mistakes students make
 MISTAKES = [
-    ("sinusoidal_table", (lambda p, d: torch.cat([sinusoidal_table(p, d)[:, 0::2],
-                                                  sinusoidal_table(p, d)[:, 1::2]], 1),),
-     "all the sines come first"),
-    ("sinusoidal_table", (lambda p, d: sinusoidal_table(p, d).reshape(-1, d // 2, 2).flip(-1).reshape(-1, d),),
-     "sin and cos are swapped"),
+    (
+        "sinusoidal_table",
+        (lambda p, d: torch.cat([sinusoidal_table(p, d)[:, 0::2], sinusoidal_table(p, d)[:, 1::2]], 1),),
+        "all the sines come first",
+    ),
+    (
+        "sinusoidal_table",
+        (lambda p, d: sinusoidal_table(p, d).reshape(-1, d // 2, 2).flip(-1).reshape(-1, d),),
+        "sin and cos are swapped",
+    ),
     ("sinusoidal_table", (lambda p, d: sinusoidal_table(p, 2 * d)[:, :d],), "10000^(-i/d)"),
     ("sinusoidal_table", (lambda p, d: torch.zeros(len(p), d),), "differs from minidape's at row"),
     ("rope_score", (lambda q, k, t: rope_score(q, k, -t),), "score at -t"),
@@ -586,7 +615,7 @@ MISTAKES = [
     ("alibi_entropy", (4.4, 4 * ENTROPY), "sum over heads"),
     ("square_quadratic_form", (lambda x, c: -2 * (c @ x) ** 2,), "sign is wrong"),
     ("square_quadratic_form", (lambda x, c: (c @ x) ** 2,), "half of"),
-    ("square_quadratic_form", (lambda x, c: 2 * (c @ x ** 2),), "moves by 3"),
+    ("square_quadratic_form", (lambda x, c: 2 * (c @ x**2),), "moves by 3"),
     ("find_shift", (find_shift_one_too_many,), "one doubling too many"),
     ("find_shift", (lambda kernel, n: find_shift(kernel, n) - 0.5,), "not one of 1, 2, 4"),
     ("find_shift", (lambda kernel, n: 0.0,), "must be positive"),
@@ -594,8 +623,11 @@ MISTAKES = [
     ("shift_growth", ({"triangle": 256.0, "log": 8.0}, {"triangle": 16.0, "log": 4.0}), "not the c"),
     ("shift_growth", ({"triangle": 256.0}, {"triangle": TRIANGLE_512, "log": LOG_512}), "keys"),
     ("kerple_log_bias", (lambda r1, r2, q, k: kerple_log_bias(r2, r1, q, k),), "r1 and r2 swapped"),
-    ("kerple_log_bias", (lambda r1, r2, q, k: -r1[:, None, None] * torch.log(r2[:, None, None] * distance(q, k)),),
-     "infinite on the diagonal"),
+    (
+        "kerple_log_bias",
+        (lambda r1, r2, q, k: -r1[:, None, None] * torch.log(r2[:, None, None] * distance(q, k)),),
+        "infinite on the diagonal",
+    ),
     ("kerple_log_bias", (lambda r1, r2, q, k: -kerple_log_bias(r1, r2, q, k),), "positive"),
     ("kerple_log_bias", (lambda r1, r2, q, k: -r1[:, None, None] * torch.log1p(distance(q, k)),), "r2 is missing"),
     ("kerple_log_bias", (lambda r1, r2, q, k: kerple_log_bias(r1, r2, q, k)[:, :, :-1],), "has shape"),
@@ -603,18 +635,40 @@ MISTAKES = [
     ("rope_ratio", (True, 2.0, LAST_K, 64, 1024), "is not last_k"),
     ("rope_ratio", ("yes", 3.1, LAST_K, 64, 1024), "True or False"),
     ("protocols_from_curve", (lambda curve, T, k: protocols_from_curve(curve, T, k)[::-1],), "swapped"),
-    ("protocols_from_curve", (lambda curve, T, k: (math.exp(curve[max(0, T - min(k, T) - 1):T - 1].mean()),
-                                                   math.exp(curve[:T].mean())),), "ends one position early"),
-    ("protocols_from_curve", (lambda curve, T, k: (curve[T - min(k, T):T].exp().mean().item(),
-                                                   math.exp(curve[:T].mean())),), "averages exp(loss)"),
-    ("protocols_from_curve", (lambda curve, T, k: (protocols_from_curve(curve, T, k)[0], math.exp(curve.mean())),),
-     "whole curve"),
-    ("running_mean", (lambda curve, w: F.avg_pool1d(F.pad(curve[None, None], (w - 1, 0), mode="replicate"), w,
-                                                    stride=1)[0, 0],), "replicate padding"),
-    ("running_mean", (lambda curve, w: F.avg_pool1d(F.pad(curve[None, None], (w - 1, 0)), w, stride=1)[0, 0],),
-     "zero padding"),
-    ("running_mean", (lambda curve, w: torch.stack([curve[max(0, t - w // 2):t + (w - 1) // 2 + 1].mean()
-                                                    for t in range(len(curve))]),), "centred"),
+    (
+        "protocols_from_curve",
+        (lambda curve, T, k: (math.exp(curve[max(0, T - min(k, T) - 1) : T - 1].mean()), math.exp(curve[:T].mean())),),
+        "ends one position early",
+    ),
+    (
+        "protocols_from_curve",
+        (lambda curve, T, k: (curve[T - min(k, T) : T].exp().mean().item(), math.exp(curve[:T].mean())),),
+        "averages exp(loss)",
+    ),
+    (
+        "protocols_from_curve",
+        (lambda curve, T, k: (protocols_from_curve(curve, T, k)[0], math.exp(curve.mean())),),
+        "whole curve",
+    ),
+    (
+        "running_mean",
+        (lambda curve, w: F.avg_pool1d(F.pad(curve[None, None], (w - 1, 0), mode="replicate"), w, stride=1)[0, 0],),
+        "replicate padding",
+    ),
+    (
+        "running_mean",
+        (lambda curve, w: F.avg_pool1d(F.pad(curve[None, None], (w - 1, 0)), w, stride=1)[0, 0],),
+        "zero padding",
+    ),
+    (
+        "running_mean",
+        (
+            lambda curve, w: torch.stack(
+                [curve[max(0, t - w // 2) : t + (w - 1) // 2 + 1].mean() for t in range(len(curve))]
+            ),
+        ),
+        "centred",
+    ),
     ("dape_refiner", (dape_variant(combine=lambda s, b, o: s + o),), "residual + B is missing"),
     ("dape_refiner", (dape_variant(combine=lambda s, b, o: b + o),), "residual + S is missing"),
     ("dape_refiner", (dape_variant(combine=lambda s, b, o: o),), "f([S, B]) alone"),
@@ -624,22 +678,41 @@ MISTAKES = [
     ("dape_refiner", (dape_variant(activation=lambda x: x),), "no activation"),
     ("dape_refiner", (DAPENoBias,), "parameter tensors"),
     ("dape_refiner", (dape_variant(combine=lambda s, b, o: s + b + 1.01 * o),), "at batch"),
-    ("dape_cost", (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0] - W - h,
-                                              dape_cost(v, h, W, batch, T)[1]),), "not the biases"),
-    ("dape_cost", (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0],
-                                              2 * dape_cost(v, h, W, batch, T)[1]),), "FLOPs"),
-    ("dape_cost", (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0],
-                                              dape_cost(v, h, W, batch, T)[1] // (T * T) * (T * (T + 1) // 2)),),
-     "causal triangle"),
+    (
+        "dape_cost",
+        (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0] - W - h, dape_cost(v, h, W, batch, T)[1]),),
+        "not the biases",
+    ),
+    (
+        "dape_cost",
+        (lambda v, h, W, batch, T: (dape_cost(v, h, W, batch, T)[0], 2 * dape_cost(v, h, W, batch, T)[1]),),
+        "FLOPs",
+    ),
+    (
+        "dape_cost",
+        (
+            lambda v, h, W, batch, T: (
+                dape_cost(v, h, W, batch, T)[0],
+                dape_cost(v, h, W, batch, T)[1] // (T * T) * (T * (T + 1) // 2),
+            ),
+        ),
+        "causal triangle",
+    ),
     ("dape_cost", (lambda v, h, W, batch, T: dape_cost("dape", h, W, batch, T),), "dape_add 2h inputs"),
-    ("far_attention", (lambda model, idx, L: far_attention(model, idx, idx.shape[1] - L) * 0 + near(model, idx, L),),
-     "near ones"),
+    (
+        "far_attention",
+        (lambda model, idx, L: far_attention(model, idx, idx.shape[1] - L) * 0 + near(model, idx, L),),
+        "near ones",
+    ),
     ("far_attention", (lambda model, idx, L: far_attention(model, idx, L - 1),), "one key too many"),
     ("far_attention", (lambda model, idx, L: far_attention(model, idx, L) * model.cfg.n_head,), "summed over heads"),
     ("locality", ("kerple", SHARES), "one of"),
     ("locality", ("kerple_log", {"kerple_log": 15.0, "dape-kerple": 20.0}), "between 0 and 1"),
-    ("receptive_keys", (lambda i, j, k: list(range(max(0, j - 2 * (k // 2)), j + 2 * (k // 2) + 1)),),
-     "keys after the query"),
+    (
+        "receptive_keys",
+        (lambda i, j, k: list(range(max(0, j - 2 * (k // 2)), j + 2 * (k // 2) + 1)),),
+        "keys after the query",
+    ),
     ("receptive_keys", (lambda i, j, k: list(range(max(0, j - k // 2), min(i, j + k // 2) + 1)),), "one layer"),
     ("conv_refiner", (conv_variant(tril=False),), "reads the future"),
     ("conv_refiner", (conv_variant(residual_b=False),), "residual + B is missing"),
@@ -650,22 +723,48 @@ MISTAKES = [
     ("my_kernel", (lambda m, n: 0 * (m - n),), "same at every distance"),
     ("my_kernel", (lambda m, n: 3.0 + 0 * (m - n),), "same at every distance"),
     ("my_kernel", (lambda m, n: -(m - n),), "symmetric"),
-    ("my_kernel", (lambda m, n: -(m - n).abs() ** 3,), "not CPD"),
-    ("my_kernel", (lambda m, n: 1.0 / (1 + m ** 2 + n ** 2),), "m - n only"),
+    ("my_kernel", (lambda m, n: -((m - n).abs() ** 3),), "not CPD"),
+    ("my_kernel", (lambda m, n: 1.0 / (1 + m**2 + n**2),), "m - n only"),
     ("far_mass", (lambda a, s, L, T: 1 - far_mass(a, s, L, T),), "near keys' share"),
-    ("far_mass", (lambda a, s, L, T: (lambda b: (b[L:].sum() / b.sum()).item())(
-        a / (1 + (torch.arange(T, dtype=torch.float64) / s) ** 2)),), "not exp(bias)"),
+    (
+        "far_mass",
+        (
+            lambda a, s, L, T: (lambda b: (b[L:].sum() / b.sum()).item())(
+                a / (1 + (torch.arange(T, dtype=torch.float64) / s) ** 2)
+            ),
+        ),
+        "not exp(bias)",
+    ),
     ("far_mass", (lambda a, s, L, T: far_mass(a, s, L + 1, T),), "d = L + 1"),
-    ("my_bias", (bias_class(lambda self, q, k: CauchyBias.forward(self, q, k) + q[:, None].float() / 100),),
-     "not relative"),
-    ("my_bias", (bias_class(lambda self, q, k: 0.1 * distance(q, k) * self.width[:, None, None]),),
-     "grows with distance"),
-    ("my_bias", (bias_class(lambda self, q, k: 0 * distance(q, k) * self.width[:, None, None]),),
-     "same at every distance"),
-    ("my_bias", (bias_class(lambda self, q, k: -(distance(q, k) ** 3).expand(self.n_head, -1, -1)
-                            * self.width[:, None, None]),), "not CPD"),
-    ("my_bias", (bias_class(lambda self, q, k: -distance(q, k).expand(self.n_head, -1, -1), parameters=False),),
-     "no learnable parameters"),
+    (
+        "my_bias",
+        (bias_class(lambda self, q, k: CauchyBias.forward(self, q, k) + q[:, None].float() / 100),),
+        "not relative",
+    ),
+    (
+        "my_bias",
+        (bias_class(lambda self, q, k: 0.1 * distance(q, k) * self.width[:, None, None]),),
+        "grows with distance",
+    ),
+    (
+        "my_bias",
+        (bias_class(lambda self, q, k: 0 * distance(q, k) * self.width[:, None, None]),),
+        "same at every distance",
+    ),
+    (
+        "my_bias",
+        (
+            bias_class(
+                lambda self, q, k: -(distance(q, k) ** 3).expand(self.n_head, -1, -1) * self.width[:, None, None]
+            ),
+        ),
+        "not CPD",
+    ),
+    (
+        "my_bias",
+        (bias_class(lambda self, q, k: -distance(q, k).expand(self.n_head, -1, -1), parameters=False),),
+        "no learnable parameters",
+    ),
     ("my_bias", (bias_class(lambda self, q, k: -distance(q, k)[None]),), "has shape"),
     ("my_bias", (CauchyBias.forward,), "subclasses md.AdditiveBias"),
     ("my_runs", (Runs(n_layer=1),), "n_layer"),
@@ -678,10 +777,16 @@ MISTAKES = [
     ("addition_sample", (addition_with(end_padding),), "END again"),
     ("addition_sample", (addition_with(lambda x, y, n: (x, y[:, :n])),), "n + 1"),
     ("addition_sample", (addition_with(lambda x, y, n: (x.masked_fill(x == 2, 0), y)),), "exactly one '+'"),
-    ("addition_sample", (addition_with(lambda x, y, n: (torch.cat([x[:, :1] * 0 + 2, x[:, 1:].masked_fill(
-        x[:, 1:] == 2, 1)], 1), y)),), "both operands need"),
-    ("addition_sample", (lambda b, n, g: addition_sample(b, n, torch.Generator().manual_seed(
-        int(torch.randint(0, 1000, (1,))))),), "generator you are given"),
+    (
+        "addition_sample",
+        (addition_with(lambda x, y, n: (torch.cat([x[:, :1] * 0 + 2, x[:, 1:].masked_fill(x[:, 1:] == 2, 1)], 1), y)),),
+        "both operands need",
+    ),
+    (
+        "addition_sample",
+        (lambda b, n, g: addition_sample(b, n, torch.Generator().manual_seed(int(torch.randint(0, 1000, (1,))))),),
+        "generator you are given",
+    ),
     ("addition_sample", (fixed_split,), "operator sits only"),
     ("addition_sample", (addition_with(big_endian_operands),), "operands big-endian"),
     ("addition_sample", (addition_with(zero_first_operand),), "operand equal to 0"),
@@ -689,10 +794,16 @@ MISTAKES = [
     ("output_length", (lambda name, n: n // 2 if name == "compute_sqrt" else output_length(name, n),), "round up"),
     ("output_length", (lambda name, n: n - 1 if name == "binary_multiplication" else output_length(name, n),), "END"),
     ("output_length", (lambda name, n: n,), "input twice"),
-    ("masked_accuracy", (lambda logits, targets, end: (logits.argmax(-1) == targets).float().mean().item(),),
-     "padding after END"),
-    ("masked_accuracy", (lambda logits, targets, end: masked_accuracy_without_end(logits, targets, end),),
-     "leave out the END token"),
+    (
+        "masked_accuracy",
+        (lambda logits, targets, end: (logits.argmax(-1) == targets).float().mean().item(),),
+        "padding after END",
+    ),
+    (
+        "masked_accuracy",
+        (lambda logits, targets, end: masked_accuracy_without_end(logits, targets, end),),
+        "leave out the END token",
+    ),
     ("shuffle_invariance", (dict(UNCHANGED), {**UNCHANGED, "alibi, encoder": True}), "not what the models do"),
     ("shuffle_invariance", ({"none": True}, dict(UNCHANGED)), "should map each of"),
     ("fox_bias", (lambda g: fox_bias(g) + g[..., None, :],), "l = j .. i:"),
@@ -725,8 +836,13 @@ def interleaved(x):
 
 def near(model, idx, L):
     T = idx.shape[1]
-    return torch.stack([model.attention_maps(idx, layer)["probs"][0, :, -1, T - L:].sum(-1)
-                        for layer in range(model.cfg.n_layer)]).mean().item()
+    return (
+        torch.stack(
+            [model.attention_maps(idx, layer)["probs"][0, :, -1, T - L :].sum(-1) for layer in range(model.cfg.n_layer)]
+        )
+        .mean()
+        .item()
+    )
 
 
 def masked_accuracy_without_end(logits, targets, end_token):
@@ -811,7 +927,7 @@ def test_a_prediction_that_misses_keeps_the_measurement_point(capsys):
     assert verdict("alibi_entropy", 6.9, ENTROPY) == PASSED
     assert points("alibi_entropy") == 1 and "did not hold" in capsys.readouterr().out
     assert verdict("shift_growth", {"triangle": 32.0, "log": 8.0}, {"triangle": TRIANGLE_512, "log": LOG_512}) == PASSED
-    assert points("shift_growth") == 2                       # measurement and the log prediction; triangle missed
+    assert points("shift_growth") == 2  # measurement and the log prediction; triangle missed
     assert verdict("rope_ratio", False, 3.1, LAST_K, 64, 1024) == PASSED and points("rope_ratio") == 1
     assert verdict("shuffle_invariance", {**UNCHANGED, "none, decoder": True}, dict(UNCHANGED)) == PASSED
     assert points("shuffle_invariance") == 1
@@ -821,17 +937,20 @@ def test_an_exercise_with_parts_gives_partial_credit(capsys):
     def params_without_biases(variant, h, W, batch, T):
         right = dape_cost(variant, h, W, batch, T)
         return right[0] - W - h, right[1]
+
     assert verdict("dape_cost", params_without_biases) == PARTLY and points("dape_cost") == 1
     assert "partly right, 1 of 2 points" in capsys.readouterr().out
-    both_wrong = lambda variant, h, W, batch, T: (dape_cost(variant, h, W, batch, T)[0] - W - h, 7)   # noqa: E731
+    both_wrong = lambda variant, h, W, batch, T: (dape_cost(variant, h, W, batch, T)[0] - W - h, 7)  # noqa: E731
     assert verdict("dape_cost", both_wrong) == FAILED and points("dape_cost") == 0
 
 
 def test_a_bias_that_ignores_the_device_of_its_positions_fails_on_the_checks_device(monkeypatch):
     """On a GPU machine the checks run modules on CUDA: a bias that builds CPU tensors fails there, not in training."""
+
     class CPUBias(CauchyBias):
         def forward(self, q_pos, k_pos):
             return super().forward(q_pos, k_pos) + torch.zeros(1, device="cpu")
+
     expected = PASSED if exercises.framework.CHECK_DEVICE == "cpu" else FAILED
     assert verdict("my_bias", CPUBias) == expected
 
@@ -841,6 +960,7 @@ def test_a_class_stub_that_calls_todo_in_init_is_not_done_yet():
         def __init__(self, cfg):
             super().__init__()
             exercises.todo()
+
     assert verdict("dape_refiner", Stub) == NOT_DONE
 
 
@@ -857,7 +977,10 @@ def test_in_the_graders_worker_checks_record_their_answers_for_the_grader(monkey
     monkeypatch.setattr(exercises.framework, "answers", {})
     exercises.check("output_length", output_length)
     exercises.check("running_mean", stub, width=3)
-    assert exercises.framework.answers == {"output_length": ((output_length,), {}), "running_mean": ((stub,), {"width": 3})}
+    assert exercises.framework.answers == {
+        "output_length": ((output_length,), {}),
+        "running_mean": ((stub,), {"width": 3}),
+    }
 
 
 def test_summary_counts_points(capsys):
@@ -877,10 +1000,11 @@ def test_an_unknown_exercise_names_the_valid_ones():
 # ------------------------------------------------------------------------ equivalent answers earn full marks
 # Each case below was once marked down (issue 30): an answer right by the exercise's own terms.
 
+
 def rope_score_float32(q, k, t):
     """θ in torch's default dtype, float32, as a student writes it without thinking of dtypes."""
     half = len(q) // 2
-    theta = 10000.0 ** (-torch.arange(half) * 2 / len(q))              # float32
+    theta = 10000.0 ** (-torch.arange(half) * 2 / len(q))  # float32
     q1, q2, k1, k2 = (part.float() for part in (q[:half], q[half:], k[:half], k[half:]))
     return (torch.cos(t * theta) * (q1 * k1 + q2 * k2) + torch.sin(t * theta) * (q1 * k2 - q2 * k1)).sum().item()
 
@@ -897,21 +1021,33 @@ class DAPEMaskedOutput(DAPEInputFirst):
         return super().forward(scores, bias, mask).masked_fill(~mask, float("-inf"))
 
 
-@pytest.mark.parametrize("name, answer", [
-    ("rope_score", (rope_score_float32,)),
-    ("square_quadratic_form", (square_quadratic_form_float32,)),
-    ("dape_cost", (lambda *args: list(dape_cost(*args)),)),
-    ("protocols_from_curve", (lambda curve, T, k: list(protocols_from_curve(curve, T, k)),)),
-    ("receptive_keys", (lambda i, j, k: range(max(0, j - 2 * (k // 2)), min(i, j + 2 * (k // 2)) + 1),)),
-    ("receptive_keys", (lambda i, j, k: set(receptive_keys(i, j, k)),)),
-    ("receptive_keys", (lambda i, j, k: np.arange(max(0, j - 2 * (k // 2)), min(i, j + 2 * (k // 2)) + 1),)),
-    ("receptive_keys", (lambda i, j, k: torch.tensor(receptive_keys(i, j, k)),)),
-    ("dape_refiner", (DAPEMaskedOutput,)),
-], ids=["rope_score-float32", "square_quadratic_form-float32", "dape_cost-list", "protocols_from_curve-list",
-        "receptive_keys-range", "receptive_keys-set", "receptive_keys-np.arange", "receptive_keys-tensor",
-        "dape_refiner-masked-with-inf"])
+@pytest.mark.parametrize(
+    "name, answer",
+    [
+        ("rope_score", (rope_score_float32,)),
+        ("square_quadratic_form", (square_quadratic_form_float32,)),
+        ("dape_cost", (lambda *args: list(dape_cost(*args)),)),
+        ("protocols_from_curve", (lambda curve, T, k: list(protocols_from_curve(curve, T, k)),)),
+        ("receptive_keys", (lambda i, j, k: range(max(0, j - 2 * (k // 2)), min(i, j + 2 * (k // 2)) + 1),)),
+        ("receptive_keys", (lambda i, j, k: set(receptive_keys(i, j, k)),)),
+        ("receptive_keys", (lambda i, j, k: np.arange(max(0, j - 2 * (k // 2)), min(i, j + 2 * (k // 2)) + 1),)),
+        ("receptive_keys", (lambda i, j, k: torch.tensor(receptive_keys(i, j, k)),)),
+        ("dape_refiner", (DAPEMaskedOutput,)),
+    ],
+    ids=[
+        "rope_score-float32",
+        "square_quadratic_form-float32",
+        "dape_cost-list",
+        "protocols_from_curve-list",
+        "receptive_keys-range",
+        "receptive_keys-set",
+        "receptive_keys-np.arange",
+        "receptive_keys-tensor",
+        "dape_refiner-masked-with-inf",
+    ],
+)
 def test_an_answer_once_marked_down_passes(name, answer, capsys):
-    for _ in range(5 if name in ("rope_score", "square_quadratic_form") else 1):   # random inputs: every time
+    for _ in range(5 if name in ("rope_score", "square_quadratic_form") else 1):  # random inputs: every time
         assert verdict(name, *answer) == PASSED, capsys.readouterr().out
 
 
@@ -919,8 +1055,12 @@ def test_float32_tolerance_still_catches_the_wrong_formula(capsys):
     def no_sin_float32(q, k, t):
         half = len(q) // 2
         theta = 10000.0 ** (-torch.arange(half) * 2 / len(q))
-        return (torch.cos(t * theta) * (q[:half].float() * k[:half].float() + q[half:].float() * k[half:].float())
-                ).sum().item()
+        return (
+            (torch.cos(t * theta) * (q[:half].float() * k[:half].float() + q[half:].float() * k[half:].float()))
+            .sum()
+            .item()
+        )
+
     assert verdict("rope_score", no_sin_float32) == FAILED
     assert verdict("square_quadratic_form", lambda x, c: 2 * (c.float() @ x.float()).item() ** 2 + 1e-3) == FAILED
 
@@ -950,15 +1090,26 @@ def test_every_wrong_carries_a_stable_mistake_code():
 
 # ------------------------------------------------------------------------ experiments against the reference
 
-REFERENCES = {"full": {"rope_ratio": {"train_length": 7.5, "longest": 19.0},          # ratio 2.53: more than doubles
-                       "locality": {"kerple_log": 0.12, "dape-kerple": 0.05},
-                       "leakage": {"conv k=3": 1.9, "leaky_conv k=3": 0.4}},
-              "quick": {"rope_ratio": {"train_length": 62.0, "longest": 62.0},        # ratio 1.00: 8 steps, no signal
-                        "locality": {"kerple_log": 0.17, "dape-kerple": 0.168},
-                        "leakage": {"conv k=3": 5.2, "leaky_conv k=3": 5.19}}}
-QUICK_TABLES = {"rope_ratio": {"rope": {64: 62.0, 1024: 62.0}}, "locality": {"kerple_log": 0.17, "dape-kerple": 0.168},
-                "leakage": {"conv k=3": [{"val_loss": 5.5}, {"val_loss": 5.2}],
-                            "leaky_conv k=3": [{"val_loss": 5.5}, {"val_loss": 5.19}]}}
+REFERENCES = {
+    "full": {
+        "rope_ratio": {"train_length": 7.5, "longest": 19.0},  # ratio 2.53: more than doubles
+        "locality": {"kerple_log": 0.12, "dape-kerple": 0.05},
+        "leakage": {"conv k=3": 1.9, "leaky_conv k=3": 0.4},
+    },
+    "quick": {
+        "rope_ratio": {"train_length": 62.0, "longest": 62.0},  # ratio 1.00: 8 steps, no signal
+        "locality": {"kerple_log": 0.17, "dape-kerple": 0.168},
+        "leakage": {"conv k=3": 5.2, "leaky_conv k=3": 5.19},
+    },
+}
+QUICK_TABLES = {
+    "rope_ratio": {"rope": {64: 62.0, 1024: 62.0}},
+    "locality": {"kerple_log": 0.17, "dape-kerple": 0.168},
+    "leakage": {
+        "conv k=3": [{"val_loss": 5.5}, {"val_loss": 5.2}],
+        "leaky_conv k=3": [{"val_loss": 5.5}, {"val_loss": 5.19}],
+    },
+}
 
 
 @pytest.fixture
@@ -966,6 +1117,7 @@ def graded_in(monkeypatch):
     def mode(quick: bool):
         monkeypatch.setattr(exercises.framework, "references", REFERENCES)
         monkeypatch.setenv("MINIDAPE_QUICK", "1" if quick else "0")
+
     return mode
 
 
@@ -991,8 +1143,10 @@ def test_invented_measurements_earn_nothing(graded_in, capsys):
     assert verdict("rope_ratio", True, 5.0, {"rope": {64: 2.0, 1024: 10.0}}, 64, 1024) == FAILED
     invented = {"conv k=3": [{"val_loss": 2.0}], "leaky_conv k=3": [{"val_loss": 3.0}]}
     assert verdict("leakage", False, {"conv k=3": 2.0, "leaky_conv k=3": 3.0}, invented) == FAILED
-    assert exercises.verdict("locality", "kerple_log", {"kerple_log": 0.01, "dape-kerple": 0.5}).code == \
-        "measurement-not-reproduced"
+    assert (
+        exercises.verdict("locality", "kerple_log", {"kerple_log": 0.01, "dape-kerple": 0.5}).code
+        == "measurement-not-reproduced"
+    )
 
 
 def test_an_experiment_without_a_reference_is_not_judged(graded_in, monkeypatch):
@@ -1018,30 +1172,43 @@ def test_the_shipped_references_hold_every_experiment_judged_against_them():
         for name, values in REFERENCES[mode].items():
             assert set(values) <= set(recorded[mode][name]), (mode, name)
     full = recorded["full"]["rope_ratio"]
-    assert full["longest"] / full["train_length"] > 2     # the full-mode claim notebook 03 asserts too
+    assert full["longest"] / full["train_length"] > 2  # the full-mode claim notebook 03 asserts too
 
 
 def test_small_domain_derive_checks_cannot_be_answered_by_a_table_of_the_old_domain():
     """find_shift, output_length and receptive_keys drew from a few hundred inputs; a table of the library's
     answers on all of them (what a notebook could compute beforehand, or paste) no longer passes."""
     from minidape.model import REFINER_REGISTRY
-    kernels = (lambda m, n: -(m - n).abs(), lambda m, n: -torch.log1p((m - n).abs()),
-               lambda m, n: -(m - n).abs() ** 1.5)
+
+    kernels = (
+        lambda m, n: -(m - n).abs(),
+        lambda m, n: -torch.log1p((m - n).abs()),
+        lambda m, n: -((m - n).abs() ** 1.5),
+    )
     key = lambda kernel: round(float(kernel(torch.tensor(0.0), torch.tensor(3.0))), 5)
     shifts = {(key(kernel), n): md.kernels.pd_shift(kernel, n) for kernel in kernels for n in range(8, 96)}
-    lengths = {(name, n): md.tasks.get_task(name).output_length(n) for name in
-               exercises.chomsky_hierarchy.OUTPUT_LENGTH_TASKS for n in range(3, 200)}
+    lengths = {
+        (name, n): md.tasks.get_task(name).output_length(n)
+        for name in exercises.chomsky_hierarchy.OUTPUT_LENGTH_TASKS
+        for n in range(3, 200)
+    }
     reads = {}
     for k in (1, 3, 5, 7):
-        cfg = md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=16, pe="none", refiner="conv",
-                           refiner_kernel=k, refiner_width=8)
+        cfg = md.GPTConfig(
+            n_layer=1, n_head=2, n_embd=16, block_size=16, pe="none", refiner="conv", refiner_kernel=k, refiner_width=8
+        )
         for i in range(16):
             for j in range(i + 1):
                 scores = torch.randn(1, 2, 16, 16, requires_grad=True)
-                REFINER_REGISTRY["conv"](cfg)(scores, None, torch.ones(16, 16, dtype=torch.bool).tril())[0, 0, i, j].backward()
+                REFINER_REGISTRY["conv"](cfg)(scores, None, torch.ones(16, 16, dtype=torch.bool).tril())[
+                    0, 0, i, j
+                ].backward()
                 reads[i, j, k] = scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
-    tables = {"find_shift": lambda kernel, n: shifts[key(kernel), n],
-              "output_length": lambda name, n: lengths[name, n], "receptive_keys": lambda i, j, k: reads[i, j, k]}
+    tables = {
+        "find_shift": lambda kernel, n: shifts[key(kernel), n],
+        "output_length": lambda name, n: lengths[name, n],
+        "receptive_keys": lambda i, j, k: reads[i, j, k],
+    }
     for name, table in tables.items():
         status, message, _ = exercises.verdict(name, table)
         assert status == FAILED and "KeyError" in message, (name, message)

@@ -1,5 +1,6 @@
 """The fast path (minidape/fast.py) computes what the reference (minidape/model.py, fast=False) computes, and
 model.py runs alone, copied out of the package."""
+
 import copy
 import itertools
 import os
@@ -13,22 +14,22 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.nn as nn
+from test_model import BUILTIN_PES, BUILTIN_REFINERS, register_window_pe, tiny
 
 import minidape as md
 from minidape import fast
 from minidape import model as M
-from test_model import BUILTIN_PES, BUILTIN_REFINERS, register_window_pe, tiny
 
 
 def fast_and_reference(cfg):
     """The same model twice, same weights: the fast path and the reference form."""
     torch.manual_seed(0)
     model = md.GPT(cfg)
-    for block in model.blocks:             # refiner weights large enough that their mistakes would show
-        for p in (block.attn.refiner.parameters() if block.attn.refiner is not None else []):
+    for block in model.blocks:  # refiner weights large enough that their mistakes would show
+        for p in block.attn.refiner.parameters() if block.attn.refiner is not None else []:
             nn.init.normal_(p, std=0.3)
     reference = copy.deepcopy(model)
-    reference.cfg.fast = False             # the copy's own config, shared by its layers
+    reference.cfg.fast = False  # the copy's own config, shared by its layers
     assert model.cfg.fast and M.SelfAttention.fast_attention is fast.attention
     return model.train(), reference.train()
 
@@ -47,8 +48,9 @@ def assert_same_forward_and_gradients(model, reference, idx):
             assert torch.isfinite(p.grad).all(), name
             # float32 rounding is relative to the gradient's own scale (some are ~1e-5 at initialisation)
             scale = expected.abs().max().item()
-            torch.testing.assert_close(p.grad, expected, atol=1e-4 * scale + 1e-9, rtol=1e-3,
-                                       msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                p.grad, expected, atol=1e-4 * scale + 1e-9, rtol=1e-3, msg=lambda m: f"{name}: {m}"
+            )
 
 
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
@@ -70,20 +72,23 @@ def assert_same_under_bf16(pe: str, refiner: str, device: str, monkeypatch):
     the model's largest gradient (a refiner's output bias has an exact gradient of 0: only rounding is left)."""
     model, reference = (m.to(device) for m in fast_and_reference(tiny(pe=pe, refiner=refiner)))
     idx = torch.randint(0, 64, (2, 16), generator=torch.Generator().manual_seed(1)).to(device)
-    softmax_dtypes = {}                                 # the dtypes softmax receives, in every layer, per path
+    softmax_dtypes = {}  # the dtypes softmax receives, in every layer, per path
     softmax = torch.nn.functional.softmax
     outputs = []
     for path, m in (("fast", model), ("reference", reference)):
         seen = softmax_dtypes.setdefault(path, [])
-        monkeypatch.setattr(torch.nn.functional, "softmax",
-                            lambda x, *args, seen=seen, **kwargs: seen.append(x.dtype) or softmax(x, *args, **kwargs))
+        monkeypatch.setattr(
+            torch.nn.functional,
+            "softmax",
+            lambda x, *args, seen=seen, **kwargs: seen.append(x.dtype) or softmax(x, *args, **kwargs),
+        )
         with torch.autocast(torch.device(device).type, dtype=torch.bfloat16):
             logits, loss = m(idx, idx)
         loss.backward()
         outputs.append((logits.float(), loss.float()))
     monkeypatch.undo()
     fast_dtypes, reference_dtypes = softmax_dtypes["fast"], softmax_dtypes["reference"]
-    if refiner != "none":                              # without a refiner the fast path runs SDPA: no F.softmax
+    if refiner != "none":  # without a refiner the fast path runs SDPA: no F.softmax
         assert fast_dtypes == reference_dtypes, f"softmax over {fast_dtypes} (fast), {reference_dtypes} (reference)"
     (logits, loss), (reference_logits, reference_loss) = outputs
     torch.testing.assert_close(logits, reference_logits, atol=2e-2, rtol=0)
@@ -92,8 +97,9 @@ def assert_same_under_bf16(pe: str, refiner: str, device: str, monkeypatch):
     scale = max(p.grad.abs().max().item() for p in reference.parameters() if p.grad is not None)
     for name, p in model.named_parameters():
         if named[name].grad is not None:
-            torch.testing.assert_close(p.grad, named[name].grad, rtol=5e-2, atol=1e-2 * scale,
-                                       msg=lambda m: f"{name}: {m}")
+            torch.testing.assert_close(
+                p.grad, named[name].grad, rtol=5e-2, atol=1e-2 * scale, msg=lambda m: f"{name}: {m}"
+            )
 
 
 @pytest.mark.parametrize("pe,refiner", list(itertools.product(BUILTIN_PES, BUILTIN_REFINERS)))
@@ -103,12 +109,12 @@ def test_fast_equals_reference_under_cpu_bf16_autocast(pe, refiner, monkeypatch)
 
 @pytest.mark.parametrize("refiner", ["none", "dape", "conv"])
 def test_a_bias_too_large_to_precompute_is_computed_per_block_alike(refiner, monkeypatch):
-    monkeypatch.setattr(fast, "FULL_BIAS_ELEMENTS", 0)    # as at T = 16k: the bias per block and layer
+    monkeypatch.setattr(fast, "FULL_BIAS_ELEMENTS", 0)  # as at T = 16k: the bias per block and layer
     model, reference = fast_and_reference(tiny(pe="kerple_log", refiner=refiner, attn_chunk=9))
     calls = []
     model.pe.register_forward_hook(lambda module, args, out: calls.append(out.shape))
     assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 30)))
-    assert len(calls) == 2 * 4                                 # 4 blocks in each of 2 layers, none full size
+    assert len(calls) == 2 * 4  # 4 blocks in each of 2 layers, none full size
 
 
 @pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
@@ -140,7 +146,7 @@ def test_the_default_model_runs_the_fast_path_and_fast_false_does_not(monkeypatc
     monkeypatch.setattr(M.SelfAttention, "fast_attention", lambda *args: calls.append(1) or real(*args))
     idx = torch.randint(0, 64, (1, 10))
     md.GPT(tiny(pe="kerple_log", refiner="dape"))(idx)
-    assert len(calls) == 2                                     # one per layer
+    assert len(calls) == 2  # one per layer
     md.GPT(tiny(pe="kerple_log", refiner="dape", fast=False))(idx)
     assert len(calls) == 2
 
@@ -166,7 +172,7 @@ def test_cpu_query_blocks_keep_a_block_bounded_whatever_the_length(refiner):
         for T in (100, 128, 512, 2048, 16384):
             rows = fast.rows_per_query_block(cfg, refiner != "none", batch, T, torch.device("cpu"))
             if refiner == "none" and batch * cfg.n_head * T * T <= fast.FULL_BIAS_ELEMENTS:
-                assert rows == T                        # small: one block through the fused kernel
+                assert rows == T  # small: one block through the fused kernel
                 continue
             assert rows >= 16 and (rows == 16 or batch * channels * rows * T <= fast.QUERY_BLOCK_ELEMENTS["cpu"])
             assert rows < T
@@ -204,8 +210,9 @@ def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
     step and passes check_causal for every pe x refiner: the "copy one file into a Colab" property."""
     shutil.copy(Path(M.__file__), tmp_path / "model.py")
     env = {key: value for key, value in os.environ.items() if key != "PYTHONPATH"}
-    out = subprocess.run([sys.executable, "-c", STANDALONE], cwd=tmp_path, env=env, capture_output=True, text=True,
-                         timeout=600)
+    out = subprocess.run(
+        [sys.executable, "-c", STANDALONE], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600
+    )
     assert out.returncode == 0, out.stderr
     assert f"trained {len(BUILTIN_PES) * len(BUILTIN_REFINERS)} of" in out.stdout
 
@@ -213,18 +220,24 @@ def test_model_py_runs_alone_in_an_empty_folder(tmp_path):
 def test_a_refiner_edited_in_model_py_runs_its_reference_form_with_a_warning(monkeypatch):
     """The fused form is checked against the module's own forward before first use: a student who edits DAPE's
     equation in model.py (here: drops the + B) gets what the edited file says, and is told why it is slower."""
-    monkeypatch.setattr(M.DAPERefiner, "forward",
-                        lambda self, scores, bias, mask: scores + self.f(M.stack_scores_and_bias(scores, bias)))
+    monkeypatch.setattr(
+        M.DAPERefiner,
+        "forward",
+        lambda self, scores, bias, mask: scores + self.f(M.stack_scores_and_bias(scores, bias)),
+    )
     model, reference = fast_and_reference(tiny(pe="kerple_log", refiner="dape", attn_chunk=7))
     with pytest.warns(UserWarning, match=r"DAPERefiner differs from its fused form.*reference form"):
         assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 30)))
 
 
-@pytest.mark.parametrize("refiner,edit", [
-    ("dape", lambda r: r.f.mlp.__setitem__(1, nn.LeakyReLU(0.2))),
-    ("dape_add", lambda r: r.f.mlp.__setitem__(1, nn.GELU())),
-    ("conv", lambda r: setattr(r.conv1, "padding_mode", "circular")),
-])
+@pytest.mark.parametrize(
+    "refiner,edit",
+    [
+        ("dape", lambda r: r.f.mlp.__setitem__(1, nn.LeakyReLU(0.2))),
+        ("dape_add", lambda r: r.f.mlp.__setitem__(1, nn.GELU())),
+        ("conv", lambda r: setattr(r.conv1, "padding_mode", "circular")),
+    ],
+)
 def test_a_refiner_whose_structure_changed_runs_its_reference_form(refiner, edit):
     model, reference = fast_and_reference(tiny(pe="alibi", refiner=refiner, attn_chunk=7))
     for m in (model, reference):
@@ -248,7 +261,7 @@ BIAS_PES = [pe for pe in BUILTIN_PES if issubclass(M.PE_REGISTRY[pe], M.Additive
 def flex_and_reference_attention(model, idx, compiled: bool):
     """The first layer's attention of ``model`` through FlexAttention and through the reference form."""
     layer = model.blocks[0].attn
-    x, layer_inputs = model.hidden_states(idx, upto_layer=0)          # each layer's positional inputs
+    x, layer_inputs = model.hidden_states(idx, upto_layer=0)  # each layer's positional inputs
     positional = layer_inputs[0]
     q, k, v = layer.qkv(model.blocks[0].ln_1(x), positional)
     T = idx.shape[1]
@@ -265,7 +278,7 @@ def test_flex_attention_equals_the_reference_on_the_cpu(pe, causal):
     torch.manual_seed(0)
     model = md.GPT(tiny(pe=pe, causal=causal)).eval()
     with torch.no_grad():
-        for p in model.pe.parameters():                 # a bias far from its initial values
+        for p in model.pe.parameters():  # a bias far from its initial values
             p.abs_().mul_(3.0)
         idx = torch.randint(0, 64, (2, 24), generator=torch.Generator().manual_seed(0))
         flex, reference = flex_and_reference_attention(model, idx, compiled=False)
@@ -275,14 +288,14 @@ def test_flex_attention_equals_the_reference_on_the_cpu(pe, causal):
 def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_refiner(monkeypatch):
     def chosen(pe="alibi", refiner="none", device="cuda", T=256, dropout=0.0, grad=True, head_size=16):
         model = md.GPT(tiny(pe=pe, refiner=refiner, block_size=T))
-        q = SimpleNamespace(device=torch.device(device), shape=(1, 4, T, head_size))     # where, how long, how wide
+        q = SimpleNamespace(device=torch.device(device), shape=(1, 4, T, head_size))  # where, how long, how wide
         with torch.set_grad_enabled(grad):
             return fast.uses_flex(model.blocks[0].attn, q, model.positional_inputs(torch.arange(T), model.pe), dropout)
 
     assert chosen() and chosen(pe="kerple_log", T=512)
     assert not chosen(device="cpu") and not chosen(T=128) and not chosen(grad=False)
     assert not chosen(refiner="dape") and not chosen(pe="rope") and not chosen(dropout=0.1)
-    assert not chosen(head_size=8) and not chosen(pe="fox")       # a bias that reads the data: query blocks
+    assert not chosen(head_size=8) and not chosen(pe="fox")  # a bias that reads the data: query blocks
     monkeypatch.setattr(fast, "FLEX_ON_CUDA", False)
     assert not chosen()
 
@@ -301,4 +314,4 @@ def test_the_float_mask_of_a_bias_is_made_once_per_forward(monkeypatch):
     model(idx, idx)
     assert len(made) == 2
     md.GPT(tiny(pe="kerple_log", n_layer=3, attn_chunk=4))(idx, idx)
-    assert len(made) == 2 + 3                            # three query blocks, each once
+    assert len(made) == 2 + 3  # three query blocks, each once

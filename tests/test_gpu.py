@@ -1,10 +1,11 @@
 """Training and evaluation on a CUDA GPU: bf16 training, resume across devices, the fast path under bf16, bias
-gradients through PyTorch's CUDA attention kernels and through FlexAttention, 16k-token evaluation memory, no host sync between logging
-steps, DDP with NCCL, and the demo in quick mode.
+gradients through PyTorch's CUDA attention kernels and through FlexAttention, 16k-token evaluation memory, no host
+sync between logging steps, DDP with NCCL, and the demo in quick mode.
 
 Skipped with a reason where there is no GPU (CI, the project's CPU machine). `make test-gpu` runs them with
 MINIDAPE_EXPECT_GPU=1, which turns "no GPU" into an error instead of a row of skips.
 """
+
 import contextlib
 import copy
 import itertools
@@ -17,23 +18,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_fast import assert_same_under_bf16
+from test_model import BUILTIN_PES, BUILTIN_REFINERS
+from test_train import SYNC_FREE_MODELS
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minidape as md
 from minidape import bench
 from minidape.train import CHECKPOINT_NAME, read_checkpoint
-from test_fast import assert_same_under_bf16
-from test_model import BUILTIN_PES, BUILTIN_REFINERS
-from test_train import SYNC_FREE_MODELS
 
 train_module = sys.modules["minidape.train"]
 REPO = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()
 if os.environ.get("MINIDAPE_EXPECT_GPU") == "1" and not CUDA:
-    raise RuntimeError("MINIDAPE_EXPECT_GPU=1 (make test-gpu) but torch.cuda.is_available() is False: no CUDA GPU "
-                       f"or a CPU-only torch ({torch.__version__}); install a CUDA build: make test-gpu TORCH=torch")
-requires_cuda = pytest.mark.skipif(not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False); "
-                                                    "make test-gpu runs these where one is")
+    raise RuntimeError(
+        "MINIDAPE_EXPECT_GPU=1 (make test-gpu) but torch.cuda.is_available() is False: no CUDA GPU "
+        f"or a CPU-only torch ({torch.__version__}); install a CUDA build: make test-gpu TORCH=torch"
+    )
+requires_cuda = pytest.mark.skipif(
+    not CUDA, reason="needs a CUDA GPU (torch.cuda.is_available() is False); make test-gpu runs these where one is"
+)
 SMALL = dict(n_layer=2, n_head=4, n_embd=64, block_size=64)
 BIASES_WITH_PARAMETERS = ["t5", "kerple_log", "kerple_power", "fire"]
 
@@ -63,7 +67,7 @@ def test_bf16_training_follows_the_float32_loss_curve(tokens, monkeypatch):
     print("bf16:", [f"{loss:.3f}" for loss in bf16_losses], "\nfp32:", [f"{loss:.3f}" for loss in fp32_losses])
     assert fp32_losses[-1] < fp32_losses[0] - 1.0 and bf16_losses[-1] < bf16_losses[0] - 1.0
     assert max(abs(a - b) for a, b in zip(bf16_losses, fp32_losses)) < 0.1
-    assert bf16_losses != fp32_losses                      # autocast really changed the arithmetic
+    assert bf16_losses != fp32_losses  # autocast really changed the arithmetic
 
 
 @requires_cuda
@@ -90,16 +94,18 @@ def test_resume_on_the_other_device(tokens, tmp_path, monkeypatch, first, then):
 
     saved_history = read_checkpoint(tmp_path)["history"]
     built, build = [], train_module._optimizer
-    monkeypatch.setattr(train_module, "_optimizer", lambda *args, **kwargs: built.append(build(*args, **kwargs)) or built[-1])
+    monkeypatch.setattr(
+        train_module, "_optimizer", lambda *args, **kwargs: built.append(build(*args, **kwargs)) or built[-1]
+    )
     model, resumed = md.train(None, tokens, device=then, out=tmp_path, resume=True, **settings)
-    optim, = built
+    (optim,) = built
     assert all(group["fused"] for group in optim.param_groups)
     assert {state["exp_avg"].device.type for state in optim.state.values()} == {then}
     assert {float(state["step"]) for state in optim.state.values()} == {10.0}
-    assert resumed[:5] == saved_history[:5]                 # steps 0-4 come from the checkpoint
+    assert resumed[:5] == saved_history[:5]  # steps 0-4 come from the checkpoint
     gaps = [abs(a["loss"] - b["loss"]) for a, b in zip(resumed, whole)]
     print(f"{first} -> {then}: loss gaps to the uninterrupted run", [f"{gap:.4f}" for gap in gaps])
-    assert len(gaps) == 11 and max(gaps[:5]) < 1e-2 and max(gaps) < 0.1   # CUDA need not repeat itself bitwise
+    assert len(gaps) == 11 and max(gaps[:5]) < 1e-2 and max(gaps) < 0.1  # CUDA need not repeat itself bitwise
     assert md.utils.model_device(model).type == then and read_checkpoint(tmp_path)["step"] == 10
 
 
@@ -116,8 +122,15 @@ def test_training_steps_between_logs_do_not_synchronise_the_gpu(tokens, monkeypa
     monkeypatch.setattr(train_module, "_draw_batch", draw)
     try:
         for pe, refiner in SYNC_FREE_MODELS:
-            md.train(md.GPTConfig(**SMALL, pe=pe, refiner=refiner), tokens, steps=steps, batch_size=8,
-                     log_every=steps, device="cuda", progress=False)
+            md.train(
+                md.GPTConfig(**SMALL, pe=pe, refiner=refiner),
+                tokens,
+                steps=steps,
+                batch_size=8,
+                log_every=steps,
+                device="cuda",
+                progress=False,
+            )
     finally:
         torch.cuda.set_sync_debug_mode("default")
 
@@ -142,21 +155,25 @@ def test_learnable_bias_gradients_through_cuda_attention_kernels(pe, backend):
     the encoding's largest gradient (FIRE's output bias shifts whole score rows: its exact gradient is 0)."""
     torch.manual_seed(0)
     model = md.GPT(md.GPTConfig(vocab_size=64, **SMALL, pe=pe))
-    idx = torch.randint(0, 64, (2, 96))                      # beyond block_size: the bias extrapolates
+    idx = torch.randint(0, 64, (2, 96))  # beyond block_size: the bias extrapolates
     reference = copy.deepcopy(model).double()
     reference.cfg.fast = False
     reference(idx, idx)[1].backward()
     gpu = copy.deepcopy(model).cuda()
-    kernel = sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION) if backend == "memory-efficient kernel" else \
-        contextlib.nullcontext()
+    kernel = (
+        sdpa_kernel(SDPBackend.EFFICIENT_ATTENTION)
+        if backend == "memory-efficient kernel"
+        else contextlib.nullcontext()
+    )
     with kernel:
         gpu(idx.cuda(), idx.cuda())[1].backward()
     expected = dict(reference.pe.named_parameters())
     scale = max(p.grad.abs().max().item() for p in expected.values())
     assert scale > 0
     for name, p in gpu.pe.named_parameters():
-        torch.testing.assert_close(p.grad.cpu().double(), expected[name].grad, atol=1e-4 * scale, rtol=1e-2,
-                                   msg=lambda m: f"{pe} {name}: {m}")
+        torch.testing.assert_close(
+            p.grad.cpu().double(), expected[name].grad, atol=1e-4 * scale, rtol=1e-2, msg=lambda m: f"{pe} {name}: {m}"
+        )
 
 
 @requires_cuda
@@ -184,10 +201,15 @@ def test_flex_attention_equals_the_reference_forward_and_gradients(pe, causal, m
     torch.testing.assert_close(logits.cpu().double(), reference_logits, atol=1e-4, rtol=1e-3)
     expected = dict(reference.named_parameters())
     largest = max(p.grad.abs().max().item() for p in expected.values())
-    for name, p in gpu.named_parameters():     # within 1% plus 0.1% of its own scale and 1e-5 of the largest
+    for name, p in gpu.named_parameters():  # within 1% plus 0.1% of its own scale and 1e-5 of the largest
         scale = expected[name].grad.abs().max().item()
-        torch.testing.assert_close(p.grad.cpu().double(), expected[name].grad, atol=1e-3 * scale + 1e-5 * largest,
-                                   rtol=1e-2, msg=lambda m, name=name: f"{pe} {name}: {m}")
+        torch.testing.assert_close(
+            p.grad.cpu().double(),
+            expected[name].grad,
+            atol=1e-3 * scale + 1e-5 * largest,
+            rtol=1e-2,
+            msg=lambda m, name=name: f"{pe} {name}: {m}",
+        )
 
 
 @requires_cuda
@@ -223,8 +245,8 @@ def test_16k_token_evaluation_stays_within_its_memory_bound(refiner):
     before = torch.cuda.memory_allocated()
     ppl = md.evaluate.perplexity_by_length(model, val, [16384], n_windows=1)[16384]
     used = torch.cuda.max_memory_allocated() - before
-    print(f"{refiner}: perplexity {ppl:.1f}, {used / 2 ** 20:.0f} MiB beyond the weights")
-    assert 1 < ppl < float("inf") and used < 2 ** 30
+    print(f"{refiner}: perplexity {ppl:.1f}, {used / 2**20:.0f} MiB beyond the weights")
+    assert 1 < ppl < float("inf") and used < 2**30
 
 
 # ----------------------------------------------------------------------------- DDP and the demo
@@ -246,14 +268,28 @@ DDP_SCRIPT = textwrap.dedent("""
 """)
 
 
-@pytest.mark.skipif(torch.cuda.device_count() < 2,
-                    reason=f"DDP with NCCL needs two GPUs; this machine shows {torch.cuda.device_count()}")
+@pytest.mark.skipif(
+    torch.cuda.device_count() < 2,
+    reason=f"DDP with NCCL needs two GPUs; this machine shows {torch.cuda.device_count()}",
+)
 def test_ddp_on_two_gpus_joins_with_nccl(tmp_path):
     script = tmp_path / "ddp_gpu.py"
     script.write_text(DDP_SCRIPT)
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(tmp_path)], env={**os.environ, "PYTHONPATH": str(REPO)},
-                          capture_output=True, text=True, timeout=600)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+        ],
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     ranks = [torch.load(tmp_path / f"rank{rank}.pt", weights_only=True) for rank in (0, 1)]
     assert [r["backends"] for r in ranks] == [["nccl"], ["nccl"]]
@@ -264,9 +300,13 @@ def test_ddp_on_two_gpus_joins_with_nccl(tmp_path):
 
 @requires_cuda
 def test_the_demo_runs_on_cuda_in_quick_mode(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "minidape", "demo", "--device", "cuda", "--out", str(tmp_path)],
-                          env={**os.environ, "MINIDAPE_QUICK": "1", "PYTHONPATH": str(REPO)}, capture_output=True,
-                          text=True, timeout=600)
+    done = subprocess.run(
+        [sys.executable, "-m", "minidape", "demo", "--device", "cuda", "--out", str(tmp_path)],
+        env={**os.environ, "MINIDAPE_QUICK": "1", "PYTHONPATH": str(REPO)},
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     results = json.loads((tmp_path / "results.json").read_text())
     assert results["device"].startswith("cuda") and results["quick mode"] is True

@@ -3,6 +3,7 @@ worker's data-only answers, the CLI; and one real notebook graded in both editio
 
 The hostile class (one `grade` run over many hostile submissions) is in test_grade_hostile.py.
 """
+
 import ast
 import csv
 import json
@@ -31,11 +32,24 @@ def cells(*sources, kind="code"):
 
 def notebook_file(path, cell_list):
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"cells": [{"cell_type": c["cell_type"], "source": c["source"],
-                                           "metadata": {"tags": c.get("tags", [])},
-                                           **({"outputs": [], "execution_count": None}
-                                              if c["cell_type"] == "code" else {})}
-                                          for c in cell_list], "metadata": {}, "nbformat": 4, "nbformat_minor": 4}))
+    path.write_text(
+        json.dumps(
+            {
+                "cells": [
+                    {
+                        "cell_type": c["cell_type"],
+                        "source": c["source"],
+                        "metadata": {"tags": c.get("tags", [])},
+                        **({"outputs": [], "execution_count": None} if c["cell_type"] == "code" else {}),
+                    }
+                    for c in cell_list
+                ],
+                "metadata": {},
+                "nbformat": 4,
+                "nbformat_minor": 4,
+            }
+        )
+    )
     return path
 
 
@@ -91,13 +105,16 @@ def test_restore_appends_checks_whose_surroundings_are_gone():
     assert [c.get("checks") for c in restored] == [None, *edition.checks]
 
 
-@pytest.mark.parametrize("content, message", [
-    (b"", "the file is empty"),
-    (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "binary"),
-    (b'{"cells": [', "invalid JSON"),
-    (b'{"hello": 1}', r"no list of cells \(found: hello\)"),
-    (b'{"cells": [{"cell_type": "code"}]}', "cell 1 has no cell_type or source"),
-])
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"", "the file is empty"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\xff\xfe", "binary"),
+        (b'{"cells": [', "invalid JSON"),
+        (b'{"hello": 1}', r"no list of cells \(found: hello\)"),
+        (b'{"cells": [{"cell_type": "code"}]}', "cell 1 has no cell_type or source"),
+    ],
+)
 def test_unreadable_files_are_described_in_words(tmp_path, content, message):
     path = tmp_path / "02_x.ipynb"
     path.write_bytes(content)
@@ -110,7 +127,8 @@ def test_a_file_deleted_before_its_turn_gets_its_rows(tmp_path):
     grader = grade.Grader(EDITIONS, "none", [], {}, timeout=10)
     grader._grade(submission, worker=None)
     assert [(r.exercise, r.status, r.message) for r in submission.rows] == [
-        (name, "failed", "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks]
+        (name, "failed", "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks
+    ]
 
 
 def test_a_notebook_is_known_by_its_name_or_by_the_teachers_cells_it_holds(tmp_path):
@@ -128,8 +146,11 @@ def test_student_folders_name_the_students(tmp_path):
     (tmp_path / "class" / ".hidden").mkdir()
     found = grade.submissions([tmp_path / "class"])
     assert [(s.student, s.path.name) for s in found] == [
-        ("ann", "02_kerple_cpd_kernels.ipynb"), ("ann", "07_chomsky_hierarchy.ipynb"), ("bob", "bob.ipynb"),
-        ("cem", "cem")]
+        ("ann", "02_kerple_cpd_kernels.ipynb"),
+        ("ann", "07_chomsky_hierarchy.ipynb"),
+        ("bob", "bob.ipynb"),
+        ("cem", "cem"),
+    ]
     assert "no notebook (.ipynb)" in found[-1].rows[0].message
 
 
@@ -141,12 +162,17 @@ def worker():
 
 
 def test_the_worker_answers_with_data_and_handles_only(worker):
-    worker.request("run", 0, "import torch\nclass Sneaky:\n    def __reduce__(self):\n"
-                             "        return (print, ('pwned',))\n"
-                             "def answer(x):\n    return x * 2, Sneaky(), torch.nn.Linear(2, 3), {'k': [1.5, 'a']}",
-                   timeout=60)
-    worker.request("run", 1, "from minidape import exercises\nexercises.framework.answers = {'f': ((answer,), {})}",
-                   timeout=60)
+    worker.request(
+        "run",
+        0,
+        "import torch\nclass Sneaky:\n    def __reduce__(self):\n"
+        "        return (print, ('pwned',))\n"
+        "def answer(x):\n    return x * 2, Sneaky(), torch.nn.Linear(2, 3), {'k': [1.5, 'a']}",
+        timeout=60,
+    )
+    worker.request(
+        "run", 1, "from minidape import exercises\nexercises.framework.answers = {'f': ((answer,), {})}", timeout=60
+    )
     channel = sandbox.Channel(worker, time.monotonic() + 60)
     answer = channel.request("answers")["f"][0][0]
     assert isinstance(answer, sandbox.Remote)
@@ -164,7 +190,10 @@ def test_the_worker_answers_with_data_and_handles_only(worker):
 
 
 def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(worker):
-    worker.request("run", 0, textwrap.dedent("""
+    worker.request(
+        "run",
+        0,
+        textwrap.dedent("""
         import torch
         from torch import nn
         class Conv1x1OutputFirst(nn.Module):            # f as 1x1 convolutions, declared output-first
@@ -181,7 +210,9 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
                 return super().forward(scores, bias, mask, residual=False)
         from minidape import exercises
         exercises.framework.answers = {"right": ((Conv1x1OutputFirst,), {}), "wrong": ((WithoutB,), {})}
-        """), timeout=60)
+        """),
+        timeout=60,
+    )
     channel = sandbox.Channel(worker, time.monotonic() + 120)
     answers = channel.request("answers")
     assert exercises.verdict("dape_refiner", *answers["right"][0])[::2] == ("passed", 3)
@@ -194,7 +225,10 @@ def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(t
     try:
         with sandbox.Worker(sandbox.isolation(), 201, [], grade.worker_env(), censored=copy) as judged:
             judged.wait_ready(grade.START_TIMEOUT)
-            [output] = judged.request("run", 0, textwrap.dedent("""
+            [output] = judged.request(
+                "run",
+                0,
+                textwrap.dedent("""
                 import inspect, minidape as md
                 refused = []
                 for make in (md.kernels.log_kernel, lambda: md.model.ALiBiBias(md.GPTConfig(pe="alibi")),
@@ -203,8 +237,11 @@ def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(t
                         make()
                     except RuntimeError as error:
                         refused.append(str(error).split()[0])
-                print(refused, "def gram" in inspect.getsource(md.kernels), "torch.log1p" in inspect.getsource(md.kernels))
-                """), timeout=60)
+                source = inspect.getsource(md.kernels)
+                print(refused, "def gram" in source, "torch.log1p" in source)
+                """),
+                timeout=60,
+            )
     finally:
         shutil.rmtree(copy.parent)
     # refused: the factory, a class, a subclass of one; kept: what no exercise of theirs forbids; gone: the source
@@ -213,7 +250,9 @@ def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(t
 
 def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(worker):
     worker.request("run", 0, "def apply(f, n):\n    return f(n) / (n - 3)", timeout=60)
-    worker.request("run", 1, "from minidape import exercises\nexercises.framework.answers = {'g': ((apply,), {})}", timeout=60)
+    worker.request(
+        "run", 1, "from minidape import exercises\nexercises.framework.answers = {'g': ((apply,), {})}", timeout=60
+    )
     apply = sandbox.Channel(worker, time.monotonic() + 60).request("answers")["g"][0][0]
     offset = 10
     assert apply(lambda n: n + offset, 5) == 7.5
@@ -222,18 +261,22 @@ def test_the_worker_gets_the_checks_lambdas_and_reports_the_students_errors(work
 
 
 def run_cli(*args):
-    return subprocess.run([sys.executable, "-m", "minidape", "grade", *args], cwd=ROOT, capture_output=True,
-                          text=True, timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "minidape", "grade", *args], cwd=ROOT, capture_output=True, text=True, timeout=120
+    )
 
 
-@pytest.mark.parametrize("args, message", [
-    (["missing.ipynb"], "no such notebook or folder: missing.ipynb"),
-    (["README.md"], "is not a notebook"),
-    (["notebooks", "--timeout", "0"], "argument --timeout: must be a number > 0"),
-    (["notebooks", "--jobs", "0"], "argument --jobs"),
-    (["notebooks", "--csv", "no/such/folder/g.csv"], "does not exist"),
-    (["notebooks", "--feedback", "README.md"], "--feedback README.md is a file"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["missing.ipynb"], "no such notebook or folder: missing.ipynb"),
+        (["README.md"], "is not a notebook"),
+        (["notebooks", "--timeout", "0"], "argument --timeout: must be a number > 0"),
+        (["notebooks", "--jobs", "0"], "argument --jobs"),
+        (["notebooks", "--csv", "no/such/folder/g.csv"], "does not exist"),
+        (["notebooks", "--feedback", "README.md"], "--feedback README.md is a file"),
+    ],
+)
 def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
     result = run_cli(*args)
     assert result.returncode == 2
@@ -245,10 +288,22 @@ def student_edition(source, folder):
     full = folder / "teacher" / f"{source.stem}.ipynb"
     full.parent.mkdir()
     subprocess.run([BIN / "jupytext", "--quiet", "--to", "ipynb", "-o", full, source], check=True)
-    subprocess.run([BIN / "jupyter-nbconvert", "--to", "notebook", "--log-level", "WARN",
-                    "--TagRemovePreprocessor.enabled=True", "--TagRemovePreprocessor.remove_cell_tags=solution",
-                    "--ClearOutputPreprocessor.enabled=True",
-                    "--output-dir", folder / "student", full], check=True)
+    subprocess.run(
+        [
+            BIN / "jupyter-nbconvert",
+            "--to",
+            "notebook",
+            "--log-level",
+            "WARN",
+            "--TagRemovePreprocessor.enabled=True",
+            "--TagRemovePreprocessor.remove_cell_tags=solution",
+            "--ClearOutputPreprocessor.enabled=True",
+            "--output-dir",
+            folder / "student",
+            full,
+        ],
+        check=True,
+    )
     return full, folder / "student" / full.name
 
 
@@ -263,43 +318,60 @@ def test_a_real_notebook_full_edition_passes_every_exercise_and_the_student_edit
     (tmp_path / "solved").mkdir()
     (tmp_path / "solved" / full.name).write_text(json.dumps(solved))
     out = tmp_path / "grades.csv"
-    graded = grade.grade([tmp_path / "solved", tmp_path / "student", tmp_path / "teacher"], csv_path=out,
-                         timeout=300, jobs=2)
+    graded = grade.grade(
+        [tmp_path / "solved", tmp_path / "student", tmp_path / "teacher"], csv_path=out, timeout=300, jobs=2
+    )
     assert graded[2].problem.startswith("refused: this is the teacher's edition") and graded[2].points == 0
     graded = graded[:2]
     names = list(EDITIONS["02"].checks)
     with open(out) as file:
         verdicts = (exercises.PASSED, exercises.PARTLY, exercises.FAILED, exercises.NOT_DONE)
-        rows = [(r["student"], r["exercise"], r["points"], r["passed"],
-                 next(v for v in verdicts if r["message"].startswith(v))) for r in csv.DictReader(file)]
+        rows = [
+            (
+                r["student"],
+                r["exercise"],
+                r["points"],
+                r["passed"],
+                next(v for v in verdicts if r["message"].startswith(v)),
+            )
+            for r in csv.DictReader(file)
+        ]
     points = {e.name: f"{e.points:g}" for e in EDITIONS["02"].roster}
     # both files are named 02_kerple_cpd_kernels.ipynb: the student id is the file name here
-    assert rows[:2 * len(names)] == [("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names] + [
-        ("02_kerple_cpd_kernels", name, "0", "0", "not done yet") for name in names]
+    assert rows[: 2 * len(names)] == [
+        ("02_kerple_cpd_kernels", name, points[name], "1", "passed") for name in names
+    ] + [("02_kerple_cpd_kernels", name, "0", "0", "not done yet") for name in names]
     assert [g.problem for g in graded] == ["", ""]
     # the written answers, for the teacher: here both editions hold the question's cell as it is handed out
     with open(grade.written_path(out)) as file:
         written = list(csv.DictReader(file))
     (question,) = [c["source"].strip() for c in EDITIONS["02"].cells if "rubric:shift_growth" in c["tags"]]
     assert [(w["rubric"], w["answer"], w["problem"]) for w in written][:2] == [
-        ("shift_growth", question, gradebook.NOT_ANSWERED)] * 2
+        ("shift_growth", question, gradebook.NOT_ANSWERED)
+    ] * 2
 
 
 def test_predictions_are_the_literals_of_the_prediction_cells():
-    assert EDITIONS["02"].predictions == {"square_quadratic_form": {}, "find_shift": {},
-                                          "shift_growth": {"prediction": "shift_prediction"}, "kerple_log_bias": {}}
+    assert EDITIONS["02"].predictions == {
+        "square_quadratic_form": {},
+        "find_shift": {},
+        "shift_growth": {"prediction": "shift_prediction"},
+        "kerple_log_bias": {},
+    }
     assert grade.literal_assignments(cells("a = 1\nb = {'x': True}", "a = 2.5\nc = a + 1", "b = f()", "(")) == {
-        "a": 2.5}
+        "a": 2.5
+    }
 
 
 def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_check_time(monkeypatch):
     class Alive:
         alive = True
+
     channel = sandbox.Channel(Alive(), time.monotonic() + 60)
     judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
     exercise = exercises.EXERCISES["shift_growth"]
     measured = {"triangle": 256.0, "log": 8.0}
-    answers = {"shift_growth": ((measured, measured), {})}       # the prediction overwritten by the measurement
+    answers = {"shift_growth": ((measured, measured), {})}  # the prediction overwritten by the measurement
     row = judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", {"triangle": 1.0, "log": 1.0})})
     assert (row.status, row.points) == ("passed", 1) and "outside a factor of 2" in row.message
     assert judge(exercise, answers, channel, "", {"prediction": ("shift_prediction", measured)}).points == 3
@@ -311,22 +383,31 @@ def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_
         row = judge(exercise, {"shift_growth": call}, channel, "", recorded)
         assert (row.status, row.points) == ("passed", 1), row.message
     source = 'exercises.check("shift_growth", measured=shift_measured, prediction=shift_prediction)'
-    assert grade._names_passed_to_check(source, "shift_growth") == {"measured": "shift_measured",
-                                                                   "prediction": "shift_prediction"}
+    assert grade._names_passed_to_check(source, "shift_growth") == {
+        "measured": "shift_measured",
+        "prediction": "shift_prediction",
+    }
 
 
 def test_written_answers_are_collected_by_rubric_and_a_missing_one_is_named(tmp_path):
     edition = EDITIONS["02"]
-    kept = [{**c, "source": "c grows linearly for the triangle"} if "written" in c["tags"] else c
-            for c in student_cells(edition)]
+    kept = [
+        {**c, "source": "c grows linearly for the triangle"} if "written" in c["tags"] else c
+        for c in student_cells(edition)
+    ]
     assert [(w.rubric, w.answer, w.problem) for w in grade.written_answers(edition, kept)] == [
-        ("shift_growth", "c grows linearly for the triangle", "")]
+        ("shift_growth", "c grows linearly for the triangle", "")
+    ]
     untagged = [{**c, "tags": []} for c in kept]
     (missing,) = grade.written_answers(edition, untagged)
     assert missing.answer == "" and "rubric:shift_growth" in missing.problem
-    submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb", edition.stem,
-                                  rows=[grade.Row("shift_growth", 1, 3, "partly right", "your prediction ...")],
-                                  cells=kept)
+    submission = grade.Submission(
+        "ann",
+        tmp_path / "02_kerple_cpd_kernels.ipynb",
+        edition.stem,
+        rows=[grade.Row("shift_growth", 1, 3, "partly right", "your prediction ...")],
+        cells=kept,
+    )
     feedback = json.loads(grade.write_feedback(submission, tmp_path / "fb").read_text())
     sources = [c["source"] for c in feedback["cells"]]
     at = sources.index("c grows linearly for the triangle")
@@ -339,8 +420,12 @@ def test_partial_credit_is_a_credit_of_fewer_points(monkeypatch):
             raise exercises.Wrong("both parts are wrong")
         if answer[1] != 2:
             return exercises.Credit(2, "the second part is wrong", answer_right=False)
-    monkeypatch.setitem(exercises.EXERCISES, "two_parts",
-                        exercises.Exercise("two_parts", "02", "derive", "two parts", "hint", two_parts, points=4))
+
+    monkeypatch.setitem(
+        exercises.EXERCISES,
+        "two_parts",
+        exercises.Exercise("two_parts", "02", "derive", "two parts", "hint", two_parts, points=4),
+    )
     assert exercises.verdict("two_parts", (1, 2))[::2] == ("passed", 4)
     status, message, earned = exercises.verdict("two_parts", (1, 3))
     assert (status, earned) == ("partly right", 2) and "second part" in message
@@ -349,16 +434,23 @@ def test_partial_credit_is_a_credit_of_fewer_points(monkeypatch):
 
 def test_without_namespaces_the_grader_warns_what_is_not_isolated(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(sandbox, "isolation", lambda: "none")
-    path = notebook_file(tmp_path / "ann" / "07_chomsky_hierarchy.ipynb", cells(
-        "from minidape import exercises",
-        "def output_length(name, n):\n    return {'reverse_string': n, 'duplicate_string': 2 * n, "
-        "'compute_sqrt': (n + 1) // 2, 'binary_multiplication': n, 'parity_check': 1}[name]",
-        'exercises.check("output_length", output_length)'))
+    path = notebook_file(
+        tmp_path / "ann" / "07_chomsky_hierarchy.ipynb",
+        cells(
+            "from minidape import exercises",
+            "def output_length(name, n):\n    return {'reverse_string': n, 'duplicate_string': 2 * n, "
+            "'compute_sqrt': (n + 1) // 2, 'binary_multiplication': n, 'parity_check': 1}[name]",
+            'exercises.check("output_length", output_length)',
+        ),
+    )
     graded = grade.grade([path.parent.parent], timeout=120, jobs=1)
     assert "warning: no namespaces available" in capsys.readouterr().err
     assert [(r.exercise, r.status) for r in graded[0].rows] == [
-        ("addition_sample", "failed"), ("output_length", "passed"), ("masked_accuracy", "failed"),
-        ("shuffle_invariance", "failed")]
+        ("addition_sample", "failed"),
+        ("output_length", "passed"),
+        ("masked_accuracy", "failed"),
+        ("shuffle_invariance", "failed"),
+    ]
 
 
 def test_root_without_namespaces_still_gets_user_ids_and_limits(monkeypatch):
@@ -383,6 +475,7 @@ def test_a_worker_that_cannot_start_stops_grading_before_any_submission(tmp_path
     def broken(self, timeout):
         self.close()
         raise sandbox.WorkerGone("did not start (ModuleNotFoundError: No module named 'shlex')")
+
     monkeypatch.setattr(sandbox.Worker, "wait_ready", broken)
     path = notebook_file(tmp_path / "02_kerple_cpd_kernels.ipynb", cells("x = 1"))
     with pytest.raises(OSError, match="did not start .*No module named 'shlex'.*must be able to read Python"):
@@ -400,7 +493,10 @@ def test_a_submissions_cgroup_bounds_all_its_processes_together():
     try:
         with sandbox.Worker(sandbox.isolation(), 202, [], grade.worker_env(), box=box) as worker:
             worker.wait_ready(grade.START_TIMEOUT)
-            [output] = worker.request("run", 0, textwrap.dedent("""
+            [output] = worker.request(
+                "run",
+                0,
+                textwrap.dedent("""
                 import os, time
                 read, write = os.pipe()
                 if os.fork() == 0:
@@ -417,7 +513,9 @@ def test_a_submissions_cgroup_bounds_all_its_processes_together():
                         os._exit(0)
                     children.append(pid)
                 print(sorted(os.waitpid(pid, 0)[1] & 0x7F for pid in children))
-                """), timeout=120)
+                """),
+                timeout=120,
+            )
             quota = box._read("cpu.max" if version == "v2" else "cpu.cfs_quota_us")
     finally:
         box.close()
@@ -425,6 +523,6 @@ def test_a_submissions_cgroup_bounds_all_its_processes_together():
     groups = ast.literal_eval(groups)
     controllers = [""] if version == "v2" else ["cpu", "memory", "pids"]
     assert all(groups[c] == f"/minidape-test-{os.getpid()}" for c in controllers), groups
-    assert ast.literal_eval(killed) in ([0, 9], [9, 9]), killed          # SIGKILL from the cgroup's out-of-memory killer
+    assert ast.literal_eval(killed) in ([0, 9], [9, 9]), killed  # SIGKILL from the cgroup's out-of-memory killer
     assert quota.split()[0] == "100000"
     assert not any(folder.exists() for folder in box.folders)

@@ -5,6 +5,7 @@ prompts, the CSV's lock and no silent replacement of an earlier batch.
 Gradescope's autograder format (https://gradescope-autograders.readthedocs.io/en/latest/specs/): the fields of
 results.json and of each test, as published there.
 """
+
 import csv
 import json
 import os
@@ -13,15 +14,37 @@ import sys
 from pathlib import Path
 
 import pytest
-
-from minidape import exercises, grade, gradebook
 from test_grade import notebook_file
 
+from minidape import exercises, grade, gradebook
+
 EDITIONS = grade.editions()
-GRADESCOPE_TOP = {"score", "execution_time", "output", "output_format", "test_output_format", "test_name_format",
-                  "visibility", "stdout_visibility", "extra_data", "tests", "leaderboard"}
-GRADESCOPE_TEST = {"score", "max_score", "status", "name", "name_format", "number", "output", "output_format",
-                   "tags", "visibility", "extra_data"}
+GRADESCOPE_TOP = {
+    "score",
+    "execution_time",
+    "output",
+    "output_format",
+    "test_output_format",
+    "test_name_format",
+    "visibility",
+    "stdout_visibility",
+    "extra_data",
+    "tests",
+    "leaderboard",
+}
+GRADESCOPE_TEST = {
+    "score",
+    "max_score",
+    "status",
+    "name",
+    "name_format",
+    "number",
+    "output",
+    "output_format",
+    "tags",
+    "visibility",
+    "extra_data",
+}
 
 
 def submission(student, notebook, rows, written=()):
@@ -37,15 +60,18 @@ def rows_of(path):
 
 
 def test_every_field_is_neutralised_for_spreadsheets(tmp_path):
-    hostile = submission("=HYPERLINK(\"http://x\")", "02_kerple_cpd_kernels", [
-        grade.Row("find_shift", 0, 2, exercises.FAILED, "-1 is not a shift", "code")],
-        [grade.Written("shift_growth", "@SUM(A1:A9)"), grade.Written("shift_growth", "+cmd|' /C calc'!A0")])
+    hostile = submission(
+        "=HYPERLINK(\"http://x\")",
+        "02_kerple_cpd_kernels",
+        [grade.Row("find_shift", 0, 2, exercises.FAILED, "-1 is not a shift", "code")],
+        [grade.Written("shift_growth", "@SUM(A1:A9)"), grade.Written("shift_growth", "+cmd|' /C calc'!A0")],
+    )
     out = tmp_path / "grades.csv"
     gradebook.write_csv([hostile], out)
     gradebook.write_written([hostile], gradebook.written_path(out))
     (row,) = rows_of(out)
     assert row["student"] == "'=HYPERLINK(\"http://x\")" and row["points"] == "0"
-    assert row["message"].startswith("failed")            # the verdict opens it: nothing to escape there
+    assert row["message"].startswith("failed")  # the verdict opens it: nothing to escape there
     written = rows_of(gradebook.written_path(out))
     assert [w["answer"] for w in written] == ["'@SUM(A1:A9)", "'+cmd|' /C calc'!A0"]
     for text in ("=1+2", "+1", "-1", "@x", "\tx", "\rx"):
@@ -59,16 +85,31 @@ def test_every_field_is_neutralised_for_spreadsheets(tmp_path):
 def batch(tmp_path):
     """Two students of notebook 02, graded: ann right but one mistake, bob the same mistake and an empty answer."""
     wrong = "not yet right: for 3 random points ... one doubling too many"
-    graded = [submission("ann", "02_kerple_cpd_kernels", [
-                  grade.Row("square_quadratic_form", 2, 2, exercises.PASSED, "passed, 2 of 2 points"),
-                  grade.Row("find_shift", 0, 2, exercises.FAILED, wrong, "one-doubling-too-many")],
-                  [grade.Written("shift_growth", "c grows linearly for the triangle")]),
-              submission("bob", "02_kerple_cpd_kernels", [
-                  grade.Row("square_quadratic_form", 0, 2, exercises.NOT_DONE, "not done yet", "not-done"),
-                  grade.Row("find_shift", 0, 2, exercises.FAILED, wrong.replace("3", "17"), "one-doubling-too-many")],
-                  [grade.Written("shift_growth", "**Your answer** ...", gradebook.NOT_ANSWERED)]),
-              submission("bob", "06_your_own_bias", [
-                  grade.Row("best_run", 0, 2, exercises.NEEDS_FULL, "not judged in quick mode", "needs-full-mode")])]
+    graded = [
+        submission(
+            "ann",
+            "02_kerple_cpd_kernels",
+            [
+                grade.Row("square_quadratic_form", 2, 2, exercises.PASSED, "passed, 2 of 2 points"),
+                grade.Row("find_shift", 0, 2, exercises.FAILED, wrong, "one-doubling-too-many"),
+            ],
+            [grade.Written("shift_growth", "c grows linearly for the triangle")],
+        ),
+        submission(
+            "bob",
+            "02_kerple_cpd_kernels",
+            [
+                grade.Row("square_quadratic_form", 0, 2, exercises.NOT_DONE, "not done yet", "not-done"),
+                grade.Row("find_shift", 0, 2, exercises.FAILED, wrong.replace("3", "17"), "one-doubling-too-many"),
+            ],
+            [grade.Written("shift_growth", "**Your answer** ...", gradebook.NOT_ANSWERED)],
+        ),
+        submission(
+            "bob",
+            "06_your_own_bias",
+            [grade.Row("best_run", 0, 2, exercises.NEEDS_FULL, "not judged in quick mode", "needs-full-mode")],
+        ),
+    ]
     out = tmp_path / "grades.csv"
     gradebook.write_csv(graded, out)
     gradebook.write_written(graded, gradebook.written_path(out))
@@ -82,12 +123,13 @@ def test_totals_summary_and_written_marks_folded_in_without_grading(tmp_path):
     assert totals["ann"]["02_kerple_cpd_kernels"] == "2" and totals["ann"]["total"] == "2"
     assert totals["ann"]["max_total"] == "6" and totals["ann"]["written_to_mark"] == "1"
     assert totals["bob"]["06_your_own_bias"] == "0" and totals["bob"]["not_judged"] == "1"
-    assert totals["ann"]["06_your_own_bias"] == ""                 # ann handed in no 06
+    assert totals["ann"]["06_your_own_bias"] == ""  # ann handed in no 06
     summary = {row["exercise"]: row for row in rows_of(gradebook.sibling(out, "summary"))}
     assert summary["find_shift"]["common_mistakes"] == "one-doubling-too-many (2)"
     assert summary["square_quadratic_form"]["mean_points"] == "1" and summary["find_shift"]["share_passed"] == "0"
-    assert summary["best_run"]["judged"] == "0" and summary["rubric:shift_growth"]["common_mistakes"] == \
-        "not-answered (1)"
+    assert (
+        summary["best_run"]["judged"] == "0" and summary["rubric:shift_growth"]["common_mistakes"] == "not-answered (1)"
+    )
     # the teacher marks ann's written answer; the gradebook is rebuilt from the files, nothing graded again
     written = rows_of(gradebook.written_path(out))
     written[0]["points"] = "1.5"
@@ -95,8 +137,12 @@ def test_totals_summary_and_written_marks_folded_in_without_grading(tmp_path):
         writer = csv.DictWriter(file, gradebook.WRITTEN_COLUMNS)
         writer.writeheader()
         writer.writerows(written)
-    done = subprocess.run([sys.executable, "-m", "minidape", "grade", "--gradebook", str(out)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "minidape", "grade", "--gradebook", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     totals = {row["student"]: row for row in rows_of(gradebook.sibling(out, "totals"))}
     assert totals["ann"]["total"] == "3.5" and totals["ann"]["written_to_mark"] == "0"
@@ -108,8 +154,12 @@ def test_a_mark_outside_the_rubric_is_one_line_and_exit_2(tmp_path):
     _, out = batch(tmp_path)
     text = gradebook.written_path(out).read_text().replace(",,2\n", ",7,2\n", 1)
     gradebook.written_path(out).write_text(text)
-    done = subprocess.run([sys.executable, "-m", "minidape", "grade", "--gradebook", str(out)], capture_output=True,
-                          text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "minidape", "grade", "--gradebook", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1 and "outside 0 .. 2" in done.stderr
 
 
@@ -118,15 +168,21 @@ def test_the_gradescope_export_uses_the_published_field_names(tmp_path):
     gradebook.gradebook(out)
     files = sorted(gradebook.sibling(out, "gradescope").rglob("results.json"))
     assert [f.relative_to(gradebook.sibling(out, "gradescope")).parts[:2] for f in files] == [
-        ("02_kerple_cpd_kernels", "ann"), ("02_kerple_cpd_kernels", "bob"), ("06_your_own_bias", "bob")]
+        ("02_kerple_cpd_kernels", "ann"),
+        ("02_kerple_cpd_kernels", "bob"),
+        ("06_your_own_bias", "bob"),
+    ]
     results = json.loads(files[0].read_text())
     assert set(results) <= GRADESCOPE_TOP and {"score", "tests"} <= set(results)
     assert results["score"] == 2
     for test in results["tests"]:
         assert set(test) <= GRADESCOPE_TEST and {"name", "score", "max_score", "output"} <= set(test)
         assert test["status"] in ("passed", "failed")
-    assert [t["name"] for t in results["tests"]] == ["square_quadratic_form", "find_shift",
-                                                     "written answer (rubric:shift_growth)"]
+    assert [t["name"] for t in results["tests"]] == [
+        "square_quadratic_form",
+        "find_shift",
+        "written answer (rubric:shift_growth)",
+    ]
 
 
 # ---------------------------------------------------------------------------- the lock, no overwrite
@@ -134,10 +190,19 @@ def test_the_gradescope_export_uses_the_published_field_names(tmp_path):
 
 def test_a_second_run_into_the_same_csv_is_refused_naming_the_holder(tmp_path):
     out = tmp_path / "grades.csv"
-    holder = subprocess.Popen([sys.executable, "-c", (
-        "import sys, time\nfrom minidape import gradebook\n"
-        f"with gradebook.held({str(out)!r}, overwrite=False):\n    print('held', flush=True)\n    time.sleep(60)\n")],
-        stdout=subprocess.PIPE, text=True)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            (
+                "import sys, time\nfrom minidape import gradebook\n"
+                f"with gradebook.held({str(out)!r}, overwrite=False):\n"
+                "    print('held', flush=True)\n    time.sleep(60)\n"
+            ),
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ValueError, match=f"another grade run \\(pid {holder.pid} on "):
@@ -146,7 +211,7 @@ def test_a_second_run_into_the_same_csv_is_refused_naming_the_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait()
-    with gradebook.held(out, overwrite=False):        # released when its holder ended
+    with gradebook.held(out, overwrite=False):  # released when its holder ended
         pass
 
 
@@ -155,9 +220,9 @@ def test_an_earlier_batch_is_never_replaced_without_overwrite_and_marks_survive_
     with pytest.raises(ValueError, match="earlier batch's grades.*--overwrite"):
         with gradebook.held(out, overwrite=False):
             pass
-    text = gradebook.written_path(out).read_text().replace(",,2\n", ",2,2\n", 1)     # ann's answer marked 2
+    text = gradebook.written_path(out).read_text().replace(",,2\n", ",2,2\n", 1)  # ann's answer marked 2
     gradebook.written_path(out).write_text(text)
-    graded[1].written = [grade.Written("shift_growth", "now bob wrote something")]      # bob answered since
+    graded[1].written = [grade.Written("shift_growth", "now bob wrote something")]  # bob answered since
     graded[1].written[0].problem = ""
     with gradebook.held(out, overwrite=True) as entered:
         gradebook.write_written(graded, gradebook.written_path(out), entered)
@@ -168,8 +233,12 @@ def test_an_earlier_batch_is_never_replaced_without_overwrite_and_marks_survive_
 def test_the_cli_refuses_an_earlier_batch_in_one_line(tmp_path):
     _, out = batch(tmp_path)
     before = out.read_text()
-    done = subprocess.run([sys.executable, "-m", "minidape", "grade", str(tmp_path / "nothing.ipynb"), "--csv",
-                           str(out)], capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [sys.executable, "-m", "minidape", "grade", str(tmp_path / "nothing.ipynb"), "--csv", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1, done.stderr
     assert out.read_text() == before
 
@@ -179,21 +248,31 @@ def test_the_cli_refuses_an_earlier_batch_in_one_line(tmp_path):
 
 def test_a_check_mentioned_in_a_comment_is_not_a_check_cell():
     edition = EDITIONS["01"]
-    answer = {"cell_type": "code", "tags": [], "source": (
-        "# like the bias of exercises.check(\"alibi_bias\", ...) asks:\n"
-        "def alibi_bias(n_head, q_pos, k_pos):\n    return None  # 'check(\"alibi_bias\"' in a string too\n")}
+    answer = {
+        "cell_type": "code",
+        "tags": [],
+        "source": (
+            "# like the bias of exercises.check(\"alibi_bias\", ...) asks:\n"
+            "def alibi_bias(n_head, q_pos, k_pos):\n    return None  # 'check(\"alibi_bias\"' in a string too\n"
+        ),
+    }
     restored = grade.restore(edition, [answer])
     assert answer["source"] in [cell["source"] for cell in restored]
     assert grade.checked(answer["source"]) == []
     assert grade.checked('exercises.check(name="alibi_bias", your_function=f)') == ["alibi_bias"]
-    assert grade.checked("if False:\n    exercises.check('alibi_bias', f)") == ["alibi_bias"]   # dead, still a call
+    assert grade.checked("if False:\n    exercises.check('alibi_bias', f)") == ["alibi_bias"]  # dead, still a call
 
 
 def test_an_answer_defined_inside_a_check_cell_is_named():
     edition = EDITIONS["05"]
-    inside = {"cell_type": "code", "tags": [], "source": (
-        "def receptive_keys(i, j, k):\n    return list(range(j, i + 1))\n\n"
-        "exercises.check(\"receptive_keys\", receptive_keys)\n")}
+    inside = {
+        "cell_type": "code",
+        "tags": [],
+        "source": (
+            "def receptive_keys(i, j, k):\n    return list(range(j, i + 1))\n\n"
+            "exercises.check(\"receptive_keys\", receptive_keys)\n"
+        ),
+    }
     assert grade.defined_in_check_cells(edition, [inside]) == {"receptive_keys": ["receptive_keys"]}
     alone = {**inside, "source": 'exercises.check("receptive_keys", receptive_keys)'}
     assert grade.defined_in_check_cells(edition, [alone]) == {"receptive_keys": []}
@@ -235,7 +314,7 @@ def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path
         if "solution" in cell["tags"]:
             continue
         if "def receptive_keys" in cell["source"]:
-            continue                                                    # moved into the check cell below
+            continue  # moved into the check cell below
         source = cell["source"]
         if grade.checked(source) == ["receptive_keys"]:
             source = f"def receptive_keys(i, j, k):\n    return list(range({reach}))\n\n" + source
@@ -247,4 +326,3 @@ def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path
         assert rows[student, "receptive_keys"].status == exercises.PASSED, rows[student, "receptive_keys"].message
     assert rows["zoe", "receptive_keys"].code == "answer-in-check-cell"
     assert "Move it into a cell of its own" in rows["zoe", "receptive_keys"].message
-

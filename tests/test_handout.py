@@ -5,6 +5,7 @@ Nothing is downloaded: the fresh venv gets the wheel with `pip install --no-deps
 disk (torch, Jupyter: this interpreter's site-packages) through a .pth file, which does not run their .pth files,
 so this checkout's editable minidape stays out of it (the test asserts where minidape is imported from).
 """
+
 import os
 import shutil
 import subprocess
@@ -41,7 +42,7 @@ def all_solution_lines():
 
 def test_the_handout_holds_no_solution_line_and_no_teacher_file(made):
     lines = all_solution_lines()
-    assert len(lines) > 50                                    # the search has something to find
+    assert len(lines) > 50  # the search has something to find
     assert handout.leaks(made, lines) == []
     (wheel,) = made.glob("minidape-*.whl")
     members = zipfile.ZipFile(wheel).namelist()
@@ -52,7 +53,7 @@ def test_the_handout_holds_no_solution_line_and_no_teacher_file(made):
     for path in notebooks:
         cells = nbformat.read(path, as_version=4).cells
         assert not [c for c in cells if "solution" in c.metadata.get("tags", [])]
-        assert not [c for c in cells if c.cell_type == "code" and c.outputs]        # no executed teacher output
+        assert not [c for c in cells if c.cell_type == "code" and c.outputs]  # no executed teacher output
     readme = (made / "README.md").read_text()
     assert wheel.name in readme and "exercises.check" in readme and "Hand in" in readme
 
@@ -85,26 +86,53 @@ def test_the_handout_installs_in_a_fresh_venv_and_every_student_notebook_runs(ma
     fresh = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True, timeout=120)
     python = fresh / "bin" / "python"
-    site = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
     (wheel,) = made.glob("minidape-*.whl")
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q",
-                                "--target", site, str(wheel)], capture_output=True, text=True, timeout=300)
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", site, str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
-    Path(site, "on_disk.pth").write_text(sysconfig.get_path("purelib") + "\n")   # torch, jupyter, ... (not minidape)
+    Path(site, "on_disk.pth").write_text(sysconfig.get_path("purelib") + "\n")  # torch, jupyter, ... (not minidape)
     work = tmp_path / "class"
-    shutil.copytree(made / "notebooks", work / "notebooks")      # a student's copy, far from the checkout
-    env = {"PATH": f"{fresh / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(tmp_path),
-           "JUPYTER_PATH": str(tmp_path / "jupyter"), "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
-           "MINIDAPE_QUICK": "1", "MINIDAPE_EXPECT_EXERCISES": "none", "OMP_NUM_THREADS": "1", "LANG": "C.UTF-8"}
-    where = subprocess.run([python, "-c", "import minidape; print(minidape.__file__)"], cwd=work, env=env,
-                           capture_output=True, text=True, timeout=300)
+    shutil.copytree(made / "notebooks", work / "notebooks")  # a student's copy, far from the checkout
+    env = {
+        "PATH": f"{fresh / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(tmp_path),
+        "JUPYTER_PATH": str(tmp_path / "jupyter"),
+        "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+        "MINIDAPE_QUICK": "1",
+        "MINIDAPE_EXPECT_EXERCISES": "none",
+        "OMP_NUM_THREADS": "1",
+        "LANG": "C.UTF-8",
+    }
+    where = subprocess.run(
+        [python, "-c", "import minidape; print(minidape.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert where.stdout.strip().startswith(site), where.stdout + where.stderr
     notebooks = [str(path) for path in sorted(work.glob("notebooks/*.ipynb"))]
-    ran = subprocess.run([python, "-c", RUNNER, *notebooks], cwd=work / "notebooks", env=env, capture_output=True,
-                         text=True, timeout=1800)
+    ran = subprocess.run(
+        [python, "-c", RUNNER, *notebooks],
+        cwd=work / "notebooks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:]
     assert ran.stdout.count("ran ") == len(notebooks)
-    for path in notebooks:            # each ran top to bottom: its last cell, the summary, printed the verdicts
+    for path in notebooks:  # each ran top to bottom: its last cell, the summary, printed the verdicts
         last = nbformat.read(path, as_version=4).cells[-1]
         assert "exercises passed" in "".join(o.get("text", "") for o in last.outputs), path

@@ -1,4 +1,5 @@
 """md.kernels: PD/CPD checks of Kerple's Corollary 1, the CPD shift lemma, and softmax's shift invariance."""
+
 import math
 
 import numpy as np
@@ -46,7 +47,7 @@ def test_gram_matches_direct_evaluation_and_is_float64():
 def test_gram_of_shift_invariant_kernel_is_symmetric_toeplitz():
     matrix = kernels.gram(kernels.log_kernel(a=0.7, b=1.3), 12)
     assert torch.equal(matrix, matrix.T)
-    for offset in range(-11, 12):   # constant along every diagonal: k depends on m - n only
+    for offset in range(-11, 12):  # constant along every diagonal: k depends on m - n only
         diagonal = torch.diagonal(matrix, offset)
         assert torch.allclose(diagonal, diagonal[0].expand_as(diagonal))
 
@@ -65,19 +66,24 @@ def test_gram_accepts_int_lists_arrays_and_scalar_kernels():
 def test_power_family_is_cpd(a, p):
     kernel = kernels.power_kernel(a=a, p=p)
     assert kernels.is_cpd(kernel)
-    assert kernels.cpd_min_eig(kernel, 40) >= -1e-9 * a * 39 ** p
+    assert kernels.cpd_min_eig(kernel, 40) >= -1e-9 * a * 39**p
 
 
 @pytest.mark.parametrize("a, b, p", LOG_CASES)
 def test_log_family_is_cpd(a, b, p):
     kernel = kernels.log_kernel(a=a, b=b, p=p)
     assert kernels.is_cpd(kernel)
-    assert kernels.cpd_min_eig(kernel, 40) >= -1e-9 * b * math.log1p(a * 39 ** p)
+    assert kernels.cpd_min_eig(kernel, 40) >= -1e-9 * b * math.log1p(a * 39**p)
 
 
-@pytest.mark.parametrize("kernel, name", [(lambda m, n: (m - n).abs(), "+|x|"),
-                                          (lambda m, n: -(m - n).abs() ** 3, "-|x|^3"),
-                                          (kernels.power_kernel(p=2.5), "-|x|^2.5")])
+@pytest.mark.parametrize(
+    "kernel, name",
+    [
+        (lambda m, n: (m - n).abs(), "+|x|"),
+        (lambda m, n: -((m - n).abs() ** 3), "-|x|^3"),
+        (kernels.power_kernel(p=2.5), "-|x|^2.5"),
+    ],
+)
 def test_kernels_outside_corollary_1_are_not_cpd(kernel, name):
     assert not kernels.is_cpd(kernel), name
     assert kernels.cpd_min_eig(kernel) < 0
@@ -93,8 +99,10 @@ def test_cpd_min_eig_agrees_with_an_explicit_counterexample():
     assert kernels.cpd_min_eig(kernel, 3) <= quadratic.item() / 6 + 1e-12
 
 
-@pytest.mark.parametrize("kernel", [kernels.log_kernel(a=2.0, p=0.5), lambda m, n: (m - n).abs() ** 1.5,
-                                    lambda m, n: torch.exp(-(m - n) ** 2 / 10)])
+@pytest.mark.parametrize(
+    "kernel",
+    [kernels.log_kernel(a=2.0, p=0.5), lambda m, n: (m - n).abs() ** 1.5, lambda m, n: torch.exp(-((m - n) ** 2) / 10)],
+)
 def test_cpd_min_eig_is_the_minimum_over_zero_sum_vectors(kernel):
     points = torch.linspace(0, 20, 9, dtype=torch.float64) ** 1.3
     matrix = kernels.gram(kernel, points)
@@ -111,10 +119,10 @@ def test_cpd_min_eig_is_the_minimum_over_zero_sum_vectors(kernel):
 
 
 def test_pd_kernel_is_also_cpd_but_cpd_kernel_is_not_pd():
-    gaussian = lambda m, n: torch.exp(-(m - n) ** 2 / 8)          # PD (Bochner), hence CPD
+    gaussian = lambda m, n: torch.exp(-((m - n) ** 2) / 8)  # PD (Bochner), hence CPD
     assert torch.linalg.eigvalsh(kernels.gram(gaussian, 20))[0] > -1e-12
     assert kernels.is_cpd(gaussian)
-    triangle = kernels.power_kernel(p=1)                           # CPD, but its trace is 0: not PSD
+    triangle = kernels.power_kernel(p=1)  # CPD, but its trace is 0: not PSD
     assert kernels.is_cpd(triangle)
     assert torch.linalg.eigvalsh(kernels.gram(triangle, 20))[0] < 0
 
@@ -127,19 +135,22 @@ def test_is_cpd_is_seeded():
 # -------------------------------------------------------------------------------- the CPD shift lemma
 
 
-@pytest.mark.parametrize("kernel, points", [
-    (kernels.power_kernel(a=1.0, p=1.0), 24),
-    (kernels.power_kernel(a=0.3, p=1.5), 16),
-    (kernels.log_kernel(a=1.0, b=1.0), 64),
-    (kernels.log_kernel(a=0.2, b=3.0, p=0.5), [0.0, 0.5, 3.0, 9.0, 27.0, 81.0]),
-])
+@pytest.mark.parametrize(
+    "kernel, points",
+    [
+        (kernels.power_kernel(a=1.0, p=1.0), 24),
+        (kernels.power_kernel(a=0.3, p=1.5), 16),
+        (kernels.log_kernel(a=1.0, b=1.0), 64),
+        (kernels.log_kernel(a=0.2, b=3.0, p=0.5), [0.0, 0.5, 3.0, 9.0, 27.0, 81.0]),
+    ],
+)
 def test_pd_shift_gives_the_first_power_of_two_that_makes_c_plus_k_psd(kernel, points):
     c = kernels.pd_shift(kernel, points)
     matrix = kernels.gram(kernel, points)
     assert math.log2(c).is_integer() and c >= 1
     shifted = matrix + c
     assert torch.linalg.eigvalsh(shifted)[0].item() >= -1e-10 * shifted.abs().max().item()
-    assert torch.linalg.eigvalsh(matrix)[0].item() < 0          # the shift was needed
+    assert torch.linalg.eigvalsh(matrix)[0].item() < 0  # the shift was needed
     if c > 1:
         assert torch.linalg.eigvalsh(matrix + c / 2)[0].item() < 0
 
@@ -190,8 +201,17 @@ def test_softmax_absorbs_a_constant_shift_of_the_bias():
 # ----------------------------------------------------------------------------------------------- errors
 
 
-@pytest.mark.parametrize("points, match", [(1, "at least 2"), ([3.0], "at least 2"), ([[0, 1], [2, 3]], "1-D"),
-                                           ([0.0, float("nan")], "finite"), (True, "int N"), ("abc", "int N")])
+@pytest.mark.parametrize(
+    "points, match",
+    [
+        (1, "at least 2"),
+        ([3.0], "at least 2"),
+        ([[0, 1], [2, 3]], "1-D"),
+        ([0.0, float("nan")], "finite"),
+        (True, "int N"),
+        ("abc", "int N"),
+    ],
+)
 def test_bad_points(points, match):
     with pytest.raises((ValueError, TypeError), match=match):
         kernels.gram(kernels.power_kernel(), points)
@@ -205,20 +225,29 @@ def test_bad_kernels():
     with pytest.raises(ValueError, match="non-finite"):
         kernels.gram(lambda m, n: 1 / (m - n), 4)
     with pytest.raises(ValueError, match="not symmetric"):
-        kernels.cpd_min_eig(lambda m, n: -(m - n), 4)               # ALiBi's signed distance
+        kernels.cpd_min_eig(lambda m, n: -(m - n), 4)  # ALiBi's signed distance
     with pytest.raises(ValueError, match="not symmetric"):
         kernels.is_cpd(lambda m, n: m * 0 + n)
 
 
-@pytest.mark.parametrize("make", [lambda: kernels.power_kernel(a=0), lambda: kernels.power_kernel(p=-1),
-                                  lambda: kernels.log_kernel(b=float("inf")), lambda: kernels.log_kernel(a="1")])
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: kernels.power_kernel(a=0),
+        lambda: kernels.power_kernel(p=-1),
+        lambda: kernels.log_kernel(b=float("inf")),
+        lambda: kernels.log_kernel(a="1"),
+    ],
+)
 def test_bad_family_parameters(make):
     with pytest.raises(ValueError, match="positive finite"):
         make()
 
 
-@pytest.mark.parametrize("kwargs, match", [({"n_points": 1}, "n_points"), ({"n_sets": 0}, "n_sets"),
-                                           ({"span": -1.0}, "span"), ({"rtol": -1e-3}, "rtol")])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [({"n_points": 1}, "n_points"), ({"n_sets": 0}, "n_sets"), ({"span": -1.0}, "span"), ({"rtol": -1e-3}, "rtol")],
+)
 def test_bad_is_cpd_arguments(kwargs, match):
     with pytest.raises(ValueError, match=match):
         kernels.is_cpd(kernels.power_kernel(), **kwargs)

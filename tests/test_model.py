@@ -1,5 +1,6 @@
 """The core model in its reference form: causality, each refiner's equation, every encoding's maths, bad input.
 The fast path is checked against this reference in test_fast.py."""
+
 import copy
 import itertools
 import math
@@ -11,8 +12,24 @@ import torch.nn as nn
 import minidape as md
 from minidape import model as M
 
-BUILTIN_PES = ["none", "learned", "sinusoidal", "rope", "yarn", "t5", "alibi", "kerple_log", "kerple_power", "fire",
-               "rope_pi", "rope_ntk", "xpos", "hope", "fox", "cope"]
+BUILTIN_PES = [
+    "none",
+    "learned",
+    "sinusoidal",
+    "rope",
+    "yarn",
+    "t5",
+    "alibi",
+    "kerple_log",
+    "kerple_power",
+    "fire",
+    "rope_pi",
+    "rope_ntk",
+    "xpos",
+    "hope",
+    "fox",
+    "cope",
+]
 BUILTIN_REFINERS = ["none", "dape", "dape_concat", "dape_add", "cape", "conv"]
 
 
@@ -29,6 +46,7 @@ def test_registries_list_every_builtin_name():
 
 # ---------------------------------------------------------------------------------------------- causality
 
+
 @pytest.mark.parametrize("fast", [True, False])
 @pytest.mark.parametrize("pe,refiner", list(itertools.product(BUILTIN_PES, BUILTIN_REFINERS)))
 def test_every_builtin_combination_is_causal(pe, refiner, fast):
@@ -38,13 +56,14 @@ def test_every_builtin_combination_is_causal(pe, refiner, fast):
     assert md.check_causal(cfg, length=16 if pe == "learned" else 40)
 
 
-@pytest.mark.parametrize("pe,refiner", [("kerple_log", "dape"), ("alibi", "conv"), ("rope", "none"),
-                                        ("t5", "dape_add"), ("fire", "none")])
+@pytest.mark.parametrize(
+    "pe,refiner", [("kerple_log", "dape"), ("alibi", "conv"), ("rope", "none"), ("t5", "dape_add"), ("fire", "none")]
+)
 def test_an_encoder_sees_the_future_and_check_causal_says_so(pe, refiner):
     torch.manual_seed(0)
     model = md.GPT(tiny(pe=pe, refiner=refiner, causal=False)).train()
     assert not md.check_causal(model)
-    assert model.training                                           # returned to the mode it was in
+    assert model.training  # returned to the mode it was in
     idx = torch.randint(0, 64, (1, 24))
     changed = idx.clone()
     changed[0, -1] = (idx[0, -1] + 1) % 64
@@ -94,6 +113,7 @@ def test_check_causal_leaves_the_global_random_state_alone_and_refuses_bad_input
 
 # ---------------------------------------------------------------------------------------------- refiners
 
+
 def random_inputs(batch=2, h=4, T=9, seed=0):
     g = torch.Generator().manual_seed(seed)
     scores = torch.randn(batch, h, T, T, generator=g, dtype=torch.float64)
@@ -107,7 +127,7 @@ def refiner_for(name, pe="kerple_log", **kw):
     return M.REFINER_REGISTRY[name](tiny(pe=pe, refiner=name, **kw)).double()
 
 
-CELLS = [(0, 0), (5, 2), (8, 8), (3, 7), (2, 6)]                   # visible and masked (future) cells
+CELLS = [(0, 0), (5, 2), (8, 8), (3, 7), (2, 6)]  # visible and masked (future) cells
 
 
 def test_dape_is_s_plus_b_plus_an_mlp_over_the_heads_at_each_cell():
@@ -118,7 +138,7 @@ def test_dape_is_s_plus_b_plus_an_mlp_over_the_heads_at_each_cell():
     assert isinstance(mlp[1], nn.LeakyReLU) and mlp[1].negative_slope == 0.01
     refined = refiner(scores, bias, mask)
     for i, j in CELLS:
-        stacked = torch.cat([scores[:, :, i, j], bias[:, i, j].expand(2, -1)], dim=1)   # [S, B] at (i, j): (2, 8)
+        stacked = torch.cat([scores[:, :, i, j], bias[:, i, j].expand(2, -1)], dim=1)  # [S, B] at (i, j): (2, 8)
         torch.testing.assert_close(refined[:, :, i, j], scores[:, :, i, j] + bias[:, i, j] + mlp(stacked))
 
 
@@ -153,10 +173,10 @@ def conv_row_by_hand(refiner, scores, bias, i, causal):
     """Row i of S + B + conv2(LeakyReLU(conv1(tril([S, B])))), each 1 x kernel convolution written as its sum
     over taps, zero outside the row: out[:, j] = b + sum_t W[:, :, t] x[:, j + t - kernel // 2]."""
     batch, T = scores.shape[0], scores.shape[-1]
-    row = torch.cat([scores[:, :, i], bias[:, i].expand(batch, -1, -1)], dim=1)   # (batch, 2h, T)
+    row = torch.cat([scores[:, :, i], bias[:, i].expand(batch, -1, -1)], dim=1)  # (batch, 2h, T)
     if causal:
         row = row.clone()
-        row[..., i + 1:] = 0                                              # tril: keys after i are zeroed
+        row[..., i + 1 :] = 0  # tril: keys after i are zeroed
 
     def conv_by_taps(conv, x):
         kernel = conv.weight.shape[-1]
@@ -197,10 +217,10 @@ def test_conv_without_tril_would_leak_but_ours_does_not():
     scores, bias, mask = random_inputs(T=10)
     refiner = refiner_for("conv")
     future = scores.clone()
-    future[..., 3, 4:] += 10.0                                      # row 3's masked (future) entries
+    future[..., 3, 4:] += 10.0  # row 3's masked (future) entries
     out_a, out_b = refiner(scores, bias, mask), refiner(future, bias, mask)
     torch.testing.assert_close(out_a[..., 3, :4], out_b[..., 3, :4])
-    unmasked = torch.ones_like(mask)                                # the paper's "cheating" run: no tril
+    unmasked = torch.ones_like(mask)  # the paper's "cheating" run: no tril
     cheating = refiner(scores, bias, unmasked) - refiner(future, bias, unmasked)
     assert cheating[..., 3, :4].abs().max() > 1e-3
 
@@ -211,14 +231,15 @@ def test_attention_is_softmax_of_the_masked_refined_scores_times_v():
     bias, mask = torch.randn(4, 6, 6, dtype=torch.float64), torch.ones(6, 6, dtype=torch.bool).tril()
     y, pieces = M.attention(q, k, v, bias, mask)
     S = torch.einsum("bhid,bhjd->bhij", q, k) / math.sqrt(8)
-    for i in range(6):                                              # row i: softmax over keys j <= i
+    for i in range(6):  # row i: softmax over keys j <= i
         weights = torch.softmax(S[:, :, i, : i + 1] + bias[:, i, : i + 1], dim=-1)
         torch.testing.assert_close(y[:, :, i], torch.einsum("bhj,bhjd->bhd", weights, v[:, :, : i + 1]))
-    torch.testing.assert_close(pieces["refined"], torch.where(mask, S + bias, S))   # B counts as 0 where masked
+    torch.testing.assert_close(pieces["refined"], torch.where(mask, S + bias, S))  # B counts as 0 where masked
     assert pieces["probs"][..., 0, 1:].abs().max() == 0
 
 
 # ---------------------------------------------------------------------------------------------- hard windows
+
 
 def register_window_pe(name, width, future=0.0):
     """A bias of 0 within `width` keys of the query, -inf beyond (a hard window), `future` on masked cells."""
@@ -234,6 +255,7 @@ def register_window_pe(name, width, future=0.0):
             bias = self.scale[:, None, None] * d.clamp(min=0)
             bias = bias.masked_fill(d >= width, float("-inf"))
             return bias.masked_fill(d < 0, future)
+
     return name
 
 
@@ -252,15 +274,17 @@ def test_a_minus_inf_bias_is_a_hard_window_with_every_refiner(refiner, fast):
     assert model.pe.scale.grad.abs().sum() > 0
     probs = model.attention_maps(idx, layer=1)["probs"]
     far = torch.arange(20)[:, None] - torch.arange(20)[None, :] >= 4
-    assert probs[..., far].abs().max() == 0 and probs[..., ~far].sum() > 0     # never attends beyond the window
+    assert probs[..., far].abs().max() == 0 and probs[..., ~far].sum() > 0  # never attends beyond the window
 
 
 @pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
 @pytest.mark.parametrize("fast", [True, False])
 def test_whatever_a_bias_holds_on_masked_cells_changes_nothing(refiner, fast):
     """NaN (or anything) on masked future cells: the same output and gradients as 0 there."""
-    names = [register_window_pe(f"future_{value}", width=1000, future=value)
-             for value in (0.0, float("nan"), float("inf"), 1e30)]
+    names = [
+        register_window_pe(f"future_{value}", width=1000, future=value)
+        for value in (0.0, float("nan"), float("inf"), 1e30)
+    ]
     torch.manual_seed(0)
     models = [md.GPT(tiny(pe=name, refiner=refiner, fast=fast, attn_chunk=6)) for name in names]
     for other in models[1:]:
@@ -289,7 +313,7 @@ def test_nan_or_plus_inf_where_a_query_may_attend_is_an_error_naming_the_pe(valu
 
         def forward(self, q_pos, k_pos):
             bias = torch.zeros(4, len(q_pos), len(k_pos))
-            bias[:, q_pos >= 5, 2] = value                  # visible: queries from 5 on may attend to key 2
+            bias[:, q_pos >= 5, 2] = value  # visible: queries from 5 on may attend to key 2
             return bias
 
     model = md.GPT(tiny(pe=name, refiner="dape", fast=fast))
@@ -313,6 +337,7 @@ def test_a_row_with_every_key_at_minus_inf_is_an_error():
 
 
 # ---------------------------------------------------------------------------------------------- encodings
+
 
 def test_rope_scores_depend_only_on_relative_position():
     cfg = tiny(pe="rope")
@@ -342,11 +367,12 @@ def test_rope_preserves_norms():
 def test_alibi_slopes_follow_the_geometric_rule(n_head):
     def geometric(n):
         return [2 ** (-8 * h / n) for h in range(1, n + 1)]
+
     closest = 2 ** int(math.log2(n_head))
     expected = geometric(closest) + geometric(2 * closest)[::2][: n_head - closest]
     torch.testing.assert_close(M.alibi_slopes(n_head), torch.tensor(expected))
     if n_head == 8:
-        torch.testing.assert_close(M.alibi_slopes(8), torch.tensor([0.5 ** h for h in range(1, 9)]))
+        torch.testing.assert_close(M.alibi_slopes(8), torch.tensor([0.5**h for h in range(1, 9)]))
 
 
 def test_alibi_bias_is_minus_slope_times_distance():
@@ -365,7 +391,7 @@ def test_t5_causal_buckets(distance):
     t5 = M.T5Bias(tiny(pe="t5"))
     got = t5.buckets(torch.tensor([distance]), torch.tensor([0]))
     assert got.item() == expected
-    assert t5.buckets(torch.tensor([0]), torch.tensor([distance])).item() == 0   # future keys: bucket 0
+    assert t5.buckets(torch.tensor([0]), torch.tensor([distance])).item() == 0  # future keys: bucket 0
 
 
 def test_t5_encoder_separates_directions():
@@ -375,8 +401,13 @@ def test_t5_encoder_separates_directions():
     assert ahead != behind and ahead == behind + 16
 
 
-@pytest.mark.parametrize("pe,names,limits", [("kerple_log", ("r1", "r2"), ((1e-2, None), (1e-2, None))),
-                                             ("kerple_power", ("a", "p"), ((1e-2, None), (1e-2, 2.0)))])
+@pytest.mark.parametrize(
+    "pe,names,limits",
+    [
+        ("kerple_log", ("r1", "r2"), ((1e-2, None), (1e-2, None))),
+        ("kerple_power", ("a", "p"), ((1e-2, None), (1e-2, 2.0))),
+    ],
+)
 def test_kerple_parameters_are_projected_into_range(pe, names, limits):
     bias = M.PE_REGISTRY[pe](tiny(pe=pe))
     with torch.no_grad():
@@ -388,7 +419,7 @@ def test_kerple_parameters_are_projected_into_range(pe, names, limits):
         assert value.min() >= low
         if high is not None:
             assert value.max() <= high
-        assert value[2] == 0.5                                      # in-range values untouched
+        assert value[2] == 0.5  # in-range values untouched
 
 
 def test_kerple_formulas():
@@ -399,7 +430,7 @@ def test_kerple_formulas():
     for h in range(4):
         r1, r2, a, p = log.r1[h].item(), log.r2[h].item(), power.a[h].item(), power.p[h].item()
         assert b_log[h, 7, 2].item() == pytest.approx(-r1 * math.log(1 + r2 * 5), rel=1e-5)
-        assert b_pow[h, 7, 2].item() == pytest.approx(-a * 5 ** p, rel=1e-5)
+        assert b_pow[h, 7, 2].item() == pytest.approx(-a * 5**p, rel=1e-5)
         assert b_pow[h, 3, 3].item() == 0 and b_log[h, 3, 3].item() == 0
 
 
@@ -414,11 +445,11 @@ def test_fire_normaliser_switches_at_the_threshold():
     fire = M.FIREBias(tiny(pe="fire", block_size=16))
     q = torch.arange(40)
     norm = fire.normalizer(q)
-    psi = lambda x: math.log(0.1 * x + 1)                            # c starts at 0.1
-    assert torch.allclose(norm[:17], torch.full((17,), psi(16)))     # below L = 16: psi(L)
-    assert norm[30].item() == pytest.approx(psi(30), rel=1e-6)      # beyond: psi(i)
+    psi = lambda x: math.log(0.1 * x + 1)  # c starts at 0.1
+    assert torch.allclose(norm[:17], torch.full((17,), psi(16)))  # below L = 16: psi(L)
+    assert norm[30].item() == pytest.approx(psi(30), rel=1e-6)  # beyond: psi(i)
     with torch.no_grad():
-        fire.threshold_scale.fill_(2.0)                             # L = 32 now
+        fire.threshold_scale.fill_(2.0)  # L = 32 now
     assert fire.normalizer(q)[30].item() == pytest.approx(psi(32), rel=1e-6)
 
 
@@ -442,15 +473,15 @@ def test_yarn_equals_rope_within_training_length_and_differs_beyond():
 
 
 def test_yarn_keeps_fast_frequencies_and_interpolates_slow_ones():
-    cfg = tiny(pe="yarn", n_embd=128, n_head=2, block_size=128)      # head size 64: 32 pairs
+    cfg = tiny(pe="yarn", n_embd=128, n_head=2, block_size=128)  # head size 64: 32 pairs
     yarn = M.YaRNEmbedding(cfg)
     s = 4.0
     theta, scale = yarn.frequencies_and_scale(int(128 * s))
     assert scale == pytest.approx(0.1 * math.log(s) + 1)
-    assert torch.allclose(theta[0], yarn.theta[0])                  # fastest pair untouched
-    assert torch.allclose(theta[-1], yarn.theta[-1] / s)            # slowest pair interpolated by s
+    assert torch.allclose(theta[0], yarn.theta[0])  # fastest pair untouched
+    assert torch.allclose(theta[-1], yarn.theta[-1] / s)  # slowest pair interpolated by s
     ratio = yarn.theta / theta
-    assert torch.all(ratio[1:] >= ratio[:-1] - 1e-6)                # monotone ramp in between
+    assert torch.all(ratio[1:] >= ratio[:-1] - 1e-6)  # monotone ramp in between
 
 
 def test_sinusoidal_matches_vaswani():
@@ -483,8 +514,13 @@ def test_every_extrapolating_pe_runs_far_beyond_block_size(pe):
 @pytest.mark.parametrize("fast", [True, False])
 def test_bfloat16_autocast_and_bfloat16_weights_run(fast):
     torch.manual_seed(0)
-    for pe, refiner in [("kerple_log", "dape"), ("rope", "none"), ("alibi", "none"), ("fire", "conv"),
-                        ("t5", "dape_add")]:
+    for pe, refiner in [
+        ("kerple_log", "dape"),
+        ("rope", "none"),
+        ("alibi", "none"),
+        ("fire", "conv"),
+        ("t5", "dape_add"),
+    ]:
         model = md.GPT(tiny(pe=pe, refiner=refiner, fast=fast))
         idx = torch.randint(0, 64, (2, 20))
         with torch.autocast("cpu", dtype=torch.bfloat16):
@@ -497,6 +533,7 @@ def test_bfloat16_autocast_and_bfloat16_weights_run(fast):
 
 # ---------------------------------------------------------------------------------------------- extension
 
+
 def test_user_registered_bias_trains_with_every_refiner():
     name = "test_gaussian_bias"
 
@@ -508,19 +545,19 @@ def test_user_registered_bias_trains_with_every_refiner():
 
         def forward(self, q_pos, k_pos):
             d = (q_pos[:, None] - k_pos[None, :]).float()
-            return -(d / self.width[:, None, None]) ** 2
+            return -((d / self.width[:, None, None]) ** 2)
 
     assert name in md.PE_NAMES
     torch.manual_seed(0)
-    data = torch.randint(0, 8, (1, 200)).repeat(1, 4).view(-1) % 64   # a learnable, repeating sequence
+    data = torch.randint(0, 8, (1, 200)).repeat(1, 4).view(-1) % 64  # a learnable, repeating sequence
     for refiner in BUILTIN_REFINERS:
         model = md.GPT(tiny(pe=name, refiner=refiner))
         opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
         losses = []
-        for step in range(25):
+        for _ in range(25):
             start = torch.randint(0, len(data) - 17, (8,))
-            x = torch.stack([data[s:s + 16] for s in start])
-            y = torch.stack([data[s + 1:s + 17] for s in start])
+            x = torch.stack([data[s : s + 16] for s in start])
+            y = torch.stack([data[s + 1 : s + 17] for s in start])
             _, loss = model(x, y)
             opt.zero_grad()
             loss.backward()
@@ -565,6 +602,7 @@ def test_bad_bias_shape_is_reported():
 
 # ---------------------------------------------------------------------------------------------- errors
 
+
 def test_unknown_names_list_the_valid_choices():
     with pytest.raises(ValueError, match=r"unknown pe 'rotary'.*kerple_log"):
         tiny(pe="rotary")
@@ -579,7 +617,7 @@ def test_bad_shapes_and_kernels():
         tiny(pe="rope", n_embd=12, n_head=4)
     with pytest.raises(ValueError, match=r"even head size"):
         tiny(pe="yarn", n_embd=12, n_head=4)
-    tiny(pe="alibi", n_embd=12, n_head=4)                           # odd heads are fine without rotation
+    tiny(pe="alibi", n_embd=12, n_head=4)  # odd heads are fine without rotation
     for kernel in (0, 2, -3):
         with pytest.raises(ValueError, match=rf"refiner_kernel must be an odd integer.*got {kernel}"):
             tiny(refiner="conv", refiner_kernel=kernel)
@@ -602,18 +640,18 @@ def test_a_users_name_registered_again_takes_the_new_class_with_a_notice(capsys)
         def forward(self, q_pos, k_pos):
             return torch.zeros(1, len(q_pos), len(k_pos))
 
-    class Edited(First):        # the same cell run again after an edit: a new class under the same name
+    class Edited(First):  # the same cell run again after an edit: a new class under the same name
         pass
 
     md.register_pe("notebook_bias")(First)
-    md.register_pe("notebook_bias")(First)              # the same class again: nothing to say
+    md.register_pe("notebook_bias")(First)  # the same class again: nothing to say
     assert capsys.readouterr().err == ""
     md.register_pe("notebook_bias")(Edited)
     notice = capsys.readouterr().err.strip().splitlines()
     assert len(notice) == 1 and "'notebook_bias' now builds" in notice[0] and "Edited" in notice[0]
     assert isinstance(md.GPT(tiny(pe="notebook_bias")).pe, Edited)
     with pytest.raises(ValueError, match=r"pe 'rope' is already registered"):
-        md.register_pe("rope")(Edited)                  # minidape's own names stay refused
+        md.register_pe("rope")(Edited)  # minidape's own names stay refused
     assert md.model.PE_REGISTRY["rope"] is not Edited
 
 
@@ -634,14 +672,14 @@ def test_bad_targets():
     model = md.GPT(tiny())
     idx = torch.zeros(2, 6, dtype=torch.long)
     with pytest.raises(ValueError, match=r"shape of idx \(2, 6\).*got shape \(3, 4\)"):
-        model(idx, torch.zeros(3, 4, dtype=torch.long))          # as many elements, the wrong shape
+        model(idx, torch.zeros(3, 4, dtype=torch.long))  # as many elements, the wrong shape
     with pytest.raises(ValueError, match=r"shape of idx"):
         model(idx, torch.zeros(12, dtype=torch.long))
     with pytest.raises(TypeError, match=r"targets must be an integer tensor.*float32"):
         model(idx, torch.zeros(2, 6))
     with pytest.raises(ValueError, match=r"targets must be in \[0, vocab_size=64\) or -1"):
         model(idx, torch.full((2, 6), -2))
-    model(idx, torch.full((2, 6), -1).index_fill(1, torch.tensor([0]), 3))    # -1 is ignored, fine
+    model(idx, torch.full((2, 6), -1).index_fill(1, torch.tensor([0]), 3))  # -1 is ignored, fine
 
 
 def test_value_checks_run_always_in_evaluation_and_on_each_new_shape_in_training():
@@ -654,22 +692,39 @@ def test_value_checks_run_always_in_evaluation_and_on_each_new_shape_in_training
             model(bad)
     model.train()
     with pytest.raises(ValueError, match=r"token ids must be in"):
-        model(bad)                                             # a failed check does not mark its shape as seen
+        model(bad)  # a failed check does not mark its shape as seen
     model(torch.zeros(2, 6, dtype=torch.long), torch.zeros(2, 6, dtype=torch.long))
     with pytest.raises(ValueError, match=r"targets must be in"):
-        model(torch.zeros(3, 6, dtype=torch.long), torch.full((3, 6), -2))         # a new shape: checked
+        model(torch.zeros(3, 6, dtype=torch.long), torch.full((3, 6), -2))  # a new shape: checked
     with pytest.raises(ValueError, match=r"token ids must be in"):
         model.eval()(bad)
 
 
-@pytest.mark.parametrize("field,value,error", [
-    ("causal", "False", TypeError), ("causal", 0, TypeError), ("fast", None, TypeError),
-    ("tie_embeddings", "yes", TypeError), ("n_layer", 2.0, TypeError), ("n_layer", True, TypeError),
-    ("block_size", "128", TypeError), ("refiner_kernel", 3.0, TypeError), ("attn_chunk", -1, ValueError),
-    ("random_positions", 1.5, TypeError), ("dropout", "0.1", TypeError), ("dropout", True, TypeError),
-    ("dropout", 1.0, ValueError), ("dropout", -0.1, ValueError), ("dropout", float("nan"), TypeError),
-    ("rope_base", 0.0, ValueError), ("rope_base", -5, ValueError), ("rope_base", float("inf"), TypeError),
-    ("pe", None, TypeError), ("n_head", 0, ValueError)])
+@pytest.mark.parametrize(
+    "field,value,error",
+    [
+        ("causal", "False", TypeError),
+        ("causal", 0, TypeError),
+        ("fast", None, TypeError),
+        ("tie_embeddings", "yes", TypeError),
+        ("n_layer", 2.0, TypeError),
+        ("n_layer", True, TypeError),
+        ("block_size", "128", TypeError),
+        ("refiner_kernel", 3.0, TypeError),
+        ("attn_chunk", -1, ValueError),
+        ("random_positions", 1.5, TypeError),
+        ("dropout", "0.1", TypeError),
+        ("dropout", True, TypeError),
+        ("dropout", 1.0, ValueError),
+        ("dropout", -0.1, ValueError),
+        ("dropout", float("nan"), TypeError),
+        ("rope_base", 0.0, ValueError),
+        ("rope_base", -5, ValueError),
+        ("rope_base", float("inf"), TypeError),
+        ("pe", None, TypeError),
+        ("n_head", 0, ValueError),
+    ],
+)
 def test_config_fields_are_type_and_range_checked(field, value, error):
     with pytest.raises(error, match=rf"{field}.*{value!r}" if error is ValueError else rf"GPTConfig.{field} must be"):
         tiny(**{field: value})
@@ -693,11 +748,15 @@ def test_tie_embeddings():
 def test_generate_validates_its_arguments():
     model = md.GPT(tiny()).eval()
     idx = torch.zeros(1, 3, dtype=torch.long)
-    for kwargs, message in [(dict(temperature=0), "temperature must be a number > 0"),
-                            (dict(temperature=-1.0), "temperature"), (dict(temperature=float("nan")), "temperature"),
-                            (dict(top_k=0), "top_k must be None"), (dict(top_k=2.5), "top_k"),
-                            (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
-                            (dict(max_new_tokens=2.0), "max_new_tokens")]:
+    for kwargs, message in [
+        (dict(temperature=0), "temperature must be a number > 0"),
+        (dict(temperature=-1.0), "temperature"),
+        (dict(temperature=float("nan")), "temperature"),
+        (dict(top_k=0), "top_k must be None"),
+        (dict(top_k=2.5), "top_k"),
+        (dict(max_new_tokens=-1), "max_new_tokens must be an integer >= 0"),
+        (dict(max_new_tokens=2.0), "max_new_tokens"),
+    ]:
         with pytest.raises(ValueError, match=message):
             model.generate(idx, **{"max_new_tokens": 2, **kwargs})
     out = model.generate(idx, max_new_tokens=4, temperature=0.5, top_k=1)
@@ -736,13 +795,27 @@ def test_learned_positions_refuse_lengths_beyond_their_table():
 
 # ---------------------------------------------------------------------------------------------- devices
 
-DEVICES = ["cpu"] + [d for d, ok in (("cuda", torch.cuda.is_available()),
-                                      ("mps", getattr(torch.backends, "mps", None) is not None
-                                       and torch.backends.mps.is_available())) if ok]
+DEVICES = ["cpu"] + [
+    d
+    for d, ok in (
+        ("cuda", torch.cuda.is_available()),
+        ("mps", getattr(torch.backends, "mps", None) is not None and torch.backends.mps.is_available()),
+    )
+    if ok
+]
 
 
-@pytest.mark.parametrize("pe,refiner", [("kerple_log", "dape"), ("alibi", "conv"), ("rope", "none"),
-                                        ("fire", "dape_add"), ("t5", "none"), ("yarn", "cape")])
+@pytest.mark.parametrize(
+    "pe,refiner",
+    [
+        ("kerple_log", "dape"),
+        ("alibi", "conv"),
+        ("rope", "none"),
+        ("fire", "dape_add"),
+        ("t5", "none"),
+        ("yarn", "cape"),
+    ],
+)
 def test_every_available_device_agrees_with_float64(pe, refiner):
     """Reference: the model in float64 on CPU. On every device present (CPU always, CUDA/MPS where there) the
     same weights in float32 give the same logits and gradients, beyond block_size, and bfloat16 autocast

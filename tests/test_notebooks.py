@@ -3,6 +3,7 @@
 The .py (jupytext py:percent) is the source; the committed .ipynb is the same notebook executed in full mode
 (`make notebooks`). Running the notebooks themselves is `make test-notebooks` (nbval, quick mode).
 """
+
 import ast
 import re
 import subprocess
@@ -31,10 +32,13 @@ def test_executed_notebook_has_the_source_code(source):
     expected = [cell.source for cell in code_cells(jupytext.read(source))]
     executed = nbformat.read(executed_path, as_version=4)
     actual = [cell.source for cell in code_cells(executed)]
-    assert len(actual) == len(expected), (f"{executed_path.name} has {len(actual)} code cells, {source.name} has "
-                                          f"{len(expected)}: re-run `make notebooks`")
+    assert len(actual) == len(expected), (
+        f"{executed_path.name} has {len(actual)} code cells, {source.name} has {len(expected)}: re-run `make notebooks`"
+    )
     for number, (want, got) in enumerate(zip(expected, actual), start=1):
-        assert got == want, f"code cell {number} of {executed_path.name} differs from {source.name}: re-run `make notebooks`"
+        assert got == want, (
+            f"code cell {number} of {executed_path.name} differs from {source.name}: re-run `make notebooks`"
+        )
     # executed top to bottom, without errors
     counts = [cell.get("execution_count") for cell in code_cells(executed)]
     assert counts == list(range(1, len(counts) + 1)), f"{executed_path.name} was not executed in order: {counts}"
@@ -48,6 +52,7 @@ def test_every_executed_notebook_has_a_source(executed):
 
 
 # ------------------------------------------------------------------------ exercises, editions, device
+
 
 def names_defined(source):
     """Top-level names a cell's code binds (functions, classes, assignments)."""
@@ -89,13 +94,14 @@ def test_every_solution_replaces_a_stub_defined_before_it(source):
     for number, cell in enumerate(cells):
         if is_solution(cell):
             solutions += 1
-            used_later = set().union(*(names_used(c.source) for c in cells[number + 1:] if not is_solution(c)))
+            used_later = set().union(*(names_used(c.source) for c in cells[number + 1 :] if not is_solution(c)))
             missing = (names_defined(cell.source) - defined) & used_later
             assert not missing, f"{source.name}: solution cell defines {missing} with no stub before it"
         else:
             defined |= names_defined(cell.source)
-            assert "NBVAL_CHECK_OUTPUT" not in cell.source or "exercises." not in cell.source, \
+            assert "NBVAL_CHECK_OUTPUT" not in cell.source or "exercises." not in cell.source, (
                 f"{source.name}: a checked output cell runs an exercise check, whose output differs between editions"
+            )
     assert solutions >= 3, f"{source.name} has {solutions} solution cells"
 
 
@@ -103,13 +109,14 @@ def test_every_solution_replaces_a_stub_defined_before_it(source):
 def test_a_device_cell_comes_first_and_the_cost_is_stated(source):
     notebook = jupytext.read(source)
     cells = code_cells(notebook)[:3]
-    device = [cell.source for cell in cells if "DEVICE = notebook.device()" in cell.source]   # CUDA, MPS, CPU
+    device = [cell.source for cell in cells if "DEVICE = notebook.device()" in cell.source]  # CUDA, MPS, CPU
     assert device, f"{source.name}: no DEVICE cell (DEVICE = notebook.device()) among its first code cells"
     assert "print(" in device[0], f"{source.name}: the DEVICE cell must show the device"
     assert "**Cost" in notebook.cells[0].source, f"{source.name}: the first cell must state what it trains and how long"
 
 
 # ------------------------------------------------------------------------ no answer before its question
+
 
 def student_edition(notebook):
     """What `make student` keeps: every cell but the ones tagged `solution`."""
@@ -123,8 +130,12 @@ def distinctive_lines(solution, stub):
     lines = set()
     for line in solution.source.splitlines():
         line = line.split("  #")[0].strip()
-        if (len(line) >= 24 and line not in given and not line.startswith(("#", '"""', "def ", "class ", "r\"\"\""))
-                and not line.endswith('"""')):
+        if (
+            len(line) >= 24
+            and line not in given
+            and not line.startswith(("#", '"""', "def ", "class ", "r\"\"\""))
+            and not line.endswith('"""')
+        ):
             lines.add(line)
     return lines
 
@@ -154,7 +165,7 @@ def test_predictions_are_recorded_as_literals_before_their_check(source):
     for cell in predictions:
         for node in ast.parse(cell.source).body:
             assert isinstance(node, ast.Assign), f"{source.name}: a prediction cell may only assign: {cell.source}"
-            ast.literal_eval(node.value)                   # raises on anything but a literal
+            ast.literal_eval(node.value)  # raises on anything but a literal
     cells = code_cells(notebook)
     experiments = [e.name for e in exercises.exercises_of(source.name[:2]) if e.kind == "experiment"]
     first_prediction = min(cells.index(cell) for cell in predictions)
@@ -169,7 +180,7 @@ def test_written_answer_cells_name_a_rubric_of_the_teachers_guide(source):
     assert written, f"{source.name} has no written-answer cell (tag `written`)"
     for cell in written:
         assert cell.cell_type == "markdown", f"{source.name}: a written answer is a markdown cell"
-        rubrics = [tag[len("rubric:"):] for tag in cell.metadata["tags"] if tag.startswith("rubric:")]
+        rubrics = [tag[len("rubric:") :] for tag in cell.metadata["tags"] if tag.startswith("rubric:")]
         assert len(rubrics) == 1, f"{source.name}: a written cell needs one `rubric:<id>` tag, has {rubrics}"
         assert f"`rubric:{rubrics[0]}`" in guide, f"docs/teaching.md has no rubric `rubric:{rubrics[0]}`"
 
@@ -186,8 +197,12 @@ MATH = re.compile(r"\$\$.+?\$\$|\$[^$\n]{8,}?\$", re.DOTALL)
 def markdown_in_code(notebook):
     """Code cells holding a markdown-looking comment block: a heading (`# ## ...`) or a bare `#` line, what a
     missing `# %% [markdown]` marker leaves behind."""
-    return [line for cell in code_cells(notebook) for line in cell.source.splitlines()
-            if re.match(r"#\s?#{1,6}\s", line) or line.strip() == "#"]
+    return [
+        line
+        for cell in code_cells(notebook)
+        for line in cell.source.splitlines()
+        if re.match(r"#\s?#{1,6}\s", line) or line.strip() == "#"
+    ]
 
 
 def missing_files(notebook):
@@ -196,8 +211,12 @@ def missing_files(notebook):
     tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True).stdout.split()
     known = set(tracked) | {Path(path).name for path in tracked}
     package = "\n".join(path.read_text() for path in (REPO / "minidape").rglob("*.py"))
-    return [name for cell in notebook.cells for name in FILE_NAME.findall(cell.source)
-            if name not in known and Path(name).name not in known and name not in package]
+    return [
+        name
+        for cell in notebook.cells
+        for name in FILE_NAME.findall(cell.source)
+        if name not in known and Path(name).name not in known and name not in package
+    ]
 
 
 def answers_after_checks(notebook):
@@ -210,20 +229,32 @@ def answers_after_checks(notebook):
     for index, cell in enumerate(kept):
         if cell.cell_type != "code" or not set(checked(cell.source)) & derive:
             continue
-        for after in kept[index + 1:]:
+        for after in kept[index + 1 :]:
             if after.cell_type != "markdown" or re.match(r"#+ ", after.source):
                 break
             found += [f"after {checked(cell.source)}: {text[:60]}" for text in re.findall(r"\$[^$]+\$", after.source)]
             found += [f"after {checked(cell.source)}: closed form"] if "closed form" in after.source.lower() else []
-    worked = {span for cell in notebook.cells if is_solution(cell) and cell.cell_type == "markdown"
-              for span in MATH.findall(cell.source) if re.search(r"=|\\[lg]e\b|\\approx", span)}   # a statement
-    found += [f"a worked answer's formula: {span[:60]}" for cell in kept for span in MATH.findall(cell.source)
-              if span in worked]
+    worked = {
+        span
+        for cell in notebook.cells
+        if is_solution(cell) and cell.cell_type == "markdown"
+        for span in MATH.findall(cell.source)
+        if re.search(r"=|\\[lg]e\b|\\approx", span)
+    }  # a statement
+    found += [
+        f"a worked answer's formula: {span[:60]}"
+        for cell in kept
+        for span in MATH.findall(cell.source)
+        if span in worked
+    ]
     return found
 
 
-LINT = {"markdown in a code cell": markdown_in_code, "a file that does not exist": missing_files,
-        "an answer after its check": answers_after_checks}
+LINT = {
+    "markdown in a code cell": markdown_in_code,
+    "a file that does not exist": missing_files,
+    "an answer after its check": answers_after_checks,
+}
 
 
 @pytest.mark.parametrize("rule", LINT)
@@ -266,5 +297,5 @@ def test_each_lint_rule_finds_its_mistake():
     assert markdown_in_code(notebook) == ["#", "# ## 4. A heading that lost its marker", "#"]
     assert missing_files(notebook) == ["DESIGN.md"]
     found = answers_after_checks(notebook)
-    assert len([f for f in found if f.startswith("after")]) == 2                 # the display math, "closed form"
+    assert len([f for f in found if f.startswith("after")]) == 2  # the display math, "closed form"
     assert found[-1] == "a worked answer's formula: $2(\\sum_i c_i x_i)^2 \\ge 0$"

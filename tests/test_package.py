@@ -1,4 +1,5 @@
 """The package as users get it: light to import, and installable with its corpora (no repository around it)."""
+
 import os
 import subprocess
 import sys
@@ -12,23 +13,24 @@ REPO = Path(__file__).resolve().parent.parent
 
 def run_python(code: str, cwd: Path, pythonpath: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(pythonpath), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run([sys.executable, "-c", code], cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
 
 
 def test_importing_the_model_loads_neither_matplotlib_nor_tqdm(tmp_path):
     """torch itself may import tqdm; minidape must add neither it nor matplotlib, nor its own heavy modules."""
-    code = ("import sys, torch\n"
-            "before = set(sys.modules)\n"
-            "import minidape.model\n"
-            "added = set(sys.modules) - before\n"
-            "heavy = sorted(m for m in added if m.split('.')[0] in ('matplotlib', 'tqdm') or m in\n"
-            "               ('minidape.plots', 'minidape.evaluate', 'minidape.tasks', 'minidape.che'))\n"
-            "assert not heavy and 'matplotlib' not in sys.modules, heavy\n"
-            "import minidape as md\n"
-            "assert callable(md.train) and md.tasks.TASK_NAMES and md.che.train_task and md.plots.plot_accuracy\n"
-            "assert md.evaluate.perplexity_by_length and md.kernels.gram and md.load_corpus and md.GPT\n"
-            "assert 'matplotlib' in sys.modules  # md.plots loaded it, on first use\n")
+    code = (
+        "import sys, torch\n"
+        "before = set(sys.modules)\n"
+        "import minidape.model\n"
+        "added = set(sys.modules) - before\n"
+        "heavy = sorted(m for m in added if m.split('.')[0] in ('matplotlib', 'tqdm') or m in\n"
+        "               ('minidape.plots', 'minidape.evaluate', 'minidape.tasks', 'minidape.che'))\n"
+        "assert not heavy and 'matplotlib' not in sys.modules, heavy\n"
+        "import minidape as md\n"
+        "assert callable(md.train) and md.tasks.TASK_NAMES and md.che.train_task and md.plots.plot_accuracy\n"
+        "assert md.evaluate.perplexity_by_length and md.kernels.gram and md.load_corpus and md.GPT\n"
+        "assert 'matplotlib' in sys.modules  # md.plots loaded it, on first use\n"
+    )
     done = run_python(code, tmp_path, REPO)
     assert done.returncode == 0, done.stderr[-2000:]
 
@@ -36,9 +38,13 @@ def test_importing_the_model_loads_neither_matplotlib_nor_tqdm(tmp_path):
 def test_the_built_package_carries_its_corpora(tmp_path):
     """Build the wheel from a copy of the sources, install it into a bare folder, and read a corpus from there,
     far from the repository's data/."""
-    wheel = handout.build_wheel(tmp_path / "wheel")          # from a copy of the sources, as the hand-out does
-    installed = subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                                str(tmp_path / "site"), str(wheel)], capture_output=True, text=True, timeout=300)
+    wheel = handout.build_wheel(tmp_path / "wheel")  # from a copy of the sources, as the hand-out does
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(tmp_path / "site"), str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert installed.returncode == 0, installed.stderr[-2000:]
     corpora = tmp_path / "site" / "minidape" / "corpora"
     for files in md.data.CORPORA.values():
@@ -50,8 +56,14 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     licences = {path.name for path in (info / "licenses").rglob("*") if path.is_file()}
     assert licences == {"LICENSE", "LICENSES.md", "PSF_LICENSE.txt"}, licences
     metadata = (info / "METADATA").read_text()
-    for field in ("License-Expression: MIT", "Author: the minidape maintainers", "Requires-Python: >=3.10",
-                  "Classifier: Programming Language :: Python :: 3.11", "Project-URL: ", "Provides-Extra: grade"):
+    for field in (
+        "License-Expression: MIT",
+        "Author: the minidape maintainers",
+        "Requires-Python: >=3.10",
+        "Classifier: Programming Language :: Python :: 3.11",
+        "Project-URL: ",
+        "Provides-Extra: grade",
+    ):
         assert field in metadata, field
     # Every subpackage of the source tree ships (a folder missing from pyproject's list would be left out).
     for package in (REPO / "minidape").rglob("__init__.py"):
@@ -59,11 +71,13 @@ def test_the_built_package_carries_its_corpora(tmp_path):
 
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
-    code = ("import minidape as md, minidape.data as data\n"
-            "import minidape.study.demo, minidape.bench  # the study subpackage and the benchmark ship too\n"
-            "from minidape import exercises; assert len(exercises.EXERCISES) >= 21  # the checks' package\n"
-            "print(data.DATA_DIR)\n"
-            "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n")
+    code = (
+        "import minidape as md, minidape.data as data\n"
+        "import minidape.study.demo, minidape.bench  # the study subpackage and the benchmark ship too\n"
+        "from minidape import exercises; assert len(exercises.EXERCISES) >= 21  # the checks' package\n"
+        "print(data.DATA_DIR)\n"
+        "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n"
+    )
     done = run_python(code, elsewhere, tmp_path / "site")
     assert done.returncode == 0, done.stderr[-2000:]
     where, size = done.stdout.split()
@@ -80,9 +94,9 @@ def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_fro
     """Every `from . import x` / `from .x import y` / `import minidape.x` inside minidape/, as a graph over its
     modules: acyclic, and model.py (the one file a reader copies out) has no edge at all."""
     import ast
+
     root = Path(md.__file__).parent
-    modules = {p.relative_to(root).with_suffix("").as_posix().replace("/", "."): p
-               for p in root.rglob("*.py")}
+    modules = {p.relative_to(root).with_suffix("").as_posix().replace("/", "."): p for p in root.rglob("*.py")}
     modules = {name.removesuffix(".__init__"): path for name, path in modules.items()}
     edges = {}
     for name, path in modules.items():
@@ -103,8 +117,9 @@ def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_fro
                     full = f"{base}.{alias.name}".strip(".")
                     targets.add(full if full in modules else base)
             elif isinstance(node, ast.Import):
-                targets |= {a.name.removeprefix("minidape").lstrip(".") for a in node.names
-                            if a.name.startswith("minidape")}
+                targets |= {
+                    a.name.removeprefix("minidape").lstrip(".") for a in node.names if a.name.startswith("minidape")
+                }
         edges[name] = {t for t in targets if t in modules and t != name and t != ""}
     assert edges["model"] == set(), edges["model"]
 
@@ -119,6 +134,7 @@ def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_fro
                     seen.add(nxt)
                     stack.append((nxt, path + [nxt]))
         return None
+
     cycles = [c for c in map(on_a_cycle, edges) if c]
     assert not cycles, f"import circles: {cycles}"
 
@@ -145,6 +161,7 @@ def test_the_readmes_own_bias_runs_as_shown_and_the_files_it_names_exist():
     import re
 
     import torch
+
     readme = (REPO / "README.md").read_text()
     bias = next(block for block in re.findall(r"```python\n(.*?)```", readme, re.S) if "register_pe(" in block)
     exec(compile(bias, "README.md", "exec"), {})
@@ -153,6 +170,10 @@ def test_the_readmes_own_bias_runs_as_shown_and_the_files_it_names_exist():
     assert torch.isfinite(logits).all()
     shown = (REPO / "tests" / "files" / "cauchy_bias.py").read_text()
     assert bias.strip() in shown
-    named = {path for pair in re.findall(r"--import (\S+\.py)|--pe (\S+\.py):", readme) for path in pair
-             if path and not Path(path).stem.isupper()}                     # FILE.py stands for any file
+    named = {
+        path
+        for pair in re.findall(r"--import (\S+\.py)|--pe (\S+\.py):", readme)
+        for path in pair
+        if path and not Path(path).stem.isupper()
+    }  # FILE.py stands for any file
     assert named and all((REPO / path).is_file() for path in named), named

@@ -21,11 +21,13 @@ from minidape import study
 from minidape.__main__ import main
 from minidape.train import load_checkpoint
 
-TEXT = ("It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
-        "want of a wife. However little known the feelings or views of such a man may be on his first entering "
-        "a neighbourhood, this truth is so well fixed in the minds of the surrounding families. ") * 40
+TEXT = (
+    "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
+    "want of a wife. However little known the feelings or views of such a man may be on his first entering "
+    "a neighbourhood, this truth is so well fixed in the minds of the surrounding families. "
+) * 40
 
-BIAS_FILE = (Path(__file__).parent / "files" / "my_bias.py").read_text()   # the README's example bias
+BIAS_FILE = (Path(__file__).parent / "files" / "my_bias.py").read_text()  # the README's example bias
 
 
 @pytest.fixture
@@ -59,7 +61,7 @@ def run_cli(argv, capsys):
 
 def test_endpoint_is_scipys_one_sample_t_test_with_its_interval():
     rng = np.random.default_rng(0)
-    values = rng.normal(-0.05, 0.02, size=15)               # a known effect: 15 units, mean -0.05
+    values = rng.normal(-0.05, 0.02, size=15)  # a known effect: 15 units, mean -0.05
     endpoint = study.Endpoint(list(values), "below")
     expected = stats.ttest_1samp(values, 0.0)
     n = len(values)
@@ -67,10 +69,10 @@ def test_endpoint_is_scipys_one_sample_t_test_with_its_interval():
     assert endpoint.estimate == pytest.approx(values.mean())
     assert (endpoint.low, endpoint.high) == pytest.approx((values.mean() - half_width, values.mean() + half_width))
     assert endpoint.p == pytest.approx(expected.pvalue) and endpoint.p < 1e-6 and endpoint.supports
-    assert endpoint.low < -0.05 < endpoint.high                 # the interval covers the true effect
+    assert endpoint.low < -0.05 < endpoint.high  # the interval covers the true effect
     # the sign-flip test counts the flips whose mean is at least as extreme: 1 of 2^15 here (all values negative)
-    assert (values < 0).all() and endpoint.p_sign_flip == pytest.approx(2 / 2 ** n)
-    assert not study.Endpoint(list(values), "above").supports   # the same data against the other direction
+    assert (values < 0).all() and endpoint.p_sign_flip == pytest.approx(2 / 2**n)
+    assert not study.Endpoint(list(values), "above").supports  # the same data against the other direction
 
 
 def test_sign_flip_test_is_exact():
@@ -95,16 +97,18 @@ def test_equivalence_test_is_tost_and_a_departure_beyond_the_margin_is_named():
     rng = np.random.default_rng(2)
     flat = rng.normal(0.01, 0.01, size=15)
     endpoint = study.Endpoint(list(flat), "within", margin)
-    tost = max(stats.ttest_1samp(flat, -margin, alternative="greater").pvalue,
-               stats.ttest_1samp(flat, margin, alternative="less").pvalue)
+    tost = max(
+        stats.ttest_1samp(flat, -margin, alternative="greater").pvalue,
+        stats.ttest_1samp(flat, margin, alternative="less").pvalue,
+    )
     assert endpoint.supports and endpoint.p == pytest.approx(tost) and endpoint.p < 0.05
     assert study.verdict(endpoint, endpoint.p) == "reproduced"
-    drifting = rng.normal(0.3, 0.02, size=15)                   # clearly more than 10 % worse
+    drifting = rng.normal(0.3, 0.02, size=15)  # clearly more than 10 % worse
     endpoint = study.Endpoint(list(drifting), "within", margin)
     assert not endpoint.supports
     assert endpoint.p == pytest.approx(stats.ttest_1samp(drifting, margin, alternative="greater").pvalue)
     assert study.verdict(endpoint, endpoint.p) == "not reproduced"
-    noisy = rng.normal(0.0, 0.3, size=5)                         # inside on average, but too uncertain to say
+    noisy = rng.normal(0.0, 0.3, size=5)  # inside on average, but too uncertain to say
     endpoint = study.Endpoint(list(noisy), "within", margin)
     assert study.verdict(endpoint, endpoint.p) == "inconclusive at this budget"
 
@@ -114,7 +118,7 @@ def test_holm_adjustment():
     # sorted: 0.005 x 4, 0.01 x 3, 0.03 x 2, 0.04 x 1, each at least the previous one; NaN is not a test
     assert study.holm(p_values)[:4] == pytest.approx([0.03, 0.06, 0.06, 0.02])
     assert math.isnan(study.holm(p_values)[4])
-    assert study.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])   # capped at 1
+    assert study.holm([0.5, 0.6]) == pytest.approx([1.0, 1.0])  # capped at 1
     assert study.holm([0.001, 0.04]) == pytest.approx([0.002, 0.04])
 
 
@@ -123,7 +127,7 @@ def test_verdict_rule():
     against = study.Endpoint([0.1, 0.12, 0.09, 0.11], "below")
     assert study.verdict(support, 0.01) == "reproduced"
     assert study.verdict(against, 0.01) == "not reproduced"
-    assert study.verdict(support, 0.06) == "inconclusive at this budget"      # significant only before Holm
+    assert study.verdict(support, 0.06) == "inconclusive at this budget"  # significant only before Holm
     assert study.verdict(study.Endpoint([1.0, 1.0], "below"), math.nan) == "inconclusive at this budget"
     assert study.claim_verdict(["reproduced", "reproduced"]) == "reproduced"
     assert study.claim_verdict(["reproduced", "not reproduced"]) == "partly reproduced"
@@ -138,8 +142,13 @@ def curves(values_by_length):
 def test_statement_endpoints_are_mean_log_ratios_per_corpus_and_seed():
     a = {128: [10.0, 11.0], 256: [12.0, 13.0], 512: [20.0, 21.0]}
     b = {128: [11.0, 11.0], 256: [13.0, 14.0], 512: [20.0, 25.0]}
-    results = {"lm": {(corpus, 128, label): curves(values) for corpus in ("austen", "python")
-                      for label, values in (("DAPE-Kerple", a), ("Kerple-log", b))}}
+    results = {
+        "lm": {
+            (corpus, 128, label): curves(values)
+            for corpus in ("austen", "python")
+            for label, values in (("DAPE-Kerple", a), ("Kerple-log", b))
+        }
+    }
     statement = study.claims._lower("DAPE-Kerple", "Kerple-log")
     units = study.statement_units(statement, results, ["austen", "python"], (128,))
     assert list(units) == [f"{corpus} T=128 seed {seed}" for corpus in ("austen", "python") for seed in (0, 1)]
@@ -151,11 +160,13 @@ def test_statement_endpoints_are_mean_log_ratios_per_corpus_and_seed():
     assert half["austen T=128 seed 0"] == pytest.approx(units["austen T=128 seed 0"] - math.log(0.5))
     # "degrades": the model at 16x (here the longest length) against itself at the training length
     degrades = study.statement_units(study.claims._degrades("DAPE-Kerple"), results, ["austen"], (128,))
-    assert degrades == pytest.approx({"austen T=128 seed 0": math.log(20 / 10),
-                                      "austen T=128 seed 1": math.log(21 / 11)})
+    assert degrades == pytest.approx(
+        {"austen T=128 seed 0": math.log(20 / 10), "austen T=128 seed 1": math.log(21 / 11)}
+    )
     cells = study.statement_cells(study.claims._degrades("DAPE-Kerple"), results, ["austen"], (128,))
-    assert [cell.where for cell in cells] == [f"austen T=128 {protocol} {factor}xT"
-                                              for protocol in md.evaluate.PROTOCOLS for factor in (2, 4)]
+    assert [cell.where for cell in cells] == [
+        f"austen T=128 {protocol} {factor}xT" for protocol in md.evaluate.PROTOCOLS for factor in (2, 4)
+    ]
     assert cells[1].a == a[512] and cells[1].b == a[128]
     p_value = stats.ttest_rel(np.log(a[512]), np.log(a[128])).pvalue
     assert cells[1].text() == f"{100 * (math.sqrt(20 / 10 * 21 / 11) - 1):+.1f} % (p={p_value:.3f})"
@@ -168,7 +179,7 @@ def test_matched_dape_has_the_parameters_of_the_conv_refiner():
         conv = md.GPT(md.GPTConfig(refiner="conv", refiner_kernel=3, **cfg)).num_params() - plain
         width = study.matched_dape_width(n_head)
         dape = md.GPT(md.GPTConfig(refiner="dape", refiner_width=width, **cfg)).num_params() - plain
-        step = 3 * n_head + 1                                  # one more hidden unit
+        step = 3 * n_head + 1  # one more hidden unit
         assert abs(dape - conv) <= step / 2
 
 
@@ -246,7 +257,7 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     allowed = {"reproduced", "not reproduced", "inconclusive at this budget", study.NOT_TESTED}
     assert all(s["verdict"] in allowed for claim in results["verdicts"].values() for s in claim)
     runs = sorted(out.glob("runs/**/seed*.json"))
-    progress = [line for line in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]   # one line per run
+    progress = [line for line in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]  # one line per run
     assert len(runs) == len(progress) and stdout.count("done before") == 0
     assert f"it trained {len(runs)} of the {len(runs)} runs" in report
 
@@ -260,8 +271,9 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     # Other settings (here another corpus) into the same folder: refused in one line, nothing trained.
     other = corpus_file.with_name("other.txt")
     other.write_text(TEXT)
-    code, stdout, stderr = run_cli(["reproduce", "--budget", "tiny", "--seeds", "2", "--corpus", other, "--out", out],
-                                   capsys)
+    code, stdout, stderr = run_cli(
+        ["reproduce", "--budget", "tiny", "--seeds", "2", "--corpus", other, "--out", out], capsys
+    )
     assert code == 2 and "other settings (corpora differ" in stderr and len(stderr.strip().splitlines()) == 1
     assert stdout == "" and len(sorted(out.glob("runs/**/seed*.json"))) == len(runs)
 
@@ -272,12 +284,15 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, 
     assert stdout.count("done before") == 0 and "[1/" not in stdout
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["--budget", "tiny", "--corpus", "no_such_corpus"], "unknown corpus"),
-    (["--budget", "tiny", "--corpus", "missing.txt"], "does not exist"),
-    (["--budget", "tiny", "--seeds", "1"], "seeds must be an integer >= 2"),
-    (["--budget", "small", "--corpus", "CORPUS"], "validation tokens"),       # the budget does not fit the corpus
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--budget", "tiny", "--corpus", "no_such_corpus"], "unknown corpus"),
+        (["--budget", "tiny", "--corpus", "missing.txt"], "does not exist"),
+        (["--budget", "tiny", "--seeds", "1"], "seeds must be an integer >= 2"),
+        (["--budget", "small", "--corpus", "CORPUS"], "validation tokens"),  # the budget does not fit the corpus
+    ],
+)
 def test_reproduce_errors_are_one_line(argv, message, tmp_path, corpus_file, capsys):
     argv = [corpus_file if arg == "CORPUS" else arg for arg in argv]
     code, _, stderr = run_cli(["reproduce", *argv, "--out", tmp_path / "out"], capsys)
@@ -288,14 +303,17 @@ def test_reproduce_errors_are_one_line(argv, message, tmp_path, corpus_file, cap
 def che_results(within: dict[str, float]) -> dict:
     """Results of the C6 table: every model at `within[task]` inside the training lengths, 0.6 beyond."""
     keys = [(task, label) for task in study.CHE_TASKS for label in study.CHE_MODELS]
-    return {"che": {key: [0.6, 0.6] for key in keys}, "che_within": {key: [within[key[0]]] * 2 for key in keys},
-            "che_chance": {task: 0.5 for task in study.CHE_TASKS}}
+    return {
+        "che": {key: [0.6, 0.6] for key in keys},
+        "che_within": {key: [within[key[0]]] * 2 for key in keys},
+        "che_chance": {task: 0.5 for task in study.CHE_TASKS},
+    }
 
 
 def test_a_task_no_model_learned_is_not_tested_and_leaves_holms_family():
     first, *rest = study.CHE_TASKS
     results = che_results({first: 0.52, **{task: 0.9 for task in rest}})
-    accuracy = {"Kerple-log": [0.60, 0.61, 0.62], "DAPE-Kerple": [0.70, 0.72, 0.71]}   # DAPE 10 points higher
+    accuracy = {"Kerple-log": [0.60, 0.61, 0.62], "DAPE-Kerple": [0.70, 0.72, 0.71]}  # DAPE 10 points higher
     results["che"] = {(task, label): values for task in study.CHE_TASKS for label, values in accuracy.items()}
     results["che_within"] = {key: [value[0]] * 3 for key, value in results["che_within"].items()}
     (claim,) = [claim for claim in study.CLAIMS if claim.che]
@@ -324,35 +342,54 @@ TINY = ["--budget", "tiny", "--steps", "2"]
 
 
 def compare_cli(capsys, out, corpus, *args, pe="rope", against=("alibi",), seeds=2):
-    return run_cli(["compare", "--pe", pe, "--against", *against, "--seeds", seeds, *TINY, "--corpus", corpus,
-                    "--out", out, *args], capsys)
+    return run_cli(
+        [
+            "compare",
+            "--pe",
+            pe,
+            "--against",
+            *against,
+            "--seeds",
+            seeds,
+            *TINY,
+            "--corpus",
+            corpus,
+            "--out",
+            out,
+            *args,
+        ],
+        capsys,
+    )
 
 
 def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
     bias_file = tmp_path / "my_bias.py"
     bias_file.write_text(BIAS_FILE)
     out = tmp_path / "compare"
-    code, stdout, stderr = compare_cli(capsys, out, corpus_file, pe=f"{bias_file}:MyBias",
-                                       against=("alibi", "kerple_log"))
+    code, stdout, stderr = compare_cli(
+        capsys, out, corpus_file, pe=f"{bias_file}:MyBias", against=("alibi", "kerple_log")
+    )
     assert code == 0
     payload = json.loads((out / "compare.json").read_text())
     assert payload["baselines"] == ["alibi", "kerple_log"]
     subject = payload["subject"]
     assert subject == "my_bias:MyBias"
     kinds = [(item.get("baseline") or item["model"], item["endpoint"]) for item in payload["endpoints"]]
-    assert kinds == [(baseline, where) for baseline in ("alibi", "kerple_log") for where in ("in", "beyond", "all")] \
-        + [(label, "degradation") for label in (subject, "alibi", "kerple_log")]
+    assert kinds == [(baseline, where) for baseline in ("alibi", "kerple_log") for where in ("in", "beyond", "all")] + [
+        (label, "degradation") for label in (subject, "alibi", "kerple_log")
+    ]
     for item in payload["endpoints"]:
         assert item["ci95"][0] <= item["ratio_minus_1"] <= item["ci95"][1]
         assert f"| {item['what']} | " in stdout
     # Holm's family is everything the run reports (9 tests here), so with any baseline p (Holm) is not the plain p
     assert [item["p_holm"] for item in payload["endpoints"]] == pytest.approx(
-        study.holm([item["p_t"] for item in payload["endpoints"]]), nan_ok=True)
+        study.holm([item["p_t"] for item in payload["endpoints"]]), nan_ok=True
+    )
     assert "family of all 9 tests" in stdout
     for baseline in payload["baselines"]:
         assert set(payload["p_values"][baseline]["last_k"]) == {"16", "32"}
         assert f"| vs {baseline} | " in stdout
-        assert f"{subject} vs {baseline} (beyond-length endpoint): " in stdout       # the verdict names its endpoint
+        assert f"{subject} vs {baseline} (beyond-length endpoint): " in stdout  # the verdict names its endpoint
     for label in (subject, "alibi", "kerple_log"):
         assert f"- {label} (degradation endpoint, 32 vs 16, margin ±10%): " in stdout
     for protocol in md.evaluate.PROTOCOLS:
@@ -369,8 +406,9 @@ def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
 
     # The bias file edited: its runs were made by other code, so they are refused, naming the file.
     bias_file.write_text(BIAS_FILE + "\n# changed\n")
-    code, stdout, stderr = compare_cli(capsys, out, corpus_file, pe=f"{bias_file}:MyBias",
-                                       against=("alibi", "kerple_log"))
+    code, stdout, stderr = compare_cli(
+        capsys, out, corpus_file, pe=f"{bias_file}:MyBias", against=("alibi", "kerple_log")
+    )
     assert code == 2 and f"{out / 'runs' / 'my-bias-mybias' / 'seed0.json'} was made with another" in one_error(stderr)
     assert "code_sha256.pe" in stderr
 
@@ -379,17 +417,17 @@ def test_an_edited_corpus_is_refused_or_rerun_never_reused(tmp_path, corpus_file
     out = tmp_path / "compare"
     assert compare_cli(capsys, out, corpus_file)[0] == 0
     before = json.loads((out / "runs" / "rope" / "seed0.json").read_text())
-    corpus_file.write_text(TEXT.replace("truth", "TRUTH"))          # same path, same size, other text
+    corpus_file.write_text(TEXT.replace("truth", "TRUTH"))  # same path, same size, other text
     code, stdout, stderr = compare_cli(capsys, out, corpus_file)
     assert code == 2 and len(stderr.strip().splitlines()) == 1
     assert str(out / "runs" / "rope" / "seed0.json") in stderr and "corpus_sha256" in stderr
-    assert json.loads((out / "runs" / "rope" / "seed0.json").read_text()) == before     # nothing replaced
-    code, stdout, _ = compare_cli(capsys, out, corpus_file, "--rerun")                 # asked for: trained again
+    assert json.loads((out / "runs" / "rope" / "seed0.json").read_text()) == before  # nothing replaced
+    code, stdout, _ = compare_cli(capsys, out, corpus_file, "--rerun")  # asked for: trained again
     assert code == 0 and "done before" not in stdout
     after = json.loads((out / "runs" / "rope" / "seed0.json").read_text())
     assert after["run"]["corpus_sha256"] == hashlib.sha256(corpus_file.read_bytes()).hexdigest()
     assert after["run"]["corpus_sha256"] != before["run"]["corpus_sha256"]
-    code, stdout, _ = compare_cli(capsys, out, corpus_file)                              # now they match: reused
+    code, stdout, _ = compare_cli(capsys, out, corpus_file)  # now they match: reused
     assert code == 0 and stdout.count("done before") == 4
 
 
@@ -399,8 +437,9 @@ def test_two_corpora_with_one_file_name_are_two_corpora(tmp_path, capsys):
         path.parent.mkdir()
         path.write_text(text)
     # reproduce keys its runs by corpus: the two files get two places
-    assert study.runs.lm_run_path(tmp_path, str(first), 16, "RoPE", 0) != \
-        study.runs.lm_run_path(tmp_path, str(second), 16, "RoPE", 0)
+    assert study.runs.lm_run_path(tmp_path, str(first), 16, "RoPE", 0) != study.runs.lm_run_path(
+        tmp_path, str(second), 16, "RoPE", 0
+    )
     # compare into one folder: the second corpus's runs are not the first one's
     out = tmp_path / "compare"
     assert compare_cli(capsys, out, first)[0] == 0
@@ -450,7 +489,7 @@ def test_fewer_than_five_seeds_say_what_they_cannot_show(corpus_file, capsys):
 
 def test_t_test_power_is_the_noncentral_t():
     rng = np.random.default_rng(3)
-    samples = rng.normal(0.05, 0.04, size=(4000, 5))          # 5 units, effect 0.05, spread 0.04
+    samples = rng.normal(0.05, 0.04, size=(4000, 5))  # 5 units, effect 0.05, spread 0.04
     simulated = np.mean(stats.ttest_1samp(samples, 0.0, axis=1).pvalue < 0.05)
     assert study.statistics.t_test_power(0.04, 5, 0.05) == pytest.approx(simulated, abs=0.03)
     assert study.statistics.sign_flip_floor(5) == 2 / 32
@@ -458,15 +497,46 @@ def test_t_test_power_is_the_noncentral_t():
 
 def test_the_knobs_reach_the_trained_model(tmp_path, corpus_file, capsys):
     out = tmp_path / "compare"
-    code, _, _ = run_cli(["compare", "--pe", "kerple_log+conv:5", "--against", "kerple_log+dape:w=matched",
-                          "--seeds", "2", "--budget", "tiny", "--steps", "3", "--batch-size", "3", "--lr", "0.002",
-                          "--n-layer", "2", "--n-embd", "24", "--n-head", "3", "--train-length", "8",
-                          "--lengths", "8", "24", "--corpus", corpus_file, "--out", out, "--keep-checkpoints"],
-                         capsys)
+    code, _, _ = run_cli(
+        [
+            "compare",
+            "--pe",
+            "kerple_log+conv:5",
+            "--against",
+            "kerple_log+dape:w=matched",
+            "--seeds",
+            "2",
+            "--budget",
+            "tiny",
+            "--steps",
+            "3",
+            "--batch-size",
+            "3",
+            "--lr",
+            "0.002",
+            "--n-layer",
+            "2",
+            "--n-embd",
+            "24",
+            "--n-head",
+            "3",
+            "--train-length",
+            "8",
+            "--lengths",
+            "8",
+            "24",
+            "--corpus",
+            corpus_file,
+            "--out",
+            out,
+            "--keep-checkpoints",
+        ],
+        capsys,
+    )
     assert code == 0
     model, checkpoint = load_checkpoint(out / "runs" / "kerple-log-conv-k-5" / "seed1" / "checkpoint.pt")
     kernels = [module.kernel_size for module in model.modules() if isinstance(module, torch.nn.Conv2d)]
-    assert kernels and all(kernel == (1, 5) for kernel in kernels)                 # a 1x5 refiner has 1x5 kernels
+    assert kernels and all(kernel == (1, 5) for kernel in kernels)  # a 1x5 refiner has 1x5 kernels
     cfg = model.cfg
     assert (cfg.n_layer, cfg.n_embd, cfg.n_head, cfg.block_size) == (2, 24, 3, 8)
     assert checkpoint["step"] == 3 and checkpoint["seed"] == 1
@@ -474,19 +544,22 @@ def test_the_knobs_reach_the_trained_model(tmp_path, corpus_file, capsys):
     assert dape.cfg.refiner_width == study.matched_dape_width(3)
     run = json.loads((out / "runs" / "kerple-log-conv-k-5" / "seed0.json").read_text())["run"]
     assert (run["batch_size"], run["lr"], run["lengths"]) == (3, 0.002, [8, 24])
-    assert set(run["config"]) == {field.name for field in dataclasses.fields(md.GPTConfig)}   # the full config
+    assert set(run["config"]) == {field.name for field in dataclasses.fields(md.GPTConfig)}  # the full config
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--pe", "rope+conv:4"], "refiner_kernel must be an odd integer"),
-    (["--pe", "rope+conv:x=2"], "bad refiner option 'x=2' in 'rope+conv:x=2'; valid: K or k=K"),
-    (["--pe", "rope+conv:w=matched"], "only DAPE's MLP (refiner dape)"),
-    (["--pe", "rope+nothing"], "unknown refiner 'nothing' in 'rope+nothing'; valid choices: none, dape"),
-    (["--pe", "rope", "--against", "bogus"], "unknown pe 'bogus'; valid choices: none, learned"),
-    (["--pe", "rope", "--lengths", "16", "24"], "lengths must be multiples of the training length 16"),
-    (["--pe", "rope", "--lengths", "16"], "include it, and go beyond it"),
-    (["--pe", "rope", "--seeds", "1"], "seeds must be an integer >= 2"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--pe", "rope+conv:4"], "refiner_kernel must be an odd integer"),
+        (["--pe", "rope+conv:x=2"], "bad refiner option 'x=2' in 'rope+conv:x=2'; valid: K or k=K"),
+        (["--pe", "rope+conv:w=matched"], "only DAPE's MLP (refiner dape)"),
+        (["--pe", "rope+nothing"], "unknown refiner 'nothing' in 'rope+nothing'; valid choices: none, dape"),
+        (["--pe", "rope", "--against", "bogus"], "unknown pe 'bogus'; valid choices: none, learned"),
+        (["--pe", "rope", "--lengths", "16", "24"], "lengths must be multiples of the training length 16"),
+        (["--pe", "rope", "--lengths", "16"], "include it, and go beyond it"),
+        (["--pe", "rope", "--seeds", "1"], "seeds must be an integer >= 2"),
+    ],
+)
 def test_compare_model_and_knob_errors_are_one_line(args, message, tmp_path, corpus_file, capsys):
     code, _, stderr = run_cli(["compare", *args, *TINY, "--corpus", corpus_file, "--out", tmp_path / "out"], capsys)
     assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
@@ -494,22 +567,38 @@ def test_compare_model_and_knob_errors_are_one_line(args, message, tmp_path, cor
 
 
 def test_compare_function_returns_the_statistics(corpus_file):
-    result = study.compare("rope", against=("alibi",), seeds=2, steps=2, corpus=str(corpus_file), budget="tiny",
-                           progress=False)
+    result = study.compare(
+        "rope", against=("alibi",), seeds=2, steps=2, corpus=str(corpus_file), budget="tiny", progress=False
+    )
     assert result["subject"] == "rope"
     curves = result["perplexity"]
     assert set(curves) == {"rope", "alibi"}
     rope, alibi = curves["rope"]["nonoverlap"][32], curves["alibi"]["nonoverlap"][32]
-    expected = stats.ttest_rel(np.log(rope), np.log(alibi)).pvalue          # on log perplexity
+    expected = stats.ttest_rel(np.log(rope), np.log(alibi)).pvalue  # on log perplexity
     assert result["p_values"]["alibi"]["nonoverlap"][32] == pytest.approx(expected, nan_ok=True)
     endpoints = {item["endpoint"] + item.get("model", ""): item for item in result["endpoints"]}
     for where, lengths in (("in", (16,)), ("beyond", (32,)), ("all", (16, 32))):
-        per_seed = [np.mean([math.log(curves["rope"][protocol][length][seed] / curves["alibi"][protocol][length][seed])
-                             for protocol in md.evaluate.PROTOCOLS for length in lengths]) for seed in (0, 1)]
+        per_seed = [
+            np.mean(
+                [
+                    math.log(curves["rope"][protocol][length][seed] / curves["alibi"][protocol][length][seed])
+                    for protocol in md.evaluate.PROTOCOLS
+                    for length in lengths
+                ]
+            )
+            for seed in (0, 1)
+        ]
         assert endpoints[where]["ratio_minus_1"] == pytest.approx(math.expm1(np.mean(per_seed)))
         assert endpoints[where]["p_t"] == pytest.approx(stats.ttest_1samp(per_seed, 0.0).pvalue, nan_ok=True)
-    degradation = [np.mean([math.log(curves["alibi"][protocol][32][seed] / curves["alibi"][protocol][16][seed])
-                            for protocol in md.evaluate.PROTOCOLS]) for seed in (0, 1)]
+    degradation = [
+        np.mean(
+            [
+                math.log(curves["alibi"][protocol][32][seed] / curves["alibi"][protocol][16][seed])
+                for protocol in md.evaluate.PROTOCOLS
+            ]
+        )
+        for seed in (0, 1)
+    ]
     assert endpoints["degradationalibi"]["units"] == pytest.approx(degradation)
 
 
@@ -519,8 +608,21 @@ def test_rope_against_nope_fails_beyond_the_training_length_where_the_in_length_
     significant in the right direction (RoPE worse), the in-length one is not, and averaging all lengths dilutes
     the beyond-length effect. (At this budget the all-lengths endpoint stays significant too: RoPE's advantage
     at the training length is too small to cancel the failure beyond it, as it did at the default budget.)"""
-    result = study.compare("rope", against=("none",), corpus="austen", budget="small", train_length=32, n_layer=1,
-                           n_embd=32, n_head=2, steps=400, batch_size=16, lr=1e-2, device="cpu", progress=False)
+    result = study.compare(
+        "rope",
+        against=("none",),
+        corpus="austen",
+        budget="small",
+        train_length=32,
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        steps=400,
+        batch_size=16,
+        lr=1e-2,
+        device="cpu",
+        progress=False,
+    )
     found = {item["endpoint"]: item for item in result["endpoints"] if item.get("baseline") == "none"}
     beyond, within, pooled = found["beyond"], found["in"], found["all"]
     assert beyond["ratio_minus_1"] > 0.1 and beyond["p_t"] < 0.05 and beyond["ci95"][0] > 0
@@ -533,24 +635,41 @@ def test_compares_endpoints_are_reproduces_statements():
     """C1's "stays within 10 %" and the C2/C5 comparisons come out of `compare_endpoints` as out of `judge`."""
     rng = np.random.default_rng(4)
     lengths = (128, 256, 512, 1024, 2048)
-    results = {"lm": {("austen", 128, label): curves({length: list(rng.uniform(8, 12, size=5)) for length in lengths})
-                      for label in ("ALiBi", "Kerple-log", "DAPE-Kerple", "Kerple-power")}}
-    judged = {item["statement"].text: item for item in study.judge(results, ["austen"], (128,), claims=(
-        dataclasses.replace(study.CLAIMS[0], statements=(study.claims._stays_near("ALiBi"),)),
-        dataclasses.replace(study.CLAIMS[1], statements=(study.claims._lower("DAPE-Kerple", "Kerple-log"),)),
-        study.CLAIMS[4]))}
+    results = {
+        "lm": {
+            ("austen", 128, label): curves({length: list(rng.uniform(8, 12, size=5)) for length in lengths})
+            for label in ("ALiBi", "Kerple-log", "DAPE-Kerple", "Kerple-power")
+        }
+    }
+    judged = {
+        item["statement"].text: item
+        for item in study.judge(
+            results,
+            ["austen"],
+            (128,),
+            claims=(
+                dataclasses.replace(study.CLAIMS[0], statements=(study.claims._stays_near("ALiBi"),)),
+                dataclasses.replace(study.CLAIMS[1], statements=(study.claims._lower("DAPE-Kerple", "Kerple-log"),)),
+                study.CLAIMS[4],
+            ),
+        )
+    }
     perplexity = {label: results["lm"][("austen", 128, label)] for label in ("ALiBi", "Kerple-log", "DAPE-Kerple")}
     tests = study.compare_endpoints(perplexity, "DAPE-Kerple", ["Kerple-log"], 128, study.FLAT_MARGIN)
     found = {(test.get("baseline") or test["model"], test["endpoint_kind"]): test["endpoint"] for test in tests}
     flat = judged[study.claims._stays_near("ALiBi").text]
     assert list(flat["units"].values()) == found[("ALiBi", "degradation")].values
-    assert flat["endpoint"].p == found[("ALiBi", "degradation")].p and flat["endpoint"].margin == pytest.approx(math.log(1.1))
+    assert flat["endpoint"].p == found[("ALiBi", "degradation")].p and flat["endpoint"].margin == pytest.approx(
+        math.log(1.1)
+    )
     lower = judged[study.claims._lower("DAPE-Kerple", "Kerple-log").text]
     assert list(lower["units"].values()) == found[("Kerple-log", "all")].values
     assert lower["endpoint"].p == found[("Kerple-log", "all")].p
     perplexity["Kerple-power"] = results["lm"][("austen", 128, "Kerple-power")]
     tests = study.compare_endpoints(perplexity, "Kerple-log", ["Kerple-power"], 128, study.FLAT_MARGIN)
-    beyond = next(test for test in tests if test.get("baseline") == "Kerple-power" and test["endpoint_kind"] == "beyond")
+    beyond = next(
+        test for test in tests if test.get("baseline") == "Kerple-power" and test["endpoint_kind"] == "beyond"
+    )
     c5 = judged[study.CLAIMS[4].statements[0].text]
     assert list(c5["units"].values()) == beyond["endpoint"].values
 
@@ -566,30 +685,35 @@ def test_compare_figure_draws_the_subject_strongest_and_every_model_in_its_own_c
         assert len({line.get_color() for line in lines.values()}) == len(labels)
         widths = {label: line.get_linewidth() for label, line in lines.items()}
         assert widths["my_bias"] > max(width for label, width in widths.items() if label != "my_bias")
-        assert lines["my_bias"].get_zorder() > max(line.get_zorder() for label, line in lines.items()
-                                                  if label != "my_bias")
+        assert lines["my_bias"].get_zorder() > max(
+            line.get_zorder() for label, line in lines.items() if label != "my_bias"
+        )
         darkness = {label: sum(matplotlib.colors.to_rgb(line.get_color())) for label, line in lines.items()}
         assert darkness["my_bias"] < min(value for label, value in darkness.items() if label != "my_bias")
 
 
-@pytest.mark.parametrize("pe, message", [
-    ("missing_file.py:Bias", "no file"),
-    ("BIAS_FILE:NotABias", "not a subclass of md.AdditiveBias"),
-    ("BIAS_FILE:Nothing", "defines no 'Nothing'"),
-    ("no_such_pe", "unknown pe"),
-])
+@pytest.mark.parametrize(
+    "pe, message",
+    [
+        ("missing_file.py:Bias", "no file"),
+        ("BIAS_FILE:NotABias", "not a subclass of md.AdditiveBias"),
+        ("BIAS_FILE:Nothing", "defines no 'Nothing'"),
+        ("no_such_pe", "unknown pe"),
+    ],
+)
 def test_compare_errors_are_one_line(pe, message, tmp_path, corpus_file, capsys):
     bias_file = tmp_path / "bias.py"
     bias_file.write_text(BIAS_FILE)
     pe = pe.replace("BIAS_FILE", str(bias_file))
-    code, _, stderr = run_cli(["compare", "--pe", pe, "--budget", "tiny", "--corpus", corpus_file,
-                               "--out", tmp_path / "out"], capsys)
+    code, _, stderr = run_cli(
+        ["compare", "--pe", pe, "--budget", "tiny", "--corpus", corpus_file, "--out", tmp_path / "out"], capsys
+    )
     assert code == 2 and message in stderr and len(stderr.strip().splitlines()) == 1
 
 
 def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file):
     train, val = md.load_corpus(corpus_file, "train"), md.load_corpus(corpus_file, "val")
-    counts = {byte: 1 for byte in range(256)}                  # add-one smoothing
+    counts = {byte: 1 for byte in range(256)}  # add-one smoothing
     for byte in train.tolist():
         counts[byte] += 1
     total = sum(counts.values())
@@ -601,10 +725,12 @@ def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
     """`--import FILE.py` and `--pe FILE.py:Class` load one module (`md.utils.import_file`): the file runs once, so
     a class that registers itself keeps its name instead of failing as registered twice."""
     path = tmp_path / "self_registering.py"
-    path.write_text("import minidape as md\nimport torch\n\nwith open(__file__ + '.runs', 'a') as f:\n    f.write('x')\n\n"
-                    "@md.register_pe('self_registering_bias')\nclass Bias(md.AdditiveBias):\n"
-                    "    def forward(self, q_pos, k_pos):\n"
-                    "        return torch.zeros(1, len(q_pos), len(k_pos))\n")
+    path.write_text(
+        "import minidape as md\nimport torch\n\nwith open(__file__ + '.runs', 'a') as f:\n    f.write('x')\n\n"
+        "@md.register_pe('self_registering_bias')\nclass Bias(md.AdditiveBias):\n"
+        "    def forward(self, q_pos, k_pos):\n"
+        "        return torch.zeros(1, len(q_pos), len(k_pos))\n"
+    )
     try:
         md.utils.import_file(path)
         name, digest = study.resolve_pe(f"{path}:Bias")

@@ -1,4 +1,5 @@
 """Chomsky-hierarchy task generators: every label re-derived by an independent check (Python ints, eval, simulation)."""
+
 import math
 import random
 
@@ -9,12 +10,20 @@ import torch
 from minidape import tasks
 
 EXPECTED_LEVELS = {  # Delétang et al. 2023, Table 2 (R / DCF / CS)
-    "even_pairs": "regular", "modular_arithmetic": "regular", "parity_check": "regular",
-    "cycle_navigation": "regular", "stack_manipulation": "context-free", "reverse_string": "context-free",
-    "modular_arithmetic_brackets": "context-free", "solve_equation": "context-free",
-    "duplicate_string": "context-sensitive", "missing_duplicate_string": "context-sensitive",
-    "odds_first": "context-sensitive", "binary_addition": "context-sensitive",
-    "binary_multiplication": "context-sensitive", "compute_sqrt": "context-sensitive",
+    "even_pairs": "regular",
+    "modular_arithmetic": "regular",
+    "parity_check": "regular",
+    "cycle_navigation": "regular",
+    "stack_manipulation": "context-free",
+    "reverse_string": "context-free",
+    "modular_arithmetic_brackets": "context-free",
+    "solve_equation": "context-free",
+    "duplicate_string": "context-sensitive",
+    "missing_duplicate_string": "context-sensitive",
+    "odds_first": "context-sensitive",
+    "binary_addition": "context-sensitive",
+    "binary_multiplication": "context-sensitive",
+    "compute_sqrt": "context-sensitive",
     "bucket_sort": "context-sensitive",
 }
 LENGTHS = (1, 2, 3, 4, 5, 6, 7, 17, 40, 41)
@@ -83,8 +92,12 @@ def test_length_rules():
     assert [arithmetic.valid_length(n) for n in (1, 2, 40, 41)] == [1, 1, 39, 41]
     with pytest.raises(ValueError, match="odd"):
         arithmetic.sample(2, 40, torch.Generator())
-    for name, shortest in (("binary_addition", 3), ("binary_multiplication", 3), ("solve_equation", 3),
-                           ("missing_duplicate_string", 2)):
+    for name, shortest in (
+        ("binary_addition", 3),
+        ("binary_multiplication", 3),
+        ("solve_equation", 3),
+        ("missing_duplicate_string", 2),
+    ):
         task = tasks.get_task(name)
         assert task.min_length == shortest and task.valid_length(shortest) == shortest
         with pytest.raises(ValueError, match=name):
@@ -224,7 +237,7 @@ def test_missing_duplicate_string(n):
         assert row.count(missing) == 1 and pad not in row
         hidden_positions.add(row.index(missing))
         restored = [label if symbol == missing else symbol for symbol in row]
-        assert restored[:n // 2] == restored[n // 2:]
+        assert restored[: n // 2] == restored[n // 2 :]
     if n >= 40:  # the hole is drawn from both copies
         assert min(hidden_positions) < n // 2 <= max(hidden_positions)
 
@@ -238,8 +251,9 @@ def test_odds_first(n):
         assert target == odd_positions + even_positions
 
 
-@pytest.mark.parametrize("name, operation", [("binary_addition", lambda a, b: a + b),
-                                             ("binary_multiplication", lambda a, b: a * b)])
+@pytest.mark.parametrize(
+    "name, operation", [("binary_addition", lambda a, b: a + b), ("binary_multiplication", lambda a, b: a * b)]
+)
 @pytest.mark.parametrize("n", [3, 4, 5, 7, 40, 41, 500])
 def test_binary_arithmetic(name, operation, n):
     task, inputs, targets = draw(name, n)
@@ -247,7 +261,7 @@ def test_binary_arithmetic(name, operation, n):
     for row, target in zip(inputs, targets):
         assert row.count(operator) == 1
         split = row.index(operator)
-        a, b = little_endian_int(row[:split]), little_endian_int(row[split + 1:])
+        a, b = little_endian_int(row[:split]), little_endian_int(row[split + 1 :])
         assert a >= 1 and b >= 1
         result_bits = [int(c) for c in reversed(bin(operation(a, b))[2:])]
         expected = result_bits + [task.end_token]
@@ -308,11 +322,9 @@ def one_hot_logits(predictions, classes):
 def test_accuracy_stops_after_the_end_token():
     task = tasks.get_task("stack_manipulation")
     end = task.end_token
-    targets = torch.tensor([[1, 0, end, 0, 0],
-                            [end, 0, 0, 0, 0]])
+    targets = torch.tensor([[1, 0, end, 0, 0], [end, 0, 0, 0, 0]])
     # Row 0: one mistake before the end token, garbage after it; row 1: right end token, garbage after it.
-    predictions = [[1, 1, end, 1, end],
-                   [end, 1, end, 1, 1]]
+    predictions = [[1, 1, end, 1, end], [end, 1, end, 1, 1]]
     logits = one_hot_logits(predictions, task.output_vocab)
     mask = tasks.output_mask(targets, task)
     assert mask.tolist() == [[True, True, True, False, False], [True, False, False, False, False]]
@@ -320,8 +332,7 @@ def test_accuracy_stops_after_the_end_token():
     assert tasks.accuracy(logits, targets, task, per_sample=True).tolist() == pytest.approx([2 / 3, 1.0])
     # A wrong end token counts as a mistake.
     predictions[1][0] = 0
-    assert tasks.accuracy(one_hot_logits(predictions, task.output_vocab), targets, task).item() == \
-        pytest.approx(2 / 4)
+    assert tasks.accuracy(one_hot_logits(predictions, task.output_vocab), targets, task).item() == pytest.approx(2 / 4)
 
 
 def test_accuracy_counts_every_position_without_end_token():
@@ -336,7 +347,7 @@ def test_accuracy_reads_only_the_answer_classes():
     task = tasks.get_task("binary_addition")
     targets = torch.tensor([[1, 1, task.end_token, 0]])
     logits = one_hot_logits([[1, 1, task.end_token, 0]], task.model_vocab_size + 3)
-    logits[..., task.output_vocab:] = 100.0  # extra (non-answer) classes must be ignored
+    logits[..., task.output_vocab :] = 100.0  # extra (non-answer) classes must be ignored
     assert tasks.accuracy(logits, targets, task).item() == 1.0
     with pytest.raises(ValueError, match="logits must be"):
         tasks.accuracy(logits[:, :3], targets, task)
@@ -349,7 +360,7 @@ def test_mask_of_sampled_additions_covers_sum_and_end_token():
     mask = tasks.output_mask(torch.tensor(targets), task)
     for row, row_mask in zip(inputs, mask.tolist()):
         split = row.index(2)
-        total = little_endian_int(row[:split]) + little_endian_int(row[split + 1:])
+        total = little_endian_int(row[:split]) + little_endian_int(row[split + 1 :])
         assert sum(row_mask) == total.bit_length() + 1 and row_mask[0]
 
 

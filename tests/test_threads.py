@@ -1,5 +1,6 @@
 """minidape's CPU threads (minidape/threads.py): an explicit choice wins, else the cores allowed, the work and,
 where idle threads spin, the load; waiting threads sleep when minidape loads torch."""
+
 import os
 import subprocess
 import sys
@@ -31,7 +32,7 @@ def machine(monkeypatch):
 
 def test_an_explicit_choice_wins_in_order(machine, monkeypatch):
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
-    assert threads.choose_threads(work=10 ** 9) == threads.ThreadChoice(3, "OMP_NUM_THREADS=3")
+    assert threads.choose_threads(work=10**9) == threads.ThreadChoice(3, "OMP_NUM_THREADS=3")
     monkeypatch.setenv("MINIDAPE_THREADS", "5")
     assert threads.choose_threads(work=1) == threads.ThreadChoice(5, "MINIDAPE_THREADS=5")
     assert threads.choose_threads(requested=2) == threads.ThreadChoice(2, "--threads")
@@ -65,7 +66,7 @@ def test_spinning_threads_take_the_cores_other_processes_leave(machine, monkeypa
 
 
 def test_cgroup_quota(tmp_path):
-    assert threads.cgroup_cpu_limit(tmp_path) is None                           # no cgroup files
+    assert threads.cgroup_cpu_limit(tmp_path) is None  # no cgroup files
     (tmp_path / "cpu.max").write_text("max 100000\n")
     assert threads.cgroup_cpu_limit(tmp_path) is None
     (tmp_path / "cpu.max").write_text("150000 100000\n")
@@ -87,7 +88,8 @@ def test_the_machine_is_read():
 @pytest.mark.parametrize("torch_first", [False, True])
 def test_idle_threads_sleep_when_minidape_loads_torch(torch_first):
     code = ("import torch; " if torch_first else "") + (
-        "import os, minidape; print(os.environ.get('OMP_WAIT_POLICY'), minidape.threads.WAITING_THREADS_SLEEP)")
+        "import os, minidape; print(os.environ.get('OMP_WAIT_POLICY'), minidape.threads.WAITING_THREADS_SLEEP)"
+    )
     env = {key: value for key, value in os.environ.items() if key != "OMP_WAIT_POLICY"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True)
     assert out.stdout.split() == (["None", "False"] if torch_first else ["PASSIVE", "True"])
@@ -98,8 +100,9 @@ def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monke
     with pytest.raises(SystemExit) as stopped:
         cli.main(["eval", "missing.pt"])
     assert stopped.value.code == 2
-    assert capsys.readouterr().err.strip() == ("python -m minidape: error: MINIDAPE_THREADS must be a positive "
-                                               "integer (CPU threads); got 'x'")
+    assert capsys.readouterr().err.strip() == (
+        "python -m minidape: error: MINIDAPE_THREADS must be a positive integer (CPU threads); got 'x'"
+    )
     monkeypatch.setenv("MINIDAPE_THREADS", "2")
     previous = torch.get_num_threads()
     try:
@@ -112,7 +115,7 @@ def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monke
         assert "minidape: 2 CPU threads (MINIDAPE_THREADS=2)" in capsys.readouterr().err.splitlines()
         assert torch.get_num_threads() == 2
         monkeypatch.delenv("MINIDAPE_THREADS")
-        monkeypatch.setenv("OMP_NUM_THREADS", "1")       # torch's own setting: honoured, not repeated
+        monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torch's own setting: honoured, not repeated
         with pytest.raises(SystemExit):
             cli.main(["eval", "missing.pt"])
         assert "CPU thread" not in capsys.readouterr().err and torch.get_num_threads() == 1
@@ -132,10 +135,10 @@ def test_notebooks_take_the_choice(machine, monkeypatch):
     previous = torch.get_num_threads()
     try:
         monkeypatch.setattr(threads, "WAITING_THREADS_SLEEP", True)
-        assert notebook.start().threads == torch.get_num_threads() == 1            # tiny models: one thread
+        assert notebook.start().threads == torch.get_num_threads() == 1  # tiny models: one thread
         assert notebook.start(one_thread=False).threads == torch.get_num_threads() == 8
         monkeypatch.setenv("MINIDAPE_THREADS", "2")
-        assert notebook.start().threads == torch.get_num_threads() == 2            # the user's setting wins
+        assert notebook.start().threads == torch.get_num_threads() == 2  # the user's setting wins
     finally:
         torch.set_num_threads(previous)
 
@@ -143,8 +146,7 @@ def test_notebooks_take_the_choice(machine, monkeypatch):
 def test_thread_benchmark_times_every_variant():
     previous = torch.get_num_threads()
     try:
-        result = bench.threads_child(dict(variants={"default": None, "1": 1, "all": 2}, warmup=0, repeats=1,
-                                          seconds=0))
+        result = bench.threads_child(dict(variants={"default": None, "1": 1, "all": 2}, warmup=0, repeats=1, seconds=0))
     finally:
         torch.set_num_threads(previous)
     assert set(result) == {"default", "1", "all"}
@@ -155,9 +157,9 @@ def test_thread_benchmark_times_every_variant():
 def test_background_load_stops_by_itself_and_when_left():
     with bench.BackgroundLoad(per_core=1, seconds=60) as load:
         assert load.processes and all(p.poll() is None for p in load.processes)
-    assert all(p.poll() is not None for p in load.processes)                     # stopped on leaving
+    assert all(p.poll() is not None for p in load.processes)  # stopped on leaving
     with bench.BackgroundLoad(per_core=1, seconds=0.2) as load:
         deadline = time.monotonic() + 30
         while any(p.poll() is None for p in load.processes) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert all(p.returncode == 0 for p in load.processes)                    # ended on their own
+        assert all(p.returncode == 0 for p in load.processes)  # ended on their own

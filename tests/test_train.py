@@ -1,4 +1,5 @@
 """Training: schedule, learning, history, checkpoints, exact resume, devices, errors, DDP under torchrun."""
+
 import contextlib
 import json
 import math
@@ -39,7 +40,7 @@ def test_cosine_schedule_with_warmup():
     assert lr_at(9, 110, 1.0, 0.1, 10) == pytest.approx(1.0)
     assert lr_at(10, 110, 1.0, 0.1, 10) == pytest.approx(1.0)
     assert lr_at(60, 110, 1.0, 0.1, 10) == pytest.approx(0.55)  # halfway through the cosine
-    assert lr_at(35, 110, 1.0, 0.1, 10) == pytest.approx(0.1 + 0.45 * (1 + 2 ** -0.5))  # a quarter: cos(pi/4)
+    assert lr_at(35, 110, 1.0, 0.1, 10) == pytest.approx(0.1 + 0.45 * (1 + 2**-0.5))  # a quarter: cos(pi/4)
     assert lr_at(110, 110, 1.0, 0.1, 10) == pytest.approx(0.1)
     rates = [lr_at(step, 110, 1.0, 0.1, 10) for step in range(10, 111)]
     assert all(later <= earlier for earlier, later in zip(rates, rates[1:]))
@@ -47,8 +48,18 @@ def test_cosine_schedule_with_warmup():
 
 def test_loss_goes_down_and_history_is_complete(corpus):
     train_tokens, val_tokens = corpus
-    model, history = md.train(md.GPTConfig(**TINY, pe="alibi"), train_tokens, val_data=val_tokens, steps=60,
-                              batch_size=16, lr=3e-3, eval_every=20, log_every=5, device="cpu", progress=False)
+    model, history = md.train(
+        md.GPTConfig(**TINY, pe="alibi"),
+        train_tokens,
+        val_data=val_tokens,
+        steps=60,
+        batch_size=16,
+        lr=3e-3,
+        eval_every=20,
+        log_every=5,
+        device="cpu",
+        progress=False,
+    )
     assert [entry["step"] for entry in history] == list(range(0, 61, 5))
     assert [entry["step"] for entry in history if "val_loss" in entry] == [0, 20, 40, 60]
     first, last = history[0], history[-1]
@@ -61,8 +72,10 @@ def test_loss_goes_down_and_history_is_complete(corpus):
 def test_same_seed_same_run_other_seed_other_run(corpus):
     train_tokens, _ = corpus
     cfg = md.GPTConfig(**TINY, pe="rope", dropout=0.1)
-    runs = [md.train(cfg, train_tokens, steps=3, batch_size=4, seed=seed, device="cpu", progress=False)[0]
-            for seed in (5, 5, 6)]
+    runs = [
+        md.train(cfg, train_tokens, steps=3, batch_size=4, seed=seed, device="cpu", progress=False)[0]
+        for seed in (5, 5, 6)
+    ]
     assert state_equal(runs[0].state_dict(), runs[1].state_dict())
     assert not state_equal(runs[0].state_dict(), runs[2].state_dict())
 
@@ -94,8 +107,18 @@ def test_resume_continues_exactly(corpus, tmp_path):
     """
     train_tokens, val_tokens = corpus
     cfg = md.GPTConfig(**TINY, pe="kerple_log", refiner="dape", refiner_width=8, dropout=0.1)
-    settings = dict(data=train_tokens, val_data=val_tokens, steps=8, batch_size=4, lr=3e-3, eval_every=2,
-                    checkpoint_every=4, seed=11, device="cpu", progress=False)
+    settings = dict(
+        data=train_tokens,
+        val_data=val_tokens,
+        steps=8,
+        batch_size=4,
+        lr=3e-3,
+        eval_every=2,
+        checkpoint_every=4,
+        seed=11,
+        device="cpu",
+        progress=False,
+    )
     whole, whole_history = md.train(cfg, out=tmp_path / "whole", **settings)
 
     with stopped_after_checkpoint(4):
@@ -129,25 +152,42 @@ def test_resume_rebuilds_the_optimizer_for_its_own_device(corpus, tmp_path, monk
 
     monkeypatch.setattr(train_module, "_optimizer", recording_build)
     quick_run(tmp_path, train_tokens, steps=6, resume=True)
-    (optim, chosen), = built
+    ((optim, chosen),) = built
     assert [{key: group[key] for key in ("fused", "foreach")} for group in optim.param_groups] == chosen
-    assert {float(state["step"]) for state in optim.state.values()} == {6.0}    # 4 saved steps + 2 resumed
+    assert {float(state["step"]) for state in optim.state.values()} == {6.0}  # 4 saved steps + 2 resumed
 
 
 def test_resume_refuses_a_different_model(corpus, tmp_path):
     train_tokens, _ = corpus
     md.train(md.GPTConfig(**TINY), train_tokens, steps=2, batch_size=2, out=tmp_path, device="cpu", progress=False)
     with pytest.raises(ValueError, match="differs from the checkpoint's in: n_embd"):
-        md.train(md.GPTConfig(**{**TINY, "n_embd": 64}), train_tokens, steps=4, batch_size=2, out=tmp_path,
-                 resume=True, device="cpu", progress=False)
+        md.train(
+            md.GPTConfig(**{**TINY, "n_embd": 64}),
+            train_tokens,
+            steps=4,
+            batch_size=2,
+            out=tmp_path,
+            resume=True,
+            device="cpu",
+            progress=False,
+        )
     with pytest.raises(ValueError, match="resume=True needs out="):
         md.train(None, train_tokens, steps=4, resume=True, progress=False)
 
 
 def test_checkpoint_is_plain_state_written_atomically(corpus, tmp_path):
     train_tokens, _ = corpus
-    model, history = md.train(md.GPTConfig(**TINY, pe="fire"), "austen", steps=3, batch_size=2, weight_decay=0.05,
-                              out=tmp_path, device="cpu", progress=False, eval_windows=2)
+    model, history = md.train(
+        md.GPTConfig(**TINY, pe="fire"),
+        "austen",
+        steps=3,
+        batch_size=2,
+        weight_decay=0.05,
+        out=tmp_path,
+        device="cpu",
+        progress=False,
+        eval_windows=2,
+    )
     assert sorted(os.listdir(tmp_path)) == [CHECKPOINT_NAME]  # no temporary file left behind
     checkpoint = torch.load(tmp_path / CHECKPOINT_NAME, weights_only=True)  # plain tensors, numbers, strings
     assert checkpoint["step"] == 3 and checkpoint["corpus"] == {"name": "austen"} and checkpoint["history"] == history
@@ -162,8 +202,9 @@ def test_checkpoint_is_plain_state_written_atomically(corpus, tmp_path):
 
 def test_corrupt_truncated_and_foreign_checkpoints_are_clear_errors(corpus, tmp_path):
     train_tokens, _ = corpus
-    md.train(md.GPTConfig(**TINY), train_tokens, steps=1, batch_size=2, out=tmp_path / "run", device="cpu",
-             progress=False)
+    md.train(
+        md.GPTConfig(**TINY), train_tokens, steps=1, batch_size=2, out=tmp_path / "run", device="cpu", progress=False
+    )
     good = (tmp_path / "run" / CHECKPOINT_NAME).read_bytes()
     cases = {"truncated.pt": good[: len(good) // 2], "corrupt.pt": bytes(reversed(good))}
     for name, content in cases.items():
@@ -206,15 +247,18 @@ def test_device_choice(monkeypatch):
     assert resolve_device("auto") == torch.device("cuda")  # CUDA first
 
 
-@pytest.mark.parametrize("argument, value, message", [
-    ("steps", 0, "steps must be an integer >= 1, got 0"),
-    ("batch_size", 2.5, "batch_size must be an integer >= 1, got 2.5"),
-    ("lr", -1e-3, "lr must be a number > 0"),
-    ("warmup", -1, "warmup must be an integer >= 0"),
-    ("eval_every", 0, "eval_every must be an integer >= 1"),
-    ("grad_clip", -1.0, "grad_clip must be a number >= 0"),
-    ("device", "tpu", "unknown device 'tpu'"),
-])
+@pytest.mark.parametrize(
+    "argument, value, message",
+    [
+        ("steps", 0, "steps must be an integer >= 1, got 0"),
+        ("batch_size", 2.5, "batch_size must be an integer >= 1, got 2.5"),
+        ("lr", -1e-3, "lr must be a number > 0"),
+        ("warmup", -1, "warmup must be an integer >= 0"),
+        ("eval_every", 0, "eval_every must be an integer >= 1"),
+        ("grad_clip", -1.0, "grad_clip must be a number >= 0"),
+        ("device", "tpu", "unknown device 'tpu'"),
+    ],
+)
 def test_bad_arguments_are_named(corpus, argument, value, message):
     with pytest.raises(ValueError, match=message):
         md.train(md.GPTConfig(**TINY), corpus[0], **{"steps": 2, argument: value}, progress=False)
@@ -278,7 +322,7 @@ def test_a_bad_out_is_named_before_the_first_step(corpus, tmp_path):
         locked.mkdir(mode=0o500)
         with pytest.raises(ValueError, match="is not writable"):
             quick_run(locked / "run", batches)
-    assert drawn == [] and sorted(os.listdir(tmp_path)) == ["locked", "notes.txt"][os.geteuid() == 0:]
+    assert drawn == [] and sorted(os.listdir(tmp_path)) == ["locked", "notes.txt"][os.geteuid() == 0 :]
 
 
 def test_an_interrupted_run_keeps_its_checkpoint_and_says_how_to_resume(corpus, tmp_path):
@@ -290,8 +334,10 @@ def test_an_interrupted_run_keeps_its_checkpoint_and_says_how_to_resume(corpus, 
         return get_batch(train_tokens, 2, TINY["block_size"], generator)
 
     resumed = False
-    with pytest.raises(train_module.TrainingInterrupted,
-                       match=r"interrupted at step 5; .*checkpoint.pt holds step 4: continue it with resume=True"):
+    with pytest.raises(
+        train_module.TrainingInterrupted,
+        match=r"interrupted at step 5; .*checkpoint.pt holds step 4: continue it with resume=True",
+    ):
         quick_run(tmp_path, batches, steps=8, checkpoint_every=2)
     assert read_checkpoint(tmp_path)["step"] == 4
     resumed = True
@@ -338,12 +384,18 @@ def test_a_non_finite_loss_between_logging_steps_leaves_the_weights_as_they_were
     torch.manual_seed(0)
     model = NaNAfter(md.GPTConfig(**TINY), poisoned_call=5)
     before_nan = {}
-    model.register_forward_pre_hook(lambda module, args: before_nan.update(
-        {} if module.calls != 5 else {key: value.clone() for key, value in module.state_dict().items()}))
-    with pytest.raises(FloatingPointError, match=r"stopped at step 5: non-finite loss nan; the last finite loss "
-                                                 r"was \d\.\d{4} at step 4"):
+    model.register_forward_pre_hook(
+        lambda module, args: before_nan.update(
+            {} if module.calls != 5 else {key: value.clone() for key, value in module.state_dict().items()}
+        )
+    )
+    with pytest.raises(
+        FloatingPointError,
+        match=r"stopped at step 5: non-finite loss nan; the last finite loss "
+        r"was \d\.\d{4} at step 4",
+    ):
         quick_run(None, train_tokens, cfg=model, steps=12, log_every=4)
-    assert model.calls == 9                    # steps 0-8 ran; step 8 logs, reads the health of 5-8, and stops
+    assert model.calls == 9  # steps 0-8 ran; step 8 logs, reads the health of 5-8, and stops
     assert state_equal(model.state_dict(), before_nan)
 
 
@@ -381,6 +433,7 @@ def count_host_reads(monkeypatch) -> list[str]:
             if caller.f_code.co_filename.startswith(package):
                 reads.append(f"{Path(caller.f_code.co_filename).name}:{caller.f_lineno} {_name}")
             return _original(self, *args, **kwargs)
+
         monkeypatch.setattr(torch.Tensor, name, counted)
     return reads
 
@@ -405,10 +458,17 @@ def test_training_steps_between_logs_read_nothing_on_the_host(corpus, monkeypatc
 
     monkeypatch.setattr(train_module, "_draw_batch", counting_draw)
     steps = 6
-    md.train(md.GPTConfig(**TINY, pe=pe, refiner=refiner), train_tokens, steps=steps, batch_size=4,
-             log_every=steps, device="cpu", progress=False)
+    md.train(
+        md.GPTConfig(**TINY, pe=pe, refiner=refiner),
+        train_tokens,
+        steps=steps,
+        batch_size=4,
+        log_every=steps,
+        device="cpu",
+        progress=False,
+    )
     assert len(reads_before_step) == steps + 1
-    first, last = reads_before_step[2], reads_before_step[steps]    # from the start of step 2 to the final entry
+    first, last = reads_before_step[2], reads_before_step[steps]  # from the start of step 2 to the final entry
     per_step = (last - first) / (steps - 2)
     print(f"{pe}+{refiner}: {per_step:g} host reads per step between logs")
     assert reads[first:last] == [], f"{per_step:g} reads per step: {reads[first:last][:8]}"
@@ -448,8 +508,20 @@ def test_a_batch_function_trains_with_adam_and_reports_metrics(corpus):
     def metrics(logits, inputs, targets):
         return {"accuracy": (logits.argmax(-1) == targets).float().mean().item(), "width": inputs.shape[1]}
 
-    runs = [md.train(md.GPTConfig(**TINY), batches, steps=4, optimizer="adam", metrics=metrics, log_every=2,
-                     device="cpu", progress=False, seed=seed) for seed in (1, 1, 2)]
+    runs = [
+        md.train(
+            md.GPTConfig(**TINY),
+            batches,
+            steps=4,
+            optimizer="adam",
+            metrics=metrics,
+            log_every=2,
+            device="cpu",
+            progress=False,
+            seed=seed,
+        )
+        for seed in (1, 1, 2)
+    ]
     (model, history), (again, _), (other, _) = runs
     assert [entry["step"] for entry in history] == [0, 2, 4]
     assert all(0 <= entry["accuracy"] <= 1 and entry["width"] == TINY["block_size"] for entry in history)
@@ -486,12 +558,18 @@ def reference_weights(cfg: md.GPTConfig, tokens: torch.Tensor, ranks) -> dict:
     seed_everything(seed)
     model = md.GPT(cfg)
     params = list(model.parameters())
-    optimizer = torch.optim.AdamW([{"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
-                                   {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0}],
-                                  betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(
+        [
+            {"params": [p for p in params if p.dim() >= 2], "weight_decay": 0.1},
+            {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        ],
+        betas=(0.9, 0.95),
+    )
     for step in range(steps):
-        batches = [get_batch(tokens, batch_size, cfg.block_size,
-                             torch.Generator().manual_seed(step_seed(seed, rank, step))) for rank in ranks]
+        batches = [
+            get_batch(tokens, batch_size, cfg.block_size, torch.Generator().manual_seed(step_seed(seed, rank, step)))
+            for rank in ranks
+        ]
         x, y = (torch.cat(parts) for parts in zip(*batches))
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, steps, lr, lr / 10, warmup)
@@ -554,8 +632,22 @@ def test_ddp_two_cpu_processes_under_torchrun(tmp_path):
     settings = json.dumps({**DDP_SETTINGS, "config": cfg.__dict__})
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     started = time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-                           str(script), str(tmp_path), settings], env=env, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node=2",
+            str(script),
+            str(tmp_path),
+            settings,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr[-3000:]
     print(f"torchrun, 2 processes: {time.perf_counter() - started:.1f} s")
 
@@ -564,7 +656,11 @@ def test_ddp_two_cpu_processes_under_torchrun(tmp_path):
     assert rank0["history"] == rank1["history"]  # the logged loss is averaged over ranks
     saved = read_checkpoint(tmp_path)  # rank 0 wrote the checkpoint, and only it
     assert state_equal(saved["model"], rank0["model"]) and sorted(os.listdir(tmp_path)) == [
-        CHECKPOINT_NAME, "ddp_train.py", "rank0.pt", "rank1.pt"]
+        CHECKPOINT_NAME,
+        "ddp_train.py",
+        "rank0.pt",
+        "rank1.pt",
+    ]
 
     tokens = md.load_corpus("austen")[:50_000]
     both = reference_weights(cfg, tokens, ranks=(0, 1))

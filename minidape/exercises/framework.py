@@ -30,19 +30,20 @@ it with data (tensors, numbers, strings, configs, picklable objects) and through
 touches an answer" below, each of which works on a local object and on a handle alike. What an answer returns
 comes back as data.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import secrets
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import torch
 
 PASSED, PARTLY, FAILED, NOT_DONE = "passed", "partly right", "failed", "not done yet"
-NEEDS_FULL = "needs full mode"           # graded in quick mode, an experiment the grader cannot judge there
-EXPECT = "MINIDAPE_EXPECT_EXERCISES"     # "all" (worked solutions) or "none" (student edition): see summary()
+NEEDS_FULL = "needs full mode"  # graded in quick mode, an experiment the grader cannot judge there
+EXPECT = "MINIDAPE_EXPECT_EXERCISES"  # "all" (worked solutions) or "none" (student edition): see summary()
 
 
 class NotDone(NotImplementedError):
@@ -98,6 +99,7 @@ class Credit:
     """What a checker returns when an answer earns less than the exercise's points: the points earned, a note,
     and whether the answer itself is right (``answer_right``: only a prediction missed, so the exercise still
     counts as passed) or only some of its parts are (status "partly right")."""
+
     points: float
     note: str = ""
     answer_right: bool = True
@@ -115,28 +117,29 @@ def todo(what: str = "this exercise") -> None:
 @dataclass(frozen=True)
 class Exercise:
     name: str
-    notebook: str           # "01" .. "08"
-    kind: str               # "derive", "implement" or "experiment"
+    notebook: str  # "01" .. "08"
+    kind: str  # "derive", "implement" or "experiment"
     title: str
     hint: str
     checker: Callable
-    points: int = 1         # what a fully right answer earns; a checker may return a Credit for less
+    points: int = 1  # what a fully right answer earns; a checker may return a Credit for less
 
 
 EXERCISES: dict[str, Exercise] = {}
-results: dict[str, str] = {}     # this session's verdicts, by exercise name
-earned: dict[str, float] = {}    # this session's points, by exercise name
-answers: dict | None = None      # the grader's worker sets {}: check() then records (answer, options) by name
+results: dict[str, str] = {}  # this session's verdicts, by exercise name
+earned: dict[str, float] = {}  # this session's points, by exercise name
+answers: dict | None = None  # the grader's worker sets {}: check() then records (answer, options) by name
 # The grader sets the teacher's reference measurements (notebooks/references.json, see helpers._measurement):
 # {"full": {exercise: {...}}, "quick": {...}}; None in a notebook, where an experiment uses its own run.
 references: dict | None = None
-CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"   # where answers' modules run (the grader sets "cpu")
+CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where answers' modules run (the grader sets "cpu")
 
 
 def _exercise(notebook: str, kind: str, title: str, hint: str, points: int = 1):
     def register(checker):
         EXERCISES[checker.__name__] = Exercise(checker.__name__, notebook, kind, title, hint, checker, points)
         return checker
+
     return register
 
 
@@ -160,10 +163,20 @@ LIBRARY: dict[str, tuple[str, ...]] = {
     "protocols_from_curve": (),
     "running_mean": (),
     # 04
-    "dape_refiner": ("minidape.model.DAPERefiner", "minidape.model.DAPEConcatRefiner", "minidape.model.HeadMLP",
-                     "minidape.fast.dape", "minidape.fast.dape_concat", "minidape.fast.head_mlp"),
-    "dape_cost": ("minidape.model.DAPERefiner", "minidape.model.DAPEConcatRefiner", "minidape.model.DAPEAddRefiner",
-                  "minidape.model.HeadMLP"),
+    "dape_refiner": (
+        "minidape.model.DAPERefiner",
+        "minidape.model.DAPEConcatRefiner",
+        "minidape.model.HeadMLP",
+        "minidape.fast.dape",
+        "minidape.fast.dape_concat",
+        "minidape.fast.head_mlp",
+    ),
+    "dape_cost": (
+        "minidape.model.DAPERefiner",
+        "minidape.model.DAPEConcatRefiner",
+        "minidape.model.DAPEAddRefiner",
+        "minidape.model.HeadMLP",
+    ),
     "far_attention": (),
     "locality": (),
     # 05
@@ -173,15 +186,25 @@ LIBRARY: dict[str, tuple[str, ...]] = {
     # 06
     "my_kernel": ("minidape.kernels.log_kernel", "minidape.kernels.power_kernel"),
     "far_mass": (),
-    "my_bias": ("minidape.model.ALiBiBias", "minidape.model.T5Bias", "minidape.model.KerpleLogBias",
-                "minidape.model.KerplePowerBias", "minidape.model.FIREBias"),
+    "my_bias": (
+        "minidape.model.ALiBiBias",
+        "minidape.model.T5Bias",
+        "minidape.model.KerpleLogBias",
+        "minidape.model.KerplePowerBias",
+        "minidape.model.FIREBias",
+    ),
     "my_runs": (),
     "best_run": (),
     # 07
     "addition_sample": ("minidape.tasks.BinaryAddition", "minidape.tasks._BinaryOperation"),
-    "output_length": ("minidape.tasks.get_task", "minidape.tasks.ReverseString", "minidape.tasks.DuplicateString",
-                      "minidape.tasks.ComputeSqrt", "minidape.tasks.BinaryMultiplication",
-                      "minidape.tasks.ParityCheck"),
+    "output_length": (
+        "minidape.tasks.get_task",
+        "minidape.tasks.ReverseString",
+        "minidape.tasks.DuplicateString",
+        "minidape.tasks.ComputeSqrt",
+        "minidape.tasks.BinaryMultiplication",
+        "minidape.tasks.ParityCheck",
+    ),
     "masked_accuracy": ("minidape.tasks.accuracy", "minidape.tasks.output_mask"),
     "shuffle_invariance": (),
     # 08
@@ -227,8 +250,11 @@ def verdict(name: str, *answer, **options) -> Verdict:
         status, points, message = FAILED, 0, f"not yet right: {wrong}\n    hint: {wrong.hint or exercise.hint}"
         code = wrong.code
     except Exception as error:  # the student's code itself failed: say where, never stop the notebook
-        raised = (f"your code's worker {error}" if isinstance(error, WorkerGone) else
-                  f"your code raised {error if isinstance(error, StudentError) else f'{type(error).__name__}: {error}'}")
+        raised = (
+            f"your code's worker {error}"
+            if isinstance(error, WorkerGone)
+            else f"your code raised {error if isinstance(error, StudentError) else f'{type(error).__name__}: {error}'}"
+        )
         status, points, message = FAILED, 0, f"{raised}\n    hint: {exercise.hint}"
         kind = re.match(r"\w*", str(error)).group() if isinstance(error, StudentError) else type(error).__name__
         code = "worker-gone" if isinstance(error, WorkerGone) else f"raised-{kind or 'error'}"
@@ -239,7 +265,7 @@ def check(name: str, *answer, **options) -> bool:
     """Check the answer to exercise ``name``; print the verdict and return True when it passed."""
     if name not in EXERCISES:
         raise ValueError(f"unknown exercise {name!r}; the exercises are: {', '.join(EXERCISES)}")
-    if answers is not None:             # graded: the grader judges this answer in its own process
+    if answers is not None:  # graded: the grader judges this answer in its own process
         answers[name] = (answer, options)
     exercise = EXERCISES[name]
     status, message, points = verdict(name, *answer, **options)
@@ -259,8 +285,10 @@ def summary(notebook: str) -> dict[str, str]:
     verdicts = {exercise.name: results.get(exercise.name, "not checked") for exercise in exercises_of(notebook)}
     width = max(map(len, verdicts))
     total = sum(EXERCISES[name].points for name in verdicts)
-    print(f"notebook {notebook}: {sum(v == PASSED for v in verdicts.values())} of {len(verdicts)} exercises passed, "
-          f"{sum(earned.get(name, 0) for name in verdicts):g} of {total} points")
+    print(
+        f"notebook {notebook}: {sum(v == PASSED for v in verdicts.values())} of {len(verdicts)} exercises passed, "
+        f"{sum(earned.get(name, 0) for name in verdicts):g} of {total} points"
+    )
     for name, verdict in verdicts.items():
         score = f"{earned.get(name, 0):g}/{EXERCISES[name].points}"
         print(f"  {name:<{width}}  {EXERCISES[name].kind:<10}  {score:>5}  {verdict}")

@@ -1,5 +1,6 @@
 """The shared helpers of the checks: reading answers, drawing inputs, and how a check touches an answer (the one
 place to adapt when the answer lives in the grader's worker)."""
+
 from __future__ import annotations
 
 import math
@@ -28,8 +29,9 @@ def _tensor(value, what: str, shape: tuple | None = None, visible: torch.Tensor 
         raise Wrong(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
     finite = torch.isfinite(value)
     if not (finite if visible is None else finite | ~visible.to(value.device).expand_as(finite)).all():
-        raise Wrong(f"{what} holds NaN or infinite values" + (" where attention may look" if visible is not None
-                                                              else ""))
+        raise Wrong(
+            f"{what} holds NaN or infinite values" + (" where attention may look" if visible is not None else "")
+        )
     return value
 
 
@@ -51,12 +53,14 @@ def _prediction(value, what: str) -> bool:
 
 def _config(**overrides):
     from ..model import GPTConfig
+
     settings = dict(n_layer=1, n_head=4, n_embd=32, block_size=16, pe="kerple_log")
     return GPTConfig(**{**settings, **overrides})
 
 
 def _pe_module(**overrides):
     from ..model import GPT
+
     return GPT(_config(**overrides)).pe
 
 
@@ -70,7 +74,6 @@ def _refiner_inputs(cfg, batch: int, T: int, generator: torch.Generator):
 # ------------------------------------------------------------------ how a check touches an answer
 # A check uses an answer only by calling it with data (tensors, numbers, configs) and through the small helpers
 # below, the one place to adapt when the answer lives in another process (the grader's isolated kernel).
-
 
 
 def _draw(generator: torch.Generator, low: int, high: int) -> int:
@@ -158,10 +161,16 @@ def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]
     so layers declared in another order, a 1×1 convolution for a linear map or a transposed weight all pass."""
     theirs, yours = [p.detach().to(framework.CHECK_DEVICE) for p in source.parameters()], _parameter_shapes(target)
     if len(yours) != len(theirs):
-        hint = ("a layer without its bias (bias=False)?" if len(yours) < len(theirs) else
-                "an extra layer or parameter? f has two layers, each with a weight and a bias")
-        raise Wrong(f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
-                    f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over", hint=hint)
+        hint = (
+            "a layer without its bias (bias=False)?"
+            if len(yours) < len(theirs)
+            else "an extra layer or parameter? f has two layers, each with a weight and a bias"
+        )
+        raise Wrong(
+            f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
+            f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over",
+            hint=hint,
+        )
     ways: list[list[torch.Tensor]] = []
 
     def assign(index: int, chosen: list[torch.Tensor], used: set[int]) -> None:
@@ -177,9 +186,11 @@ def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]
 
     assign(0, [], set())
     if not ways:
-        raise Wrong(f"{what}'s parameters have shapes {yours}; minidape's are {[tuple(p.shape) for p in theirs]} "
-                    f"and no layer of yours has the shape of one of them",
-                    hint="Linear(2h, W), then Linear(W, h) (or 1×1 convolutions): check the widths of your layers")
+        raise Wrong(
+            f"{what}'s parameters have shapes {yours}; minidape's are {[tuple(p.shape) for p in theirs]} "
+            f"and no layer of yours has the shape of one of them",
+            hint="Linear(2h, W), then Linear(W, h) (or 1×1 convolutions): check the widths of your layers",
+        )
     return ways
 
 
@@ -187,8 +198,9 @@ def _where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
     return ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
 
 
-def _first_difference(got: torch.Tensor, want: torch.Tensor, visible: torch.Tensor | None, atol: float,
-                      rtol: float) -> tuple[int, ...] | None:
+def _first_difference(
+    got: torch.Tensor, want: torch.Tensor, visible: torch.Tensor | None, atol: float, rtol: float
+) -> tuple[int, ...] | None:
     """The index, in the student's own tensor, of the cell that differs most (among the visible ones)."""
     excess = (got - want).abs() - atol - rtol * want.abs()
     if visible is not None:
@@ -198,8 +210,16 @@ def _first_difference(got: torch.Tensor, want: torch.Tensor, visible: torch.Tens
     return tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
 
 
-def _compare(got, want: torch.Tensor, what: str, axes: tuple[str, ...], visible: torch.Tensor | None = None,
-             mistakes: dict | None = None, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+def _compare(
+    got,
+    want: torch.Tensor,
+    what: str,
+    axes: tuple[str, ...],
+    visible: torch.Tensor | None = None,
+    mistakes: dict | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> None:
     """Pass when ``got`` equals ``want`` (on the ``visible`` cells). Otherwise name the first known mistake whose
     output ``got`` equals — ``mistakes`` maps a description to (that mistake's output, its hint) — or the cell,
     by its named ``axes``, where the answer differs most."""
@@ -213,8 +233,10 @@ def _compare(got, want: torch.Tensor, what: str, axes: tuple[str, ...], visible:
         if output.shape == got.shape and _first_difference(got, output, visible, atol, rtol) is None:
             raise Wrong(f"{what}: {description}", hint=hint)
     index = _first_difference(got, want, visible, atol, rtol)
-    raise Wrong(f"{what} differs from minidape's at {_where(index, axes)}: yours {got[index].item():.6g}, "
-                f"minidape's {want[index].item():.6g}")
+    raise Wrong(
+        f"{what} differs from minidape's at {_where(index, axes)}: yours {got[index].item():.6g}, "
+        f"minidape's {want[index].item():.6g}"
+    )
 
 
 def _choice(value, choices, what: str):
@@ -251,17 +273,24 @@ def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
         SB = torch.cat([scores, B], dim=1)
         return {
             "your refined scores are S + f([S, B]): the residual + B is missing": (
-                scores + f(SB), "eq. (3) adds B back: A = S + B + f([S, B]); f only learns a correction to it"),
+                scores + f(SB),
+                "eq. (3) adds B back: A = S + B + f([S, B]); f only learns a correction to it",
+            ),
             "your refined scores are B + f([S, B]): the residual + S is missing": (
-                B + f(SB), "eq. (3) keeps the scores: A = S + B + f([S, B])"),
+                B + f(SB),
+                "eq. (3) keeps the scores: A = S + B + f([S, B])",
+            ),
             "you return f([S, B]) alone, without S + B": (f(SB), "A = S + B + f([S, B]): add both residuals"),
             "f reads [B, S]: the bias channels come first": (
                 scores + B + f(torch.cat([B, scores], dim=1)),
-                "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)"),
+                "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)",
+            ),
             "f uses ReLU, not LeakyReLU(0.01)": (scores + B + f(SB, F.relu), "DAPE's f uses LeakyReLU(0.01)"),
             "f uses GELU, not LeakyReLU(0.01)": (scores + B + f(SB, F.gelu), "DAPE's f uses LeakyReLU(0.01)"),
             "f has no activation between its two layers": (
-                scores + B + f(SB, lambda h: h), "put LeakyReLU(0.01) between the two linear layers"),
+                scores + B + f(SB, lambda h: h),
+                "put LeakyReLU(0.01) between the two linear layers",
+            ),
         }
 
     def conv(x, activation=None):
@@ -271,18 +300,29 @@ def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
     lower = SB.masked_fill(~mask, 0)
     return {
         "your convolution reads the future: the masked cells of [S, B] are not zeroed before it (no tril)": (
-            scores + B + conv(SB), "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)"),
+            scores + B + conv(SB),
+            "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)",
+        ),
         "your refined scores are S + Conv(tril([S, B])): the residual + B is missing": (
-            scores + conv(lower), "DAPE-V2 adds B back: A = S + B + Conv(tril([S, B]))"),
+            scores + conv(lower),
+            "DAPE-V2 adds B back: A = S + B + Conv(tril([S, B]))",
+        ),
         "your refined scores are B + Conv(tril([S, B])): the residual + S is missing": (
-            B + conv(lower), "DAPE-V2 keeps the scores: A = S + B + Conv(tril([S, B]))"),
+            B + conv(lower),
+            "DAPE-V2 keeps the scores: A = S + B + Conv(tril([S, B]))",
+        ),
         "the convolution reads [B, S]: the bias channels come first": (
             scores + B + conv(torch.cat([B, scores], 1).masked_fill(~mask, 0)),
-            "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)"),
-        "the convolutions use ReLU, not LeakyReLU(0.01)": (scores + B + conv(lower, F.relu),
-                                                          "DAPE-V2's Conv uses LeakyReLU(0.01) between the layers"),
+            "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)",
+        ),
+        "the convolutions use ReLU, not LeakyReLU(0.01)": (
+            scores + B + conv(lower, F.relu),
+            "DAPE-V2's Conv uses LeakyReLU(0.01) between the layers",
+        ),
         "there is no activation between the two convolutions": (
-            scores + B + conv(lower, lambda h: h), "put LeakyReLU(0.01) between the two convolutions"),
+            scores + B + conv(lower, lambda h: h),
+            "put LeakyReLU(0.01) between the two convolutions",
+        ),
     }
 
 
@@ -291,12 +331,13 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
     see :func:`_hand_over`), and compare the refined scores on the cells attention may see, for fresh random
     scores and biases; a difference is named as a known mistake or located as (batch, head, query, key)."""
     from ..model import REFINER_REGISTRY
-    cfg = _config(refiner=name, refiner_width=6, **overrides)       # 2h = 8 inputs, W = 6, h = 4: roles distinct
+
+    cfg = _config(refiner=name, refiner_width=6, **overrides)  # 2h = 8 inputs, W = 6, h = 4: roles distinct
     theirs = REFINER_REGISTRY[name](cfg).to(framework.CHECK_DEVICE)
     yours = _build(your_class, cfg, what)
     generator = _fresh_generator()
     with torch.no_grad():
-        for parameter in theirs.parameters():                      # fresh weights, large enough to matter
+        for parameter in theirs.parameters():  # fresh weights, large enough to matter
             parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
     cases = [_refiner_inputs(cfg, 2, T, generator) for T in (7, 12)]
     cases = [tuple(t.to(framework.CHECK_DEVICE) for t in case) for case in cases]
@@ -310,8 +351,14 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
                     got = yours(scores.clone(), bias.clone(), mask)
                     want = theirs(scores, bias, mask)
                     mistakes = _refiner_mistakes(name, theirs, scores, bias, mask)
-                _compare(got, want, f"{what}'s refined scores (T = {T})", ("batch", "head", "query", "key"),
-                         visible=mask, mistakes=mistakes)
+                _compare(
+                    got,
+                    want,
+                    f"{what}'s refined scores (T = {T})",
+                    ("batch", "head", "query", "key"),
+                    visible=mask,
+                    mistakes=mistakes,
+                )
             return
         except Wrong as wrong:
             failure = failure or wrong
@@ -325,9 +372,9 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
 # tables a submission hands in must agree with the reference of the mode it was re-run in (an invented table does
 # not), and its prediction is judged against the full-mode reference, whatever the grading mode.
 
-RECORD = "MINIDAPE_RECORD_REFERENCES"     # a path: the teacher's edition records its measurements there
-AGREE = 0.25                              # relative difference between two honest runs' tables (other CPUs),
-                                          # with 0.01 more for shares near 0
+RECORD = "MINIDAPE_RECORD_REFERENCES"  # a path: the teacher's edition records its measurements there
+AGREE = 0.25  # relative difference between two honest runs' tables (other CPUs),
+# with 0.01 more for shares near 0
 
 
 def _graded_in_quick_mode() -> bool:
@@ -337,6 +384,7 @@ def _graded_in_quick_mode() -> bool:
 
 def _mode() -> str:
     from ..utils import quick_mode
+
     return "quick" if quick_mode() else "full"
 
 
@@ -347,11 +395,21 @@ def _record(path: str, name: str, measured: dict) -> None:
     import platform
     import tempfile
     from pathlib import Path
+
     target = Path(path)
     recorded = json.loads(target.read_text()) if target.exists() else {}
-    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                if line.startswith("model name")), platform.processor()) if Path("/proc/cpuinfo").exists() \
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
         else platform.processor()
+    )
     recorded.setdefault(_mode(), {})[name] = {**measured, "_machine": cpu}
     descriptor, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
     with os.fdopen(descriptor, "w") as file:
@@ -364,6 +422,7 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
     """The measurement experiment ``name``'s verdict uses, and where it comes from. ``measured``: what the check
     derived from the tables the notebook handed in; ``labels`` says in words what each entry is."""
     import os
+
     if os.environ.get(RECORD):
         _record(os.environ[RECORD], name, measured)
     if framework.references is None:
@@ -371,14 +430,19 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
     mode = _mode()
     same_mode, full = (framework.references.get(m, {}).get(name) for m in (mode, "full"))
     if same_mode is None or full is None:
-        raise framework.NeedsFullMode(f"the teacher's edition holds no reference measurement of {name} in "
-                                      f"{mode if same_mode is None else 'full'} mode: your teacher runs `make "
-                                      f"notebooks` once, then grades again")
+        raise framework.NeedsFullMode(
+            f"the teacher's edition holds no reference measurement of {name} in "
+            f"{mode if same_mode is None else 'full'} mode: your teacher runs `make "
+            f"notebooks` once, then grades again"
+        )
     for key, value in measured.items():
         reference = same_mode[key]
         if not abs(value - reference) <= AGREE * abs(reference) + 0.01:
-            raise Wrong(f"your run's {labels[key]} is {value:.4g}; the teacher's reference run ({mode} mode, the "
-                        f"same notebook) measured {reference:.4g}", code="measurement-not-reproduced",
-                        hint="a measurement comes from the models the notebook trains, as it trains them: re-run "
-                        "the notebook's cells unchanged and take the numbers from its tables, never type them in")
+            raise Wrong(
+                f"your run's {labels[key]} is {value:.4g}; the teacher's reference run ({mode} mode, the "
+                f"same notebook) measured {reference:.4g}",
+                code="measurement-not-reproduced",
+                hint="a measurement comes from the models the notebook trains, as it trains them: re-run "
+                "the notebook's cells unchanged and take the numbers from its tables, never type them in",
+            )
     return {key: full[key] for key in measured}, "the teacher's reference run (full mode)"

@@ -1,4 +1,5 @@
 """The checks of notebook 08's exercises."""
+
 from __future__ import annotations
 
 import math
@@ -8,51 +9,72 @@ import torch
 from .framework import Wrong, _exercise
 from .helpers import _choice, _compare, _fresh_generator, _given, _number, _prediction_credit
 
-GATE_KINDS = ("letter", "space", "punctuation", "newline")   # the kinds of byte of exercise 8.3
+GATE_KINDS = ("letter", "space", "punctuation", "newline")  # the kinds of byte of exercise 8.3
 
 
 def _cumulative_gates(log_forget: torch.Tensor, first: int, last_offset: int) -> torch.Tensor:
     r"""$\sum_{l=j+first}^{i+last\_offset} \ln f_l$ at every (i, j) with that range in order, 0 elsewhere: the
     cumulative sums of the common off-by-one versions of FoX's bias."""
     T = log_forget.shape[-1]
-    c = torch.cat([torch.zeros_like(log_forget[..., :1]), log_forget.cumsum(-1)], dim=-1)   # c[t] = sum_{l<t}
+    c = torch.cat([torch.zeros_like(log_forget[..., :1]), log_forget.cumsum(-1)], dim=-1)  # c[t] = sum_{l<t}
     i, j = torch.arange(T)[:, None], torch.arange(T)[None, :]
     upper = (i + last_offset + 1).clamp(0, T)
     lower = (j + first).clamp(0, T)
     return torch.where(upper > lower, c[..., upper] - c[..., lower], torch.zeros(()).double())
 
 
-@_exercise("08", "implement", "FoX's bias from the forget gates",
-           "D[..., i, j] = sum of log_forget[..., l] for l = j+1 .. i: a cumulative sum c = log_forget.cumsum(-1), "
-           "then c[..., i] - c[..., j] (c[..., :, None] - c[..., None, :])", points=2)
+@_exercise(
+    "08",
+    "implement",
+    "FoX's bias from the forget gates",
+    "D[..., i, j] = sum of log_forget[..., l] for l = j+1 .. i: a cumulative sum c = log_forget.cumsum(-1), "
+    "then c[..., i] - c[..., j] (c[..., :, None] - c[..., None, :])",
+    points=2,
+)
 def fox_bias(your_function):
     your_function = _given(your_function, "fox_bias")
     generator = _fresh_generator()
     batch, n_head, T = 2, 3, int(torch.randint(6, 20, (1,), generator=generator))
-    log_forget = torch.nn.functional.logsigmoid(torch.randn(batch, n_head, T, generator=generator, dtype=torch.float64)
-                                                + 2)
-    want = _cumulative_gates(log_forget, 1, 0)                                 # l = j+1 .. i
+    log_forget = torch.nn.functional.logsigmoid(
+        torch.randn(batch, n_head, T, generator=generator, dtype=torch.float64) + 2
+    )
+    want = _cumulative_gates(log_forget, 1, 0)  # l = j+1 .. i
     visible = torch.ones(T, T, dtype=torch.bool).tril()
     got = your_function(log_forget.clone())
     gate = log_forget.exp()
     mistakes = {
         "you sum l = j .. i: the key's own gate is counted, so even the diagonal (i = j) decays": (
-            _cumulative_gates(log_forget, 0, 0), "the gates strictly after key j, up to and including the query i"),
+            _cumulative_gates(log_forget, 0, 0),
+            "the gates strictly after key j, up to and including the query i",
+        ),
         "you sum l = j+1 .. i-1: the query's own gate is left out": (
-            _cumulative_gates(log_forget, 1, -1), "l runs up to and including i"),
+            _cumulative_gates(log_forget, 1, -1),
+            "l runs up to and including i",
+        ),
         "you sum l = j .. i-1: one gate too early at both ends": (
-            _cumulative_gates(log_forget, 0, -1), "the gates after key j (l > j), up to the query's own (l <= i)"),
+            _cumulative_gates(log_forget, 0, -1),
+            "the gates after key j (l > j), up to the query's own (l <= i)",
+        ),
         "your bias is positive (or transposed: D[j, i] = -D[i, j]): the sum of log-gates is <= 0": (
-            -want, "use log f (given), not -log f, and put the query on the rows: c[..., :, None] - c[..., None, :]"),
+            -want,
+            "use log f (given), not -log f, and put the query on the rows: c[..., :, None] - c[..., None, :]",
+        ),
         "you summed the gates f, not their logarithms": (
-            _cumulative_gates(gate, 1, 0), "log_forget already holds log f: sum it as it is"),
+            _cumulative_gates(gate, 1, 0),
+            "log_forget already holds log f: sum it as it is",
+        ),
     }
     _compare(got, want, "fox_bias(log_forget)", ("batch", "head", "query", "key"), visible, mistakes, atol=1e-8)
 
 
-@_exercise("08", "derive", "the temperature that keeps attention on one key as the context grows",
-           "p = e^(tau g) / (e^(tau g) + n - 1) for one key ahead by the gap g of n - 1 others; solve for tau: "
-           "tau = ln((n - 1) p / (1 - p)) / g", points=2)
+@_exercise(
+    "08",
+    "derive",
+    "the temperature that keeps attention on one key as the context grows",
+    "p = e^(tau g) / (e^(tau g) + n - 1) for one key ahead by the gap g of n - 1 others; solve for tau: "
+    "tau = ln((n - 1) p / (1 - p)) / g",
+    points=2,
+)
 def focus_temperature(your_function):
     your_function = _given(your_function, "focus_temperature")
     generator = _fresh_generator()
@@ -60,21 +82,31 @@ def focus_temperature(your_function):
         n = int(torch.randint(3, 20000, (1,), generator=generator))
         gap = 0.2 + 4.8 * torch.rand(1, generator=generator, dtype=torch.float64).item()
         p = 0.05 + 0.9 * torch.rand(1, generator=generator, dtype=torch.float64).item()
-        while math.log((n - 1) * p / (1 - p)) <= 0:   # a temperature > 0 needs p above the uniform 1/n
+        while math.log((n - 1) * p / (1 - p)) <= 0:  # a temperature > 0 needs p above the uniform 1/n
             p = (1 + p) / 2
         got = _number(your_function(n, gap, p), "focus_temperature(n, gap, p)")
         want = math.log((n - 1) * p / (1 - p)) / gap
         if abs(got - want) <= 1e-9 + 1e-6 * abs(want):
             continue
         where = f"focus_temperature(n={n}, gap={gap:.3g}, p={p:.3g}) = {got:.6g}"
-        mistakes = {"you counted n other keys, not n - 1 (the key itself is one of the n)": (
-                        math.log(n * p / (1 - p)) / gap, "n keys: the one ahead and n - 1 others"),
-                    "you forgot to divide by the gap": (math.log((n - 1) * p / (1 - p)),
-                                                        "the logit gap after the temperature is tau * gap"),
-                    "p / (1 - p) is upside down": (math.log((n - 1) * (1 - p) / p) / gap,
-                                                   "the key ahead holds p, the others 1 - p together"),
-                    "you multiplied by the gap instead of dividing": (math.log((n - 1) * p / (1 - p)) * gap,
-                                                                      "tau * gap = ln(...): tau = ln(...) / gap")}
+        mistakes = {
+            "you counted n other keys, not n - 1 (the key itself is one of the n)": (
+                math.log(n * p / (1 - p)) / gap,
+                "n keys: the one ahead and n - 1 others",
+            ),
+            "you forgot to divide by the gap": (
+                math.log((n - 1) * p / (1 - p)),
+                "the logit gap after the temperature is tau * gap",
+            ),
+            "p / (1 - p) is upside down": (
+                math.log((n - 1) * (1 - p) / p) / gap,
+                "the key ahead holds p, the others 1 - p together",
+            ),
+            "you multiplied by the gap instead of dividing": (
+                math.log((n - 1) * p / (1 - p)) * gap,
+                "tau * gap = ln(...): tau = ln(...) / gap",
+            ),
+        }
         for description, (value, hint) in mistakes.items():
             if abs(got - value) <= 1e-9 + 1e-6 * abs(value):
                 raise Wrong(f"{where}: {description}", hint=hint)
@@ -83,9 +115,14 @@ def focus_temperature(your_function):
         raise Wrong(f"{where}, which puts {share:.4g} of the attention on the key ahead, not p = {p:.3g}")
 
 
-@_exercise("08", "experiment", "predict, then measure, on which kind of byte FoX forgets most",
-           "the forget gate f is the share of the past a token keeps: the kind with the LOWEST mean gate forgets "
-           "most; forgets_most = min(mean_gate, key=mean_gate.get)", points=2)
+@_exercise(
+    "08",
+    "experiment",
+    "predict, then measure, on which kind of byte FoX forgets most",
+    "the forget gate f is the share of the past a token keeps: the kind with the LOWEST mean gate forgets "
+    "most; forgets_most = min(mean_gate, key=mean_gate.get)",
+    points=2,
+)
 def where_fox_forgets(prediction, measured, mean_gate):
     kinds = tuple(mean_gate)
     predicted = _choice(prediction, kinds, "fox_prediction (your prediction)")
@@ -93,8 +130,12 @@ def where_fox_forgets(prediction, measured, mean_gate):
     lowest = min(mean_gate, key=mean_gate.get)
     if measured != lowest:
         highest = max(mean_gate, key=mean_gate.get)
-        raise Wrong(f"forgets_most = {measured!r} is not the kind with the lowest mean forget gate",
-                    hint="a gate near 1 keeps the past, near 0 forgets it: use min, not max" if measured == highest
-                    else "compare the mean gates of every kind: the lowest one forgets most")
-    return _prediction_credit(2, predicted == lowest, f"{lowest} bytes have the lowest mean gate "
-                                                      f"({mean_gate[lowest]:.3f})")
+        raise Wrong(
+            f"forgets_most = {measured!r} is not the kind with the lowest mean forget gate",
+            hint="a gate near 1 keeps the past, near 0 forgets it: use min, not max"
+            if measured == highest
+            else "compare the mean gates of every kind: the lowest one forgets most",
+        )
+    return _prediction_credit(
+        2, predicted == lowest, f"{lowest} bytes have the lowest mean gate ({mean_gate[lowest]:.3f})"
+    )

@@ -34,16 +34,55 @@ Resources, per submission as a whole: where the grader is root and the machine h
 cpu and pids hierarchies, or v2 with those controllers), all workers of a submission share one cgroup bounding
 their memory, CPU share and processes (:data:`limits.LIMITS`); elsewhere per-process limits only.
 """
+
 from ..exercises import NotDone, StudentError, WorkerGone, Wrong
 from .censor import censored_copy
 from .confine import UID_BASE, UIDS_PER_GRADER, WARNINGS, isolation, kill_user, processes_of, world_writable
 from .host import Worker, needed_trees
 from .limits import LIMITS, MAX_CELL_OUTPUT, MAX_NOTEBOOK_OUTPUT, Box, cap_outputs, cgroup_version, warnings
-from .protocol import (MAX_ELEMENTS, MAX_MESSAGE, Channel, Description, Remote, TimeLimit, decode, from_bytes,
-                       request_bytes, to_bytes)
+from .protocol import (
+    MAX_ELEMENTS,
+    MAX_MESSAGE,
+    Channel,
+    Description,
+    Remote,
+    TimeLimit,
+    decode,
+    from_bytes,
+    request_bytes,
+    to_bytes,
+)
 
-__all__ = ["censored_copy", "Worker", "needed_trees", "UID_BASE", "UIDS_PER_GRADER", "WARNINGS", "isolation",
-           "kill_user", "processes_of", "world_writable", "LIMITS", "MAX_CELL_OUTPUT", "MAX_NOTEBOOK_OUTPUT", "Box",
-           "cap_outputs", "cgroup_version", "warnings", "MAX_ELEMENTS", "MAX_MESSAGE", "Channel", "Description", "Remote",
-           "TimeLimit", "decode", "from_bytes", "request_bytes", "to_bytes", "NotDone", "StudentError",
-           "WorkerGone", "Wrong"]
+__all__ = [
+    "censored_copy",
+    "Worker",
+    "needed_trees",
+    "UID_BASE",
+    "UIDS_PER_GRADER",
+    "WARNINGS",
+    "isolation",
+    "kill_user",
+    "processes_of",
+    "world_writable",
+    "LIMITS",
+    "MAX_CELL_OUTPUT",
+    "MAX_NOTEBOOK_OUTPUT",
+    "Box",
+    "cap_outputs",
+    "cgroup_version",
+    "warnings",
+    "MAX_ELEMENTS",
+    "MAX_MESSAGE",
+    "Channel",
+    "Description",
+    "Remote",
+    "TimeLimit",
+    "decode",
+    "from_bytes",
+    "request_bytes",
+    "to_bytes",
+    "NotDone",
+    "StudentError",
+    "WorkerGone",
+    "Wrong",
+]

@@ -2,6 +2,7 @@
 refuse to run. A judged worker sees it instead of minidape (mounted over the package's folder where namespaces
 exist, first on its path otherwise), so an answer has nothing of minidape's own implementation to reach: not by a
 name kept before a check, a thread, a trace callback, a copy of a function's code or source, nor compilation."""
+
 from __future__ import annotations
 
 import ast
@@ -15,8 +16,10 @@ PACKAGE = Path(__file__).resolve().parents[1]
 
 def refusal(name: str) -> str:
     short = name.replace("minidape.", "md.", 1)
-    return (f"{short} is minidape's own implementation of what an exercise of this notebook asks you to write: it "
-            f"is not there while your answers are judged")
+    return (
+        f"{short} is minidape's own implementation of what an exercise of this notebook asks you to write: it "
+        f"is not there while your answers are judged"
+    )
 
 
 class _Censor(ast.NodeTransformer):
@@ -37,7 +40,7 @@ class _Censor(ast.NodeTransformer):
         if qualified in self.names:
             self.found.add(qualified)
             return self._refuse(node, qualified)
-        return node                      # functions not named keep their bodies (and their inner functions)
+        return node  # functions not named keep their bodies (and their inner functions)
 
     visit_AsyncFunctionDef = visit_FunctionDef
 
@@ -51,8 +54,9 @@ class _Censor(ast.NodeTransformer):
         if not any(isinstance(s, ast.FunctionDef) and s.name == "__new__" for s in node.body):
             # a class that defines no method of its own (it only inherits) refuses to be made all the same
             arguments = ast.arguments([], [ast.arg("cls")], ast.arg("args"), [], [], ast.arg("kwargs"), [])
-            node.body.append(self._refuse(ast.FunctionDef(name="__new__", args=arguments, body=[], decorator_list=[]),
-                                           self.inside))
+            node.body.append(
+                self._refuse(ast.FunctionDef(name="__new__", args=arguments, body=[], decorator_list=[]), self.inside)
+            )
         self.inside = outer
         return node
 
@@ -65,7 +69,7 @@ def censored_copy(names: set[str], folder: str | None = None) -> Path:
     os.chmod(top, 0o755)
     copy = top / "minidape"
     shutil.copytree(PACKAGE, copy, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    if (PACKAGE.parent / "data").is_dir():            # the corpora, where a checkout keeps them (beside the package)
+    if (PACKAGE.parent / "data").is_dir():  # the corpora, where a checkout keeps them (beside the package)
         (top / "data").symlink_to(PACKAGE.parent / "data")
     by_module: dict[str, set[str]] = {}
     for name in names:
@@ -76,8 +80,10 @@ def censored_copy(names: set[str], folder: str | None = None) -> Path:
         tree = censor.visit(ast.parse(path.read_text(), str(path)))
         if censor.found != named:
             shutil.rmtree(top)
-            raise LookupError(f"exercises.LIBRARY names {sorted(named - censor.found)}, which {module} does not "
-                              f"define as a function or class")
+            raise LookupError(
+                f"exercises.LIBRARY names {sorted(named - censor.found)}, which {module} does not "
+                f"define as a function or class"
+            )
         path.write_text(ast.unparse(ast.fix_missing_locations(tree)) + "\n")
     for path in [top, *top.rglob("*")]:
         if not path.is_symlink():

@@ -6,6 +6,7 @@ above all) stays in the student's process.
 This module imports nothing from minidape: the worker starts it by its file path, before any of minidape is
 imported, and the grader uses its level probe and its clean-up.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -19,14 +20,31 @@ import subprocess
 import sys
 import time
 
-UID_BASE = 2_000_000_000        # workers' user ids (levels root and uid): far above any real account
-UIDS_PER_GRADER = 1024          # a grader's workers use UID_BASE + (its pid % 10⁶) · 1024 + slot
-SKIPPED_FILE_SYSTEMS = {"proc", "sysfs", "cgroup", "cgroup2", "devpts", "mqueue", "debugfs", "tracefs",
-                        "securityfs", "pstore", "bpf", "configfs", "fusectl", "binfmt_misc", "hugetlbfs",
-                        "autofs", "efivarfs", "nsfs"}
+UID_BASE = 2_000_000_000  # workers' user ids (levels root and uid): far above any real account
+UIDS_PER_GRADER = 1024  # a grader's workers use UID_BASE + (its pid % 10⁶) · 1024 + slot
+SKIPPED_FILE_SYSTEMS = {
+    "proc",
+    "sysfs",
+    "cgroup",
+    "cgroup2",
+    "devpts",
+    "mqueue",
+    "debugfs",
+    "tracefs",
+    "securityfs",
+    "pstore",
+    "bpf",
+    "configfs",
+    "fusectl",
+    "binfmt_misc",
+    "hugetlbfs",
+    "autofs",
+    "efivarfs",
+    "nsfs",
+}
 
 
-WEAKER = "MINIDAPE_ISOLATION"                   # names a weaker level than the machine allows (to test what it holds)
+WEAKER = "MINIDAPE_ISOLATION"  # names a weaker level than the machine allows (to test what it holds)
 
 
 def isolation() -> str:
@@ -49,8 +67,12 @@ def _detected() -> str:
     if os.geteuid() != 0:
         probe[1:1] = ["--user", "--map-root-user"]
     try:
-        if subprocess.run(probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                          timeout=30).returncode == 0:
+        if (
+            subprocess.run(
+                probe, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=30
+            ).returncode
+            == 0
+        ):
             return "root" if os.geteuid() == 0 else "userns"
     except (OSError, subprocess.TimeoutExpired):
         pass
@@ -100,17 +122,17 @@ def _unescape(path: str) -> str:
 
 WARNINGS = {
     "userns": "not running as root: each submission runs in its own PID, mount and network namespaces with "
-              "resource limits, but as your own user, so files your user can write outside the hidden folders "
-              "(submissions, teacher's edition, the world-writable folders) are writable by the submissions. Grade "
-              "as root (a container, CI) for a user id of its own per submission.",
+    "resource limits, but as your own user, so files your user can write outside the hidden folders "
+    "(submissions, teacher's edition, the world-writable folders) are writable by the submissions. Grade "
+    "as root (a container, CI) for a user id of its own per submission.",
     "uid": "namespaces are not permitted here (a container without CAP_SYS_ADMIN?): each submission runs as a "
-           "user id of its own with resource limits, but it can read world-readable files (other submissions, "
-           "the teacher's edition, minidape's own implementation if their permissions allow), see other "
-           "processes and use the network; the library ban holds only against answers that import minidape.",
+    "user id of its own with resource limits, but it can read world-readable files (other submissions, "
+    "the teacher's edition, minidape's own implementation if their permissions allow), see other "
+    "processes and use the network; the library ban holds only against answers that import minidape.",
     "none": "no namespaces available (util-linux unshare missing or not permitted): submissions run as your "
-            "own user with resource limits only; they can read and write your files, see other processes "
-            "and signal the grader; the library ban holds only against answers that import minidape. Grade as "
-            "root on Linux for isolation.",
+    "own user with resource limits only; they can read and write your files, see other processes "
+    "and signal the grader; the library ban holds only against answers that import minidape. Grade as "
+    "root on Linux for isolation.",
 }
 
 
@@ -164,8 +186,12 @@ def boot() -> None:
         isolate(setup)
     except BaseException as error:
         failure = [f"{type(error).__name__}: {error}"[:2000]]
-    env = {**setup["env"], "HOME": os.getcwd(), "MPLCONFIGDIR": os.path.join(os.getcwd(), ".matplotlib"),
-           "MPLBACKEND": "Agg"}
+    env = {
+        **setup["env"],
+        "HOME": os.getcwd(),
+        "MPLCONFIGDIR": os.path.join(os.getcwd(), ".matplotlib"),
+        "MPLBACKEND": "Agg",
+    }
     os.execve(sys.executable, [sys.executable, "-m", "minidape.sandbox.worker", *sys.argv[1:3], *failure], env)
 
 
@@ -180,17 +206,21 @@ def isolate(setup: dict) -> None:
     if setup["level"] in ("root", "userns"):
         _mount_namespace(setup)
     limits = setup["limits"]
-    for name, value in ((resource.RLIMIT_CPU, limits["cpu_seconds"]), (resource.RLIMIT_AS, limits["memory_bytes"]),
-                        (resource.RLIMIT_NPROC, limits["processes"]),
-                        (resource.RLIMIT_NOFILE, limits["open_files"]), (resource.RLIMIT_FSIZE, limits["file_bytes"]),
-                        (resource.RLIMIT_CORE, 0)):
+    for name, value in (
+        (resource.RLIMIT_CPU, limits["cpu_seconds"]),
+        (resource.RLIMIT_AS, limits["memory_bytes"]),
+        (resource.RLIMIT_NPROC, limits["processes"]),
+        (resource.RLIMIT_NOFILE, limits["open_files"]),
+        (resource.RLIMIT_FSIZE, limits["file_bytes"]),
+        (resource.RLIMIT_CORE, 0),
+    ):
         resource.setrlimit(name, (value, value))
     if setup["level"] in ("root", "uid"):
         uid = setup["uid"]
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
-        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)          # PR_SET_NO_NEW_PRIVS: no setuid programs either
+        ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid programs either
 
 
 def _mount_namespace(setup: dict) -> None:
@@ -199,8 +229,9 @@ def _mount_namespace(setup: dict) -> None:
     def mount(source, target, fstype, flags, data=""):
         if libc.mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
             raise OSError(ctypes.get_errno(), f"mount {target}")
+
     read_only, nosuid, nodev, bind, recursive = 1, 2, 4, 4096, 16384
-    if setup["censored"]:           # first: every later bind of the package's folder carries the censored copy
+    if setup["censored"]:  # first: every later bind of the package's folder carries the censored copy
         mount(setup["censored"], setup["package"], "", bind)
     # Python, minidape and its corpora may lie in a folder that the scratch file systems below cover (a clone or a
     # venv under /tmp): hold them open now and bind them back at their own paths afterwards. Only the innermost of
@@ -208,9 +239,10 @@ def _mount_namespace(setup: dict) -> None:
     # tmpfs recreates the folders above at 0755.
     needed, writable = set(setup["needed"]), setup["writable"]
     covered = {path for path in needed if any(path == top or path.startswith(top + "/") for top in writable)}
-    held = {path: os.open(path, os.O_PATH) for path in covered
-            if not any(other.startswith(path + "/") for other in covered)}
-    mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=1m,mode=0700")      # staging, root's only
+    held = {
+        path: os.open(path, os.O_PATH) for path in covered if not any(other.startswith(path + "/") for other in covered)
+    }
+    mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=1m,mode=0700")  # staging, root's only
     if setup["level"] == "root":
         _expose_python(needed - covered, mount, libc, bind | recursive)
     # One scratch file system for the submission (its size and number of files bounded together), and each
@@ -218,20 +250,25 @@ def _mount_namespace(setup: dict) -> None:
     owner = setup["uid"] if setup["level"] == "root" else 0
     limits = setup["limits"]
     os.mkdir("/tmp/scratch")
-    mount("tmpfs", "/tmp/scratch", "tmpfs", nosuid | nodev,
-          f"size={limits['scratch_bytes']},nr_inodes={limits['files']},mode=0700,uid={owner},gid={owner}")
-    scratch = os.open("/tmp/scratch", os.O_PATH)      # /tmp itself is one of the folders bound over below
+    mount(
+        "tmpfs",
+        "/tmp/scratch",
+        "tmpfs",
+        nosuid | nodev,
+        f"size={limits['scratch_bytes']},nr_inodes={limits['files']},mode=0700,uid={owner},gid={owner}",
+    )
+    scratch = os.open("/tmp/scratch", os.O_PATH)  # /tmp itself is one of the folders bound over below
     for number, path in enumerate(["/tmp", *(p for p in writable if p != "/tmp")]):
         if os.path.isdir(path) and not os.path.islink(path):
             os.mkdir(f"/proc/self/fd/{scratch}/{number}", 0o700)
             os.chown(f"/proc/self/fd/{scratch}/{number}", owner, owner)
             mount(f"/proc/self/fd/{scratch}/{number}", path, "", bind)
     os.close(scratch)
-    for path, handle in held.items():      # in the fresh tmpfs: its folders above path are 0755
+    for path, handle in held.items():  # in the fresh tmpfs: its folders above path are 0755
         os.makedirs(path, mode=0o755, exist_ok=True)
         mount(f"/proc/self/fd/{handle}", path, "", bind | recursive)
         os.close(handle)
-    for path in setup["hide"]:          # last: a tree bound back above may hold some of them
+    for path in setup["hide"]:  # last: a tree bound back above may hold some of them
         if os.path.isdir(path):
             mount("tmpfs", path, "tmpfs", read_only | nosuid | nodev, "size=4k,mode=0555")
         elif os.path.exists(path):
@@ -257,7 +294,7 @@ def _expose_python(trees: set[str], mount, libc, rbind: int) -> None:
             inside = os.path.join(top, os.path.relpath(path, top))
             os.makedirs(inside, mode=0o755, exist_ok=True)
             mount(os.path.join(staging, os.path.relpath(path, top)), inside, "", rbind)
-        libc.umount2(staging.encode(), 2)                                        # MNT_DETACH
+        libc.umount2(staging.encode(), 2)  # MNT_DETACH
 
 
 def _ancestors(path: str) -> list[str]:

@@ -1,5 +1,6 @@
 """The grader's side of a worker: starts it confined (see :mod:`minidape.sandbox`), sends requests, reads
 answers under a deadline, and ends it with everything it started."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,21 @@ def needed_trees() -> list[str]:
     """The folders a worker reads its code and data from: the interpreter, sys.path, minidape and its corpora
     (an editable install maps the package to the checkout, outside sys.path)."""
     from .. import data
-    return sorted({os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, os.path.dirname(sys.executable),
-                                                 *sys.path, str(PACKAGE), str(data.DATA_DIR)) if p and os.path.isdir(p)})
+
+    return sorted(
+        {
+            os.path.realpath(p)
+            for p in (
+                sys.prefix,
+                sys.base_prefix,
+                os.path.dirname(sys.executable),
+                *sys.path,
+                str(PACKAGE),
+                str(data.DATA_DIR),
+            )
+            if p and os.path.isdir(p)
+        }
+    )
 
 
 PACKAGE = Path(__file__).resolve().parents[1]
@@ -36,36 +50,70 @@ class Worker:
     (:func:`censor.censored_copy`) it sees instead of minidape; ``box``: the submission's cgroup, which it joins
     (whoever made it removes it); ``writable``: the world-writable folders it gets private ones of."""
 
-    def __init__(self, level: str, slot: int, hide: list[str], env: dict[str, str], cpu_seconds: int = 3600,
-                 censored: Path | None = None, box: Box | None = None, writable: list[str] = ("/tmp",)):
+    def __init__(
+        self,
+        level: str,
+        slot: int,
+        hide: list[str],
+        env: dict[str, str],
+        cpu_seconds: int = 3600,
+        censored: Path | None = None,
+        box: Box | None = None,
+        writable: list[str] = ("/tmp",),
+    ):
         self.level, self.box = level, box
         self.uid = UID_BASE + (os.getpid() % 1_000_000) * UIDS_PER_GRADER + slot
         requests_r, self._requests = os.pipe()
         self._answers, answers_w = os.pipe()
         command = [sys.executable, "-I", confine.__file__, str(requests_r), str(answers_w)]
         self.scratch = None
-        if level in ("uid", "none"):        # no tmpfs of its own: a folder only its user may enter
+        if level in ("uid", "none"):  # no tmpfs of its own: a folder only its user may enter
             self.scratch = tempfile.mkdtemp(prefix="minidape-worker-")
             if level == "uid":
                 os.chown(self.scratch, self.uid, self.uid)
         if level in ("root", "userns"):
-            command = ["unshare", *(["--user", "--map-root-user"] if level == "userns" else []),
-                       "--mount", "--pid", "--net", "--ipc", "--fork", "--kill-child", "--mount-proc", *command]
-        if censored is not None and level in ("uid", "none"):     # no mount namespace: first on its path
+            command = [
+                "unshare",
+                *(["--user", "--map-root-user"] if level == "userns" else []),
+                "--mount",
+                "--pid",
+                "--net",
+                "--ipc",
+                "--fork",
+                "--kill-child",
+                "--mount-proc",
+                *command,
+            ]
+        if censored is not None and level in ("uid", "none"):  # no mount namespace: first on its path
             env = {**env, "PYTHONPATH": os.pathsep.join([str(censored.parent), env.get("PYTHONPATH", "")])}
-        self.process = subprocess.Popen(command, pass_fds=(requests_r, answers_w), stdin=subprocess.DEVNULL,
-                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                                        start_new_session=True, env={"PATH": env.get("PATH", "/usr/bin:/bin")})
+        self.process = subprocess.Popen(
+            command,
+            pass_fds=(requests_r, answers_w),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+            env={"PATH": env.get("PATH", "/usr/bin:/bin")},
+        )
         os.close(requests_r)
         os.close(answers_w)
         # The set-up travels through the pipe, not the command line that `ps` shows to everyone.
         limits = {**LIMITS, "cpu_seconds": int(cpu_seconds)}
         if box is None and level in ("root", "uid"):
             limits["processes"] = FALLBACK_PROCESSES
-        setup = {"level": level, "uid": self.uid, "hide": hide, "limits": limits, "scratch": self.scratch,
-                 "env": env, "needed": needed_trees(), "writable": list(writable), "package": str(PACKAGE),
-                 "censored": str(censored) if censored is not None and level in ("root", "userns") else None,
-                 "cgroups": box.procs if box is not None else []}
+        setup = {
+            "level": level,
+            "uid": self.uid,
+            "hide": hide,
+            "limits": limits,
+            "scratch": self.scratch,
+            "env": env,
+            "needed": needed_trees(),
+            "writable": list(writable),
+            "package": str(PACKAGE),
+            "censored": str(censored) if censored is not None and level in ("root", "userns") else None,
+            "cgroups": box.procs if box is not None else [],
+        }
         os.write(self._requests, json.dumps(setup).encode() + b"\n")
         os.set_blocking(self._requests, False)
         self.alive = True
@@ -127,7 +175,7 @@ class Worker:
     def interrupt(self) -> None:
         """SIGINT to the worker itself (a KeyboardInterrupt in the cell it runs)."""
         pid = self.process.pid
-        if self.level in ("root", "userns"):            # the worker is unshare's child
+        if self.level in ("root", "userns"):  # the worker is unshare's child
             try:
                 with open(f"/proc/{pid}/task/{pid}/children") as children:
                     pid = int(children.read().split()[0])
@@ -168,5 +216,3 @@ class Worker:
             kill_user(self.uid)
         if self.scratch:
             shutil.rmtree(self.scratch, ignore_errors=True)
-
-

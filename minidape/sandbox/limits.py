@@ -1,6 +1,7 @@
 """What one submission may use, as a whole: a cgroup per submission where the machine has one (memory, CPU time
 share and processes of all its workers together), else per-process limits whose sum is bounded; and the caps on
 what the grader keeps of a notebook's outputs."""
+
 from __future__ import annotations
 
 import os
@@ -12,13 +13,20 @@ from .confine import WARNINGS
 
 # Per submission (the cgroup) and per process (rlimits). Memory per process is address space (torch alone reserves
 # about 0.7 GB of it); processes count threads too. "files" bounds the files of the scratch file system.
-LIMITS = {"memory_bytes": 6 << 30, "processes": 256, "open_files": 256, "file_bytes": 64 << 20,
-          "scratch_bytes": 256 << 20, "files": 4096, "cpus": 1}
+LIMITS = {
+    "memory_bytes": 6 << 30,
+    "processes": 256,
+    "open_files": 256,
+    "file_bytes": 64 << 20,
+    "scratch_bytes": 256 << 20,
+    "files": 4096,
+    "cpus": 1,
+}
 # Without a cgroup, at the levels with a user id per worker (rlimit processes count per user): the two workers of
 # a submission hold at most 2 x 32 processes of 6 GB address space each.
 FALLBACK_PROCESSES = 32
-MAX_CELL_OUTPUT = 1_000_000         # characters of a cell's outputs the grader keeps, all kinds together
-MAX_NOTEBOOK_OUTPUT = 8_000_000     # ... and of a notebook's
+MAX_CELL_OUTPUT = 1_000_000  # characters of a cell's outputs the grader keeps, all kinds together
+MAX_NOTEBOOK_OUTPUT = 8_000_000  # ... and of a notebook's
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CONTROLLERS = ("memory", "cpu", "pids")
 
@@ -27,13 +35,19 @@ def warnings(level: str, cgroups: str | None) -> list[str]:
     """What this machine's isolation level and the lack of cgroups leave open, in words, for the grader to print."""
     found = [WARNINGS[level]] if level in WARNINGS else []
     if cgroups is None:
-        bound = (f"at most 2 workers x {FALLBACK_PROCESSES} processes of {LIMITS['memory_bytes'] >> 30} GB address "
-                 f"space each" if level in ("root", "uid") else f"{LIMITS['processes']} processes per worker counted "
-                 f"against your own user, each of {LIMITS['memory_bytes'] >> 30} GB address space")
-        found.append(f"no cgroup per submission (it needs root and cgroup v1 memory, cpu and pids hierarchies or "
-                     f"v2 with those controllers): each submission is bounded per process only ({bound}), and its "
-                     f"processes share the CPU with the submissions graded beside it, so a CPU-hungry one can slow "
-                     f"them towards --timeout")
+        bound = (
+            f"at most 2 workers x {FALLBACK_PROCESSES} processes of {LIMITS['memory_bytes'] >> 30} GB address "
+            f"space each"
+            if level in ("root", "uid")
+            else f"{LIMITS['processes']} processes per worker counted "
+            f"against your own user, each of {LIMITS['memory_bytes'] >> 30} GB address space"
+        )
+        found.append(
+            f"no cgroup per submission (it needs root and cgroup v1 memory, cpu and pids hierarchies or "
+            f"v2 with those controllers): each submission is bounded per process only ({bound}), and its "
+            f"processes share the CPU with the submissions graded beside it, so a CPU-hungry one can slow "
+            f"them towards --timeout"
+        )
     return found
 
 
@@ -48,7 +62,7 @@ def cgroup_version(root: Path = CGROUP_ROOT) -> str | None:
         version = "v1" if all((root / c / "cgroup.procs").is_file() for c in CONTROLLERS) else None
     if version is None:
         return None
-    try:                                # permitted here? (a read-only /sys in a container is not)
+    try:  # permitted here? (a read-only /sys in a container is not)
         Box(version, f"probe-{os.getpid()}", root).close()
     except OSError:
         return None
@@ -123,7 +137,7 @@ class Box:
                     break
                 except FileNotFoundError:
                     break
-                except OSError:             # the last processes are still being torn down
+                except OSError:  # the last processes are still being torn down
                     time.sleep(0.02)
 
 
@@ -144,9 +158,15 @@ def cap_outputs(outputs: list[dict], room: int) -> tuple[list[dict], int]:
         else:
             dropped += size
     if dropped:
-        kept.append({"output_type": "stream", "name": "stderr", "text": f"\n[grader: {dropped} characters of "
-                     f"output left out; the grader keeps {MAX_CELL_OUTPUT} per cell and {MAX_NOTEBOOK_OUTPUT} per "
-                     f"notebook]\n"})
+        kept.append(
+            {
+                "output_type": "stream",
+                "name": "stderr",
+                "text": f"\n[grader: {dropped} characters of "
+                f"output left out; the grader keeps {MAX_CELL_OUTPUT} per cell and {MAX_NOTEBOOK_OUTPUT} per "
+                f"notebook]\n",
+            }
+        )
     return kept, room
 
 

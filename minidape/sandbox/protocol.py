@@ -1,6 +1,7 @@
 """The grader and its workers talk in framed messages: requests are pickles (the worker is not protected from the
 grader); answers are data only, read by ``torch.load(weights_only=True)`` after their size, their zip records and
 their tensors' real storage have been checked (see :mod:`minidape.sandbox`)."""
+
 from __future__ import annotations
 
 import builtins
@@ -17,15 +18,14 @@ from dataclasses import dataclass
 
 from ..exercises import RemoteAnswer, WorkerGone
 
-MAX_MESSAGE = 64 << 20          # the most the grader reads from a worker in one answer
-MAX_ELEMENTS = 1 << 25          # tensor elements in one answer, all tensors together
+MAX_MESSAGE = 64 << 20  # the most the grader reads from a worker in one answer
+MAX_ELEMENTS = 1 << 25  # tensor elements in one answer, all tensors together
 REMOTE, CONFIG = "__minidape_remote__", "__minidape_config__"
 HEADER = struct.Struct("<Q")
 
 
 class TimeLimit(WorkerGone):
     """The worker did not answer before the deadline (it still runs: interrupt it, or close it)."""
-
 
 
 def send(fd: int, payload: bytes, deadline: float | None = None) -> None:
@@ -37,13 +37,14 @@ def send(fd: int, payload: bytes, deadline: float | None = None) -> None:
             if wait <= 0 or not select.select([], [fd], [], wait)[1]:
                 raise TimeLimit("did not take the request in time")
         try:
-            view = view[os.write(fd, view):]
+            view = view[os.write(fd, view) :]
         except BlockingIOError:
             continue
 
 
 def receive(fd: int, deadline: float | None = None, limit: int = MAX_MESSAGE) -> bytes:
     """One framed message, or :class:`WorkerGone` on end of file, a deadline passed, or a message too big."""
+
     def read(n: int) -> bytes:
         chunks, left = [], n
         while left:
@@ -57,6 +58,7 @@ def receive(fd: int, deadline: float | None = None, limit: int = MAX_MESSAGE) ->
             chunks.append(chunk)
             left -= len(chunk)
         return b"".join(chunks)
+
     (size,) = HEADER.unpack(read(HEADER.size))
     if size > limit:
         raise WorkerGone(f"sent a message of {size} bytes (the limit is {limit})")
@@ -65,6 +67,7 @@ def receive(fd: int, deadline: float | None = None, limit: int = MAX_MESSAGE) ->
 
 def to_bytes(value) -> bytes:
     import torch
+
     buffer = io.BytesIO()
     torch.save(value, buffer)
     return buffer.getvalue()
@@ -76,11 +79,13 @@ def from_bytes(payload: bytes):
     size); afterwards every tensor must own the storage its elements need (an expanded view of 8 bytes cannot
     pose as 10⁸ elements) and all of them together hold at most :data:`MAX_ELEMENTS`."""
     import torch
+
     try:
         with zipfile.ZipFile(io.BytesIO(payload)) as archive:
             records = archive.infolist()
-        if any(r.compress_type != zipfile.ZIP_STORED for r in records) or \
-                sum(r.file_size for r in records) > len(payload):
+        if any(r.compress_type != zipfile.ZIP_STORED for r in records) or sum(r.file_size for r in records) > len(
+            payload
+        ):
             raise WorkerGone("sent a compressed message")
         value = torch.load(io.BytesIO(payload), weights_only=True)
     except WorkerGone:
@@ -89,10 +94,14 @@ def from_bytes(payload: bytes):
         raise WorkerGone(f"sent something that is not data ({type(error).__name__})") from None
     elements = 0
     for tensor in _tensors(value):
-        if tensor.numel() * tensor.element_size() > tensor.untyped_storage().nbytes() - tensor.storage_offset() * \
-                tensor.element_size():
-            raise WorkerGone(f"sent a tensor of {tensor.numel()} elements over a storage of "
-                             f"{tensor.untyped_storage().nbytes()} bytes (a view that would grow when copied)")
+        if (
+            tensor.numel() * tensor.element_size()
+            > tensor.untyped_storage().nbytes() - tensor.storage_offset() * tensor.element_size()
+        ):
+            raise WorkerGone(
+                f"sent a tensor of {tensor.numel()} elements over a storage of "
+                f"{tensor.untyped_storage().nbytes()} bytes (a view that would grow when copied)"
+            )
         elements += tensor.numel()
         if elements > MAX_ELEMENTS:
             raise WorkerGone(f"sent more than {MAX_ELEMENTS} tensor elements in one answer")
@@ -102,6 +111,7 @@ def from_bytes(payload: bytes):
 def _tensors(value, depth: int = 0):
     """The tensors in a decoded answer (lists, tuples and dicts of them; weights_only builds nothing else)."""
     import torch
+
     if isinstance(value, torch.Tensor):
         yield value
     elif depth < 100 and isinstance(value, (list, tuple)):
@@ -110,8 +120,6 @@ def _tensors(value, depth: int = 0):
     elif depth < 100 and isinstance(value, dict):
         for item in (*value.keys(), *value.values()):
             yield from _tensors(item, depth + 1)
-
-
 
 
 # ------------------------------------------------------------------------ the grader's side: requests
@@ -133,10 +141,11 @@ class _RequestPickler(pickle.Pickler):
 
 def _make_function(code: bytes, module: str, defaults, cells):
     import importlib
+
     closure = tuple(types.CellType(value) for value in cells) or None
     try:
         namespace = vars(importlib.import_module(module))
-    except ImportError:                  # a module the worker cannot import (a test's): builtins only
+    except ImportError:  # a module the worker cannot import (a test's): builtins only
         namespace = {"__builtins__": builtins}
     return types.FunctionType(marshal.loads(code), namespace, None, defaults, closure)
 
@@ -150,17 +159,19 @@ def request_bytes(op: str, *args) -> bytes:
 @dataclass(frozen=True)
 class Description:
     """What the worker says about one of its objects (read by the checks' helpers in ``exercises``)."""
+
     type_name: str
     is_class: bool
     is_module: bool
-    bases: tuple[str, ...]        # qualified names of the classes in its MRO (its own MRO if it is a class)
-    parameter_shapes: tuple        # of an nn.Module instance, in registration order
+    bases: tuple[str, ...]  # qualified names of the classes in its MRO (its own MRO if it is a class)
+    parameter_shapes: tuple  # of an nn.Module instance, in registration order
 
 
 class Remote(RemoteAnswer):
     """An object that lives in the worker: calling it runs the student's code there and returns data (or
     another handle). The checks use it like the object itself for calls; everything else goes through the
-    helpers of :mod:`minidape.exercises` (``_is_module``, ``_build``, ``_load_parameters``, ``_gradients_of_sum`` ...)."""
+    helpers of :mod:`minidape.exercises` (``_is_module``, ``_build``, ``_load_parameters``, ``_gradients_of_sum``
+    ...)."""
 
     def __init__(self, session, ref: int, type_name: str):
         self._session, self._ref, self._type_name = session, ref, type_name
@@ -200,6 +211,7 @@ def decode(value, session):
         from dataclasses import fields
 
         from ..model import GPTConfig
+
         config = object.__new__(GPTConfig)
         known = {f.name for f in fields(GPTConfig)}
         vars(config).update({str(k): decode(v, session) for k, v in value[1].items() if k in known})
@@ -209,5 +221,3 @@ def decode(value, session):
     if isinstance(value, dict):
         return {k: decode(v, session) for k, v in value.items()}
     return value
-
-

@@ -1,6 +1,7 @@
 """The worker's side: runs one notebook's cells in one namespace, as a kernel would, and serves the grader's
 requests about the answers it recorded (see :mod:`minidape.sandbox`). Started by :func:`confine.boot`, already
 isolated: everything it imports comes from what the sandbox lets it see (the censored package in a judged run)."""
+
 from __future__ import annotations
 
 import ast
@@ -30,7 +31,7 @@ class _Capture(io.TextIOBase):
         text = str(text)
         kept = sum(len(o.get("text", "")) for o in self.outputs)
         if kept < MAX_CELL_OUTPUT:
-            piece = text[:MAX_CELL_OUTPUT - kept]
+            piece = text[: MAX_CELL_OUTPUT - kept]
             if len(piece) < len(text):
                 piece += "\n[output truncated by the grader]\n"
             if self.outputs and self.outputs[-1].get("name") == self.name:
@@ -45,14 +46,16 @@ class _Session:
 
     def __init__(self):
         from .. import exercises
+
         self.exercises = exercises
-        exercises.framework.answers = {}     # check() now only records its answers, for the grader
+        exercises.framework.answers = {}  # check() now only records its answers, for the grader
         self.namespace = {"__name__": "__main__", "__builtins__": builtins}
         self.objects: dict[int, object] = {}
         self.outputs: list = []
         builtins.display = self.display
         try:
             import IPython.display
+
             IPython.display.display = self.display
         except ImportError:
             pass
@@ -84,12 +87,22 @@ class _Session:
             if last is not None:
                 value = eval(compile(ast.Expression(last.value), f"<cell {index}>", "eval"), self.namespace)
                 if value is not None:
-                    outputs.append({"output_type": "execute_result", "data": {"text/plain": repr(value)[:MAX_CELL_OUTPUT]},
-                                    "metadata": {}, "execution_count": index})
-        except BaseException as raised:     # SystemExit and KeyboardInterrupt (the grader's time limit) too
+                    outputs.append(
+                        {
+                            "output_type": "execute_result",
+                            "data": {"text/plain": repr(value)[:MAX_CELL_OUTPUT]},
+                            "metadata": {},
+                            "execution_count": index,
+                        }
+                    )
+        except BaseException as raised:  # SystemExit and KeyboardInterrupt (the grader's time limit) too
             frames = traceback.format_exception(raised)
-            error = {"output_type": "error", "ename": type(raised).__name__, "evalue": str(raised)[:2000],
-                     "traceback": [line for line in frames if "minidape/sandbox/" not in line][-20:]}
+            error = {
+                "output_type": "error",
+                "ename": type(raised).__name__,
+                "evalue": str(raised)[:2000],
+                "traceback": [line for line in frames if "minidape/sandbox/" not in line][-20:],
+            }
         finally:
             sys.stdout, sys.stderr = saved
         self._figures(outputs)
@@ -105,9 +118,13 @@ class _Session:
             for number in plt.get_fignums():
                 buffer = io.BytesIO()
                 plt.figure(number).savefig(buffer, format="png", bbox_inches="tight")
-                outputs.append({"output_type": "display_data", "metadata": {},
-                                "data": {"image/png": base64.b64encode(buffer.getvalue()).decode(),
-                                         "text/plain": "<Figure>"}})
+                outputs.append(
+                    {
+                        "output_type": "display_data",
+                        "metadata": {},
+                        "data": {"image/png": base64.b64encode(buffer.getvalue()).decode(), "text/plain": "<Figure>"},
+                    }
+                )
             plt.close("all")
         except Exception:
             pass
@@ -117,9 +134,10 @@ class _Session:
         import torch
 
         from ..model import GPTConfig
+
         if value is None:
             return None
-        for plain in (bool, int, float, str, complex):    # a subclass (numpy's float64, ...) as the plain value
+        for plain in (bool, int, float, str, complex):  # a subclass (numpy's float64, ...) as the plain value
             if isinstance(value, plain):
                 return plain(value)
         if isinstance(value, torch.Tensor):
@@ -128,11 +146,15 @@ class _Session:
             return value.item()
         if depth < 20 and isinstance(value, GPTConfig):
             from dataclasses import asdict
+
             return (CONFIG, {k: self.encode(v, depth + 1) for k, v in asdict(value).items()})
         if depth < 20 and isinstance(value, (list, tuple)):
             return (list if isinstance(value, list) else tuple)(self.encode(v, depth + 1) for v in value)
-        if depth < 20 and isinstance(value, dict) and all(
-                type(k) in (str, int, float, bool) or k is None for k in value):
+        if (
+            depth < 20
+            and isinstance(value, dict)
+            and all(type(k) in (str, int, float, bool) or k is None for k in value)
+        ):
             return {k: self.encode(v, depth + 1) for k, v in value.items()}
         return self.handle(value)
 
@@ -144,8 +166,11 @@ class _Session:
         if op == "run":
             return self.run(*args)
         if op == "answers":
-            return {name: self.encode(answer) for name, answer in self.exercises.framework.answers.items()
-                    if isinstance(name, str)}
+            return {
+                name: self.encode(answer)
+                for name, answer in self.exercises.framework.answers.items()
+                if isinstance(name, str)
+            }
         if op == "describe":
             return self.describe(self.objects[args[0]])
         target = self.objects[args[0]]
@@ -161,15 +186,20 @@ class _Session:
 
     def describe(self, obj):
         from torch import nn
+
         cls = obj if isinstance(obj, type) else type(obj)
-        return {"type_name": cls.__name__, "is_class": isinstance(obj, type), "is_module": isinstance(obj, nn.Module),
-                "bases": tuple(f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ())),
-                "parameter_shapes": tuple(tuple(p.shape) for p in obj.parameters())
-                if isinstance(obj, nn.Module) else ()}
+        return {
+            "type_name": cls.__name__,
+            "is_class": isinstance(obj, type),
+            "is_module": isinstance(obj, nn.Module),
+            "bases": tuple(f"{c.__module__}.{c.__qualname__}" for c in getattr(cls, "__mro__", ())),
+            "parameter_shapes": tuple(tuple(p.shape) for p in obj.parameters()) if isinstance(obj, nn.Module) else (),
+        }
 
 
 def _load_parameters(module, tensors):
     import torch
+
     with torch.no_grad():
         for own, given in zip(module.parameters(), tensors):
             own.copy_(given)
@@ -188,7 +218,7 @@ def main() -> None:
         if len(sys.argv) > 3:
             raise OSError(sys.argv[3])
         session = _start()
-    except BaseException as error:      # before any student code: the grader's problem, reported in words
+    except BaseException as error:  # before any student code: the grader's problem, reported in words
         send(answers, to_bytes({"error": ("start", f"{type(error).__name__}: {error}"[:2000]), "value": None}))
         raise
     send(answers, to_bytes({"error": None, "value": "ready"}))
@@ -197,11 +227,13 @@ def main() -> None:
 
 def _start() -> _Session:
     import warnings
+
     warnings.filterwarnings("ignore", message=".*non-interactive.*")
     import matplotlib.pyplot  # noqa: F401  (the notebooks' imports, loaded before the clock of the first cell)
     import torch  # noqa: F401
 
     import minidape  # noqa: F401
+
     signal.signal(signal.SIGINT, signal.default_int_handler)
     return _Session()
 
@@ -212,20 +244,21 @@ def _serve(session: _Session, requests: int, answers: int) -> None:
             message = receive(requests)
         except WorkerGone:
             os._exit(0)
-        except KeyboardInterrupt:           # the grader's time limit struck just after a cell ended
+        except KeyboardInterrupt:  # the grader's time limit struck just after a cell ended
             continue
         try:
             op, *args = pickle.loads(message)
             answer = {"error": None, "value": session.serve(op, *args)}
-        except BaseException as error:     # the student's code raised (or exited): the grader says which
+        except BaseException as error:  # the student's code raised (or exited): the grader says which
             kind = "NotImplementedError" if isinstance(error, NotImplementedError) else "error"
             message = f"{type(error).__name__}: {error}"
             answer = {"error": (kind, message[:4000]), "value": None}
         try:
             payload = to_bytes(answer)
         except Exception as error:
-            payload = to_bytes({"error": ("TypeError", f"the answer cannot be sent back: {error}"[:4000]),
-                                "value": None})
+            payload = to_bytes(
+                {"error": ("TypeError", f"the answer cannot be sent back: {error}"[:4000]), "value": None}
+            )
         send(answers, payload)
 
 

@@ -27,15 +27,37 @@ from .claims import FLAT_MARGIN, LEAKY_REFINER, MATCHED_WIDTH, MODELS, UNIGRAM_S
 from .endpoints import degradation_length, log_ratio_units
 from .figures import compare_figure
 from .report import machine, package_version, unigram_perplexity
-from .runs import (Progress, as_float, check_seeds, check_settings, clock, corpus_fingerprint, perplexity_summary,
-                   refuse_foreign_results, reusable_run, run_record, slug, train_and_evaluate, write_json)
-from .statistics import (ALPHA, Cell, Endpoint, format_mean_std, format_p, holm, ratio_text, sign_flip_floor,
-                         t_test_power)
+from .runs import (
+    Progress,
+    as_float,
+    check_seeds,
+    check_settings,
+    clock,
+    corpus_fingerprint,
+    perplexity_summary,
+    refuse_foreign_results,
+    reusable_run,
+    run_record,
+    slug,
+    train_and_evaluate,
+    write_json,
+)
+from .statistics import (
+    ALPHA,
+    Cell,
+    Endpoint,
+    format_mean_std,
+    format_p,
+    holm,
+    ratio_text,
+    sign_flip_floor,
+    t_test_power,
+)
 
 # The default baselines. Any registered PE is a baseline by its name (`--against fox`); one joins the defaults
 # by adding its name here.
 DEFAULT_BASELINES = ("alibi", "kerple_log")
-POWER_EFFECT = 0.05          # the effect size (a 5 % ratio) whose detection power is reported under 5 seeds
+POWER_EFFECT = 0.05  # the effect size (a 5 % ratio) whose detection power is reported under 5 seeds
 ENDPOINT_NAMES = {"in": "at the training length", "beyond": "beyond the training length", "all": "all lengths"}
 
 
@@ -50,13 +72,17 @@ def resolve_pe(pe: str) -> tuple[str, str | None]:
     if all(name in PE_NAMES for name in pe.split(",")):
         return pe, None
     if ":" not in pe:
-        raise ValueError(f"unknown pe {pe!r}; valid choices: {', '.join(PE_NAMES)}, several of them joined by "
-                         f"commas (cycled over the layers), or FILE.py:ClassName")
+        raise ValueError(
+            f"unknown pe {pe!r}; valid choices: {', '.join(PE_NAMES)}, several of them joined by "
+            f"commas (cycled over the layers), or FILE.py:ClassName"
+        )
     kind, name, digest = register_class(pe, "--pe")
     if kind != "pe":
-        raise ValueError(f"--pe {pe!r}: {pe.rpartition(':')[2]} is not a subclass of md.AdditiveBias (a bias "
-                         f"(n_head, Tq, Tk) from positions) or md.DataDependentBias (a bias (batch, n_head, Tq, Tk) "
-                         f"that reads the data); see the extension API in the README")
+        raise ValueError(
+            f"--pe {pe!r}: {pe.rpartition(':')[2]} is not a subclass of md.AdditiveBias (a bias "
+            f"(n_head, Tq, Tk) from positions) or md.DataDependentBias (a bias (batch, n_head, Tq, Tk) "
+            f"that reads the data); see the extension API in the README"
+        )
     return name, digest
 
 
@@ -64,8 +90,9 @@ def _resolve_refiner(refiner: str, spec: str) -> str:
     if refiner in REFINER_NAMES:
         return refiner
     if ":" not in refiner:
-        raise ValueError(f"unknown refiner {refiner!r} in {spec!r}; valid choices: {', '.join(REFINER_NAMES)}, "
-                         f"or FILE.py:ClassName")
+        raise ValueError(
+            f"unknown refiner {refiner!r} in {spec!r}; valid choices: {', '.join(REFINER_NAMES)}, or FILE.py:ClassName"
+        )
     kind, name, _ = register_class(refiner, "refiner")
     if kind != "refiner":
         raise ValueError(f"refiner {refiner!r} in {spec!r} is a positional encoding, not a refiner")
@@ -76,7 +103,7 @@ def parse_model(spec: str) -> tuple[str, dict]:
     """``PE[+REFINER[:OPTION]...]`` -> (its label, `GPTConfig` overrides); see the module's docstring."""
     if not isinstance(spec, str) or not spec:
         raise ValueError(f"a model must be written PE[+REFINER[:OPTION]...]; got {spec!r}")
-    if spec in MODELS and MODELS[spec].get("refiner") != LEAKY_REFINER:    # a study model by its label: FoX, ...
+    if spec in MODELS and MODELS[spec].get("refiner") != LEAKY_REFINER:  # a study model by its label: FoX, ...
         return spec, dict(MODELS[spec])
     pe_part, plus, refiner_part = spec.partition("+")
     overrides = {"pe": resolve_pe(pe_part)[0], "refiner": "none"}
@@ -91,35 +118,50 @@ def parse_model(spec: str) -> tuple[str, dict]:
         key, _, value = option.rpartition("=") if "=" in option else ("k", "=", option)
         if key == "w" and value == "matched":
             if overrides["refiner"] != "dape":
-                raise ValueError(f"w=matched in {spec!r}: only DAPE's MLP (refiner dape) is matched to the 1x3 "
-                                 f"conv refiner's parameter count")
+                raise ValueError(
+                    f"w=matched in {spec!r}: only DAPE's MLP (refiner dape) is matched to the 1x3 "
+                    f"conv refiner's parameter count"
+                )
             overrides["refiner_width"], label = MATCHED_WIDTH, f"{label}:w=matched"
         elif key in ("k", "w") and value.isdigit() and int(value) > 0:
             overrides["refiner_kernel" if key == "k" else "refiner_width"] = int(value)
             label = f"{label}:{key}={int(value)}"
         else:
-            raise ValueError(f"bad refiner option {option!r} in {spec!r}; valid: K or k=K (odd kernel size), "
-                             f"w=W (hidden width), w=matched (DAPE at the 1x3 conv refiner's parameter count)")
+            raise ValueError(
+                f"bad refiner option {option!r} in {spec!r}; valid: K or k=K (odd kernel size), "
+                f"w=W (hidden width), w=matched (DAPE at the 1x3 conv refiner's parameter count)"
+            )
     return label, overrides
 
 
 def _sources(overrides: dict) -> dict:
     """sha256 of the users' files behind a model's PE and refiner (recorded with each run)."""
-    paths = {kind: [path for name in overrides.get(kind, "none").split(",")         # pe: a per-layer spec too
-                    if (path := source_file(registry[name]))]
-             for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY))}
-    return {kind: hashlib.sha256(b"".join(Path(path).read_bytes() for path in found)).hexdigest()
-            for kind, found in paths.items() if found}
+    paths = {
+        kind: [
+            path
+            for name in overrides.get(kind, "none").split(",")  # pe: a per-layer spec too
+            if (path := source_file(registry[name]))
+        ]
+        for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY))
+    }
+    return {
+        kind: hashlib.sha256(b"".join(Path(path).read_bytes() for path in found)).hexdigest()
+        for kind, found in paths.items()
+        if found
+    }
 
 
-def study_budget(budget: str, device: torch.device, train_length: int | None = None, lengths=None,
-                 **knobs) -> Budget:
+def study_budget(budget: str, device: torch.device, train_length: int | None = None, lengths=None, **knobs) -> Budget:
     """The named budget with the knobs given (None keeps the budget's): model size, steps, batch, lr, the
     training length and the evaluation lengths (multiples of the training length, including it)."""
     settings = resolve_budget(budget, device)
     for name, value in knobs.items():
-        if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-                                  or (name != "lr" and not isinstance(value, int))):
+        if value is not None and (
+            isinstance(value, bool)
+            or not isinstance(value, (int, float))
+            or value <= 0
+            or (name != "lr" and not isinstance(value, int))
+        ):
             raise ValueError(f"{name} must be a positive {'number' if name == 'lr' else 'integer'}; got {value!r}")
     settings = dataclasses.replace(settings, **{name: value for name, value in knobs.items() if value is not None})
     train_length = train_length or settings.train_lengths[0]
@@ -127,9 +169,11 @@ def study_budget(budget: str, device: torch.device, train_length: int | None = N
     if lengths is not None:
         bad = [length for length in lengths if not isinstance(length, int) or length % train_length]
         if bad or train_length not in lengths or max(lengths) <= train_length:
-            raise ValueError(f"lengths must be multiples of the training length {train_length}, include it, and "
-                             f"go beyond it (the in-length and beyond-length endpoints need both); got "
-                             f"{list(lengths)}")
+            raise ValueError(
+                f"lengths must be multiples of the training length {train_length}, include it, and "
+                f"go beyond it (the in-length and beyond-length endpoints need both); got "
+                f"{list(lengths)}"
+            )
         factors = tuple(sorted({length // train_length for length in lengths}))
     return dataclasses.replace(settings, train_lengths=(train_length,), eval_factors=factors)
 
@@ -137,8 +181,9 @@ def study_budget(budget: str, device: torch.device, train_length: int | None = N
 # ----------------------------------------------------------------------------- the endpoints
 
 
-def compare_endpoints(perplexity: dict, subject: str, baselines: list[str], train_length: int,
-                      margin: float) -> list[dict]:
+def compare_endpoints(
+    perplexity: dict, subject: str, baselines: list[str], train_length: int, margin: float
+) -> list[dict]:
     """Every test one comparison reports, Holm-adjusted together: per baseline the subject's log ratio at the
     training length, beyond it and over all lengths (two-sided t-tests); per model its degradation (16x or the
     longest length against the training length) with the equivalence test (TOST) against ``±margin``."""
@@ -146,12 +191,24 @@ def compare_endpoints(perplexity: dict, subject: str, baselines: list[str], trai
     for baseline in baselines:
         for where in ENDPOINT_NAMES:
             units = log_ratio_units(perplexity[subject], perplexity[baseline], train_length, where)
-            tests.append({"what": f"{subject} vs {baseline}, {ENDPOINT_NAMES[where]}", "baseline": baseline,
-                          "endpoint_kind": where, "endpoint": Endpoint(units, "below")})
+            tests.append(
+                {
+                    "what": f"{subject} vs {baseline}, {ENDPOINT_NAMES[where]}",
+                    "baseline": baseline,
+                    "endpoint_kind": where,
+                    "endpoint": Endpoint(units, "below"),
+                }
+            )
     for label, curves in perplexity.items():
         units = log_ratio_units(curves, None, train_length, "degradation")
-        tests.append({"what": f"degradation of {label}", "model": label, "endpoint_kind": "degradation",
-                      "endpoint": Endpoint(units, "within", math.log1p(margin))})
+        tests.append(
+            {
+                "what": f"degradation of {label}",
+                "model": label,
+                "endpoint_kind": "degradation",
+                "endpoint": Endpoint(units, "within", math.log1p(margin)),
+            }
+        )
     for test, p_holm in zip(tests, holm([test["endpoint"].p for test in tests])):
         test["p_holm"] = p_holm
     return tests
@@ -161,10 +218,14 @@ def _baseline_verdict(test: dict, subject: str) -> str:
     endpoint, baseline = test["endpoint"], test["baseline"]
     evidence = f"{ratio_text(endpoint)}, Holm {format_p(test['p_holm'])}"
     if not test["p_holm"] < ALPHA:
-        return (f"{subject} vs {baseline} (beyond-length endpoint): no significant difference beyond the training "
-                f"length ({evidence})")
+        return (
+            f"{subject} vs {baseline} (beyond-length endpoint): no significant difference beyond the training "
+            f"length ({evidence})"
+        )
     side = "lower (better)" if endpoint.estimate < 0 else "higher (worse)"
-    return f"{subject} vs {baseline} (beyond-length endpoint): {side} perplexity beyond the training length ({evidence})"
+    return (
+        f"{subject} vs {baseline} (beyond-length endpoint): {side} perplexity beyond the training length ({evidence})"
+    )
 
 
 def _degradation_verdict(test: dict, margin: float, longest: int, train_length: int) -> str:
@@ -182,12 +243,30 @@ def _degradation_verdict(test: dict, margin: float, longest: int, train_length: 
 
 
 @holds_out_folder()
-def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corpus: str = "austen", out=None, *,
-            budget: str = "default", steps: int | None = None, batch_size: int | None = None,
-            lr: float | None = None, n_layer: int | None = None, n_embd: int | None = None,
-            n_head: int | None = None, train_length: int | None = None, lengths=None, margin: float = FLAT_MARGIN,
-            device: str | torch.device = "auto", progress: bool = True, overwrite: bool = False,
-            rerun: bool = False, keep_checkpoints: bool = False, allow_leakage: bool = False) -> dict:
+def compare(
+    pe: str,
+    against=DEFAULT_BASELINES,
+    seeds: int = DEFAULT_SEEDS,
+    corpus: str = "austen",
+    out=None,
+    *,
+    budget: str = "default",
+    steps: int | None = None,
+    batch_size: int | None = None,
+    lr: float | None = None,
+    n_layer: int | None = None,
+    n_embd: int | None = None,
+    n_head: int | None = None,
+    train_length: int | None = None,
+    lengths=None,
+    margin: float = FLAT_MARGIN,
+    device: str | torch.device = "auto",
+    progress: bool = True,
+    overwrite: bool = False,
+    rerun: bool = False,
+    keep_checkpoints: bool = False,
+    allow_leakage: bool = False,
+) -> dict:
     """Put a model through the study's protocol against baselines; returns the table and the statistics.
 
     - ``pe``: the model under test and ``against``: the baselines, each ``PE[+REFINER[:OPTION]...]`` (see the
@@ -209,8 +288,18 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
     """
     started = time.perf_counter()
     device = resolve_device(device)
-    settings = study_budget(budget, device, train_length=train_length, lengths=lengths, steps=steps,
-                            batch_size=batch_size, lr=lr, n_layer=n_layer, n_embd=n_embd, n_head=n_head)
+    settings = study_budget(
+        budget,
+        device,
+        train_length=train_length,
+        lengths=lengths,
+        steps=steps,
+        batch_size=batch_size,
+        lr=lr,
+        n_layer=n_layer,
+        n_embd=n_embd,
+        n_head=n_head,
+    )
     seeds = check_seeds(seeds)
     if not 0 < margin < 1:
         raise ValueError(f"margin must be a fraction between 0 and 1 (0.10 = ±10 %); got {margin!r}")
@@ -232,7 +321,7 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
     fingerprint = corpus_fingerprint(corpus)
     out = Path(out) if out is not None else None
     if out is not None:
-        check_settings(out, {"command": "compare"})    # the runs themselves say what they were made with
+        check_settings(out, {"command": "compare"})  # the runs themselves say what they were made with
     # Every run file already in out is checked before any training: reused, or refused, or (rerun) made again.
     plan = []
     for label, cfg in configs.items():
@@ -241,64 +330,119 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
             path = out / "runs" / slug(label) / f"seed{seed}.json" if out is not None else None
             plan.append((label, seed, record, path, reusable_run(path, record, rerun) if path is not None else None))
     if seeds < DEFAULT_SEEDS:
-        print(f"warning: {seeds} seeds (fewer than {DEFAULT_SEEDS}): the exact sign-flip test cannot go below "
-              f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it can confirm no effect at α = {ALPHA}; the "
-              f"t-test's power for a {POWER_EFFECT:.0%} effect at the observed spread is printed with the results",
-              file=sys.stderr, flush=True)
+        print(
+            f"warning: {seeds} seeds (fewer than {DEFAULT_SEEDS}): the exact sign-flip test cannot go below "
+            f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it can confirm no effect at α = {ALPHA}; the "
+            f"t-test's power for a {POWER_EFFECT:.0%} effect at the observed spread is printed with the results",
+            file=sys.stderr,
+            flush=True,
+        )
     meter = Progress(len(plan), progress)
     if progress:
-        print(f"minidape compare on {device}: {', '.join(models)}; {seeds} seeds x {settings.steps} steps at "
-              f"length {train_length} on {corpus} ({len(plan)} runs) -> {out or '(not saved)'}", flush=True)
+        print(
+            f"minidape compare on {device}: {', '.join(models)}; {seeds} seeds x {settings.steps} steps at "
+            f"length {train_length} on {corpus} ({len(plan)} runs) -> {out or '(not saved)'}",
+            flush=True,
+        )
     runs: dict[str, list[dict]] = {label: [] for label in models}
     for label, seed, record, path, result in plan:
         if result is not None:
             meter.report(f"{label} seed {seed}", None)
         else:
             keep = path.with_suffix("") if keep_checkpoints and path is not None else None
-            result = train_and_evaluate(configs[label], str(corpus), settings, seed, device,
-                                        allow_leakage=label in leaking, progress=progress, keep=keep)
+            result = train_and_evaluate(
+                configs[label],
+                str(corpus),
+                settings,
+                seed,
+                device,
+                allow_leakage=label in leaking,
+                progress=progress,
+                keep=keep,
+            )
             result = {"label": label, "run": record, **result}
             if path is not None:
                 write_json(path, result)
-            meter.report(f"{label} seed {seed}", result["train_seconds"] + result["eval_seconds"],
-                         perplexity_summary(result))
+            meter.report(
+                f"{label} seed {seed}", result["train_seconds"] + result["eval_seconds"], perplexity_summary(result)
+            )
         runs[label].append(result)
-    perplexity = {label: {protocol: {int(length): [as_float(run["perplexity"][protocol][length]) for run in results]
-                                     for length in results[0]["perplexity"][protocol]} for protocol in PROTOCOLS}
-                  for label, results in runs.items()}
-    cells = {baseline: {protocol: {length: Cell(f"{protocol} {length}", perplexity[subject][protocol][length],
-                                                perplexity[baseline][protocol][length])
-                                   for length in perplexity[subject][protocol]} for protocol in PROTOCOLS}
-             for baseline in baselines}
-    p_values = {baseline: {protocol: {length: cell.p() for length, cell in by_length.items()}
-                           for protocol, by_length in by_protocol.items()} for baseline, by_protocol in cells.items()}
+    perplexity = {
+        label: {
+            protocol: {
+                int(length): [as_float(run["perplexity"][protocol][length]) for run in results]
+                for length in results[0]["perplexity"][protocol]
+            }
+            for protocol in PROTOCOLS
+        }
+        for label, results in runs.items()
+    }
+    cells = {
+        baseline: {
+            protocol: {
+                length: Cell(
+                    f"{protocol} {length}",
+                    perplexity[subject][protocol][length],
+                    perplexity[baseline][protocol][length],
+                )
+                for length in perplexity[subject][protocol]
+            }
+            for protocol in PROTOCOLS
+        }
+        for baseline in baselines
+    }
+    p_values = {
+        baseline: {
+            protocol: {length: cell.p() for length, cell in by_length.items()}
+            for protocol, by_length in by_protocol.items()
+        }
+        for baseline, by_protocol in cells.items()
+    }
     tests = compare_endpoints(perplexity, subject, baselines, train_length, margin)
     longest = degradation_length(train_length, perplexity[subject][PROTOCOLS[0]])
-    verdicts = ([_baseline_verdict(test, subject) for test in tests if test.get("endpoint_kind") == "beyond"]
-                + [_degradation_verdict(test, margin, longest, train_length) for test in tests if "model" in test])
+    verdicts = [_baseline_verdict(test, subject) for test in tests if test.get("endpoint_kind") == "beyond"] + [
+        _degradation_verdict(test, margin, longest, train_length) for test in tests if "model" in test
+    ]
     unigram = unigram_perplexity(corpus)
     notes = _notes(perplexity, tests, seeds, train_length, unigram, corpus)
     table = _compare_table(perplexity, cells, tests, subject, train_length, seeds, margin, longest)
     text = f"{table}\n" + "".join(f"- {line}\n" for line in verdicts) + f"\n{notes}"
     if progress:
         print(text, flush=True)
-    payload = {"subject": subject, "baselines": baselines, "leaking": leaking, "perplexity": perplexity,
-               "p_values": p_values, "endpoints": _endpoints_json(tests), "verdicts": verdicts,
-               "settings": dataclasses.asdict(settings), "seeds": seeds, "margin": margin, "corpus": str(corpus),
-               "corpus_sha256": fingerprint["sha256"], "corpus_bytes": fingerprint["bytes"],
-               "unigram_perplexity": unigram, "budget": budget, "minidape": package_version()}
+    payload = {
+        "subject": subject,
+        "baselines": baselines,
+        "leaking": leaking,
+        "perplexity": perplexity,
+        "p_values": p_values,
+        "endpoints": _endpoints_json(tests),
+        "verdicts": verdicts,
+        "settings": dataclasses.asdict(settings),
+        "seeds": seeds,
+        "margin": margin,
+        "corpus": str(corpus),
+        "corpus_sha256": fingerprint["sha256"],
+        "corpus_bytes": fingerprint["bytes"],
+        "unigram_perplexity": unigram,
+        "budget": budget,
+        "minidape": package_version(),
+    }
     if out is not None:
-        details = (f"minidape {package_version()} on {device.type} ({machine()}); wall time "
-                   f"{clock(time.perf_counter() - started)}, {meter.timed} of {meter.total} runs trained by this "
-                   f"invocation. Corpus {corpus}: {fingerprint['bytes']} bytes, sha256 {fingerprint['sha256']}. "
-                   f"{seeds} seeds x {settings.steps} steps of {settings.batch_size} windows, lr {settings.lr}, at "
-                   f"length {train_length} ({settings.n_layer} layers, n_embd {settings.n_embd}, {settings.n_head} "
-                   f"heads, budget {budget}); evaluated at "
-                   f"{', '.join(str(train_length * factor) for factor in settings.eval_factors)}.\n")
+        details = (
+            f"minidape {package_version()} on {device.type} ({machine()}); wall time "
+            f"{clock(time.perf_counter() - started)}, {meter.timed} of {meter.total} runs trained by this "
+            f"invocation. Corpus {corpus}: {fingerprint['bytes']} bytes, sha256 {fingerprint['sha256']}. "
+            f"{seeds} seeds x {settings.steps} steps of {settings.batch_size} windows, lr {settings.lr}, at "
+            f"length {train_length} ({settings.n_layer} layers, n_embd {settings.n_embd}, {settings.n_head} "
+            f"heads, budget {budget}); evaluated at "
+            f"{', '.join(str(train_length * factor) for factor in settings.eval_factors)}.\n"
+        )
         if leaking:
-            details = (f"> **Leakage experiment (allow_leakage): {', '.join(leaking)} read"
-                       f"{'s' if len(leaking) == 1 else ''} the future** (md.check_causal fails): their "
-                       f"perplexities and p-values do not measure language modelling.\n\n{details}")
+            details = (
+                f"> **Leakage experiment (allow_leakage): {', '.join(leaking)} read"
+                f"{'s' if len(leaking) == 1 else ''} the future** (md.check_causal fails): their "
+                f"perplexities and p-values do not measure language modelling.\n\n{details}"
+            )
         header = f"# {subject} against {', '.join(baselines)}\n\n{details}"
         with atomic_path(out / "compare.md") as tmp:
             tmp.write_text(f"{header}\n{text}")
@@ -312,57 +456,93 @@ def compare(pe: str, against=DEFAULT_BASELINES, seeds: int = DEFAULT_SEEDS, corp
 def _notes(perplexity: dict, tests: list[dict], seeds: int, train_length: int, unigram: float, corpus) -> str:
     """The reference level of byte frequencies, the models that did not get below it, and (under 5 seeds)
     what the seeds cannot show."""
-    stuck = [label for label, curves in perplexity.items()
-             if sum(curves["nonoverlap"][train_length]) / seeds > UNIGRAM_SHARE * unigram]
-    lines = [f"Byte frequencies alone (no context) give a perplexity per byte of {unigram:.2f} on {corpus}'s "
-             f"validation split: no model should be above it. "
-             + (f"Above {UNIGRAM_SHARE:.0%} of it at the training length (nonoverlap), i.e. learned little more "
-                f"than byte frequencies, so their curves say little about extrapolation: {', '.join(stuck)}."
-                if stuck else f"Every model ends training below {UNIGRAM_SHARE:.0%} of it.")]
+    stuck = [
+        label
+        for label, curves in perplexity.items()
+        if sum(curves["nonoverlap"][train_length]) / seeds > UNIGRAM_SHARE * unigram
+    ]
+    lines = [
+        f"Byte frequencies alone (no context) give a perplexity per byte of {unigram:.2f} on {corpus}'s "
+        f"validation split: no model should be above it. "
+        + (
+            f"Above {UNIGRAM_SHARE:.0%} of it at the training length (nonoverlap), i.e. learned little more "
+            f"than byte frequencies, so their curves say little about extrapolation: {', '.join(stuck)}."
+            if stuck
+            else f"Every model ends training below {UNIGRAM_SHARE:.0%} of it."
+        )
+    ]
     if seeds < DEFAULT_SEEDS:
         import numpy as np
+
         powers = []
         for test in tests:
             if test.get("endpoint_kind") == "beyond":
                 spread = float(np.std(test["endpoint"].values, ddof=1))
                 powers.append(f"{test['baseline']} {t_test_power(spread, seeds, math.log1p(POWER_EFFECT)):.0%}")
-        lines.append(f"With {seeds} seeds the sign-flip test cannot go below p = {sign_flip_floor(seeds):.3g}; the "
-                     f"t-test's power to detect a {POWER_EFFECT:.0%} difference beyond the training length at the "
-                     f"observed spread (α = {ALPHA}, before Holm): {', '.join(powers)}. Use {DEFAULT_SEEDS} seeds "
-                     "or more.")
+        lines.append(
+            f"With {seeds} seeds the sign-flip test cannot go below p = {sign_flip_floor(seeds):.3g}; the "
+            f"t-test's power to detect a {POWER_EFFECT:.0%} difference beyond the training length at the "
+            f"observed spread (α = {ALPHA}, before Holm): {', '.join(powers)}. Use {DEFAULT_SEEDS} seeds "
+            "or more."
+        )
     return "\n\n".join(lines) + "\n"
 
 
 def _endpoints_json(tests: list[dict]) -> list[dict]:
-    return [{"what": test["what"], "endpoint": test["endpoint_kind"],
-             **({"baseline": test["baseline"]} if "baseline" in test else {"model": test["model"]}),
-             "units": test["endpoint"].values, "ratio_minus_1": math.expm1(test["endpoint"].estimate),
-             "ci95": [math.expm1(test["endpoint"].low), math.expm1(test["endpoint"].high)],
-             "p_t": test["endpoint"].p, "p_sign_flip": test["endpoint"].p_sign_flip, "p_holm": test["p_holm"]}
-            for test in tests]
+    return [
+        {
+            "what": test["what"],
+            "endpoint": test["endpoint_kind"],
+            **({"baseline": test["baseline"]} if "baseline" in test else {"model": test["model"]}),
+            "units": test["endpoint"].values,
+            "ratio_minus_1": math.expm1(test["endpoint"].estimate),
+            "ci95": [math.expm1(test["endpoint"].low), math.expm1(test["endpoint"].high)],
+            "p_t": test["endpoint"].p,
+            "p_sign_flip": test["endpoint"].p_sign_flip,
+            "p_holm": test["p_holm"],
+        }
+        for test in tests
+    ]
 
 
-def _compare_table(perplexity: dict, cells: dict, tests: list[dict], subject: str, train_length: int, seeds: int,
-                   margin: float, longest: int) -> str:
+def _compare_table(
+    perplexity: dict,
+    cells: dict,
+    tests: list[dict],
+    subject: str,
+    train_length: int,
+    seeds: int,
+    margin: float,
+    longest: int,
+) -> str:
     """Per protocol: mean ± std for every model at every length and, per baseline, the subject's signed
     difference with the paired t-test's p; then every endpoint with its tests."""
     blocks = []
     for protocol in PROTOCOLS:
         lengths = list(perplexity[subject][protocol])
         header = ["model"] + [f"{length}" + (" (train)" if length == train_length else "") for length in lengths]
-        lines = [f"**{protocol}** — perplexity per byte, mean ± std over {seeds} seeds; then {subject} against each "
-                 "baseline: signed difference (% of perplexity per byte, geometric mean over seeds) and the p of the "
-                 "paired t-test on log perplexity (not adjusted, descriptive)", "",
-                 "| " + " | ".join(header) + " |", "|---|" + "---:|" * len(lengths)]
+        lines = [
+            f"**{protocol}** — perplexity per byte, mean ± std over {seeds} seeds; then {subject} against each "
+            "baseline: signed difference (% of perplexity per byte, geometric mean over seeds) and the p of the "
+            "paired t-test on log perplexity (not adjusted, descriptive)",
+            "",
+            "| " + " | ".join(header) + " |",
+            "|---|" + "---:|" * len(lengths),
+        ]
         for label, curves in perplexity.items():
-            lines.append("| " + " | ".join([label] + [format_mean_std(curves[protocol][length])
-                                                     for length in lengths]) + " |")
+            lines.append(
+                "| " + " | ".join([label] + [format_mean_std(curves[protocol][length]) for length in lengths]) + " |"
+            )
         for baseline, by_protocol in cells.items():
-            lines.append(f"| vs {baseline} | " + " | ".join(by_protocol[protocol][length].text()
-                                                           for length in lengths) + " |")
+            lines.append(
+                f"| vs {baseline} | " + " | ".join(by_protocol[protocol][length].text() for length in lengths) + " |"
+            )
         blocks.append("\n".join(lines) + "\n")
-    rows = [f"| {test['what']} | {ratio_text(test['endpoint'])} | {format_p(test['endpoint'].p)} | "
-            f"{format_p(test['endpoint'].p_sign_flip)} | {format_p(test['p_holm'])} |" for test in tests]
+    rows = [
+        f"| {test['what']} | {ratio_text(test['endpoint'])} | {format_p(test['endpoint'].p)} | "
+        f"{format_p(test['endpoint'].p_sign_flip)} | {format_p(test['p_holm'])} |"
+        for test in tests
+    ]
     blocks.append(
         f"**Endpoints** — per seed, the mean over both protocols of a log ratio of perplexity per byte, shown as "
         f"ratio − 1: {subject} over each baseline at the training length ({train_length}), beyond it (every longer "
@@ -372,5 +552,7 @@ def _compare_table(perplexity: dict, cells: dict, tests: list[dict], subject: st
         f"Mean over {seeds} seeds with its 95 % CI, the t-test p, the exact sign-flip test of the same hypothesis, "
         f"and Holm's adjustment across the family of all {len(tests)} tests below.\n\n"
         "| endpoint | ratio − 1 [95 % CI] | p (t) | p (sign-flip) | p (Holm) |\n|---|---|---|---|---|\n"
-        + "\n".join(rows) + "\n")
+        + "\n".join(rows)
+        + "\n"
+    )
     return "\n".join(blocks)

@@ -46,14 +46,20 @@ def log_ratio_units(model: dict, other: dict | None, train_length: int, where: s
     training length, "beyond": every longer length, "all": every length); or, with ``other`` None and `where`
     "degradation", log ppl(model at `degradation_length`) - log ppl(model at the training length)."""
     evaluated = model[PROTOCOLS[0]]
-    lengths = {"in": [train_length], "beyond": [length for length in evaluated if length > train_length],
-               "all": list(evaluated), "degradation": [degradation_length(train_length, evaluated)]}[where]
+    lengths = {
+        "in": [train_length],
+        "beyond": [length for length in evaluated if length > train_length],
+        "all": list(evaluated),
+        "degradation": [degradation_length(train_length, evaluated)],
+    }[where]
     units = []
     for seed in range(len(evaluated[train_length])):
-        differences = [math.log(model[protocol][length][seed])
-                       - math.log(other[protocol][length][seed] if other is not None
-                                  else model[protocol][train_length][seed])
-                       for protocol in PROTOCOLS for length in lengths]
+        differences = [
+            math.log(model[protocol][length][seed])
+            - math.log(other[protocol][length][seed] if other is not None else model[protocol][train_length][seed])
+            for protocol in PROTOCOLS
+            for length in lengths
+        ]
         units.append(sum(differences) / len(differences))
     return units
 
@@ -91,8 +97,13 @@ def statement_cells(statement: Statement, results: dict, corpora: list[str], tra
                 if (statement.lengths == "beyond" or not statement.other) and length <= train_length:
                     continue
                 against = other[protocol][length if statement.other else train_length]
-                cells.append(Cell(f"{corpus_key(corpus)} T={train_length} {protocol} {length // train_length}xT",
-                                  model[protocol][length], against))
+                cells.append(
+                    Cell(
+                        f"{corpus_key(corpus)} T={train_length} {protocol} {length // train_length}xT",
+                        model[protocol][length],
+                        against,
+                    )
+                )
     return cells
 
 
@@ -102,8 +113,14 @@ def judge(results: dict, corpora: list[str], train_lengths, claims=CLAIMS) -> li
     for claim in claims:
         for statement in claim.statements:
             units = statement_units(statement, results, corpora, train_lengths)
-            judged.append({"claim": claim.key, "statement": statement, "units": units,
-                           "endpoint": Endpoint(list(units.values()), KINDS[statement.kind], statement.margin)})
+            judged.append(
+                {
+                    "claim": claim.key,
+                    "statement": statement,
+                    "units": units,
+                    "endpoint": Endpoint(list(units.values()), KINDS[statement.kind], statement.margin),
+                }
+            )
     # A C6 task that no model learned within its training lengths cannot show which model extrapolates (two
     # models at chance are "near-equal" trivially): its statement is not tested and leaves Holm's family.
     unlearned = set(unlearned_tasks(results)) if any(claim.che for claim in claims) else set()
@@ -119,8 +136,11 @@ def judge(results: dict, corpora: list[str], train_lengths, claims=CLAIMS) -> li
 
 def unlearned_tasks(results: dict) -> list[str]:
     """C6 tasks on which no model is `LEARNED_MARGIN` above chance within the training lengths."""
-    return [task for task in CHE_TASKS
-            if all(mean_std(results["che_within"][(task, label)])[0] < results["che_chance"][task] + LEARNED_MARGIN
-                   for label in CHE_MODELS)]
-
-
+    return [
+        task
+        for task in CHE_TASKS
+        if all(
+            mean_std(results["che_within"][(task, label)])[0] < results["che_chance"][task] + LEARNED_MARGIN
+            for label in CHE_MODELS
+        )
+    ]

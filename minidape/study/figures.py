@@ -16,8 +16,14 @@ from .runs import corpus_key
 from .statistics import mean_std
 
 
-def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int | None = None,
-               ylabel: str = "perplexity per byte", log_y: bool = True, styles: dict | None = None) -> None:
+def plot_bands(
+    curves: dict[str, dict[int, list[float]]],
+    ax,
+    train_length: int | None = None,
+    ylabel: str = "perplexity per byte",
+    log_y: bool = True,
+    styles: dict | None = None,
+) -> None:
     """Mean over seeds as a line and mean ± std as a shaded band, one per model in its fixed style
     (`md.plots.model_style`, or `styles[label]`: line options); NaN points left out."""
     for label, curve in curves.items():
@@ -28,12 +34,17 @@ def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int 
         lengths, means, stds = zip(*points)
         style = (styles or {}).get(label) or model_style(label)
         ax.plot(lengths, means, marker="o", markersize=3, label=label, **style)
-        ax.fill_between(lengths, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                        color=style["color"], alpha=0.15)
+        ax.fill_between(
+            lengths,
+            [m - s for m, s in zip(means, stds)],
+            [m + s for m, s in zip(means, stds)],
+            color=style["color"],
+            alpha=0.15,
+        )
     ax.set_xscale("log", base=2)
     ticks = []
     for length in sorted({length for curve in curves.values() for length in curve}):
-        if not ticks or length >= 1.15 * ticks[-1]:     # neighbours like 40 and 41 would print on each other
+        if not ticks or length >= 1.15 * ticks[-1]:  # neighbours like 40 and 41 would print on each other
             ticks.append(length)
     ax.set_xticks(ticks)
     ax.xaxis.set_major_formatter(FormatStrFormatter("%d"))
@@ -41,7 +52,7 @@ def plot_bands(curves: dict[str, dict[int, list[float]]], ax, train_length: int 
         ax.set_yscale("log")
         # Plain numbers: matplotlib's default 10^k labels go through mathtext, most of a figure's drawing time.
         ax.yaxis.set_major_formatter(FormatStrFormatter("%g"))
-        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))   # perplexities span less than a decade here
+        ax.yaxis.set_minor_formatter(FormatStrFormatter("%g"))  # perplexities span less than a decade here
     ax.xaxis.set_minor_formatter(NullFormatter())
     if train_length is not None:
         ax.axvline(train_length, color="gray", linestyle="--", linewidth=1)
@@ -55,18 +66,27 @@ def figure_legend(fig, axes) -> None:
     for ax in axes:
         for handle, label in zip(*ax.get_legend_handles_labels()):
             handles.setdefault(label, handle)
-    fig.legend(handles.values(), handles.keys(), loc="outside lower center", ncols=min(len(handles), 5),
-               fontsize="small")
+    fig.legend(
+        handles.values(), handles.keys(), loc="outside lower center", ncols=min(len(handles), 5), fontsize="small"
+    )
 
 
 def claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], path: Path) -> None:
-    fig, axes = plt.subplots(len(places), len(PROTOCOLS), figsize=(6 * len(PROTOCOLS), 3.6 * len(places) + 0.8),
-                             squeeze=False, layout="constrained")
+    fig, axes = plt.subplots(
+        len(places),
+        len(PROTOCOLS),
+        figsize=(6 * len(PROTOCOLS), 3.6 * len(places) + 0.8),
+        squeeze=False,
+        layout="constrained",
+    )
     for row, (corpus, train_length) in enumerate(places):
         for column, protocol in enumerate(PROTOCOLS):
             ax = axes[row][column]
-            curves = {label: results["lm"][(corpus, train_length, label)][protocol] for label in claim.models
-                      if (corpus, train_length, label) in results["lm"]}
+            curves = {
+                label: results["lm"][(corpus, train_length, label)][protocol]
+                for label in claim.models
+                if (corpus, train_length, label) in results["lm"]
+            }
             plot_bands(curves, ax, train_length)
             ax.set_title(f"{corpus_key(corpus)}, trained at {train_length}, {protocol}", fontsize="medium")
             ax.set_xlabel("evaluation length")
@@ -77,11 +97,14 @@ def claim_figure(claim: Claim, results: dict, places: list[tuple[str, int]], pat
 
 
 def che_figure(results: dict, path: Path) -> None:
-    fig, axes = plt.subplots(1, len(CHE_TASKS), figsize=(4.5 * len(CHE_TASKS), 4.2), squeeze=False,
-                             layout="constrained")
+    fig, axes = plt.subplots(
+        1, len(CHE_TASKS), figsize=(4.5 * len(CHE_TASKS), 4.2), squeeze=False, layout="constrained"
+    )
     for ax, task in zip(axes[0], CHE_TASKS):
-        curves = {label: {n: [100 * acc for acc in values]
-                          for n, values in results["che_curves"][(task, label)].items()} for label in CHE_MODELS}
+        curves = {
+            label: {n: [100 * acc for acc in values] for n, values in results["che_curves"][(task, label)].items()}
+            for label in CHE_MODELS
+        }
         plot_bands(curves, ax, CHE_MAX_TRAIN_LENGTH, ylabel="accuracy (%)", log_y=False)
         ax.set_title(task, fontsize="medium")
         ax.set_xlabel("input length")
@@ -89,8 +112,6 @@ def che_figure(results: dict, path: Path) -> None:
     fig.suptitle("C6: accuracy by test length (mean ± std over seeds)", fontsize="medium")
     save_figure(fig, path, dpi=100)
     plt.close(fig)
-
-
 
 
 def compare_figure(perplexity: dict, subject: str, train_length: int, seeds: int, path: Path) -> None:
@@ -102,7 +123,7 @@ def compare_figure(perplexity: dict, subject: str, train_length: int, seeds: int
         if label == subject:
             continue
         style = model_style(label)
-        if style["color"] in used:           # e.g. Kerple-log with and without a refiner: one colour each
+        if style["color"] in used:  # e.g. Kerple-log with and without a refiner: one colour each
             style["color"] = next((color for color in palette if color not in used), style["color"])
         used.add(style["color"])
         styles[label] = {**style, "linewidth": 1.2, "zorder": 2}

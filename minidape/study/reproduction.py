@@ -15,14 +15,35 @@ from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_confi
 from .claims import CHE_MODELS, CHE_TASKS, LEAKY_REFINER, MODELS, register_leaky_refiner
 from .endpoints import study_plan
 from .report import write_report
-from .runs import (Progress, as_float, che_run_path, check_seeds, check_settings, corpus_fingerprint, lm_run_path,
-                   read_json, refuse_foreign_results, reusable_run, run_one, run_place, study_run_record, write_json)
+from .runs import (
+    Progress,
+    as_float,
+    che_run_path,
+    check_seeds,
+    check_settings,
+    corpus_fingerprint,
+    lm_run_path,
+    read_json,
+    refuse_foreign_results,
+    reusable_run,
+    run_one,
+    run_place,
+    study_run_record,
+    write_json,
+)
 
 
-@holds_out_folder(shared=True)      # two `reproduce` into one folder share its runs; anything else is refused
-def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAULT_CORPORA, out="runs/reproduce",
-              device: str | torch.device = "auto", progress: bool = True, command: str | None = None,
-              rerun: bool = False) -> dict:
+@holds_out_folder(shared=True)  # two `reproduce` into one folder share its runs; anything else is refused
+def reproduce(
+    budget: str = "default",
+    seeds: int = DEFAULT_SEEDS,
+    corpora=DEFAULT_CORPORA,
+    out="runs/reproduce",
+    device: str | torch.device = "auto",
+    progress: bool = True,
+    command: str | None = None,
+    rerun: bool = False,
+) -> dict:
     """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
     ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped when their file records this
     corpus (sha256 and size) and configuration; one recording others is refused, naming the file and what
@@ -40,26 +61,42 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
     for corpus in corpora:
         check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
     out = Path(out)
-    for overrides in MODELS.values():   # C4's leaky model reads the future on purpose: the report says it does
+    for overrides in MODELS.values():  # C4's leaky model reads the future on purpose: the report says it does
         if overrides.get("refiner") != LEAKY_REFINER:
             decoder_leaks(lm_config(budget_settings, budget_settings.train_lengths[0], overrides))
-    check_settings(out, {"command": "reproduce", "budget": budget, "settings": dataclasses.asdict(budget_settings),
-                         "corpora": corpora, "device": device.type})
+    check_settings(
+        out,
+        {
+            "command": "reproduce",
+            "budget": budget,
+            "settings": dataclasses.asdict(budget_settings),
+            "corpora": corpora,
+            "device": device.type,
+        },
+    )
     plan = study_plan(corpora, budget_settings)
     fingerprints = {corpus: corpus_fingerprint(corpus) for corpus in corpora}
     # Seeds outermost: a study stopped early has every model (and task) at its first seeds, not some at all.
-    runs = [(seed, kind, where, label) for seed in range(seeds)
-            for kind, where, labels in ([("lm", place, labels) for place, labels in plan.items()]
-                                        + [("che", task, tuple(CHE_MODELS)) for task in CHE_TASKS])
-            for label in labels]
+    runs = [
+        (seed, kind, where, label)
+        for seed in range(seeds)
+        for kind, where, labels in (
+            [("lm", place, labels) for place, labels in plan.items()]
+            + [("che", task, tuple(CHE_MODELS)) for task in CHE_TASKS]
+        )
+        for label in labels
+    ]
     meter = Progress(len(runs), progress)
     started = time.perf_counter()
     if progress:
         count = sum(kind == "lm" for _, kind, _, _ in runs)
-        print(f"minidape reproduce on {device}: budget {budget} ({budget_settings.n_layer} layers x "
-              f"{budget_settings.n_embd}, {budget_settings.steps} steps of {budget_settings.batch_size} windows), "
-              f"{seeds} seeds, corpora {', '.join(corpora)}: {count} language models and {len(runs) - count} "
-              f"CHE encoders -> {out}", flush=True)
+        print(
+            f"minidape reproduce on {device}: budget {budget} ({budget_settings.n_layer} layers x "
+            f"{budget_settings.n_embd}, {budget_settings.steps} steps of {budget_settings.batch_size} windows), "
+            f"{seeds} seeds, corpora {', '.join(corpora)}: {count} language models and {len(runs) - count} "
+            f"CHE encoders -> {out}",
+            flush=True,
+        )
     # A second `reproduce` into the same folder (another terminal) shares the work: each run is taken by one
     # process through a lock file; runs another live process holds are waited for at the end.
     waiting = runs
@@ -71,7 +108,7 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
             if reusable_run(path, record, rerun) is not None:
                 meter.report(what, None)
                 continue
-            with file_lock(path.with_name(path.name + ".lock")) as holder:     # one process per run
+            with file_lock(path.with_name(path.name + ".lock")) as holder:  # one process per run
                 if holder is not None:
                     held.append((seed, kind, where, label))
                     continue
@@ -84,9 +121,18 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
             time.sleep(10 if len(held) == len(waiting) else 0)
         waiting = held
     results = collect_results(out, plan, seeds)
-    report = write_report(out, results, corpora, budget, budget_settings, seeds, device,
-                          command or _command_line(budget, seeds, corpora, out),
-                          time.perf_counter() - started, trained=meter.timed)
+    report = write_report(
+        out,
+        results,
+        corpora,
+        budget,
+        budget_settings,
+        seeds,
+        device,
+        command or _command_line(budget, seeds, corpora, out),
+        time.perf_counter() - started,
+        trained=meter.timed,
+    )
     if progress:
         print(report["summary"])
         print(f"wrote {out / 'REPRODUCTION.md'}, {out / 'results.json'} and {out / 'figures'}/")
@@ -94,8 +140,7 @@ def reproduce(budget: str = "default", seeds: int = DEFAULT_SEEDS, corpora=DEFAU
 
 
 def _command_line(budget: str, seeds: int, corpora: list[str], out: Path) -> str:
-    return (f"python -m minidape reproduce --budget {budget} --seeds {seeds} --corpus {' '.join(corpora)} "
-            f"--out {out}")
+    return f"python -m minidape reproduce --budget {budget} --seeds {seeds} --corpus {' '.join(corpora)} --out {out}"
 
 
 def collect_results(out: Path, plan: dict, seeds: int) -> dict:
@@ -108,9 +153,12 @@ def collect_results(out: Path, plan: dict, seeds: int) -> dict:
             runs = [read_json(lm_run_path(out, corpus, train_length, label, seed)) for seed in range(seeds)]
             seconds += [run["train_seconds"] + run["eval_seconds"] for run in runs]
             lm[(corpus, train_length, label)] = {
-                protocol: {int(length): [as_float(run["perplexity"][protocol][length]) for run in runs]
-                           for length in runs[0]["perplexity"][protocol]}
-                for protocol in PROTOCOLS}
+                protocol: {
+                    int(length): [as_float(run["perplexity"][protocol][length]) for run in runs]
+                    for length in runs[0]["perplexity"][protocol]
+                }
+                for protocol in PROTOCOLS
+            }
     for task in CHE_TASKS:
         for label in CHE_MODELS:
             runs = [read_json(che_run_path(out, task, label, seed)) for seed in range(seeds)]
@@ -119,7 +167,12 @@ def collect_results(out: Path, plan: dict, seeds: int) -> dict:
             che_within[(task, label)] = [as_float(run["mean_within_train"]) for run in runs]
             che_curves[(task, label)] = {int(n): [run["accuracy"][n] for run in runs] for n in runs[0]["accuracy"]}
             che_chance[task] = runs[0]["chance"]
-    return {"lm": lm, "che": che, "che_within": che_within, "che_curves": che_curves, "che_chance": che_chance,
-            "runs": len(seconds), "run_seconds": sum(seconds)}
-
-
+    return {
+        "lm": lm,
+        "che": che,
+        "che_within": che_within,
+        "che_curves": che_curves,
+        "che_chance": che_chance,
+        "runs": len(seconds),
+        "run_seconds": sum(seconds),
+    }

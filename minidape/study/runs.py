@@ -38,8 +38,10 @@ def read_json(path: Path):
     try:
         return json.loads(path.read_text())
     except (json.JSONDecodeError, UnicodeDecodeError) as err:
-        raise ValueError(f"{path} is not a valid JSON file ({'empty' if not path.stat().st_size else err}); "
-                         f"delete it to make it again") from err
+        raise ValueError(
+            f"{path} is not a valid JSON file ({'empty' if not path.stat().st_size else err}); "
+            f"delete it to make it again"
+        ) from err
 
 
 def corpus_fingerprint(corpus: str) -> dict:
@@ -52,21 +54,35 @@ def run_record(cfg: GPTConfig, fingerprint: dict, budget: Budget, seed: int, sou
     """Everything a language-model run's numbers depend on: the model's full config, the corpus's sha256 and
     size, training and evaluation settings, the seed and the sha256 of the users' files behind its PE and
     refiner. A run file is reused only when its record equals this."""
-    return {"config": dataclasses.asdict(cfg), "corpus_sha256": fingerprint["sha256"],
-            "corpus_bytes": fingerprint["bytes"], "steps": budget.steps, "batch_size": budget.batch_size,
-            "lr": budget.lr, "lengths": [cfg.block_size * factor for factor in budget.eval_factors],
-            "last_k": budget.last_k, "eval_windows": budget.eval_windows,
-            "nonoverlap_tokens": budget.nonoverlap_tokens, "seed": seed, "code_sha256": sources}
+    return {
+        "config": dataclasses.asdict(cfg),
+        "corpus_sha256": fingerprint["sha256"],
+        "corpus_bytes": fingerprint["bytes"],
+        "steps": budget.steps,
+        "batch_size": budget.batch_size,
+        "lr": budget.lr,
+        "lengths": [cfg.block_size * factor for factor in budget.eval_factors],
+        "last_k": budget.last_k,
+        "eval_windows": budget.eval_windows,
+        "nonoverlap_tokens": budget.nonoverlap_tokens,
+        "seed": seed,
+        "code_sha256": sources,
+    }
 
 
 def _differences(recorded, expected, prefix: str = "") -> list[str]:
     if isinstance(recorded, dict) and isinstance(expected, dict):
-        return [difference for key in sorted(set(recorded) | set(expected), key=str)
-                for difference in _differences(recorded.get(key), expected.get(key), f"{prefix}{key}.")]
+        return [
+            difference
+            for key in sorted(set(recorded) | set(expected), key=str)
+            for difference in _differences(recorded.get(key), expected.get(key), f"{prefix}{key}.")
+        ]
     if recorded == expected:
         return []
-    recorded, expected = (f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
-                          for value in (recorded, expected))           # a sha256 shortened
+    recorded, expected = (
+        f"{value[:12]}..." if isinstance(value, str) and len(value) == 64 else repr(value)
+        for value in (recorded, expected)
+    )  # a sha256 shortened
     return [f"{prefix[:-1]} {recorded} there, {expected} now"]
 
 
@@ -82,10 +98,15 @@ def reusable_run(path: Path, record: dict, rerun: bool = False) -> dict | None:
         return result
     if rerun:
         return None
-    shown = ("it records neither (written before minidape recorded them)" if recorded is None else
-             "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else ""))
-    raise ValueError(f"{path} was made with another corpus or configuration ({shown}): it is not reused; pass "
-                     f"--rerun (rerun=True) to train it again, or use another --out")
+    shown = (
+        "it records neither (written before minidape recorded them)"
+        if recorded is None
+        else "; ".join(differences[:3]) + (f"; and {len(differences) - 3} more" if len(differences) > 3 else "")
+    )
+    raise ValueError(
+        f"{path} was made with another corpus or configuration ({shown}): it is not reused; pass "
+        f"--rerun (rerun=True) to train it again, or use another --out"
+    )
 
 
 def as_float(value) -> float:
@@ -100,9 +121,11 @@ def check_settings(out: Path, settings: dict) -> None:
         previous = read_json(manifest)
         changed = sorted(key for key in set(previous) | set(settings) if previous.get(key) != settings.get(key))
         if changed:
-            raise ValueError(f"{out} holds runs made with other settings ({', '.join(changed)} differ: "
-                             f"{', '.join(f'{key}={previous.get(key)!r}' for key in changed)}); "
-                             f"use another --out, or delete {out} to start again")
+            raise ValueError(
+                f"{out} holds runs made with other settings ({', '.join(changed)} differ: "
+                f"{', '.join(f'{key}={previous.get(key)!r}' for key in changed)}); "
+                f"use another --out, or delete {out} to start again"
+            )
     else:
         write_json(manifest, settings)
 
@@ -120,40 +143,80 @@ def check_seeds(seeds) -> int:
     return seeds
 
 
-def train_and_evaluate(cfg: GPTConfig, corpus: str, budget: Budget, seed: int, device: torch.device,
-                       allow_leakage: bool = False, progress: bool = False, keep: Path | None = None) -> dict:
+def train_and_evaluate(
+    cfg: GPTConfig,
+    corpus: str,
+    budget: Budget,
+    seed: int,
+    device: torch.device,
+    allow_leakage: bool = False,
+    progress: bool = False,
+    keep: Path | None = None,
+) -> dict:
     """Train one language model and measure its perplexity at every evaluation length, both protocols.
     `allow_leakage`: C4's leaky refiner (checked before the study starts), or `compare(allow_leakage=True)`;
     `progress`: a bar of the run's steps and loss; `keep`: a folder for the trained model's checkpoint.pt."""
     steps = budget.steps
     started = time.perf_counter()
-    with warnings.catch_warnings():    # the leak, when allowed, is named once in the report, not per run
+    with warnings.catch_warnings():  # the leak, when allowed, is named once in the report, not per run
         warnings.filterwarnings("ignore", message=".* reads the future")
-        model, history = train(cfg, load_corpus(corpus, "train"), val_data=load_corpus(corpus, "val"), steps=steps,
-                               batch_size=budget.batch_size, lr=budget.lr, device=device, seed=seed,
-                               eval_every=steps, eval_windows=8, progress=progress, allow_leakage=allow_leakage,
-                               out=keep, overwrite=keep is not None)    # a checkpoint without its run file: unfinished
+        model, history = train(
+            cfg,
+            load_corpus(corpus, "train"),
+            val_data=load_corpus(corpus, "val"),
+            steps=steps,
+            batch_size=budget.batch_size,
+            lr=budget.lr,
+            device=device,
+            seed=seed,
+            eval_every=steps,
+            eval_windows=8,
+            progress=progress,
+            allow_leakage=allow_leakage,
+            out=keep,
+            overwrite=keep is not None,
+        )  # a checkpoint without its run file: unfinished
     train_seconds = time.perf_counter() - started
     lengths = [cfg.block_size * factor for factor in budget.eval_factors]
     val_tokens = load_corpus(corpus, "val")
-    with warnings.catch_warnings():    # learned APE beyond its table: NaN, as the report says
+    with warnings.catch_warnings():  # learned APE beyond its table: NaN, as the report says
         warnings.filterwarnings("ignore", message="length .* skipped")
-        perplexity = {"last_k": perplexity_by_length(model, val_tokens, lengths, last_k=budget.last_k,
-                                                     n_windows=budget.eval_windows, seed=0),
-                      "nonoverlap": perplexity_by_length(model, val_tokens, lengths, protocol="nonoverlap",
-                                                         n_tokens=budget.nonoverlap_tokens)}
-    return {"config": dataclasses.asdict(cfg), "corpus": corpus, "seed": seed, "steps": steps,
-            "final_loss": history[-1]["loss"], "val_loss": history[-1].get("val_loss"),
-            "perplexity": perplexity, "train_seconds": round(train_seconds, 1),
-            "eval_seconds": round(time.perf_counter() - started - train_seconds, 1)}
+        perplexity = {
+            "last_k": perplexity_by_length(
+                model, val_tokens, lengths, last_k=budget.last_k, n_windows=budget.eval_windows, seed=0
+            ),
+            "nonoverlap": perplexity_by_length(
+                model, val_tokens, lengths, protocol="nonoverlap", n_tokens=budget.nonoverlap_tokens
+            ),
+        }
+    return {
+        "config": dataclasses.asdict(cfg),
+        "corpus": corpus,
+        "seed": seed,
+        "steps": steps,
+        "final_loss": history[-1]["loss"],
+        "val_loss": history[-1].get("val_loss"),
+        "perplexity": perplexity,
+        "train_seconds": round(train_seconds, 1),
+        "eval_seconds": round(time.perf_counter() - started - train_seconds, 1),
+    }
 
 
 def che_train_and_evaluate(task: str, cfg: GPTConfig, budget: Budget, seed: int, device: torch.device) -> dict:
     """Train and test one Chomsky-hierarchy encoder (`md.che.train_task`) at the budget's CHE settings."""
-    _, _, results = train_task(task, cfg, steps=budget.che_steps, batch_size=budget.che_batch_size,
-                               lr=budget.che_lr, max_train_length=CHE_MAX_TRAIN_LENGTH,
-                               test_lengths=budget.che_test_lengths, eval_samples=budget.che_eval_samples,
-                               device=device, seed=seed, progress=False)
+    _, _, results = train_task(
+        task,
+        cfg,
+        steps=budget.che_steps,
+        batch_size=budget.che_batch_size,
+        lr=budget.che_lr,
+        max_train_length=CHE_MAX_TRAIN_LENGTH,
+        test_lengths=budget.che_test_lengths,
+        eval_samples=budget.che_eval_samples,
+        device=device,
+        seed=seed,
+        progress=False,
+    )
     return results
 
 
@@ -173,8 +236,10 @@ class Progress:
         left = (self.total - self.done) * self.timed_seconds / self.timed if self.timed else 0.0
         timing = "done before" if seconds is None else f"{seconds:.0f} s"
         elapsed = clock(time.perf_counter() - self.started)
-        print(f"[{self.done}/{self.total}] {what}: {timing}{detail}  (elapsed {elapsed}, about {clock(left)} left)",
-              flush=True)
+        print(
+            f"[{self.done}/{self.total}] {what}: {timing}{detail}  (elapsed {elapsed}, about {clock(left)} left)",
+            flush=True,
+        )
 
 
 def clock(seconds: float) -> str:
@@ -207,8 +272,10 @@ def run_place(out: Path, kind: str, where, label: str, seed: int) -> tuple[Path,
     """The result file of one run and its name in the progress lines."""
     if kind == "lm":
         corpus, train_length = where
-        return (lm_run_path(out, corpus, train_length, label, seed),
-                f"{corpus_key(corpus)} T={train_length} {label} seed {seed}")
+        return (
+            lm_run_path(out, corpus, train_length, label, seed),
+            f"{corpus_key(corpus)} T={train_length} {label} seed {seed}",
+        )
     return che_run_path(out, where, label, seed), f"CHE {where} {label} seed {seed}"
 
 
@@ -218,19 +285,30 @@ def study_run_record(kind: str, where, label: str, seed: int, budget: Budget, fi
     if kind == "lm":
         corpus, train_length = where
         return run_record(lm_config(budget, train_length, MODELS[label]), fingerprints[corpus], budget, seed, {})
-    return {"task": where, "config": dataclasses.asdict(che_config(budget, CHE_MODELS[label])),
-            "steps": budget.che_steps, "batch_size": budget.che_batch_size, "lr": budget.che_lr,
-            "test_lengths": list(budget.che_test_lengths), "eval_samples": budget.che_eval_samples, "seed": seed}
+    return {
+        "task": where,
+        "config": dataclasses.asdict(che_config(budget, CHE_MODELS[label])),
+        "steps": budget.che_steps,
+        "batch_size": budget.che_batch_size,
+        "lr": budget.che_lr,
+        "test_lengths": list(budget.che_test_lengths),
+        "eval_samples": budget.che_eval_samples,
+        "seed": seed,
+    }
 
 
 def run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:
     """Train and evaluate one run of the study: (its result, a progress detail)."""
     if kind == "lm":
         corpus, train_length = where
-        result = train_and_evaluate(lm_config(budget, train_length, MODELS[label]), corpus, budget, seed, device,
-                                    allow_leakage=MODELS[label].get("refiner") == LEAKY_REFINER)
+        result = train_and_evaluate(
+            lm_config(budget, train_length, MODELS[label]),
+            corpus,
+            budget,
+            seed,
+            device,
+            allow_leakage=MODELS[label].get("refiner") == LEAKY_REFINER,
+        )
         return {"train_length": train_length, **result}, perplexity_summary(result)
     result = che_train_and_evaluate(where, che_config(budget, CHE_MODELS[label]), budget, seed, device)
     return result, f", accuracy beyond training {100 * result['mean_beyond_train']:.1f}%"
-
-

@@ -36,16 +36,25 @@ VERDICT_RULE = (
     "lengths on its task (two models at chance are near-equal trivially); it then leaves Holm's family. The "
     "per-cell numbers "
     "under each statement (signed difference and an unadjusted paired t-test per corpus, protocol and length) "
-    "describe where an effect comes from; they do not vote.")
+    "describe where an effect comes from; they do not vote."
+)
 
 
 def _sign_flip_p(values, alternative: str) -> float:
     """Exact sign-flip permutation test of "the values are symmetric about 0" (all 2^n flips)."""
     import numpy as np
     from scipy.stats import permutation_test
-    return float(permutation_test((np.asarray(values, dtype=float),), lambda x, axis: np.mean(x, axis=axis),
-                                  permutation_type="samples", vectorized=True, n_resamples=np.inf,
-                                  alternative=alternative).pvalue)
+
+    return float(
+        permutation_test(
+            (np.asarray(values, dtype=float),),
+            lambda x, axis: np.mean(x, axis=axis),
+            permutation_type="samples",
+            vectorized=True,
+            n_resamples=np.inf,
+            alternative=alternative,
+        ).pvalue
+    )
 
 
 @dataclasses.dataclass
@@ -75,11 +84,12 @@ class Endpoint:
     def __post_init__(self):
         import numpy as np
         from scipy.stats import ttest_1samp
+
         data = np.asarray(self.values, dtype=float)
-        if len(data) < 2 or np.isnan(data).any():          # too few units, or a model that cannot run
+        if len(data) < 2 or np.isnan(data).any():  # too few units, or a model that cannot run
             return
         self.estimate = float(data.mean())
-        with warnings.catch_warnings():                      # identical values: no spread, p and CI are NaN
+        with warnings.catch_warnings():  # identical values: no spread, p and CI are NaN
             warnings.simplefilter("ignore", RuntimeWarning)
             interval = ttest_1samp(data, 0.0).confidence_interval(1 - ALPHA)
             self.low, self.high = float(interval.low), float(interval.high)
@@ -88,10 +98,13 @@ class Endpoint:
                 self.p_sign_flip = _sign_flip_p(data, "two-sided")
                 self.supports = self.estimate < 0 if self.side == "below" else self.estimate > 0
             elif abs(self.estimate) < self.margin:
-                self.p = max(float(ttest_1samp(data, -self.margin, alternative="greater").pvalue),
-                             float(ttest_1samp(data, self.margin, alternative="less").pvalue))
-                self.p_sign_flip = max(_sign_flip_p(data + self.margin, "greater"),
-                                       _sign_flip_p(data - self.margin, "less"))
+                self.p = max(
+                    float(ttest_1samp(data, -self.margin, alternative="greater").pvalue),
+                    float(ttest_1samp(data, self.margin, alternative="less").pvalue),
+                )
+                self.p_sign_flip = max(
+                    _sign_flip_p(data + self.margin, "greater"), _sign_flip_p(data - self.margin, "less")
+                )
                 self.supports = True
             else:
                 edge, alternative = (self.margin, "greater") if self.estimate > 0 else (-self.margin, "less")
@@ -101,13 +114,14 @@ class Endpoint:
 
 def sign_flip_floor(n: int) -> float:
     """The smallest two-sided p the exact sign-flip test can give with n units: 2 / 2^n."""
-    return 2.0 / 2 ** n
+    return 2.0 / 2**n
 
 
 def t_test_power(spread: float, n: int, effect: float, alpha: float = ALPHA) -> float:
     """Power of the two-sided one-sample t-test at level `alpha` to detect a mean `effect` with `n` units of
     standard deviation `spread` (the noncentral t distribution, `scipy.stats.nct`)."""
     from scipy.stats import nct, t
+
     if not spread > 0:
         return math.nan
     critical, shift = t.ppf(1 - alpha / 2, n - 1), effect / (spread / math.sqrt(n))
@@ -127,7 +141,7 @@ def holm(p_values: list[float]) -> list[float]:
 
 def verdict(endpoint: Endpoint, p_holm: float) -> str:
     """The statement's verdict by `VERDICT_RULE`."""
-    if not p_holm < ALPHA:                                   # NaN counts as no evidence
+    if not p_holm < ALPHA:  # NaN counts as no evidence
         return "inconclusive at this budget"
     return "reproduced" if endpoint.supports else "not reproduced"
 
@@ -162,10 +176,11 @@ class Cell:
     def p(self) -> float:
         import numpy as np
         from scipy.stats import ttest_rel
+
         a, b = np.asarray(self.a, dtype=float), np.asarray(self.b, dtype=float)
         if np.isnan(a).any() or np.isnan(b).any():
             return math.nan
-        with warnings.catch_warnings():               # zero variance gives p = NaN: shown as n/a
+        with warnings.catch_warnings():  # zero variance gives p = NaN: shown as n/a
             warnings.simplefilter("ignore", RuntimeWarning)
             return float(ttest_rel(np.log(a), np.log(b)).pvalue if self.log else ttest_rel(a, b).pvalue)
 
@@ -187,8 +202,9 @@ def ratio_text(endpoint: Endpoint, shift: float = 0.0) -> str:
     """A log-ratio endpoint as "ratio - 1" in %, with its 95 % CI."""
     if math.isnan(endpoint.estimate):
         return "n/a"
-    estimate, low, high = (100 * math.expm1(value + shift)
-                           for value in (endpoint.estimate, endpoint.low, endpoint.high))
+    estimate, low, high = (
+        100 * math.expm1(value + shift) for value in (endpoint.estimate, endpoint.low, endpoint.high)
+    )
     return f"{estimate:+.1f} % [{low:+.1f}, {high:+.1f}]"
 
 
@@ -204,5 +220,3 @@ def format_mean_std(values: list[float]) -> str:
         return "n/a"
     digits = 2 if mean < 100 else 0
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
-
-

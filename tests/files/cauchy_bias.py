@@ -1,5 +1,6 @@
 """The README's bias of one's own, as a file for `python -m minidape train --import tests/files/cauchy_bias.py
 --pe cauchy` (run from the repository root); tests/test_package.py checks that the README shows this file."""
+
 import torch
 
 import minidape as md

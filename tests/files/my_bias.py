@@ -1,5 +1,6 @@
 """A bias of one's own, as a file for `python -m minidape compare --pe tests/files/my_bias.py:MyBias`
 (the README's example, run from the repository root) and for the tests of `compare`."""
+
 import torch
 
 import minidape as md
@@ -13,8 +14,8 @@ class MyBias(md.AdditiveBias):
         self.slope = torch.nn.Parameter(torch.full((cfg.n_head,), 0.1))
 
     def forward(self, q_pos, k_pos):
-        distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()   # (Tq, Tk)
-        return -self.slope[:, None, None] * distance                        # (n_head, Tq, Tk)
+        distance = (q_pos[:, None] - k_pos[None, :]).clamp(min=0).float()  # (Tq, Tk)
+        return -self.slope[:, None, None] * distance  # (n_head, Tq, Tk)
 
 
 class NotABias(torch.nn.Module):
