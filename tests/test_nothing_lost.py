@@ -55,7 +55,8 @@ def peeking_refiner(tmp_path_factory):
     return path
 
 
-def cli_process(*args: str, cwd: Path) -> subprocess.Popen:
+def cli_process(*args: str, cwd: Path, **options) -> subprocess.Popen:
+    """`python -m minidape ARGS` started in `cwd`, one thread, its output piped (options go to Popen)."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(
         [sys.executable, "-m", "minidape", *args],
@@ -64,6 +65,7 @@ def cli_process(*args: str, cwd: Path) -> subprocess.Popen:
         text=True,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
+        **options,
     )
 
 

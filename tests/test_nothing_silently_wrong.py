@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_cli import error_lines, failing
+from test_nothing_lost import cli_process
 from test_train import stopped_after_checkpoint
 
 import minidape as md
@@ -31,19 +32,6 @@ def corpus_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("corpus") / "books.txt"
     path.write_bytes(bytes(md.load_corpus("austen", "train")[:20_000].tolist()))
     return path
-
-
-def cli_process(*args: str, cwd: Path, **options) -> subprocess.Popen:
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    return subprocess.Popen(
-        [sys.executable, "-m", "minidape", *args],
-        cwd=cwd,
-        env=env,
-        text=True,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        **options,
-    )
 
 
 # ----------------------------------------------------------------------------- a resumed run keeps its settings
