@@ -234,13 +234,14 @@ def _mount_namespace(setup: dict) -> None:
     if setup["censored"]:  # first: every later bind of the package's folder carries the censored copy
         mount(setup["censored"], setup["package"], "", bind)
     # Python, minidape and its corpora may lie in a folder that the scratch file systems below cover (a clone or a
-    # venv under /tmp): hold them open now and bind them back at their own paths afterwards. Only the innermost of
-    # them are bound: a folder above them (a checkout made by `mktemp -d`) may be closed to others, and the fresh
-    # tmpfs recreates the folders above at 0755.
+    # venv under /tmp): hold them open now and bind them back at their own paths afterwards. The outermost of them
+    # are bound, each whole: the fresh interpreter the worker restarts as finds its venv by the venv's own
+    # pyvenv.cfg, beside bin/ and lib/ (binding only those two left a worker under /tmp without torch). A folder
+    # above them (a checkout made by `mktemp -d`) may be closed to others: the fresh tmpfs recreates it at 0755.
     needed, writable = set(setup["needed"]), setup["writable"]
     covered = {path for path in needed if any(path == top or path.startswith(top + "/") for top in writable)}
     held = {
-        path: os.open(path, os.O_PATH) for path in covered if not any(other.startswith(path + "/") for other in covered)
+        path: os.open(path, os.O_PATH) for path in covered if not any(path.startswith(other + "/") for other in covered)
     }
     mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=1m,mode=0700")  # staging, root's only
     if setup["level"] == "root":
