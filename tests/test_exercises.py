@@ -17,7 +17,7 @@ from torch import nn
 
 import minidape as md
 from minidape import exercises
-from minidape.exercises import FAILED, NOT_DONE, PARTLY, PASSED
+from minidape.classroom.exercises import FAILED, NOT_DONE, PARTLY, PASSED
 
 F = nn.functional
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from test_grade import notebook_file
 
-from minidape import exercises, grade, gradebook
+from minidape import exercises, grade
+from minidape.classroom import gradebook
 
 EDITIONS = grade.editions()
 GRADESCOPE_TOP = {

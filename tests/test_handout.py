@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minidape import handout
+from minidape.classroom import handout
 
 RUNNER = """
 import sys

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from minidape import exercises
-from minidape.grade import checked, exercise_names
+from minidape.classroom.grade import checked, exercise_names
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))

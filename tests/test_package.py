@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import minidape as md
-from minidape import handout
+from minidape.classroom import handout
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ def test_importing_the_model_loads_neither_matplotlib_nor_tqdm(tmp_path):
         "import minidape.model\n"
         "added = set(sys.modules) - before\n"
         "heavy = sorted(m for m in added if m.split('.')[0] in ('matplotlib', 'tqdm') or m in\n"
-        "               ('minidape.plots', 'minidape.evaluate', 'minidape.tasks', 'minidape.che'))\n"
+        "               ('minidape.lab.plots', 'minidape.lab.evaluate', 'minidape.lab.tasks', 'minidape.lab.che'))\n"
         "assert not heavy and 'matplotlib' not in sys.modules, heavy\n"
         "import minidape as md\n"
         "assert callable(md.train) and md.tasks.TASK_NAMES and md.che.train_task and md.plots.plot_accuracy\n"
@@ -72,8 +72,8 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = (
-        "import minidape as md, minidape.data as data\n"
-        "import minidape.study.demo, minidape.bench  # the study subpackage and the benchmark ship too\n"
+        "import minidape as md, minidape.lab.data as data\n"
+        "import minidape.study.demo, minidape.lab.bench  # the study subpackage and the benchmark ship too\n"
         "from minidape import exercises; assert len(exercises.EXERCISES) >= 21  # the checks' package\n"
         "print(data.DATA_DIR)\n"
         "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n"

@@ -19,7 +19,8 @@ from scipy import stats
 import minidape as md
 from minidape import study
 from minidape.__main__ import main
-from minidape.train import load_checkpoint
+from minidape.lab import user_code
+from minidape.lab.checkpoints import load_checkpoint
 
 TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
@@ -732,7 +733,7 @@ def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
         "        return torch.zeros(1, len(q_pos), len(k_pos))\n"
     )
     try:
-        md.utils.import_file(path)
+        user_code.import_file(path)
         name, digest = study.resolve_pe(f"{path}:Bias")
         assert name == "self_registering_bias" and study.resolve_pe(f"{path}:Bias") == (name, digest)
         assert Path(f"{path}.runs").read_text() == "x"
