@@ -723,7 +723,7 @@ def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file
 
 
 def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
-    """`--import FILE.py` and `--pe FILE.py:Class` load one module (`md.utils.import_file`): the file runs once, so
+    """`--import FILE.py` and `--pe FILE.py:Class` load one module (`lab.user_code.import_file`): the file runs once, so
     a class that registers itself keeps its name instead of failing as registered twice."""
     path = tmp_path / "self_registering.py"
     path.write_text(
