@@ -1,4 +1,4 @@
-"""The gradebook beside grade's CSV (minidape/classroom/gradebook.py), and the grader's rules that feed it: check calls found
+"""The gradebook beside grade's CSV (classroom/gradebook.py), and the grader's rules that feed it: check calls found
 in the syntax tree, predictions bound by parameter name, answers defined inside a check cell, unchanged written
 prompts, the CSV's lock and no silent replacement of an earlier batch.
 
