@@ -676,6 +676,37 @@ def test_compares_endpoints_are_reproduces_statements():
     assert list(c5["units"].values()) == beyond["endpoint"].values
 
 
+def test_compares_printed_degradations_are_c1s_statements_on_the_same_runs(corpus_file):
+    """The runs of one `compare` (C1's models by their study labels) put through `judge`, as `reproduce` does
+    with its runs: each model's degradation row that `compare` prints (ratio - 1, CI, t-test and sign-flip p)
+    is the estimate and the tests REPRODUCTION.md prints under C1's statement about that model, from the same
+    per-seed values; only Holm's family differs (the run's tests against the report's)."""
+    result = study.compare(
+        "ALiBi", against=("Kerple-log", "RoPE"), seeds=3, corpus=str(corpus_file), budget="tiny", steps=2
+    )
+    train_length = result["settings"]["train_lengths"][0]
+    corpus = str(corpus_file)
+    results = {"lm": {(corpus, train_length, label): curves for label, curves in result["perplexity"].items()}}
+    c1 = study.CLAIMS[0]  # NoPE and sinusoidal APE are not among this run's models
+    c1 = dataclasses.replace(c1, statements=tuple(s for s in c1.statements if s.model in result["perplexity"]))
+    judged = study.judge(results, [corpus], (train_length,), claims=(c1,))
+    printed = {row.split(" | ")[0].removeprefix("| "): row for row in result["table"].splitlines()}
+    checked = []
+    for item in judged:
+        statement, endpoint = item["statement"], item["endpoint"]
+        row = next(test for test in result["endpoints"] if test.get("model") == statement.model)
+        assert list(item["units"].values()) == row["units"]
+        if statement.kind == "flat":  # C1's "stays within 10 %": compare's TOST against its default margin
+            assert endpoint.p == row["p_t"] and endpoint.p_sign_flip == row["p_sign_flip"]
+            block = study.report._statement_block(item)
+            shown = f"| degradation of {statement.model} | {study.report._estimate_text(statement, endpoint)} | "
+            assert printed[f"degradation of {statement.model}"].startswith(shown)
+            format_p = study.statistics.format_p
+            assert f"t-test {format_p(row['p_t'])}, sign-flip {format_p(row['p_sign_flip'])}" in block
+            checked.append(statement.model)
+    assert checked == ["ALiBi", "Kerple-log"]
+
+
 def test_compare_figure_draws_the_subject_strongest_and_every_model_in_its_own_colour(tmp_path, monkeypatch):
     figures = []
     monkeypatch.setattr(study.figures, "save_figure", lambda fig, path: figures.append(fig))
