@@ -479,7 +479,10 @@ def test_an_empty_or_malformed_store_file_is_named(broken, content, tmp_path, co
 def test_fewer_than_five_seeds_say_what_they_cannot_show(corpus_file, capsys):
     result = study.compare("rope", against=("alibi",), seeds=3, corpus=str(corpus_file), budget="tiny", steps=2)
     warning = capsys.readouterr().err
-    assert "warning: 3 seeds (fewer than 5): the exact sign-flip test cannot go below p = 0.25" in warning
+    assert (
+        "warning: 3 seeds (fewer than 5): the exact sign-flip test cannot go below p = 0.25 (two-sided), so it "
+        "cannot show an effect at α = 0.05" in warning
+    )
     spread = np.std(next(item["units"] for item in result["endpoints"] if item["endpoint"] == "beyond"), ddof=1)
     power = study.statistics.t_test_power(spread, 3, math.log(1.05))
     assert f"at the observed spread (α = 0.05, before Holm): alibi {power:.0%}" in result["text"]

@@ -332,7 +332,7 @@ def compare(
     if seeds < DEFAULT_SEEDS:
         print(
             f"warning: {seeds} seeds (fewer than {DEFAULT_SEEDS}): the exact sign-flip test cannot go below "
-            f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it can confirm no effect at α = {ALPHA}; the "
+            f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it cannot show an effect at α = {ALPHA}; the "
             f"t-test's power for a {POWER_EFFECT:.0%} effect at the observed spread is printed with the results",
             file=sys.stderr,
             flush=True,
