@@ -453,8 +453,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lengths",
         type=positive_int,
         nargs="+",
-        help="evaluation lengths, multiples of T including T and longer ones (default T x "
-        f"{' '.join(map(str, cpu.eval_factors))})",
+        help="evaluation lengths: T, longer ones (multiples of T) and any shorter ones dividing T, which the "
+        "all-lengths endpoint pools with the others (last_k then scores the shortest length's tokens at every "
+        f"length) (default T x {' '.join(map(str, cpu.eval_factors))})",
     )
     compare.add_argument(
         "--margin",

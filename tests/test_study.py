@@ -528,6 +528,7 @@ def test_the_knobs_reach_the_trained_model(tmp_path, corpus_file, capsys):
             "--train-length",
             "8",
             "--lengths",
+            "2",
             "8",
             "24",
             "--corpus",
@@ -548,7 +549,9 @@ def test_the_knobs_reach_the_trained_model(tmp_path, corpus_file, capsys):
     dape, _ = load_checkpoint(out / "runs" / "kerple-log-dape-w-matched" / "seed0" / "checkpoint.pt")
     assert dape.cfg.refiner_width == study.matched_dape_width(3)
     run = json.loads((out / "runs" / "kerple-log-conv-k-5" / "seed0.json").read_text())["run"]
-    assert (run["batch_size"], run["lr"], run["lengths"]) == (3, 0.002, [8, 24])
+    assert (run["batch_size"], run["lr"], run["lengths"]) == (3, 0.002, [2, 8, 24])  # a length below T too
+    result = json.loads((out / "compare.json").read_text())
+    assert list(result["perplexity"]["kerple_log+conv:k=5"]["nonoverlap"]) == ["2", "8", "24"]
     assert set(run["config"]) == {field.name for field in dataclasses.fields(md.GPTConfig)}  # the full config
 
 
@@ -560,8 +563,10 @@ def test_the_knobs_reach_the_trained_model(tmp_path, corpus_file, capsys):
         (["--pe", "rope+conv:w=matched"], "only DAPE's MLP (refiner dape)"),
         (["--pe", "rope+nothing"], "unknown refiner 'nothing' in 'rope+nothing'; valid choices: none, dape"),
         (["--pe", "rope", "--against", "bogus"], "unknown pe 'bogus'; valid choices: none, learned"),
-        (["--pe", "rope", "--lengths", "16", "24"], "lengths must be multiples of the training length 16"),
-        (["--pe", "rope", "--lengths", "16"], "include it, and go beyond it"),
+        (["--pe", "rope", "--lengths", "16", "24"], "longer lengths multiples of it, shorter ones dividing it"),
+        (["--pe", "rope", "--lengths", "6", "16", "32"], "lengths must include the training length 16"),
+        (["--pe", "rope", "--lengths", "8", "16"], "and go beyond it"),
+        (["--pe", "rope", "--lengths", "16"], "and go beyond it"),
         (["--pe", "rope", "--seeds", "1"], "seeds must be an integer >= 2"),
     ],
 )
