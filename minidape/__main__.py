@@ -455,7 +455,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=positive_int,
         nargs="+",
         help="evaluation lengths: T, longer ones (multiples of T) and any shorter ones dividing T, which the "
-        "all-lengths endpoint pools with the others (last_k then scores the shortest length's tokens at every "
+        "endpoint over all lengths pools with the others (last_k then scores the shortest length's tokens at every "
         f"length) (default T x {' '.join(map(str, cpu.eval_factors))})",
     )
     compare.add_argument(
