@@ -385,8 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
             textwrap.fill(paragraph, 100)
             for paragraph in (
                 "Train a model (--pe) and its baselines (--against) with --seeds seeds each, evaluate each at the "
-                "training length x 1, 2, 4, 8, 16 with both protocols, print the tables, the endpoints and a verdict "
-                "per baseline, and write compare.md, compare.json, compare.png and one file per run into --out.",
+                "training length x 1, 2, 4, 8, 16 (or --lengths) with both protocols, print the tables, the "
+                "endpoints and a verdict per baseline, and write compare.md, compare.json, compare.png and one file "
+                "per run into --out.",
                 f"Models, one syntax for all: PE[+REFINER[:OPTION]...]. PE: {', '.join(PE_NAMES)}, several of them "
                 "joined by commas (cycled over the layers, e.g. rope,none), or FILE.py:ClassName. REFINER: "
                 f"{', '.join(name for name in REFINER_NAMES if name != 'none')}, or "
@@ -396,9 +397,9 @@ def build_parser() -> argparse.ArgumentParser:
                 f"{'; '.join(label for label, model in MODELS.items() if model.get('refiner') != LEAKY_REFINER)}.",
                 "Endpoints, per seed, the mean over both protocols of a log ratio of perplexity per byte: the model "
                 "over each baseline at the training length, beyond it and over all lengths (t-test); each model's "
-                "perplexity at 16x over that at 1x (equivalence test, TOST, against ±--margin); each with its 95 % CI, "
-                "t-test, exact sign-flip test and Holm's adjustment across all of them. The verdict per baseline rests "
-                "on the beyond-length endpoint.",
+                "perplexity at 16x (or the longest length) over that at 1x (equivalence test, TOST, against "
+                "±--margin); each with its 95 % CI, t-test, exact sign-flip test and Holm's adjustment across all of "
+                "them. The verdict per baseline rests on the beyond-length endpoint.",
                 "Runs are resumable: each run's file records the corpus's sha256 and size and the full configuration, "
                 "and is reused only when both match; one that does not is refused (naming the file and what differs) "
                 "unless --rerun.",
@@ -454,8 +455,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--lengths",
         type=positive_int,
         nargs="+",
-        help="evaluation lengths, multiples of T including T and longer ones (default T x "
-        f"{' '.join(map(str, cpu.eval_factors))})",
+        help="evaluation lengths: T, longer ones (multiples of T) and any shorter ones dividing T, which the "
+        "endpoint over all lengths pools with the others (last_k then scores the shortest length's tokens at every "
+        f"length) (default T x {' '.join(map(str, cpu.eval_factors))})",
     )
     compare.add_argument(
         "--margin",

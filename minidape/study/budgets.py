@@ -22,7 +22,8 @@ class Budget:
     batch_size: int
     lr: float
     train_lengths: tuple[int, ...]  # the first is the main one; any others train C1's models on the first corpus
-    eval_factors: tuple[int, ...]  # evaluation lengths = training length x these
+    eval_factors: tuple[float, ...]  # evaluation lengths = training length x these (`eval_lengths`); 1/n
+    # (compare's shorter lengths) below the training length, whole numbers from it on
     last_k: int  # last_k scores min(last_k, training length) tokens per window
     eval_windows: int  # scored stretches (windows per length) of the last_k protocol
     nonoverlap_tokens: int  # predictions scored at every length by the nonoverlap protocol
@@ -175,6 +176,11 @@ def che_config(budget: Budget, overrides: dict) -> GPTConfig:
         random_positions=budget.che_random_positions,
         **overrides,
     )
+
+
+def eval_lengths(budget: Budget, train_length: int) -> list[int]:
+    """The evaluation lengths of a model trained at `train_length`."""
+    return [round(train_length * factor) for factor in budget.eval_factors]
 
 
 def check_corpus_fits(corpus: str, budget: Budget, train_lengths) -> None:

@@ -23,7 +23,7 @@ from ..lab.train import decoder_leaks
 from ..lab.user_code import register_class, source_file
 from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY
 from ..utils import atomic_path, holds_out_folder, resolve_device
-from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, lm_config, resolve_budget
+from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, eval_lengths, lm_config, resolve_budget
 from .claims import FLAT_MARGIN, LEAKY_REFINER, MATCHED_WIDTH, MODELS, UNIGRAM_SHARE
 from .endpoints import degradation_length, log_ratio_units
 from .figures import compare_figure
@@ -154,7 +154,8 @@ def _sources(overrides: dict) -> dict:
 
 def study_budget(budget: str, device: torch.device, train_length: int | None = None, lengths=None, **knobs) -> Budget:
     """The named budget with the knobs given (None keeps the budget's): model size, steps, batch, lr, the
-    training length and the evaluation lengths (multiples of the training length, including it)."""
+    training length and the evaluation lengths (the training length, multiples of it beyond it, and any
+    lengths below it that divide it: the all-lengths endpoint pools them all)."""
     settings = resolve_budget(budget, device)
     for name, value in knobs.items():
         if value is not None and (
@@ -168,14 +169,24 @@ def study_budget(budget: str, device: torch.device, train_length: int | None = N
     train_length = train_length or settings.train_lengths[0]
     factors = settings.eval_factors
     if lengths is not None:
-        bad = [length for length in lengths if not isinstance(length, int) or length % train_length]
+        bad = [
+            length
+            for length in lengths
+            if isinstance(length, bool)
+            or not isinstance(length, int)
+            or length <= 0
+            or (length % train_length if length > train_length else train_length % length)
+        ]
         if bad or train_length not in lengths or max(lengths) <= train_length:
             raise ValueError(
-                f"lengths must be multiples of the training length {train_length}, include it, and "
-                f"go beyond it (the in-length and beyond-length endpoints need both); got "
-                f"{list(lengths)}"
+                f"lengths must include the training length {train_length} and go beyond it (the in-length and "
+                f"beyond-length endpoints need both), longer lengths multiples of it, shorter ones dividing it; "
+                f"got {list(lengths)}"
             )
-        factors = tuple(sorted({length // train_length for length in lengths}))
+        factors = tuple(
+            length // train_length if length >= train_length else 1 / (train_length // length)
+            for length in sorted(set(lengths))
+        )
     return dataclasses.replace(settings, train_lengths=(train_length,), eval_factors=factors)
 
 
@@ -333,7 +344,7 @@ def compare(
     if seeds < DEFAULT_SEEDS:
         print(
             f"warning: {seeds} seeds (fewer than {DEFAULT_SEEDS}): the exact sign-flip test cannot go below "
-            f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it can confirm no effect at α = {ALPHA}; the "
+            f"p = {sign_flip_floor(seeds):.3g} (two-sided), so it cannot show an effect at α = {ALPHA}; the "
             f"t-test's power for a {POWER_EFFECT:.0%} effect at the observed spread is printed with the results",
             file=sys.stderr,
             flush=True,
@@ -436,7 +447,7 @@ def compare(
             f"{seeds} seeds x {settings.steps} steps of {settings.batch_size} windows, lr {settings.lr}, at "
             f"length {train_length} ({settings.n_layer} layers, n_embd {settings.n_embd}, {settings.n_head} "
             f"heads, budget {budget}); evaluated at "
-            f"{', '.join(str(train_length * factor) for factor in settings.eval_factors)}.\n"
+            f"{', '.join(map(str, eval_lengths(settings, train_length)))}.\n"
         )
         if leaking:
             details = (

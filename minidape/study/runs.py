@@ -20,7 +20,7 @@ from ..lab.evaluate import perplexity_by_length
 from ..lab.train import train
 from ..model import GPTConfig
 from ..utils import RESULT_FILES, atomic_path, json_ready, refuse_to_replace
-from .budgets import CHE_MAX_TRAIN_LENGTH, Budget, che_config, lm_config
+from .budgets import CHE_MAX_TRAIN_LENGTH, Budget, che_config, eval_lengths, lm_config
 from .claims import CHE_MODELS, LEAKY_REFINER, MODELS
 
 
@@ -61,7 +61,7 @@ def run_record(cfg: GPTConfig, fingerprint: dict, budget: Budget, seed: int, sou
         "steps": budget.steps,
         "batch_size": budget.batch_size,
         "lr": budget.lr,
-        "lengths": [cfg.block_size * factor for factor in budget.eval_factors],
+        "lengths": eval_lengths(budget, cfg.block_size),
         "last_k": budget.last_k,
         "eval_windows": budget.eval_windows,
         "nonoverlap_tokens": budget.nonoverlap_tokens,
@@ -177,7 +177,7 @@ def train_and_evaluate(
             overwrite=keep is not None,
         )  # a checkpoint without its run file: unfinished
     train_seconds = time.perf_counter() - started
-    lengths = [cfg.block_size * factor for factor in budget.eval_factors]
+    lengths = eval_lengths(budget, cfg.block_size)
     val_tokens = load_corpus(corpus, "val")
     with warnings.catch_warnings():  # learned APE beyond its table: NaN, as the report says
         warnings.filterwarnings("ignore", message="length .* skipped")

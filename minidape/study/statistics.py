@@ -125,7 +125,8 @@ def t_test_power(spread: float, n: int, effect: float, alpha: float = ALPHA) -> 
     if not spread > 0:
         return math.nan
     critical, shift = t.ppf(1 - alpha / 2, n - 1), effect / (spread / math.sqrt(n))
-    return float(nct.sf(critical, n - 1, shift) + nct.cdf(-critical, n - 1, shift))
+    # The lower tail as the upper one of the mirrored shift: scipy's nct.cdf is NaN far out in the tail.
+    return float(nct.sf(critical, n - 1, shift) + nct.sf(critical, n - 1, -shift))
 
 
 def holm(p_values: list[float]) -> list[float]:
