@@ -308,7 +308,7 @@ class Grader:
             bound.arguments.update({parameter: value for parameter, (_, value) in predicted.items()})
             measure = exercises.MEASURED_BY_GRADER.get(name)
             if measure is not None:  # an experiment on the student's own code: the grader's measurement, never theirs
-                bound.arguments["recomputed"] = measure(answers, channel.deadline)
+                bound.arguments["recomputed"] = measure(answers, channel)
             arguments, options = list(bound.args), dict(bound.kwargs)
         result = exercises.verdict(name, *arguments, **options)
         return Row(name, result[2], points, result[0], result[1], result.code)

@@ -12,6 +12,7 @@ import csv
 import json
 import math
 import time
+from types import SimpleNamespace
 
 import jupytext
 import pytest
@@ -153,7 +154,7 @@ def test_the_graders_training_is_the_notebooks_with_the_students_bias_standing_i
     the same initial weights (those the class draws included), updates and scored windows."""
     cfg = md.GPTConfig(n_layer=1, n_head=2, n_embd=8, block_size=64, pe="kerple_log")
     answers = {"my_bias": ((Cauchy,), {}), "my_runs": (({"mine": as_recorded(cfg)},), {})}
-    names, longest, source, curves = your_own_bias._grader_runs(answers, math.inf)()
+    names, longest, source, curves = your_own_bias._grader_runs(answers, SimpleNamespace(deadline=math.inf))()
     ((run, curve),) = list(curves)
     assert (names, run, longest) == (["mine"], "mine", 1024) and "recomputed by the grader" in source
     assert not any(name.startswith("my_bias-") for name in md.PE_NAMES)  # the stand-in's name is gone
@@ -192,9 +193,9 @@ TRUE = {"a": {64: 10.0, 1024: 20.0}, "b": {64: 10.0, 1024: 12.0}}
 
 
 def measured(table, calls):
-    def measure(answers, deadline):
+    def measure(answers, channel):
         def recompute():
-            calls.append(deadline)
+            calls.append(channel.deadline)
             return list(table), 1024, "recomputed by the grader (a test)", (item for item in table.items())
 
         return recompute
@@ -240,6 +241,6 @@ def test_a_run_the_grader_cannot_train_is_named():
         ({"mine": as_recorded(cfg)}, None, "6.3's check did not record an md.AdditiveBias class"),
     ):
         answers = {"my_bias": ((your_class,), {}), "my_runs": ((runs,), {})}
-        *_, curves = your_own_bias._grader_runs(answers, math.inf)()
+        *_, curves = your_own_bias._grader_runs(answers, SimpleNamespace(deadline=math.inf))()
         with pytest.raises(exercises.Wrong, match=message):
             next(curves)

@@ -134,9 +134,9 @@ answers: dict | None = None  # the grader's worker sets {}: check() then records
 references: dict | None = None
 CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where answers' modules run (the grader sets "cpu")
 # Per experiment on the student's own code (06), how the grader measures it itself (registered by that notebook's
-# checks): ``measure(answers, deadline)``, from the submission's recorded answers (handles on its worker's objects)
-# and the end of the checks' time, gives what the grader binds to the checker's ``recomputed`` parameter,
-# whatever the call passed (see ``grade.Grader._judge``).
+# checks): ``measure(answers, channel)``, from the submission's recorded answers (handles on its worker's objects)
+# and the checks' channel into that worker (its ``deadline`` the end of their time), gives what the grader binds
+# to the checker's ``recomputed`` parameter, whatever the call passed (see ``grade.Grader._judge``).
 MEASURED_BY_GRADER: dict[str, Callable] = {}
 
 

@@ -6,6 +6,7 @@ import contextlib
 import inspect
 import math
 import secrets
+import threading
 import time
 
 import torch
@@ -394,6 +395,9 @@ def _stand_in(your_class) -> type:
     return StandIn
 
 
+_TRAINING = threading.Lock()  # held by the grader's own training of one submission's runs (see _measured)
+
+
 @contextlib.contextmanager
 def _registered(your_class):
     """A name the grader's registry builds a stand-in for ``your_class`` under, while it lasts: unguessable, so
@@ -447,11 +451,11 @@ def _as_trained(given, run: str, stand_in: str, your_class):
         raise Wrong(f"my_runs[{run!r}] is not a config the grader can train: {error}") from None
 
 
-def _grader_runs(answers: dict, deadline: float):
+def _grader_runs(answers: dict, channel):
     """What the grader binds to best_run's ``recomputed``: a function giving (the names of the runs of 6.4, the
     longest length, where the measurement comes from, and an iterator that trains each run with the bias of
     6.3 as notebook 06 trains it and scores it as it does: ``(run, {length: perplexity})``, one at a time).
-    ``deadline``: the end of the checks' time."""
+    ``channel``: the checks' way into the worker; its ``deadline`` is the end of their time."""
 
     def recompute():
         from ..model import GPTConfig
@@ -468,13 +472,15 @@ def _grader_runs(answers: dict, deadline: float):
             f"recomputed by the grader, each run of my_runs trained as the notebook trains it ({budget}, seed 0) "
             f"and scored with last_k on its validation tokens"
         )
-        return list(runs), budget.lengths[-1], source, _measured(runs, _recorded(answers, "my_bias"), budget, deadline)
+        return list(runs), budget.lengths[-1], source, _measured(runs, _recorded(answers, "my_bias"), budget, channel)
 
     return recompute
 
 
-def _measured(runs: dict, your_class, budget, deadline: float):
-    """``(run, last_k curve)`` for each run, trained and scored by the notebook's cells (for ``_grader_runs``)."""
+def _measured(runs: dict, your_class, budget, channel):
+    """``(run, last_k curve)`` for each run, trained and scored by the notebook's cells (for ``_grader_runs``),
+    one submission at a time: md.train seeds torch's one random state, which the grader's threads share. The
+    wait for that turn is the grader's, so it extends the checks' time."""
     from ..data import load_corpus
     from ..evaluate import perplexity_by_length
     from ..train import train
@@ -482,7 +488,7 @@ def _measured(runs: dict, your_class, budget, deadline: float):
     train_tokens, val_tokens = load_corpus("austen", "train"), load_corpus("austen", "val")
 
     def in_time(*_) -> dict:  # md.train's metrics, read at every logged step: the checks' clock
-        if time.monotonic() > deadline:
+        if time.monotonic() > channel.deadline:
             raise Wrong(
                 "the grader's own training of your runs did not end within the checks' time limit",
                 hint="your teacher can grade with a larger --timeout",
@@ -490,7 +496,9 @@ def _measured(runs: dict, your_class, budget, deadline: float):
             )
         return {}
 
-    with _registered(your_class) as stand_in:
+    waiting = time.monotonic()
+    with _TRAINING, _registered(your_class) as stand_in:
+        channel.deadline += time.monotonic() - waiting
         configs = {run: _as_trained(given, run, stand_in, your_class) for run, given in runs.items()}
         for run, cfg in configs.items():
             model, _ = train(
