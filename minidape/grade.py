@@ -29,7 +29,9 @@
    submission's ``prediction`` cell (literal values only) and bound to the checker's parameter it was passed to
    (by position or keyword), not taken from the variable at check time, so a prediction rewritten after the
    measurement does not count. Experiments on the notebooks' own models are judged against the teacher's
-   reference measurements (``notebooks/references.json``), whatever the grading mode.
+   reference measurements (``notebooks/references.json``), whatever the grading mode; an experiment on the
+   student's own code (6.5) against the grader's own measurement of it (``exercises.MEASURED_BY_GRADER``: in
+   full mode it trains the submission's runs here, the student's bias answering from the worker).
 """
 
 from __future__ import annotations
