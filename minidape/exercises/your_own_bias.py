@@ -294,7 +294,10 @@ def _listed(table: dict, longest: int) -> str:
 def _agrees(run: str, yours, theirs: float, longest: int, source: str) -> None:
     """The curve of ``run`` in the ``last_k`` a submission handed in is near the grader's measurement at
     ``longest``."""
-    yours = _number(yours.get(longest) if isinstance(yours, dict) else None, f"your last_k[{run!r}][{longest}]")
+    yours = yours.get(longest) if isinstance(yours, dict) else None
+    if yours is None:
+        raise Wrong(f"your last_k[{run!r}] holds no perplexity at {longest}, the notebook's longest length")
+    yours = _number(yours, f"your last_k[{run!r}][{longest}]")
     if not abs(yours - theirs) <= AGREE * abs(theirs) + 0.01:
         raise Wrong(
             f"your last_k gives {run} a perplexity of {yours:.4g} at {longest}; {source}, it has {theirs:.4g}",
