@@ -160,21 +160,7 @@ def test_the_graders_training_is_the_notebooks_with_the_students_bias_standing_i
     assert not any(name.startswith("my_bias-") for name in md.PE_NAMES)  # the stand-in's name is gone
     md.register_pe("my_bias")(Cauchy)
     budget = md.notebook.books_budget(quick=False)
-    train, val = md.load_corpus("austen", "train"), md.load_corpus("austen", "val")
-    model, _ = md.train(
-        md.GPTConfig(**{**vars(cfg), "pe": "my_bias"}),
-        train,
-        val_data=val,
-        steps=budget.steps,
-        batch_size=budget.batch,
-        lr=budget.lr,
-        eval_every=max(4, budget.steps // 8),
-        eval_windows=budget.val_windows,
-        seed=0,
-        progress=False,
-        device="cpu",
-    )
-    assert curve == md.evaluate.perplexity_by_length(model, val, budget.lengths, n_windows=budget.eval_windows)
+    assert curve == your_own_bias._notebook_run(md.GPTConfig(**{**vars(cfg), "pe": "my_bias"}), budget)
 
 
 def judge(answers, measure, monkeypatch, prediction="b"):

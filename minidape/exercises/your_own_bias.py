@@ -484,11 +484,6 @@ def _measured(runs: dict, your_class, budget, channel):
     """``(run, last_k curve)`` for each run, trained and scored by the notebook's cells (for ``_grader_runs``),
     one submission at a time: md.train seeds torch's one random state, which the grader's threads share. The
     wait for that turn is the grader's, so it extends the checks' time."""
-    from ..data import load_corpus
-    from ..evaluate import perplexity_by_length
-    from ..train import train
-
-    train_tokens, val_tokens = load_corpus("austen", "train"), load_corpus("austen", "val")
 
     def in_time(*_) -> dict:  # md.train's metrics, read at every logged step: the checks' clock
         if time.monotonic() > channel.deadline:
@@ -504,21 +499,31 @@ def _measured(runs: dict, your_class, budget, channel):
         channel.deadline += time.monotonic() - waiting
         configs = {run: _as_trained(given, run, stand_in, your_class) for run, given in runs.items()}
         for run, cfg in configs.items():
-            model, _ = train(
-                cfg,
-                train_tokens,
-                val_data=val_tokens,
-                steps=budget.steps,
-                batch_size=budget.batch,
-                lr=budget.lr,
-                eval_every=max(4, budget.steps // 8),
-                eval_windows=budget.val_windows,
-                seed=0,
-                progress=False,
-                device="cpu",
-                metrics=in_time,
-            )
-            yield run, perplexity_by_length(model, val_tokens, budget.lengths, n_windows=budget.eval_windows)
+            yield run, _notebook_run(cfg, budget, in_time)
+
+
+def _notebook_run(cfg, budget, metrics=None) -> dict[int, float]:
+    """Notebook 06's training cell and ``last_k`` cell for one config: its ``last_k`` curve."""
+    from ..data import load_corpus
+    from ..evaluate import perplexity_by_length
+    from ..train import train
+
+    train_tokens, val_tokens = load_corpus("austen", "train"), load_corpus("austen", "val")
+    model, _ = train(
+        cfg,
+        train_tokens,
+        val_data=val_tokens,
+        steps=budget.steps,
+        batch_size=budget.batch,
+        lr=budget.lr,
+        eval_every=max(4, budget.steps // 8),
+        eval_windows=budget.val_windows,
+        seed=0,
+        progress=False,
+        device="cpu",
+        metrics=metrics,
+    )
+    return perplexity_by_length(model, val_tokens, budget.lengths, n_windows=budget.eval_windows)
 
 
 framework.MEASURED_BY_GRADER["best_run"] = _grader_runs
