@@ -11,6 +11,7 @@ check through a call the grader does not see as a check cell).
 import csv
 import json
 import math
+import re
 import time
 from types import SimpleNamespace
 
@@ -106,7 +107,7 @@ def test_an_honest_submission_earns_6_5_on_the_graders_own_measurement(graded):
     # the measurement the verdict used, and where it came from: every run, by the grader, at the full budget
     assert "recomputed by the grader" in row["message"] and "steps 400, batch 16" in row["message"]
     for run in ("kerple_log", "my_bias", "dape-my_bias"):
-        assert f"{run} " in row["message"].split("recomputed by the grader")[1]
+        assert re.search(rf"[:,] {run} \d+\.\d\d,", row["message"]), row["message"]
     notebook = json.loads((feedback / "ann" / "06_your_own_bias.ipynb").read_text())
     (verdict,) = [c["source"] for c in notebook["cells"] if c["source"].startswith("**Grader · best_run")]
     assert "recomputed by the grader" in verdict
@@ -196,11 +197,11 @@ def test_the_grader_binds_its_own_measurement_whatever_the_call_passed(monkeypat
     honest = {"best_run": (("b", "b", TRUE, 1024), {"recomputed": fake})}
     row = judge(honest, measured(TRUE, calls), monkeypatch)
     assert (row.status, row.points, len(calls)) == (exercises.PASSED, 2, 1), row.message
-    assert "recomputed by the grader (a test): a 20.00, b 12.00" in row.message
+    assert "at 1024: a 20.00, b 12.00, recomputed by the grader (a test)" in row.message
     typed = {"a": {1024: 30.0}, "b": {1024: 12.0}}  # b is still the best, but a is far from the measurement
     row = judge({"best_run": (("b", "b", typed, 1024), {})}, measured(TRUE, calls), monkeypatch)
     assert (row.status, row.points, row.code) == (exercises.FAILED, 0, "measurement-not-reproduced")
-    assert "your last_k gives a a perplexity of 30 at 1024; recomputed by the grader (a test), it has 20" in row.message
+    assert "your last_k gives a a perplexity of 30 at 1024; 20 recomputed by the grader (a test)" in row.message
     other_runs = {"a": {1024: 20.0}, "c": {1024: 12.0}}
     row = judge({"best_run": (("a", "a", other_runs, 1024), {})}, measured(TRUE, calls), monkeypatch, "a")
     assert (row.points, row.code) == (0, "runs-not-my-runs")

@@ -25,10 +25,12 @@ from .helpers import (
     _given,
     _graded_in_quick_mode,
     _gradients_of_sum,
+    _is_module,
     _is_subclass,
     _number,
     _parameter_shapes,
     _prediction_credit,
+    _remote,
     _tensor,
 )
 
@@ -252,7 +254,7 @@ def best_run(prediction, measured, last_k, longest, recomputed=None):
             "these runs train your own bias, so only the notebook's full budget can measure them; "
             "your teacher grades this exercise with MINIDAPE_QUICK=0"
         )
-    table, source = last_k, "your run"
+    table, source = last_k, "measured in your run"
     if recomputed is not None:
         names, longest, source, curves = recomputed()
         if set(last_k) != set(names):
@@ -276,14 +278,14 @@ def best_run(prediction, measured, last_k, longest, recomputed=None):
     if measured != best:
         worst = max(table, key=at_longest)
         raise Wrong(
-            f"best_run = {measured!r} is not the run with the lowest perplexity at {longest} ({source}: "
-            f"{_listed(table, longest)})",
+            f"best_run = {measured!r} is not the run with the lowest perplexity at {longest} "
+            f"({_listed(table, longest)}, {source})",
             hint="lower perplexity is better: use min, not max"
             if measured == worst
             else f"compare the perplexities at the longest length, {longest}",
         )
     return _prediction_credit(
-        2, predicted == best, f"{best} has the lowest perplexity at {longest} ({source}: {_listed(table, longest)})"
+        2, predicted == best, f"{best} has the lowest perplexity at {longest}: {_listed(table, longest)}, {source}"
     )
 
 
@@ -300,7 +302,7 @@ def _agrees(run: str, yours, theirs: float, longest: int, source: str) -> None:
     yours = _number(yours, f"your last_k[{run!r}][{longest}]")
     if not abs(yours - theirs) <= AGREE * abs(theirs) + 0.01:
         raise Wrong(
-            f"your last_k gives {run} a perplexity of {yours:.4g} at {longest}; {source}, it has {theirs:.4g}",
+            f"your last_k gives {run} a perplexity of {yours:.4g} at {longest}; {theirs:.4g} {source}",
             code="measurement-not-reproduced",
             hint="a measurement comes from the runs the notebook trains, as it trains them: re-run the "
             "notebook's cells unchanged and take the numbers from its tables, never type them in",
@@ -352,7 +354,9 @@ def _stand_in(your_class) -> type:
             built = _built(your_class, theirs, torch.get_rng_state())
             module, values, trainable, state = built if isinstance(built, tuple) and len(built) == 4 else [None] * 4
             if not (
-                isinstance(values, list)
+                (_remote(module) or not _remote(your_class))  # data from the worker is never called here
+                and _is_module(module)
+                and isinstance(values, list)
                 and all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in values)
                 and isinstance(trainable, list)
                 and len(trainable) == len(values)
@@ -472,8 +476,8 @@ def _grader_runs(answers: dict, channel):
             )
         budget = books_budget(quick=False)  # the notebook's cells: BUDGET = notebook.books_budget(QUICK)
         source = (
-            f"recomputed by the grader, each run of my_runs trained as the notebook trains it ({budget}, seed 0) "
-            f"and scored with last_k on its validation tokens"
+            f"recomputed by the grader, who trained each run of my_runs as the notebook does ({budget}, seed 0) "
+            f"and scored it with last_k on the notebook's validation tokens"
         )
         return list(runs), budget.lengths[-1], source, _measured(runs, _recorded(answers, "my_bias"), budget, channel)
 
