@@ -25,6 +25,7 @@ from test_grade import EDITIONS, ROOT, notebook_file
 import minidape as md
 from minidape import exercises, grade, sandbox
 from minidape.exercises import your_own_bias
+from minidape.notebook import books_budget
 
 OTHERS = ("my_kernel", "far_mass", "my_bias", "my_runs")  # 06's other exercises: they keep their marks
 TYPED = "{length: 9.0 if name == 'kerple_log' else 3.0 for length in LENGTHS}"  # a table no run measured
@@ -160,7 +161,7 @@ def test_the_graders_training_is_the_notebooks_with_the_students_bias_standing_i
     assert (names, run, longest) == (["mine"], "mine", 1024) and "recomputed by the grader" in source
     assert not any(name.startswith("my_bias-") for name in md.PE_NAMES)  # the stand-in's name is gone
     md.register_pe("my_bias")(Cauchy)
-    budget = md.notebook.books_budget(quick=False)
+    budget = books_budget(quick=False)
     assert curve == your_own_bias._notebook_run(md.GPTConfig(**{**vars(cfg), "pe": "my_bias"}), budget)
 
 
