@@ -66,6 +66,7 @@ def submission_06(path, changes=(), inserted=None, appended=None):
 def graded(tmp_path_factory, monkeypatch_module):
     folder = tmp_path_factory.mktemp("class")
     monkeypatch_module.setenv("MINIDAPE_QUICK", "0")
+    monkeypatch_module.delenv("MINIDAPE_FAST", raising=False)  # quick mode's other name
     submission_06(folder / "ann" / "06_your_own_bias.ipynb")
     typed = f"last_k = {{name: {TYPED} for name in models or my_runs}}\nlongest = LENGTHS[-1]"
     submission_06(
@@ -193,6 +194,7 @@ def measured(table, calls):
 
 def test_the_grader_binds_its_own_measurement_whatever_the_call_passed(monkeypatch):
     monkeypatch.setenv("MINIDAPE_QUICK", "0")
+    monkeypatch.delenv("MINIDAPE_FAST", raising=False)
     calls = []
     fake = lambda: (["a", "b"], 1024, "the student", (item for item in {"a": {1024: 1.0}, "b": {1024: 9.0}}.items()))  # noqa: E731
     honest = {"best_run": (("b", "b", TRUE, 1024), {"recomputed": fake})}
