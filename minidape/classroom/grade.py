@@ -29,7 +29,9 @@
    submission's ``prediction`` cell (literal values only) and bound to the checker's parameter it was passed to
    (by position or keyword), not taken from the variable at check time, so a prediction rewritten after the
    measurement does not count. Experiments on the notebooks' own models are judged against the teacher's
-   reference measurements (``notebooks/references.json``), whatever the grading mode.
+   reference measurements (``notebooks/references.json``), whatever the grading mode; an experiment on the
+   student's own code (6.5) against the grader's own measurement of it (``exercises.MEASURED_BY_GRADER``: in
+   full mode it trains the submission's runs here, the student's bias answering from the worker).
 """
 
 from __future__ import annotations
@@ -306,6 +308,9 @@ class Grader:
             pass  # a call the checker cannot take: the verdict says so
         else:
             bound.arguments.update({parameter: value for parameter, (_, value) in predicted.items()})
+            measure = exercises.MEASURED_BY_GRADER.get(name)
+            if measure is not None:  # an experiment on the student's own code: the grader's measurement, never theirs
+                bound.arguments["recomputed"] = measure(answers, channel)
             arguments, options = list(bound.args), dict(bound.kwargs)
         result = exercises.verdict(name, *arguments, **options)
         return Row(name, result[2], points, result[0], result[1], result.code)

@@ -133,6 +133,11 @@ answers: dict | None = None  # the grader's worker sets {}: check() then records
 # {"full": {exercise: {...}}, "quick": {...}}; None in a notebook, where an experiment uses its own run.
 references: dict | None = None
 CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where answers' modules run (the grader sets "cpu")
+# Per experiment on the student's own code (06), how the grader measures it itself (registered by that notebook's
+# checks): ``measure(answers, channel)``, from the submission's recorded answers (handles on its worker's objects)
+# and the checks' channel into that worker (its ``deadline`` the end of their time), gives what the grader binds
+# to the checker's ``recomputed`` parameter, whatever the call passed (see ``grade.Grader._judge``).
+MEASURED_BY_GRADER: dict[str, Callable] = {}
 
 
 def _exercise(notebook: str, kind: str, title: str, hint: str, points: int = 1):

@@ -143,6 +143,35 @@ def _gradients_of_sum(module, *inputs) -> list[torch.Tensor | None]:
     return [None if p.grad is None else p.grad.detach().cpu() for p in module.parameters()]
 
 
+def _built(your_class, cfg, state: torch.Tensor) -> tuple:
+    """``your_class(cfg)`` built from the random state ``state``, as ``md.train`` builds a model after seeding:
+    (the module, its parameters' values, whether each one trains, the random state its ``__init__`` left)."""
+    if _remote(your_class):
+        return your_class._session.request("built", your_class._ref, cfg, state)
+    torch.set_rng_state(state)
+    module = your_class(cfg)
+    parameters = list(module.parameters())
+    values = [p.detach().clone() for p in parameters]
+    return module, values, [p.requires_grad for p in parameters], torch.get_rng_state()
+
+
+def _bias_with(module, values, q_pos, k_pos, weights=None):
+    """``module(q_pos, k_pos)`` with its parameters set to ``values``; given ``weights`` (the shape of that
+    bias), the gradients of ``(module(q_pos, k_pos) * weights).sum()`` for each parameter instead (None where
+    none reached it)."""
+    if _remote(module):
+        return module._session.request("bias_with", module._ref, values, q_pos, k_pos, weights)
+    with torch.no_grad():
+        for parameter, value in zip(module.parameters(), values):
+            parameter.copy_(value)
+        if weights is None:
+            return module(q_pos, k_pos).detach()
+    module.zero_grad(set_to_none=True)
+    with torch.enable_grad():  # also when asked from an autograd backward, which runs without
+        (module(q_pos, k_pos) * weights).sum().backward()
+    return [None if p.grad is None else p.grad.detach().clone() for p in module.parameters()]
+
+
 def _as_shape(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
     """``tensor`` laid out as ``shape`` when it is the same weights: equal up to size-1 axes (a 1×1 Conv2d's
     weight for a Linear's), or a matrix stored transposed (input-first); otherwise None."""

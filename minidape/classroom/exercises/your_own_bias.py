@@ -2,22 +2,35 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
+import math
+import secrets
+import threading
+import time
+
 import torch
+from torch import nn
 
 from . import framework  # framework.CHECK_DEVICE is read at call time (the grader sets it)
-from .framework import NeedsFullMode, Wrong, _exercise
+from .framework import EXERCISES, NeedsFullMode, Wrong, _exercise
 from .helpers import (
+    AGREE,
+    _bias_with,
     _build,
+    _built,
     _choice,
     _config,
     _fresh_generator,
     _given,
     _graded_in_quick_mode,
     _gradients_of_sum,
+    _is_module,
     _is_subclass,
     _number,
     _parameter_shapes,
     _prediction_credit,
+    _remote,
     _tensor,
 )
 
@@ -230,7 +243,10 @@ def my_runs(runs):
     "perplexity at the longest length",
     points=2,
 )
-def best_run(prediction, measured, last_k, longest):
+def best_run(prediction, measured, last_k, longest, recomputed=None):
+    """In the notebook the measurement is its own ``last_k``. The grader always binds ``recomputed`` (see
+    :func:`_grader_runs`): it measures the runs itself, the verdict uses its measurement, and the ``last_k``
+    handed in is only compared with it, run by run as each is measured (one far off ends the training there)."""
     predicted = _choice(prediction, tuple(last_k), "best_prediction (your prediction)")
     measured = _choice(measured, tuple(last_k), "best_run (your measurement)")
     if _graded_in_quick_mode():  # the runs train the student's own bias: quick mode's 8 steps decide nothing
@@ -238,15 +254,281 @@ def best_run(prediction, measured, last_k, longest):
             "these runs train your own bias, so only the notebook's full budget can measure them; "
             "your teacher grades this exercise with MINIDAPE_QUICK=0"
         )
-    best = min(last_k, key=lambda name: last_k[name][longest])
+    table, source = last_k, "measured in your run"
+    if recomputed is not None:
+        names, longest, source, curves = recomputed()
+        if set(last_k) != set(names):
+            raise Wrong(
+                f"your last_k holds the runs {sorted(map(str, last_k))}; my_runs (6.4) holds "
+                f"{sorted(map(str, names))}, and those are the runs 6.5 measures",
+                hint="train the runs of my_runs once 6.4 passes its check, and take last_k from them",
+                code="runs-not-my-runs",
+            )
+        table = {}
+        with contextlib.closing(curves):
+            for run, curve in curves:
+                table[run] = curve
+                _agrees(run, last_k[run], curve[longest], longest, source)
+
+    def at_longest(name):
+        value = float(table[name][longest])
+        return math.inf if math.isnan(value) else value
+
+    best = min(table, key=at_longest)
     if measured != best:
-        worst = max(last_k, key=lambda name: last_k[name][longest])
+        worst = max(table, key=at_longest)
         raise Wrong(
-            f"best_run = {measured!r} is not the run with the lowest perplexity at {longest}",
+            f"best_run = {measured!r} is not the run with the lowest perplexity at {longest} "
+            f"({_listed(table, longest)}, {source})",
             hint="lower perplexity is better: use min, not max"
             if measured == worst
             else f"compare the perplexities at the longest length, {longest}",
         )
-    return _prediction_credit(
-        2, predicted == best, f"{best} has the lowest perplexity at {longest} ({last_k[best][longest]:.2f})"
+    shown = (  # the notebook prints its own table above the check; the grader's measurement is shown here
+        f" ({at_longest(best):.2f})" if recomputed is None else f": {_listed(table, longest)}, {source}"
     )
+    return _prediction_credit(2, predicted == best, f"{best} has the lowest perplexity at {longest}{shown}")
+
+
+def _listed(table: dict, longest: int) -> str:
+    return ", ".join(f"{name} {float(curve[longest]):.2f}" for name, curve in table.items())
+
+
+def _agrees(run: str, yours, theirs: float, longest: int, source: str) -> None:
+    """The curve of ``run`` in the ``last_k`` a submission handed in is near the grader's measurement at
+    ``longest``."""
+    yours = yours.get(longest) if isinstance(yours, dict) else None
+    if yours is None:
+        raise Wrong(f"your last_k[{run!r}] holds no perplexity at {longest}, the notebook's longest length")
+    yours = _number(yours, f"your last_k[{run!r}][{longest}]")
+    if not abs(yours - theirs) <= AGREE * abs(theirs) + 0.01:
+        raise Wrong(
+            f"your last_k gives {run} a perplexity of {yours:.4g} at {longest}; {theirs:.4g} {source}",
+            code="measurement-not-reproduced",
+            hint="a measurement comes from the runs the notebook trains, as it trains them: re-run the "
+            "notebook's cells unchanged and take the numbers from its tables, never type them in",
+        )
+
+
+# ------------------------------------------------------------------ 6.5 in grading: the grader's own runs
+# 6.5 measures the student's own bias, so no reference run of the teacher's can stand for it, and nothing the
+# submission's process computes can be trusted: its cells may patch md.train or md.evaluate, load other weights
+# or type last_k in. Its re-run's models are not reused for the same reason (its md.train may be anything its
+# cells made it). So the grader trains the runs itself, in its own process, with minidape's training loop and
+# evaluation: each config of my_runs (6.4) at the notebook's budget and seed, scored on the notebook's tokens.
+# Only the bias of a run with pe="my_bias" is the student's: a stand-in module here holds copies of MyBias's
+# (6.3) parameters, which md.train's optimizer, clipping and schedule update here, and asks the student's module,
+# which lives in the worker, for the bias and for its parameters' gradients, as data (_stand_in). That code runs
+# where it ran before, in the sandbox; what it can change is the bias, which is the thing measured. An
+# evaluation asks once per length, so the bias cannot differ from one scored window to the next.
+
+
+class _StudentsBias(torch.autograd.Function):
+    """A stand-in's bias as a function of its parameters: forward and backward asked of the student's module."""
+
+    @staticmethod
+    def forward(ctx, stand_in, q_pos, k_pos, *parameters):
+        ctx.stand_in = stand_in
+        ctx.save_for_backward(q_pos, k_pos)
+        return stand_in.ask(q_pos, k_pos)
+
+    @staticmethod
+    def backward(ctx, weights):
+        q_pos, k_pos = ctx.saved_tensors
+        return (None, None, None, *ctx.stand_in.ask(q_pos, k_pos, weights))
+
+
+def _stand_in(your_class) -> type:
+    """An ``md.AdditiveBias`` class whose bias is ``your_class``'s (an answer: a handle on the worker's class, or
+    a class). Each instance builds ``your_class(cfg)`` as ``md.train`` builds a model (``cfg.pe`` "my_bias", from
+    the caller's random state, which it takes back as that ``__init__`` left it) and holds copies of its
+    parameters; a bias asked for without gradients is asked once per positions and parameter values."""
+    from ..model import AdditiveBias, GPTConfig
+
+    class StandIn(AdditiveBias):
+        grader_stand_in = True  # never a pe a submission's config may name (see _as_trained)
+
+        def __init__(self, cfg):
+            super().__init__()
+            theirs = object.__new__(GPTConfig)  # the notebook's config: "my_bias" is not in the grader's registry
+            vars(theirs).update({**vars(cfg), "pe": "my_bias"})
+            built = _built(your_class, theirs, torch.get_rng_state())
+            module, values, trainable, state = built if isinstance(built, tuple) and len(built) == 4 else [None] * 4
+            if not (
+                (_remote(module) or not _remote(your_class))  # data from the worker is never called here
+                and _is_module(module)
+                and isinstance(values, list)
+                and all(isinstance(v, torch.Tensor) and v.is_floating_point() for v in values)
+                and isinstance(trainable, list)
+                and len(trainable) == len(values)
+                and isinstance(state, torch.Tensor)
+                and state.dtype == torch.uint8
+            ):
+                raise Wrong("MyBias(cfg), built for the grader's own training, did not come back as a module")
+            torch.set_rng_state(state)
+            object.__setattr__(self, "yours", module)  # not a submodule: these are its parameters
+            copies = (nn.Parameter(value.clone(), requires_grad=t is True) for value, t in zip(values, trainable))
+            self.copies = nn.ParameterList(copies)
+            self.n_head, self.asked_for, self.asked = cfg.n_head, None, {}
+
+        def forward(self, q_pos, k_pos):
+            if torch.is_grad_enabled() and any(p.requires_grad for p in self.copies):
+                return _StudentsBias.apply(self, q_pos, k_pos, *self.copies)
+            values = [p.detach() for p in self.copies]  # by value: a fused optimizer step leaves _version as it was
+            if self.asked_for is None or not all(map(torch.equal, values, self.asked_for)):
+                self.asked_for, self.asked = [value.clone() for value in values], {}
+            key = (tuple(q_pos.tolist()), tuple(k_pos.tolist()))
+            if key not in self.asked:
+                self.asked[key] = self.ask(q_pos, k_pos)
+            return self.asked[key]
+
+        def ask(self, q_pos, k_pos, weights=None):
+            """The student's bias (without ``weights``) or its parameters' gradients, checked as they come back."""
+            values = [p.detach().cpu() for p in self.copies]
+            weights = None if weights is None else weights.detach().cpu().contiguous()
+            got = _bias_with(self.yours, values, q_pos.cpu(), k_pos.cpu(), weights)
+            if weights is None:
+                shape = (self.n_head, len(q_pos), len(k_pos))
+                if not (isinstance(got, torch.Tensor) and got.is_floating_point() and tuple(got.shape) == shape):
+                    raise Wrong(f"MyBias()(q_pos, k_pos) should be a float tensor of shape {shape} in training")
+                return got.to(q_pos.device)
+            if not (
+                isinstance(got, list)
+                and len(got) == len(values)
+                and all(g is None or (isinstance(g, torch.Tensor) and g.shape == v.shape) for g, v in zip(got, values))
+            ):
+                raise Wrong("the gradients of MyBias's parameters did not come back as one per parameter")
+            return [None if g is None else g.to(p.device, p.dtype) for g, p in zip(got, self.copies)]
+
+    return StandIn
+
+
+_TRAINING = threading.Lock()  # held by the grader's own training of one submission's runs (see _measured)
+
+
+@contextlib.contextmanager
+def _registered(your_class):
+    """A name the grader's registry builds a stand-in for ``your_class`` under, while it lasts: unguessable, so
+    that no submission's config names another's."""
+    from ..model import PE_REGISTRY
+
+    name = f"my_bias-{secrets.token_hex(8)}"
+    PE_REGISTRY[name] = _stand_in(your_class)
+    try:
+        yield name
+    finally:
+        del PE_REGISTRY[name]
+
+
+def _recorded(answers: dict, name: str):
+    """The answer the submission's check of exercise ``name`` passed (its checker's first parameter), or None."""
+    try:
+        arguments, options = answers[name]
+        bound = inspect.signature(EXERCISES[name].checker).bind(*arguments, **options)
+    except (TypeError, ValueError, KeyError):
+        return None
+    return next(iter(bound.arguments.values()), None)
+
+
+def _as_trained(given, run: str, stand_in: str, your_class):
+    """The grader's config of ``my_runs[run]``: the same settings, with the stand-in's name for "my_bias"; only
+    minidape's own encodings and refiners besides."""
+    from dataclasses import fields
+
+    from ..model import PE_REGISTRY, REFINER_REGISTRY, AdditiveBias, GPTConfig, _builtin
+
+    settings = {f.name: vars(given).get(f.name, f.default) for f in fields(GPTConfig)}
+    pes = settings["pe"].split(",") if isinstance(settings["pe"], str) else []
+    for kind, names, registry in (("pe", pes, PE_REGISTRY), ("refiner", [settings["refiner"]], REFINER_REGISTRY)):
+        for name in names:
+            known = name in registry and _builtin(registry[name]) and not hasattr(registry[name], "grader_stand_in")
+            if not (known or (kind == "pe" and name == "my_bias")):
+                raise Wrong(
+                    f"my_runs[{run!r}] has {kind}={name!r}: the grader trains minidape's own {kind}s and your "
+                    f"my_bias (6.3), nothing else registered in the notebook",
+                    hint="compare your bias with a built-in encoding such as kerple_log, and refine with 'dape'",
+                )
+    if "my_bias" in pes and not _is_subclass(your_class, AdditiveBias):
+        raise Wrong(
+            f"my_runs[{run!r}] trains pe='my_bias', but 6.3's check did not record an md.AdditiveBias class",
+            hint="keep exercises.check('my_bias', MyBias) as the notebook has it",
+        )
+    try:
+        return GPTConfig(**{**settings, "pe": ",".join(stand_in if pe == "my_bias" else pe for pe in pes)})
+    except (TypeError, ValueError) as error:
+        raise Wrong(f"my_runs[{run!r}] is not a config the grader can train: {error}") from None
+
+
+def _grader_runs(answers: dict, channel):
+    """What the grader binds to best_run's ``recomputed``: a function giving (the names of the runs of 6.4, the
+    longest length, where the measurement comes from, and an iterator that trains each run with the bias of
+    6.3 as notebook 06 trains it and scores it as it does: ``(run, {length: perplexity})``, one at a time).
+    ``channel``: the checks' way into the worker; its ``deadline`` is the end of their time."""
+
+    def recompute():
+        from ..model import GPTConfig
+        from ..notebook import books_budget
+
+        runs = _recorded(answers, "my_runs")
+        if not (isinstance(runs, dict) and runs and all(isinstance(cfg, GPTConfig) for cfg in runs.values())):
+            raise Wrong(
+                "6.5 measures the runs of 6.4, and my_runs is not a dict of configs: the grader has no run to train",
+                hint="fill in my_runs (6.4) first",
+            )
+        budget = books_budget(quick=False)  # the notebook's cells: BUDGET = notebook.books_budget(QUICK)
+        source = (
+            f"recomputed by the grader, who trained each run of my_runs as the notebook does ({budget}, seed 0) "
+            f"and scored it with last_k on the notebook's validation tokens"
+        )
+        return list(runs), budget.lengths[-1], source, _measured(runs, _recorded(answers, "my_bias"), budget, channel)
+
+    return recompute
+
+
+def _measured(runs: dict, your_class, budget, channel):
+    """``(run, last_k curve)`` for each run, trained and scored by the notebook's cells (for ``_grader_runs``),
+    one submission at a time: md.train seeds torch's one random state, which the grader's threads share. The
+    wait for that turn is the grader's, so it extends the checks' time."""
+
+    def in_time(*_) -> dict:  # md.train's metrics, read at every logged step: the checks' clock
+        if time.monotonic() > channel.deadline:
+            raise Wrong(
+                "the grader's own training of your runs did not end within the checks' time limit",
+                hint="your teacher can grade with a larger --timeout",
+                code="recomputation-out-of-time",
+            )
+        return {}
+
+    waiting = time.monotonic()
+    with _TRAINING, _registered(your_class) as stand_in:
+        channel.deadline += time.monotonic() - waiting
+        configs = {run: _as_trained(given, run, stand_in, your_class) for run, given in runs.items()}
+        for run, cfg in configs.items():
+            yield run, _notebook_run(cfg, budget, in_time)
+
+
+def _notebook_run(cfg, budget, metrics=None) -> dict[int, float]:
+    """Notebook 06's training cell and ``last_k`` cell for one config: its ``last_k`` curve."""
+    from ..data import load_corpus
+    from ..evaluate import perplexity_by_length
+    from ..train import train
+
+    train_tokens, val_tokens = load_corpus("austen", "train"), load_corpus("austen", "val")
+    model, _ = train(
+        cfg,
+        train_tokens,
+        val_data=val_tokens,
+        steps=budget.steps,
+        batch_size=budget.batch,
+        lr=budget.lr,
+        eval_every=max(4, budget.steps // 8),
+        eval_windows=budget.val_windows,
+        seed=0,
+        progress=False,
+        device="cpu",
+        metrics=metrics,
+    )
+    return perplexity_by_length(model, val_tokens, budget.lengths, n_windows=budget.eval_windows)
+
+
+framework.MEASURED_BY_GRADER["best_run"] = _grader_runs

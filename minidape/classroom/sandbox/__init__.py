@@ -6,7 +6,9 @@ namespace, as a kernel would; outputs come back), and afterwards asks it to *cal
 notebook's ``exercises.check(...)`` cells recorded. Every question is one request; every answer comes back as data
 only (``protocol``: tensors, numbers, strings, ``None`` and lists, tuples and dicts of them, read by
 ``torch.load(weights_only=True)`` after their size and their tensors' real storage are checked); anything else
-stays in the worker and comes back as a :class:`Remote` handle that the grader can call in turn.
+stays in the worker and comes back as a :class:`Remote` handle that the grader can call in turn. For exercise
+6.5 the grader trains models in its own process, and a module of the student's answers only for its output and
+its parameters' gradients at the parameter values the grader sends (``built``, ``bias_with``).
 
 The library ban: an answer to an exercise that forbids parts of minidape (``exercises.LIBRARY``) and earns points
 is judged again in another worker that runs the notebook again (up to that exercise's check, one such run per set
