@@ -343,7 +343,7 @@ def _stand_in(your_class) -> type:
     a class). Each instance builds ``your_class(cfg)`` as ``md.train`` builds a model (``cfg.pe`` "my_bias", from
     the caller's random state, which it takes back as that ``__init__`` left it) and holds copies of its
     parameters; a bias asked for without gradients is asked once per positions and parameter values."""
-    from ..model import AdditiveBias, GPTConfig
+    from ...model import AdditiveBias, GPTConfig
 
     class StandIn(AdditiveBias):
         grader_stand_in = True  # never a pe a submission's config may name (see _as_trained)
@@ -410,7 +410,7 @@ _TRAINING = threading.Lock()  # held by the grader's own training of one submiss
 def _registered(your_class):
     """A name the grader's registry builds a stand-in for ``your_class`` under, while it lasts: unguessable, so
     that no submission's config names another's."""
-    from ..model import PE_REGISTRY
+    from ...model import PE_REGISTRY
 
     name = f"my_bias-{secrets.token_hex(8)}"
     PE_REGISTRY[name] = _stand_in(your_class)
@@ -435,7 +435,7 @@ def _as_trained(given, run: str, stand_in: str, your_class):
     minidape's own encodings and refiners besides."""
     from dataclasses import fields
 
-    from ..model import PE_REGISTRY, REFINER_REGISTRY, AdditiveBias, GPTConfig, _builtin
+    from ...model import PE_REGISTRY, REFINER_REGISTRY, AdditiveBias, GPTConfig, _builtin
 
     settings = {f.name: vars(given).get(f.name, f.default) for f in fields(GPTConfig)}
     pes = settings["pe"].split(",") if isinstance(settings["pe"], str) else []
@@ -466,7 +466,7 @@ def _grader_runs(answers: dict, channel):
     ``channel``: the checks' way into the worker; its ``deadline`` is the end of their time."""
 
     def recompute():
-        from ..model import GPTConfig
+        from ...model import GPTConfig
         from ..notebook import books_budget
 
         runs = _recorded(answers, "my_runs")
@@ -509,9 +509,9 @@ def _measured(runs: dict, your_class, budget, channel):
 
 def _notebook_run(cfg, budget, metrics=None) -> dict[int, float]:
     """Notebook 06's training cell and ``last_k`` cell for one config: its ``last_k`` curve."""
-    from ..data import load_corpus
-    from ..evaluate import perplexity_by_length
-    from ..train import train
+    from ...lab.data import load_corpus
+    from ...lab.evaluate import perplexity_by_length
+    from ...lab.train import train
 
     train_tokens, val_tokens = load_corpus("austen", "train"), load_corpus("austen", "val")
     model, _ = train(
