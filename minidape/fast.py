@@ -20,6 +20,8 @@ How, in order of what it saves:
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
   - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner; a bias and the mask as one float
     mask with a batch axis, made once per forward (``per_forward``), so that the CPU's fused kernel takes it.
+  - **RoPE's rotation** (``qkv``): queries and keys rotated together, in one pass over the fused projection's
+    output, with the cos and sin tables made once per forward.
   - **FlexAttention** for a bias without a refiner in CUDA training (``uses_flex``): the bias read inside the
     kernel, the blocks above the diagonal skipped.
 
@@ -315,6 +317,64 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
 
 
 # ----------------------------------------------------------------------------------------------------
+# Rotary encodings: q and k rotated in one pass
+
+
+def qkv(layer: SelfAttention, x, positional: PositionalInputs):
+    """``model.SelfAttention.qkv``: x (batch, T, C) -> q, k, v (batch, nh, T, hs). A rotation is applied to q and
+    k together by ``_RotatedQK`` (``model.apply_rotary`` per tensor made 14 tensors per layer and step; this
+    makes 2); a rotation whose angles need a gradient (a user's learnable encoding) takes ``model``'s form."""
+    if positional.rotary is None or any(t.requires_grad for rotation in positional.rotary for t in rotation):
+        return layer.qkv(x, positional)
+    projected = layer.c_attn(x)  # (batch, T, 3C); under autocast in its lower precision
+    cos, sin = per_forward(positional, ("rotary", projected.dtype), lambda: rotary_tables(positional, projected.dtype))
+    return _RotatedQK.apply(projected, cos, sin, layer.n_head)
+
+
+def rotary_tables(positional: PositionalInputs, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, 1 or 2, 1, hs/2): the queries' and keys' angles, one row when they are the same (RoPE)."""
+    query_rotation, key_rotation = positional.rotary
+    rotations = [query_rotation] if query_rotation is key_rotation else [query_rotation, key_rotation]
+    return tuple(torch.stack(tables, dim=1)[:, :, None].to(dtype) for tables in zip(*rotations))
+
+
+def _rotate_into(out, x, cos, sin, sign: float = 1.0):
+    """out = x rotated by the angles (by minus them with ``sign=-1``): out, x (..., 2, hs/2), the two halves
+    (x_i, x_{i + hs/2}) of each channel pair along the second last axis; cos and sin broadcast to (..., hs/2)."""
+    x1, x2 = x.unbind(-2)
+    out1, out2 = out.unbind(-2)
+    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-sign)  # x1 cos - x2 sin
+    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=sign)  # x2 cos + x1 sin
+
+
+class _RotatedQK(torch.autograd.Function):
+    """c_attn's output (batch, T, 3C) -> q and k rotated, v as it is: (batch, nh, T, hs) each, views in
+    nanoGPT's layout. Its backward writes the gradient of the whole projection at once, each rotation undone by
+    its inverse (the transpose: the rotation by minus the angles)."""
+
+    @staticmethod
+    def forward(ctx, projected, cos, sin, n_head: int):
+        batch, T, _ = projected.shape
+        heads = projected.view(batch, T, 3, n_head, 2, -1)  # (batch, T, q/k/v, nh, half, hs/2)
+        rotated = heads.new_empty(batch, T, 2, n_head, *heads.shape[-2:])
+        _rotate_into(rotated, heads[:, :, :2], cos, sin)
+        ctx.save_for_backward(cos, sin)
+        q, k = rotated.flatten(-2).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), heads[:, :, 2].flatten(-2).transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k, grad_v):
+        cos, sin = ctx.saved_tensors
+        batch, _, T, hs = grad_v.shape
+        grad = grad_v.new_empty(batch, T, 3, grad_v.shape[1], 2, hs // 2)
+        for i, grad_out in enumerate((grad_q, grad_k)):
+            grad_out = grad_out.transpose(1, 2).unflatten(-1, (2, hs // 2))  # (batch, T, nh, 2, hs/2)
+            _rotate_into(grad[:, :, i], grad_out, cos[:, -i], sin[:, -i], sign=-1.0)
+        grad[:, :, 2] = grad_v.transpose(1, 2).unflatten(-1, (2, hs // 2))
+        return grad.view(batch, T, -1), None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------
 # FlexAttention: an additive bias on CUDA without a dense mask
 
 # In CUDA training at T >= FLEX_MIN_LENGTH a bias without a refiner goes through FlexAttention: the bias enters
@@ -553,3 +613,4 @@ def conv(refiner, scores, bias, mask):
 FUSED_FORMS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner: dape_add, ConvRefiner: conv}
 
 SelfAttention.fast_attention = attention
+SelfAttention.fast_qkv = qkv

@@ -19,7 +19,7 @@ Everything here is written as the papers write it, at full size: a ``(batch, n_h
 layer. This file imports nothing else from the package and runs alone: copied out of it, with only torch and
 einops installed, it builds and trains every encoding and refiner in the forms below. Inside the package,
 ``fast.py`` computes the same thing faster and in less memory, with the same parameters, when
-``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention``.
+``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention`` (and ``fast_qkv``).
 
 Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
 number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
@@ -958,8 +958,10 @@ class PositionalInputs:
 class SelfAttention(nn.Module):
     # Another implementation of ``attention`` with the same parameters, installed by whoever has one (the
     # package's fast.py does when imported): a function (layer, q, k, v, positional) -> y, used when
-    # cfg.fast is True. This file has none: copied alone, every layer runs the form below.
+    # cfg.fast is True. This file has none: copied alone, every layer runs the form below. ``fast_qkv`` likewise
+    # stands in for ``qkv``: a function (layer, x, positional) -> q, k, v.
     fast_attention: Callable | None = None
+    fast_qkv: Callable | None = None
 
     def __init__(self, cfg: GPTConfig, pe: str | None = None):
         super().__init__()
@@ -1005,9 +1007,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
-        q, k, v = self.qkv(x, positional)
+        fast = self.cfg.fast and SelfAttention.fast_attention is not None
+        if fast and SelfAttention.fast_qkv is not None:
+            q, k, v = SelfAttention.fast_qkv(self, x, positional)
+        else:
+            q, k, v = self.qkv(x, positional)
         positional = self.inputs(x, q, k, positional)
-        if self.cfg.fast and SelfAttention.fast_attention is not None:
+        if fast:
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
