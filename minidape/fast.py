@@ -44,16 +44,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .model import (
+    GPT,
     LEAKY_SLOPE,
     ConvRefiner,
     DAPEAddRefiner,
     DAPEConcatRefiner,
     DAPERefiner,
+    FIREBias,
     PositionalInputs,
     SelfAttention,
     attend,
     attention_mask,
     refiner_view,
+    relative_distance,
 )
 from .model import attention as reference_attention
 
@@ -419,6 +422,53 @@ class _RotatedQK(torch.autograd.Function):
 
 
 # ----------------------------------------------------------------------------------------------------
+# FIRE's bias from each distance once
+
+
+def bias(encoding, q_pos, k_pos) -> torch.Tensor:
+    """The bias (nh, Tq, Tk) of a position-only ``encoding`` (``model.GPT.fast_bias``): FIRE's through
+    ``fire_bias`` where it applies and agrees with the module's own forward, any other its own."""
+    if type(encoding) is FIREBias and q_pos.device.type == "cpu":
+        fast = fire_bias(encoding, q_pos, k_pos)
+        if fast is not None and _fire_agrees(encoding, fast, q_pos, k_pos):
+            return fast
+    return encoding(q_pos, k_pos)
+
+
+def fire_bias(fire: FIREBias, q_pos, k_pos) -> torch.Tensor | None:
+    r"""``model.FIREBias`` with its MLP run once per distance instead of once per (query, key) cell: where every
+    query lies below the threshold $L$, the normaliser $\psi(\max(L, i)) = \psi(L)$ is the same for all rows, so
+    $b(i, j)$ depends on the distance alone. The MLP's (distances, nh) outputs are then gathered into the
+    (nh, Tq, Tk) bias (the gather's backward sums them back per distance). None where a query reaches the
+    threshold (evaluation beyond the training length): there each row has its own normaliser. On the CPU only:
+    the threshold test reads a value on the host."""
+    threshold = torch.abs(fire.threshold_scale * fire.base_threshold)
+    if not bool((q_pos.float() < threshold).all()):  # strictly: max()'s gradient splits at a tie
+        return None
+    distance = relative_distance(q_pos, k_pos, fire.causal).long()  # (Tq, Tk), whole numbers >= 0
+    each = torch.arange(int(distance.max()) + 1, device=q_pos.device, dtype=torch.float32)  # every distance once
+    normalized = fire.psi(each) / (fire.psi(threshold) + fire.eps)
+    per_distance = fire.mlp(normalized[:, None].to(fire.c.dtype))  # (distances, nh)
+    return per_distance.t().index_select(1, distance.flatten()).view(-1, *distance.shape)
+
+
+_checked_fire: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # FIREBias module -> fire_bias agrees
+
+
+@torch.no_grad()
+def _fire_agrees(fire: FIREBias, fast, q_pos, k_pos) -> bool:
+    """Whether ``fire_bias`` gave what the module's own forward gives, compared at the module's first use (an
+    equation edited in model.py makes the module run its own forward, with a warning)."""
+    if fire not in _checked_fire:
+        expected = fire(q_pos, k_pos)
+        agrees = fast.shape == expected.shape and torch.allclose(fast, expected, rtol=1e-4, atol=1e-5)
+        if not agrees:
+            warnings.warn("fast path: FIREBias's forward differs from fire_bias; it runs its own", stacklevel=4)
+        _checked_fire[fire] = agrees
+    return _checked_fire[fire]
+
+
+# ----------------------------------------------------------------------------------------------------
 # FlexAttention: an additive bias on CUDA without a dense mask
 
 # In CUDA training at T >= FLEX_MIN_LENGTH a bias without a refiner goes through FlexAttention: the bias enters
@@ -658,3 +708,4 @@ FUSED_FORMS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner
 
 SelfAttention.fast_attention = attention
 SelfAttention.fast_qkv = qkv
+GPT.fast_bias = bias

@@ -19,7 +19,8 @@ Everything here is written as the papers write it, at full size: a ``(batch, n_h
 layer. This file imports nothing else from the package and runs alone: copied out of it, with only torch and
 einops installed, it builds and trains every encoding and refiner in the forms below. Inside the package,
 ``fast.py`` computes the same thing faster and in less memory, with the same parameters, when
-``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention`` (and ``fast_qkv``).
+``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention`` (and
+``SelfAttention.fast_qkv``, ``GPT.fast_bias``).
 
 Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
 number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
@@ -1084,6 +1085,10 @@ class GPT(nn.Module):
     layer instead (``blocks[l].attn.data_bias``, and ``model.pe`` is NoPE's empty module). With a per-layer
     spec (``pe="rope,none"``, see ``layer_encodings``) ``model.pe`` holds one shared module per name."""
 
+    # Like ``SelfAttention.fast_attention``: installed by fast.py, (encoding, q_pos, k_pos) -> the encoding's bias
+    # computed faster, used when cfg.fast is True.
+    fast_bias: Callable | None = None
+
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         cfg.validate()
@@ -1155,9 +1160,10 @@ class GPT(nn.Module):
         if not isinstance(encoding, AdditiveBias):
             return PositionalInputs(pos, rotary, None)
         checked = set()  # every layer asks for the same query and key positions: check their values once
+        fast = self.cfg.fast and GPT.fast_bias is not None
 
         def bias_between(q_pos, k_pos):
-            bias = encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
+            bias = GPT.fast_bias(encoding, q_pos, k_pos) if fast else encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
             shape = (len(pos), len(q_pos), len(k_pos))
             if shape not in checked:
                 check_bias_shape(self, bias, shape[1:])

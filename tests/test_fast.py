@@ -390,3 +390,34 @@ def test_a_fixed_bias_and_a_bias_with_dropout_keep_sdpa(monkeypatch):
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     for cfg in (tiny(pe="alibi"), tiny(pe="kerple_log", dropout=0.1)):
         md.GPT(cfg).train()(idx, idx)[1].backward()
+
+
+def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_forward(monkeypatch):
+    """fast.fire_bias: the MLP on each distance once, gathered; the same bias and gradients as FIREBias.forward
+    (decoder and encoder); None (the module's own forward) once a query reaches the threshold."""
+    for causal in (True, False):
+        torch.manual_seed(0)
+        fire = md.GPT(tiny(pe="fire", causal=causal)).pe
+        with torch.no_grad():
+            fire.c.fill_(0.7)  # away from the initial values
+        pos = torch.arange(12)
+        results = []
+        for form in (fast.fire_bias, M.FIREBias.forward):
+            fire.zero_grad()
+            b = form(fire, pos, pos)
+            (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()
+            results.append([b.detach()] + [p.grad.clone() for p in fire.parameters()])
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert fast.fire_bias(fire, torch.arange(20), torch.arange(20)) is None  # 16 = block_size is the threshold
+
+
+def test_an_edited_fire_runs_its_own_forward_with_a_warning(monkeypatch):
+    model = md.GPT(tiny(pe="fire"))
+    forward = M.FIREBias.forward
+    monkeypatch.setattr(M.FIREBias, "forward", lambda self, q, k: forward(self, q, k) * 2)
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="FIREBias's forward differs from fire_bias"):
+        model(idx, idx)
+    pos = torch.arange(12)
+    assert torch.equal(M.GPT.fast_bias(model.pe, pos, pos), model.pe(pos, pos))
