@@ -300,21 +300,23 @@ def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_
     assert not chosen()
 
 
-def test_the_float_mask_of_a_bias_is_made_once_per_forward(monkeypatch):
-    """Without a refiner every layer adds the same bias: its SDPA mask is made by the first layer of a forward
-    and reused by the others (one per query block), and a new forward makes its own (the bias may have been
-    trained in between)."""
+@pytest.mark.parametrize("maker,pe", [("float_mask", "kerple_log"), ("rotary_tables", "rope")])
+def test_what_the_layers_share_is_made_once_per_forward(maker, pe, monkeypatch):
+    """Every layer adds the same bias (without a refiner) or rotates by the same angles: its SDPA mask, or the
+    rotation's cos and sin tables, are made by the first layer of a forward and reused by the others (a mask
+    once per query block), and a new forward makes its own (the bias may have been trained in between)."""
     made = []
-    make = fast.float_mask
-    monkeypatch.setattr(fast, "float_mask", lambda *args: made.append(1) or make(*args))
-    model = md.GPT(tiny(pe="kerple_log", n_layer=3))
+    make = getattr(fast, maker)
+    monkeypatch.setattr(fast, maker, lambda *args: made.append(1) or make(*args))
+    model = md.GPT(tiny(pe=pe, n_layer=3))
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     model(idx, idx)[1].backward()
     assert len(made) == 1
     model(idx, idx)
     assert len(made) == 2
-    md.GPT(tiny(pe="kerple_log", n_layer=3, attn_chunk=4))(idx, idx)
-    assert len(made) == 2 + 3  # three query blocks, each once
+    if maker == "float_mask":
+        md.GPT(tiny(pe=pe, n_layer=3, attn_chunk=4))(idx, idx)
+        assert len(made) == 2 + 3  # three query blocks, each once
 
 
 # Rotary encodings: q and k rotated in one pass (fast.qkv); learnable biases on the CPU (fast._BiasedAttention).
@@ -339,18 +341,6 @@ def test_rotating_q_and_k_in_one_pass_equals_model_py_forward_and_gradients(pe):
         results.append([t.detach() for t in outputs] + [x.grad, layer.c_attn.weight.grad])
     for got, expected in zip(*results):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
-
-
-def test_the_rotation_tables_are_made_once_per_forward(monkeypatch):
-    made = []
-    make = fast.rotary_tables
-    monkeypatch.setattr(fast, "rotary_tables", lambda *args: made.append(1) or make(*args))
-    model = md.GPT(tiny(pe="rope", n_layer=3))
-    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-    model(idx, idx)[1].backward()
-    assert len(made) == 1
-    model(idx, idx)
-    assert len(made) == 2
 
 
 def test_a_rotation_that_needs_a_gradient_takes_model_py_form():
