@@ -10,7 +10,8 @@ pre-norm blocks, tied embeddings, the same parameter count as ``md.GPT(pe="learn
 does: zero the gradients, forward, backward, fused AdamW. On one thread (as the issue measured), every model's
 steps interleaved (plain, then each encoding of this checkout, then of ``--before``), the order reversed at every
 step, so drifting load hits all alike; each figure is the median step time as a multiple of the plain model's
-in the same run. Prints a markdown table for benchmarks/RESULTS.md.
+in the same run; with ``--rounds N`` the median of the N rounds' ratios and their range. Prints a markdown table for
+benchmarks/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -118,20 +119,25 @@ def measure(shape: dict, packages: dict, steps: int, warmup: int) -> dict[str, f
     return {label: statistics.median(trainee.seconds) for label, trainee in trainees.items()}
 
 
-def table(results: dict[str, dict[str, float]], codes: list[str]) -> str:
+def table(results: dict[str, list[dict[str, float]]], codes: list[str]) -> str:
+    """One row per encoding: the median over rounds of each round's ratio to the plain model (with more than one
+    round, their range in brackets)."""
     rows = [
         "| shape | encoding | " + " | ".join(f"{code} × plain" for code in codes) + " | goal | met |",
         "|---|---|" + "---:|" * len(codes) + "---|---|",
     ]
-    for shape, medians in results.items():
-        rows.append(f"| {shape} | plain SDPA GPT: {medians['plain'] * 1e3:.1f} ms | " + " | " * len(codes) + " |")
+    for shape, rounds in results.items():
+        plain = statistics.median(medians["plain"] for medians in rounds)
+        rows.append(f"| {shape} | plain SDPA GPT: {plain * 1e3:.1f} ms | " + " | " * len(codes) + " |")
         for pe, goal in GOALS.items():
-            ratios = [medians[f"{code} {pe}"] / medians["plain"] for code in codes]
-            rows.append(
-                f"| {shape} | {pe} | "
-                + " | ".join(f"{r:.2f}" for r in ratios)
-                + f" | ≤ {goal:.2f} | {'yes' if ratios[0] <= goal else 'no'} |"
-            )
+            cells, verdict = [], None
+            for code in codes:
+                ratios = sorted(medians[f"{code} {pe}"] / medians["plain"] for medians in rounds)
+                ratio = statistics.median(ratios)
+                verdict = verdict or ("yes" if ratio <= goal else "no")  # the first column's
+                spread = f" ({ratios[0]:.2f}–{ratios[-1]:.2f})" if len(ratios) > 1 else ""
+                cells.append(f"{ratio:.2f}{spread}")
+            rows.append(f"| {shape} | {pe} | " + " | ".join(cells) + f" | ≤ {goal:.2f} | {verdict} |")
     return "\n".join(rows)
 
 
@@ -141,6 +147,7 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=30, help="timed steps per model (default 30)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--shapes", nargs="+", choices=list(SHAPES), default=list(SHAPES))
+    parser.add_argument("--rounds", type=int, default=1, help="rounds per shape, fresh models each (default 1)")
     args = parser.parse_args(argv)
     torch.set_num_threads(1)
     packages = {"after": after}
@@ -155,8 +162,10 @@ def main(argv=None) -> None:
     for name in args.shapes:
         shape = SHAPES[name]
         label = f"{name}: {shape['n_layer']} x {shape['n_embd']}, {shape['n_head']} heads, batch {shape['batch']}"
-        results[label] = measure(shape, packages, args.steps, args.warmup)
-        print(f"measured {label}", flush=True)
+        results[label] = []
+        for i in range(args.rounds):
+            results[label].append(measure(shape, packages, args.steps, args.warmup))
+            print(f"measured {label}, round {i + 1} of {args.rounds}", flush=True)
     print(table(results, list(packages)))
 
 

@@ -20,6 +20,8 @@ How, in order of what it saves:
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
   - **SDPA** (``F.scaled_dot_product_attention``) whenever there is no refiner; a bias and the mask as one float
     mask with a batch axis, made once per forward (``per_forward``), so that the CPU's fused kernel takes it.
+  - **RoPE's rotation** (``qkv``): queries and keys rotated together, in one pass over the fused projection's
+    output, with the cos and sin tables made once per forward.
   - **FlexAttention** for a bias without a refiner in CUDA training (``uses_flex``): the bias read inside the
     kernel, the blocks above the diagonal skipped.
 
@@ -42,16 +44,19 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .model import (
+    GPT,
     LEAKY_SLOPE,
     ConvRefiner,
     DAPEAddRefiner,
     DAPEConcatRefiner,
     DAPERefiner,
+    FIREBias,
     PositionalInputs,
     SelfAttention,
     attend,
     attention_mask,
     refiner_view,
+    relative_distance,
 )
 from .model import attention as reference_attention
 
@@ -60,6 +65,10 @@ from .model import attention as reference_attention
 # stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
 QUERY_BLOCK_ELEMENTS = {"cpu": 2**22, "accelerator": 2**26}
 FULL_BIAS_ELEMENTS = 2**24
+# A learnable bias without a refiner on the CPU (``_BiasedAttention``): query blocks of at most this many scores.
+# A causal block skips the keys after its last row, and a block of 2 MB keeps the allocator from handing out
+# fresh pages every step (the demo's model, T = 128 in 2 blocks: 1,000 page faults a step fewer, 10 % faster).
+BIASED_BLOCK_ELEMENTS = 2**19
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -80,17 +89,9 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
         return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
     refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
-        mask = attention_mask(T, layer.cfg.causal, q.device)  # a refiner that may read other query rows: the
-        return reference_attention(
-            q,
-            k,
-            v,
-            positional.full_bias,
-            mask,
-            layer.refiner,
-            dropout,  # paper form
-            layer.temperature_rows(0, T, T),
-        )[0]
+        # A refiner that may read other query rows: the paper form, over the whole sequence.
+        mask, temperature = attention_mask(T, layer.cfg.causal, q.device), layer.temperature_rows(0, T, T)
+        return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout, temperature)[0]
     return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
 
 
@@ -138,15 +139,9 @@ def _structure_problem(refiner) -> str | None:
         if not all(isinstance(c, nn.Conv2d) for c in convs):
             return "has no nn.Conv2d conv1 and conv2"
         kernel = convs[0].kernel_size[1]
+        expected = ((1, kernel), (0, kernel // 2), (1, 1), (1, 1), 1, "zeros")  # 1 x kernel, "same" padding
         for conv in convs:
-            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != (
-                (1, kernel),
-                (0, kernel // 2),
-                (1, 1),
-                (1, 1),
-                1,
-                "zeros",
-            ):
+            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != expected:
                 return "has a convolution that is not 1 x kernel with padding kernel // 2 along the keys"
         return None
     f = getattr(refiner, "f", None)
@@ -180,10 +175,13 @@ def _probe_problem(refiner, causal: bool, has_bias: bool, T: int = 7) -> str | N
     return None
 
 
-def rows_per_query_block(cfg, has_refiner: bool, batch: int, T: int, device: torch.device) -> int:
-    """Query rows per block. Without a refiner one block, unless the (batch, h, T, T) scores would be large."""
+def rows_per_query_block(cfg, has_refiner: bool, batch: int, T: int, device: torch.device, biased: bool = False) -> int:
+    """Query rows per block. Without a refiner one block, unless the (batch, h, T, T) scores would be large, or
+    ``biased``: they go through ``_BiasedAttention``, whose scores are kept under BIASED_BLOCK_ELEMENTS a block."""
     if cfg.attn_chunk:
         return cfg.attn_chunk
+    if biased:
+        return max(16, min(T, BIASED_BLOCK_ELEMENTS // (batch * cfg.n_head * T)))
     if not has_refiner and batch * cfg.n_head * T * T <= FULL_BIAS_ELEMENTS:
         return T
     channels = max(cfg.n_head, cfg.refiner_width) if has_refiner else cfg.n_head
@@ -226,16 +224,24 @@ def attend_in_query_blocks(
     """
     cfg, refiner = layer.cfg, layer.refiner
     batch, _, T, _ = q.shape
-    rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device)
-    k, v = k.contiguous(), v.contiguous()
-    margin = key_margin(refiner)
-    key_blocks, value_blocks = k.split(rows, dim=2), v.split(rows, dim=2)
-    query_blocks = q.split(rows, dim=2)
     # A bias computed once is cut into the blocks' rows the same way: slicing the full (h, T, T) bias per block
     # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step). Too large to
     # hold at once, or read from the data (a layer's own, and batch times larger), it is computed per block.
     has_bias = positional.has_bias
     precomputed = positional.bias_between is not None and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
+    biased = (  # a learnable bias that SDPA would take to its unfused kernel (see _BiasedAttention)
+        precomputed
+        and refiner is None
+        and layer.temperature is None
+        and dropout == 0.0
+        and q.device.type == "cpu"
+        and positional.full_bias.requires_grad
+    )
+    rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device, biased)
+    k, v = k.contiguous(), v.contiguous()
+    margin = key_margin(refiner)
+    key_blocks, value_blocks = k.split(rows, dim=2), v.split(rows, dim=2)
+    query_blocks = q.split(rows, dim=2)
     bias_rows = positional.full_bias.split(rows, dim=1) if precomputed else None
     outputs = [None] * len(query_blocks)
     for i in reversed(range(len(query_blocks))):
@@ -257,9 +263,11 @@ def attend_in_query_blocks(
                 )
             else:
                 attn_mask = float_mask(bias, mask, q.dtype)
+            if biased:
+                outputs[i] = _BiasedAttention.apply(query_blocks[i], keys, values, attn_mask)
+                continue
             # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
-            # keys) one the unfused math kernel (torch 2.13; a mask that needs a gradient takes it anyway). A bias
-            # that reads the data has its batch axis already.
+            # keys) one the unfused math kernel (torch 2.13). A bias that reads the data has its batch axis already.
             outputs[i] = F.scaled_dot_product_attention(
                 query_blocks[i], keys, values, dropout_p=dropout, attn_mask=attn_mask.expand(batch, -1, -1, -1)
             )
@@ -268,6 +276,33 @@ def attend_in_query_blocks(
                 refiner, refine, query_blocks[i], keys, values, bias, mask, dropout, temperature
             )
     return outputs
+
+
+class _BiasedAttention(torch.autograd.Function):
+    r"""$\mathrm{softmax}(QK^\top/\sqrt{d} + M)\,V$ with a float mask $M$ (nh, rows, keys) that needs a gradient
+    (a learnable bias, ``float_mask``): q (batch, nh, rows, hs), k and v (batch, nh, keys, hs). On the CPU, SDPA
+    takes its unfused math kernel for such a mask (torch 2.13); this computes the same products, keeps only the
+    probabilities for backward, and sums the mask's gradient over the batch in one pass (measured: 0.8x of the
+    math kernel's attention, forward and backward)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, float_mask):
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        probs = torch.matmul(q * scale, k.transpose(-2, -1)).add_(float_mask)  # S + M (batch, nh, rows, keys)
+        torch.softmax(probs, dim=-1, out=probs)
+        ctx.save_for_backward(q, k, v, probs)
+        return probs @ v
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        q, k, v, probs = ctx.saved_tensors
+        scale = 1.0 / math.sqrt(q.shape[-1])
+        grad_v = probs.transpose(-2, -1) @ grad_out
+        grad_probs = grad_out @ v.transpose(-2, -1)
+        grad_scores = torch.ops.aten._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_q = (grad_scores @ k).mul_(scale)
+        grad_k = (grad_scores.transpose(-2, -1) @ q).mul_(scale)
+        return grad_q, grad_k, grad_v, grad_scores.sum(0)
 
 
 def float_mask(bias, mask, dtype):
@@ -312,6 +347,111 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
     if temperature is not None:
         refined = refined * temperature  # tau (.) A
     return attend(refined, allowed, v, dropout)[0]  # softmax(mask(A)) V
+
+
+# ----------------------------------------------------------------------------------------------------
+# Rotary encodings: q and k rotated in one pass
+
+
+def qkv(layer: SelfAttention, x, positional: PositionalInputs):
+    """``model.SelfAttention.qkv``: x (batch, T, C) -> q, k, v (batch, nh, T, hs). A rotation is applied to q and
+    k together by ``_RotatedQK`` (``model.apply_rotary`` per tensor made 14 tensors per layer and step; this
+    makes 2); a rotation whose angles need a gradient (a user's learnable encoding) takes ``model``'s form."""
+    if positional.rotary is None or any(t.requires_grad for rotation in positional.rotary for t in rotation):
+        return layer.qkv(x, positional)
+    projected = layer.c_attn(x)  # (batch, T, 3C); under autocast in its lower precision
+    cos, sin = per_forward(positional, ("rotary", projected.dtype), lambda: rotary_tables(positional, projected.dtype))
+    return _RotatedQK.apply(projected, cos, sin, layer.n_head)
+
+
+def rotary_tables(positional: PositionalInputs, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos and sin (T, 1 or 2, 1, hs/2): the queries' and keys' angles, one row when they are the same (RoPE)."""
+    query_rotation, key_rotation = positional.rotary
+    rotations = [query_rotation] if query_rotation is key_rotation else [query_rotation, key_rotation]
+    return tuple(torch.stack(tables, dim=1)[:, :, None].to(dtype) for tables in zip(*rotations))
+
+
+def _rotate_into(out, x, cos, sin, sign: float = 1.0):
+    """out = x rotated by the angles (by minus them with ``sign=-1``): out, x (..., 2, hs/2), the two halves
+    (x_i, x_{i + hs/2}) of each channel pair along the second last axis; cos and sin broadcast to (..., hs/2)."""
+    x1, x2 = x.unbind(-2)
+    out1, out2 = out.unbind(-2)
+    torch.mul(x1, cos, out=out1).addcmul_(x2, sin, value=-sign)  # x1 cos - x2 sin
+    torch.mul(x2, cos, out=out2).addcmul_(x1, sin, value=sign)  # x2 cos + x1 sin
+
+
+class _RotatedQK(torch.autograd.Function):
+    """c_attn's output (batch, T, 3C) -> q and k rotated, v as it is: (batch, nh, T, hs) each, views in
+    nanoGPT's layout. Its backward writes the gradient of the whole projection at once, each rotation undone by
+    its inverse (the transpose: the rotation by minus the angles)."""
+
+    @staticmethod
+    def forward(ctx, projected, cos, sin, n_head: int):
+        batch, T, _ = projected.shape
+        heads = projected.view(batch, T, 3, n_head, 2, -1)  # (batch, T, q/k/v, nh, half, hs/2)
+        rotated = heads.new_empty(batch, T, 2, n_head, *heads.shape[-2:])
+        _rotate_into(rotated, heads[:, :, :2], cos, sin)
+        ctx.save_for_backward(cos, sin)
+        q, k = rotated.flatten(-2).unbind(2)
+        return q.transpose(1, 2), k.transpose(1, 2), heads[:, :, 2].flatten(-2).transpose(1, 2)
+
+    @staticmethod
+    def backward(ctx, grad_q, grad_k, grad_v):
+        cos, sin = ctx.saved_tensors
+        batch, _, T, hs = grad_v.shape
+        grad = grad_v.new_empty(batch, T, 3, grad_v.shape[1], 2, hs // 2)
+        for i, grad_out in enumerate((grad_q, grad_k)):
+            grad_out = grad_out.transpose(1, 2).unflatten(-1, (2, hs // 2))  # (batch, T, nh, 2, hs/2)
+            _rotate_into(grad[:, :, i], grad_out, cos[:, -i], sin[:, -i], sign=-1.0)
+        grad[:, :, 2] = grad_v.transpose(1, 2).unflatten(-1, (2, hs // 2))
+        return grad.view(batch, T, -1), None, None, None
+
+
+# ----------------------------------------------------------------------------------------------------
+# FIRE's bias from each distance once
+
+
+def bias(encoding, q_pos, k_pos) -> torch.Tensor:
+    """The bias (nh, Tq, Tk) of a position-only ``encoding`` (``model.GPT.fast_bias``): FIRE's through
+    ``fire_bias`` where it applies and agrees with the module's own forward, any other its own."""
+    if type(encoding) is FIREBias and q_pos.device.type == "cpu":
+        fast = fire_bias(encoding, q_pos, k_pos)
+        if fast is not None and _fire_agrees(encoding, fast, q_pos, k_pos):
+            return fast
+    return encoding(q_pos, k_pos)
+
+
+def fire_bias(fire: FIREBias, q_pos, k_pos) -> torch.Tensor | None:
+    r"""``model.FIREBias`` with its MLP run once per distance instead of once per (query, key) cell: where every
+    query lies below the threshold $L$, the normaliser $\psi(\max(L, i)) = \psi(L)$ is the same for all rows, so
+    $b(i, j)$ depends on the distance alone. The MLP's (distances, nh) outputs are then gathered into the
+    (nh, Tq, Tk) bias (the gather's backward sums them back per distance). None where a query reaches the
+    threshold (evaluation beyond the training length): there each row has its own normaliser. On the CPU only:
+    the threshold test reads a value on the host."""
+    threshold = torch.abs(fire.threshold_scale * fire.base_threshold)
+    if not bool((q_pos.float() < threshold).all()):  # strictly: max()'s gradient splits at a tie
+        return None
+    distance = relative_distance(q_pos, k_pos, fire.causal).long()  # (Tq, Tk), whole numbers >= 0
+    each = torch.arange(int(distance.max()) + 1, device=q_pos.device, dtype=torch.float32)  # every distance once
+    normalized = fire.psi(each) / (fire.psi(threshold) + fire.eps)
+    per_distance = fire.mlp(normalized[:, None].to(fire.c.dtype))  # (distances, nh)
+    return per_distance.t().index_select(1, distance.flatten()).view(-1, *distance.shape)
+
+
+_checked_fire: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # FIREBias module -> fire_bias agrees
+
+
+@torch.no_grad()
+def _fire_agrees(fire: FIREBias, fast, q_pos, k_pos) -> bool:
+    """Whether ``fire_bias`` gave what the module's own forward gives, compared at the module's first use (an
+    equation edited in model.py makes the module run its own forward, with a warning)."""
+    if fire not in _checked_fire:
+        expected = fire(q_pos, k_pos)
+        agrees = fast.shape == expected.shape and torch.allclose(fast, expected, rtol=1e-4, atol=1e-5)
+        if not agrees:
+            warnings.warn("fast path: FIREBias's forward differs from fire_bias; it runs its own", stacklevel=4)
+        _checked_fire[fire] = agrees
+    return _checked_fire[fire]
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -553,3 +693,5 @@ def conv(refiner, scores, bias, mask):
 FUSED_FORMS = {DAPERefiner: dape, DAPEConcatRefiner: dape_concat, DAPEAddRefiner: dape_add, ConvRefiner: conv}
 
 SelfAttention.fast_attention = attention
+SelfAttention.fast_qkv = qkv
+GPT.fast_bias = bias

@@ -19,7 +19,8 @@ Everything here is written as the papers write it, at full size: a ``(batch, n_h
 layer. This file imports nothing else from the package and runs alone: copied out of it, with only torch and
 einops installed, it builds and trains every encoding and refiner in the forms below. Inside the package,
 ``fast.py`` computes the same thing faster and in less memory, with the same parameters, when
-``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention``.
+``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention`` (and
+``SelfAttention.fast_qkv``, ``GPT.fast_bias``).
 
 Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
 number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
@@ -958,8 +959,10 @@ class PositionalInputs:
 class SelfAttention(nn.Module):
     # Another implementation of ``attention`` with the same parameters, installed by whoever has one (the
     # package's fast.py does when imported): a function (layer, q, k, v, positional) -> y, used when
-    # cfg.fast is True. This file has none: copied alone, every layer runs the form below.
+    # cfg.fast is True. This file has none: copied alone, every layer runs the form below. ``fast_qkv`` likewise
+    # stands in for ``qkv``: a function (layer, x, positional) -> q, k, v.
     fast_attention: Callable | None = None
+    fast_qkv: Callable | None = None
 
     def __init__(self, cfg: GPTConfig, pe: str | None = None):
         super().__init__()
@@ -1005,9 +1008,13 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
-        q, k, v = self.qkv(x, positional)
+        fast = self.cfg.fast and SelfAttention.fast_attention is not None
+        if fast and SelfAttention.fast_qkv is not None:
+            q, k, v = SelfAttention.fast_qkv(self, x, positional)
+        else:
+            q, k, v = self.qkv(x, positional)
         positional = self.inputs(x, q, k, positional)
-        if self.cfg.fast and SelfAttention.fast_attention is not None:
+        if fast:
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
@@ -1077,6 +1084,10 @@ class GPT(nn.Module):
     ``model.pe`` is the encoding, one module shared by all layers; a bias that reads the data lives in each
     layer instead (``blocks[l].attn.data_bias``, and ``model.pe`` is NoPE's empty module). With a per-layer
     spec (``pe="rope,none"``, see ``layer_encodings``) ``model.pe`` holds one shared module per name."""
+
+    # Like ``SelfAttention.fast_attention``: installed by fast.py, (encoding, q_pos, k_pos) -> the encoding's bias
+    # computed faster, used when cfg.fast is True.
+    fast_bias: Callable | None = None
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
@@ -1149,9 +1160,10 @@ class GPT(nn.Module):
         if not isinstance(encoding, AdditiveBias):
             return PositionalInputs(pos, rotary, None)
         checked = set()  # every layer asks for the same query and key positions: check their values once
+        fast = self.cfg.fast and GPT.fast_bias is not None
 
         def bias_between(q_pos, k_pos):
-            bias = encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
+            bias = GPT.fast_bias(encoding, q_pos, k_pos) if fast else encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
             shape = (len(pos), len(q_pos), len(k_pos))
             if shape not in checked:
                 check_bias_shape(self, bias, shape[1:])

@@ -9,7 +9,7 @@ steps measured 5-8x slower than on one thread. So minidape
     command, ``python -m minidape``), and a value the user set is left alone;
   - chooses the thread count (``choose_threads``) from the cores this process may use (affinity, cgroup quota)
     and the size of the work; where its threads spin (torch was loaded first), also from how busy the cores
-    are (load average, and the tasks running right now);
+    are right now (the tasks running, not the load average: that counts loads which already ended);
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
     ``OMP_NUM_THREADS``.
 """
@@ -64,9 +64,9 @@ def allowed_cores() -> int:
     return max(1, min(cores, limit) if limit else cores)
 
 
-def running_now(samples: int = 5, interval: float = 0.01) -> float:
-    """Tasks running or waiting for a CPU right now, this one excluded: the median of a few reads of
-    /proc/loadavg's ``running/total`` field (the 1-minute load average lags a load that just started)."""
+def running_now(samples: int = 11, interval: float = 0.01) -> float:
+    """Tasks running or waiting for a CPU right now, this one excluded: the median of reads of /proc/loadavg's
+    ``running/total`` field over a tenth of a second."""
     counts = []
     for i in range(samples):
         try:
@@ -79,13 +79,11 @@ def running_now(samples: int = 5, interval: float = 0.01) -> float:
 
 
 def machine_load() -> float:
-    """How many cores other processes keep busy: the larger of the 1-minute load average and the tasks
-    running now."""
-    try:
-        average = os.getloadavg()[0]
-    except (AttributeError, OSError):
-        average = 0.0
-    return max(average, running_now())
+    """How many cores other processes keep busy now: the tasks running now. Not the 1-minute load average: it
+    lags, counting loads that already ended, this process's own included (a notebook's kernel that trained a
+    minute ago, the benchmark's previous run); with it, a default on an idle machine took 1 spinning thread,
+    1.74x slower than 2 (benchmarks/RESULTS.md)."""
+    return running_now()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -300,18 +300,114 @@ def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_
     assert not chosen()
 
 
-def test_the_float_mask_of_a_bias_is_made_once_per_forward(monkeypatch):
-    """Without a refiner every layer adds the same bias: its SDPA mask is made by the first layer of a forward
-    and reused by the others (one per query block), and a new forward makes its own (the bias may have been
-    trained in between)."""
+@pytest.mark.parametrize("maker,pe", [("float_mask", "kerple_log"), ("rotary_tables", "rope")])
+def test_what_the_layers_share_is_made_once_per_forward(maker, pe, monkeypatch):
+    """Every layer adds the same bias (without a refiner) or rotates by the same angles: its SDPA mask, or the
+    rotation's cos and sin tables, are made by the first layer of a forward and reused by the others (a mask
+    once per query block), and a new forward makes its own (the bias may have been trained in between)."""
     made = []
-    make = fast.float_mask
-    monkeypatch.setattr(fast, "float_mask", lambda *args: made.append(1) or make(*args))
-    model = md.GPT(tiny(pe="kerple_log", n_layer=3))
+    make = getattr(fast, maker)
+    monkeypatch.setattr(fast, maker, lambda *args: made.append(1) or make(*args))
+    model = md.GPT(tiny(pe=pe, n_layer=3))
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     model(idx, idx)[1].backward()
     assert len(made) == 1
     model(idx, idx)
     assert len(made) == 2
-    md.GPT(tiny(pe="kerple_log", n_layer=3, attn_chunk=4))(idx, idx)
-    assert len(made) == 2 + 3  # three query blocks, each once
+    if maker == "float_mask":
+        md.GPT(tiny(pe=pe, n_layer=3, attn_chunk=4))(idx, idx)
+        assert len(made) == 2 + 3  # three query blocks, each once
+
+
+# Rotary encodings: q and k rotated in one pass (fast.qkv); learnable biases on the CPU (fast._BiasedAttention).
+ROTARY_PES = [pe for pe in BUILTIN_PES if issubclass(M.PE_REGISTRY[pe], M.RotaryEmbedding)]
+
+
+@pytest.mark.parametrize("pe", ROTARY_PES)
+def test_rotating_q_and_k_in_one_pass_equals_model_py_forward_and_gradients(pe):
+    """fast.qkv against the layer's own qkv (model.apply_rotary per tensor), on the same input and output
+    gradients: q, k, v and the gradients of the input and of c_attn (xpos rotates q and k differently)."""
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe=pe))
+    layer = model.blocks[0].attn
+    positional = model.positional_inputs(torch.arange(12), model.pe)
+    x = torch.randn(3, 12, 32, requires_grad=True)
+    grads = [torch.randn(3, 4, 12, 8) for _ in range(3)]
+    results = []
+    for qkv in (fast.qkv, M.SelfAttention.qkv):
+        x.grad = layer.c_attn.weight.grad = None
+        outputs = qkv(layer, x, positional)
+        torch.autograd.backward(outputs, grads)
+        results.append([t.detach() for t in outputs] + [x.grad, layer.c_attn.weight.grad])
+    for got, expected in zip(*results):
+        torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_a_rotation_that_needs_a_gradient_takes_model_py_form():
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe="rope"))
+    layer = model.blocks[0].attn
+    angle = torch.zeros(12, 4, requires_grad=True)
+    rotation = (angle.cos(), angle.sin())
+    positional = M.PositionalInputs(torch.arange(12), (rotation, rotation), None)
+    q, _, _ = fast.qkv(layer, torch.randn(2, 12, 32), positional)
+    q.sum().backward()
+    assert angle.grad is not None  # fast.qkv's own rotation would give it no gradient
+
+
+LEARNABLE_BIAS_PES = ["kerple_log", "kerple_power", "t5", "fire"]
+
+
+@pytest.mark.parametrize("pe", LEARNABLE_BIAS_PES)
+def test_a_learnable_bias_takes_the_biased_attention_in_blocks_and_equals_the_reference(pe, monkeypatch):
+    """In CPU training a learnable bias without refiner goes through _BiasedAttention, in query blocks, and
+    computes the reference's forward and every gradient (the bias's parameters included)."""
+    calls = []
+    apply = fast._BiasedAttention.apply
+    monkeypatch.setattr(fast._BiasedAttention, "apply", lambda *args: calls.append(args[0].shape[2]) or apply(*args))
+    monkeypatch.setattr(fast, "BIASED_BLOCK_ELEMENTS", 2 * 4 * 40 * 16)  # 16-row blocks at batch 2, T = 40
+    model, reference = fast_and_reference(tiny(pe=pe, block_size=40))
+    idx = torch.randint(0, 64, (2, 40), generator=torch.Generator().manual_seed(1))
+    assert_same_forward_and_gradients(model, reference, idx)
+    assert calls == [8, 16, 16] * 2  # widest last block first, in each of the two layers
+    with torch.no_grad():  # nothing to learn: SDPA's fused kernel
+        model(idx)
+    assert len(calls) == 6
+
+
+def test_a_fixed_bias_and_a_bias_with_dropout_keep_sdpa(monkeypatch):
+    monkeypatch.setattr(fast._BiasedAttention, "apply", lambda *args: pytest.fail("took _BiasedAttention"))
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    for cfg in (tiny(pe="alibi"), tiny(pe="kerple_log", dropout=0.1)):
+        md.GPT(cfg).train()(idx, idx)[1].backward()
+
+
+def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_forward(monkeypatch):
+    """fast.fire_bias: the MLP on each distance once, gathered; the same bias and gradients as FIREBias.forward
+    (decoder and encoder); None (the module's own forward) once a query reaches the threshold."""
+    for causal in (True, False):
+        torch.manual_seed(0)
+        fire = md.GPT(tiny(pe="fire", causal=causal)).pe
+        with torch.no_grad():
+            fire.c.fill_(0.7)  # away from the initial values
+        pos = torch.arange(12)
+        results = []
+        for form in (fast.fire_bias, M.FIREBias.forward):
+            fire.zero_grad()
+            b = form(fire, pos, pos)
+            (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()
+            results.append([b.detach()] + [p.grad.clone() for p in fire.parameters()])
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+    assert fast.fire_bias(fire, torch.arange(20), torch.arange(20)) is None  # 16 = block_size is the threshold
+
+
+def test_an_edited_fire_runs_its_own_forward_with_a_warning(monkeypatch):
+    model = md.GPT(tiny(pe="fire"))
+    forward = M.FIREBias.forward
+    monkeypatch.setattr(M.FIREBias, "forward", lambda self, q, k: forward(self, q, k) * 2)
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="FIREBias's forward differs from fire_bias"):
+        model(idx, idx)
+    pos = torch.arange(12)
+    assert torch.equal(M.GPT.fast_bias(model.pe, pos, pos), model.pe(pos, pos))

@@ -66,6 +66,16 @@ def test_spinning_threads_take_the_cores_other_processes_leave(machine, monkeypa
     assert threads.choose_threads(work=2 * threads.WORK_PER_THREAD).threads == 2
 
 
+def test_a_load_that_ended_does_not_count(monkeypatch):
+    """The 1-minute load average still counts a load that ended (this process's own work a minute ago, the
+    benchmark's previous run): the load read is the tasks running now."""
+    monkeypatch.setattr(threads.os, "getloadavg", lambda: (40.0, 40.0, 40.0))
+    monkeypatch.setattr(threads, "running_now", lambda: 0.0)
+    assert threads.machine_load() == 0.0
+    monkeypatch.setattr(threads, "running_now", lambda: 3.0)
+    assert threads.machine_load() == 3.0
+
+
 def test_cgroup_quota(tmp_path):
     assert threads.cgroup_cpu_limit(tmp_path) is None  # no cgroup files
     (tmp_path / "cpu.max").write_text("max 100000\n")
