@@ -27,15 +27,16 @@ import textwrap
 import typing
 
 from .commands import COMMANDS, bench_command
-from .evaluate import PROTOCOLS
+from .lab.evaluate import PROTOCOLS
+from .lab.tasks import TASK_NAMES
+from .lab.train import DEFAULT_SETTINGS
+from .lab.user_code import import_file, register_class
 from .model import PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .study.claims import FLAT_MARGIN, LEAKY_REFINER, MODELS
 from .study.comparison import DEFAULT_BASELINES
-from .tasks import TASK_NAMES
 from .threads import THREADS_VARIABLE, use_threads
-from .train import DEFAULT_SETTINGS
-from .utils import DEVICE_CHOICES, import_file, quick_mode, register_class
+from .utils import DEVICE_CHOICES, quick_mode
 
 # ----------------------------------------------------------------------------- argument parsing
 
@@ -336,7 +337,7 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "bench",
         add_help=False,
-        help="refiner speed and memory benchmark (minidape.bench; its flags: bench --help)",
+        help="refiner speed and memory benchmark (minidape.lab.bench; its flags: bench --help)",
     )
     bench.add_argument("--pe", choices=list(PE_NAMES), help=argparse.SUPPRESS)
 

@@ -1,7 +1,7 @@
 """What each command of `python -m minidape` does, given its parsed command line (`args`, built by
 `minidape.__main__`): train, eval and che here; the demo, reproduce and compare in `minidape.study`; grade in
-`minidape.grade`; bench in `minidape.bench`. Each command that writes into a folder holds it (`folder_lock`)
-while it works, and refuses earlier results there unless `--overwrite` (train: `--resume`)."""
+`minidape.classroom.grade`; bench in `minidape.lab.bench`. Each command that writes into a folder holds it
+(`folder_lock`) while it works, and refuses earlier results there unless `--overwrite` (train: `--resume`)."""
 
 from __future__ import annotations
 
@@ -17,13 +17,14 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from . import plots
-from .che import accuracy_table, train_task
-from .data import corpus_to_read, load_corpus
-from .evaluate import perplexity_by_length
+from .lab import plots
+from .lab.che import accuracy_table, train_task
+from .lab.checkpoints import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint
+from .lab.data import corpus_to_read, load_corpus
+from .lab.evaluate import perplexity_by_length
+from .lab.tasks import get_task
+from .lab.train import RUN_SETTINGS, train
 from .model import GPTConfig
-from .tasks import get_task
-from .train import CHECKPOINT_NAME, RUN_SETTINGS, checkpoint_config, load_checkpoint, read_checkpoint, train
 from .utils import (
     RESULT_FILES,
     atomic_path,
@@ -329,7 +330,7 @@ def compare_command(args: argparse.Namespace) -> None:
 
 
 def handout_command(args: argparse.Namespace) -> None:
-    from .handout import handout
+    from .classroom.handout import handout
 
     out = handout(args.out, args.notebooks)
     print(
@@ -356,8 +357,8 @@ def grade_command(args: argparse.Namespace) -> None:
             f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
             f"'.[grade]')"
         )
-    from . import gradebook
-    from .grade import grade
+    from .classroom import gradebook
+    from .classroom.grade import grade
 
     if args.gradebook is not None:  # the teacher's marks folded in, nothing graded again
         if args.paths or args.csv:
@@ -388,8 +389,8 @@ def grade_command(args: argparse.Namespace) -> None:
 
 
 def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:
-    """The benchmark (`minidape.bench`) with its own flags; `--pe` and `--threads` are checked by the CLI's parser."""
-    from .bench import main
+    """The benchmark (`lab.bench`) with its own flags; `--pe` and `--threads` are checked by the CLI's parser."""
+    from .lab.bench import main
 
     shared = (["--pe", args.pe] if args.pe is not None else []) + (
         [] if args.threads is None else ["--threads"] + ([str(args.threads)] if args.threads else [])

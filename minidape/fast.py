@@ -89,17 +89,9 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
         return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
     refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
-        mask = attention_mask(T, layer.cfg.causal, q.device)  # a refiner that may read other query rows: the
-        return reference_attention(
-            q,
-            k,
-            v,
-            positional.full_bias,
-            mask,
-            layer.refiner,
-            dropout,  # paper form
-            layer.temperature_rows(0, T, T),
-        )[0]
+        # A refiner that may read other query rows: the paper form, over the whole sequence.
+        mask, temperature = attention_mask(T, layer.cfg.causal, q.device), layer.temperature_rows(0, T, T)
+        return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout, temperature)[0]
     return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
 
 
@@ -147,15 +139,9 @@ def _structure_problem(refiner) -> str | None:
         if not all(isinstance(c, nn.Conv2d) for c in convs):
             return "has no nn.Conv2d conv1 and conv2"
         kernel = convs[0].kernel_size[1]
+        expected = ((1, kernel), (0, kernel // 2), (1, 1), (1, 1), 1, "zeros")  # 1 x kernel, "same" padding
         for conv in convs:
-            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != (
-                (1, kernel),
-                (0, kernel // 2),
-                (1, 1),
-                (1, 1),
-                1,
-                "zeros",
-            ):
+            if (conv.kernel_size, conv.padding, conv.stride, conv.dilation, conv.groups, conv.padding_mode) != expected:
                 return "has a convolution that is not 1 x kernel with padding kernel // 2 along the keys"
         return None
     f = getattr(refiner, "f", None)

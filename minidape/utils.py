@@ -1,9 +1,9 @@
 """Small helpers shared by the modules: devices, precision, number checks, users' paths, folder locks, atomic
-writes, the results writer, memory estimates, model labels, and loading a user's registrations from a Python
-file.
+writes, the results writer and model labels.
 
-Torch only (no matplotlib, no tqdm), so that `evaluate`, `plots`, `train` and `che` can all use it without
-importing one another.
+Torch only (no matplotlib, no tqdm), and nothing of the package: the floor every room stands on, beside the core
+(the memory estimate lives with what it estimates, in `lab/memory.py`; users' files are read by
+`lab/user_code.py`).
 """
 
 from __future__ import annotations
@@ -11,14 +11,11 @@ from __future__ import annotations
 import contextlib
 import functools
 import glob
-import hashlib
-import importlib.util
 import inspect
 import json
 import math
 import numbers
 import os
-import sys
 import tempfile
 from pathlib import Path
 
@@ -357,219 +354,10 @@ def write_results(
     return out
 
 
-# ----------------------------------------------------------------------------- memory
-
-
-def available_memory(device: torch.device) -> int | None:
-    """Bytes that new tensors on `device` may take: on CUDA the free memory plus what PyTorch's allocator keeps
-    cached but unused; on the CPU the kernel's MemAvailable (/proc/meminfo), or psutil's figure where there is
-    no /proc (macOS) and psutil is installed; else None."""
-    if device.type == "cuda":
-        cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
-        return torch.cuda.mem_get_info(device)[0] + cached
-    if device.type != "cpu":
-        return None
-    try:
-        with open("/proc/meminfo") as meminfo:
-            for line in meminfo:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024  # the file gives kB
-    except OSError:
-        pass
-    try:
-        import psutil
-    except ImportError:
-        return None
-    return psutil.virtual_memory().available
-
-
-def parameter_count(cfg) -> int:
-    """The parameters of `GPT(cfg)`, counted on the meta device: nothing is allocated, so a model far too large
-    is counted as quickly as a small one. A user's class that cannot be built there counts as nothing."""
-    from .model import GPT
-
-    try:
-        with torch.device("meta"):
-            return sum(parameter.numel() for parameter in GPT(cfg).parameters())
-    except Exception:  # the real build raises the same error, in the user's own words
-        return 0
-
-
-# Bytes per parameter of a model not built yet: the fp32 weights, and in training their gradients and Adam's two
-# moments.
-BYTES_PER_PARAMETER = {False: 4, True: 16}
-
-
-def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.device, weights: bool = False) -> int:
-    r"""Bytes one step of `batch` sequences of `T` tokens needs at least, from its largest tensors: a lower
-    bound, so that only a step that cannot fit is refused. `weights`: the model is not built yet, so its
-    parameters (and in training their gradients and optimizer state, `BYTES_PER_PARAMETER`) count too.
-
-    - Per token: training keeps about $16\,C$ activations per layer for backward and the logits (3 copies:
-      logits, softmax, gradient); evaluation holds one layer's $8\,C$ and the logits.
-    - Attention cells $T^2$ (half of them in a decoder's query blocks): a refiner the fast path runs in blocks
-      keeps, in training, $S$, the refined scores, the probabilities and the refiner's input, about $4h$ values
-      per cell and layer; evaluation holds one block at a time (``fast.QUERY_BLOCK_ELEMENTS``, counted as nothing),
-      and so does the fused kernel without a refiner. The reference form (``fast=False``, or a refiner the fast
-      path does not run in blocks) holds all $T^2$ cells at once: $3h$ of scores, the refiner's hidden width
-      $W$ twice, in every layer for backward.
-    Element size: 2 bytes under CUDA's bf16 autocast, else 4.
-    """
-    from .model import REFINER_REGISTRY  # here: model.py runs alone, without this module
-
-    size = 2 if device.type == "cuda" else 4
-    h, layers, tokens = cfg.n_head, cfg.n_layer, batch * T
-    per_token = layers * 16 * cfg.n_embd + 3 * cfg.vocab_size if training else 8 * cfg.n_embd + cfg.vocab_size
-    refiner = REFINER_REGISTRY[cfg.refiner]
-    if not attends_all_cells(cfg):
-        cells = batch * T * T * (0.5 if cfg.causal else 1.0)  # query blocks: a decoder's lower half
-        attention = layers * 4 * h * cells if training and refiner is not None else 0
-    else:  # the reference form: all cells at once
-        width = 3 * h + (2 * cfg.refiner_width if refiner is not None else 0)
-        attention = (layers if training else 1) * width * batch * T * T
-    parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg) if weights else 0
-    return int(size * (tokens * per_token + attention) + parameters)
-
-
-def attends_all_cells(cfg) -> bool:
-    """Whether attention of this config is computed over all T x T cells at once: `fast=False`, or a refiner
-    the fast path does not run in query blocks (`fast.runs_in_query_blocks`)."""
-    from . import fast  # here: fast imports model, which runs without this module
-    from .model import REFINER_REGISTRY
-
-    refiner = REFINER_REGISTRY[cfg.refiner]
-    return not (cfg.fast and (refiner is None or fast.runs_in_query_blocks(refiner)))
-
-
-def check_memory(cfg, batch: int, T: int, training: bool, device: torch.device, weights: bool = False) -> None:
-    """Refuse, before it starts, a step that cannot fit: a MemoryError in one line with the estimate (see
-    `memory_estimate`; `weights`: of a model not built yet), the memory available and what to change."""
-    available = available_memory(device)
-    needed = memory_estimate(cfg, batch, T, training, device, weights)
-    if available is None or needed <= available:
-        return
-    what = "a training step" if training else "evaluating"
-    change = (
-        "a smaller --batch-size, a shorter --block-size, or evaluation instead of training"
-        if training
-        else "shorter --lengths"
-    )
-    share = ""
-    if weights:
-        parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg)
-        share = f" ({parameters / 2**30:.1f} GiB of it the weights{', gradients and Adam state' if training else ''})"
-        change = f"a smaller --n-embd or --n-layer, {change}"
-    if attends_all_cells(cfg):
-        change += (
-            " (this model computes all T x T attention cells at once: fast=False, or a refiner without "
-            "row_local = True)"
-        )
-    raise MemoryError(
-        f"{what} of {batch} x {T} tokens ({model_label(cfg)}, {cfg.n_layer} layers, {cfg.n_head} "
-        f"heads) needs at least {needed / 2**30:.1f} GiB{share}, but {device.type} has "
-        f"{available / 2**30:.1f} GiB available; use {change}"
-    )
-
-
-# ----------------------------------------------------------------------------- names and users' code
+# ----------------------------------------------------------------------------- names
 
 
 def model_label(cfg) -> str:
     """A model's short name: ``pe`` or ``pe+refiner``; ``+rp`` marks randomized positions."""
     label = cfg.pe if cfg.refiner == "none" else f"{cfg.pe}+{cfg.refiner}"
     return label + ("+rp" if getattr(cfg, "random_positions", 0) else "")
-
-
-def import_file(path: str | os.PathLike):
-    """Run a user's Python file once as a module (its `@md.register_pe` / `register_refiner` take effect).
-
-    The module is named after the file's resolved path, so importing the same file again (a second command
-    in one process, or `--import` given twice) does not register its names twice; a file edited since it was
-    imported (a notebook working on it) runs again, and its registrations take the new classes.
-    """
-    path = user_path(path, "--import")
-    if path.is_dir():
-        raise ValueError(f"--import {str(path)!r} is a folder; give a Python file ending in .py")
-    if path.suffix != ".py":
-        raise ValueError(f"--import needs a Python file ending in .py, got {str(path)!r}")
-    if not path.is_file():
-        raise FileNotFoundError(f"--import {str(path)!r}: no such file")
-    path = path.resolve()
-    name = f"minidape_user_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:10]}"
-    digest = hashlib.sha256(path.read_bytes()).hexdigest()
-    if getattr(sys.modules.get(name), "__minidape_sha256__", None) == digest:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    module.__minidape_sha256__ = digest
-    sys.modules[name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as err:  # the user's code failed, or tried to end the command: say where
-        del sys.modules[name]
-        line = (
-            err.lineno
-            if isinstance(err, SyntaxError)
-            else next((frame.lineno for frame in reversed(inspect.trace()) if Path(frame.filename) == path), "?")
-        )
-        what = (
-            f"called exit ({err.code!r}): a file to import must define and register, not end the command"
-            if isinstance(err, SystemExit)
-            else f"{type(err).__name__}: {err}"
-        )
-        raise ValueError(f"--import {str(path)!r} failed at line {line}: {what}") from err
-    return module
-
-
-def register_class(spec: str, what: str = "--import") -> tuple[str, str, str]:
-    """``FILE.py:ClassName``, a positional encoding or refiner class in a user's file: the file imported
-    (`import_file`) and the class registered under ``STEM:ClassName``, unless the file registered it itself.
-    Returns ``(kind, registered name, sha256 of the file)``, kind "pe" or "refiner" by the class's base."""
-    from .model import (
-        PE_REGISTRY,
-        REFINER_REGISTRY,
-        AbsolutePositions,
-        AdditiveBias,
-        DataDependentBias,
-        RotaryEmbedding,
-        register_pe,
-        register_refiner,
-    )
-
-    file_name, _, class_name = spec.rpartition(":")
-    path = user_path(file_name, what)
-    if path.suffix != ".py" or not class_name:
-        raise ValueError(f"{what} {spec!r}: expected FILE.py:ClassName")
-    if not path.is_file():
-        raise FileNotFoundError(f"{what} {spec!r}: no file {str(path)!r}")
-    try:
-        module = import_file(path)
-    except ValueError as err:  # the user's file: any error there is theirs, reported in one line
-        raise ValueError(f"{what} {spec!r}: {err}") from err
-    cls = getattr(module, class_name, None)
-    if not isinstance(cls, type) or not issubclass(cls, nn.Module):
-        found = [
-            name
-            for name, value in vars(module).items()
-            if isinstance(value, type) and issubclass(value, nn.Module) and value.__module__ == module.__name__
-        ]
-        problem = f"defines no {class_name!r}" if cls is None else f"{class_name} is not an nn.Module class"
-        raise ValueError(f"{what} {spec!r}: {path} {problem}; its module classes: {', '.join(found) or 'none'}")
-    kind = "pe" if issubclass(cls, (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)) else "refiner"
-    registry = PE_REGISTRY if kind == "pe" else REFINER_REGISTRY
-    registered = [name for name, value in registry.items() if value is cls]  # by the file, or by an earlier call
-    name = registered[0] if registered else f"{path.stem}:{class_name}"
-    if not registered:
-        (register_pe if kind == "pe" else register_refiner)(name)(cls)
-    return kind, name, module.__minidape_sha256__
-
-
-def source_file(cls: type | None) -> str | None:
-    """The file that defines a user's class, or None for minidape's own classes, for classes without a file
-    (typed into a notebook cell or a REPL) and for no class (the refiner "none")."""
-    try:
-        path = Path(inspect.getfile(cls)).resolve()
-    except (TypeError, OSError):
-        return None
-    package = Path(__file__).resolve().parent
-    return None if package in path.parents or not path.is_file() else str(path)

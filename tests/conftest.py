@@ -8,7 +8,7 @@ import torch
 
 from minidape.model import PE_REGISTRY, REFINER_REGISTRY
 
-USER_MODULES = "minidape_user_"  # how utils.import_file (and the study's --pe FILE.py:Class) name a user's file
+USER_MODULES = "minidape_user_"  # how lab.user_code.import_file (and the study's --pe FILE.py:Class) name a user's file
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 import minidape as md
-from minidape import bench
+from minidape.lab import bench, user_code
 
 SCRIPT = Path(__file__).resolve().parent.parent / "benchmarks" / "bench_refiners.py"  # the repository's entry
 
@@ -68,7 +68,7 @@ def test_a_users_bias_is_timed_like_the_built_in_ones(tmp_path):
         "    def forward(self, q_pos, k_pos):\n"
         "        return -self.scale * (q_pos[:, None] - k_pos[None, :]).abs().float()\n"
     )
-    md.utils.import_file(path)
+    user_code.import_file(path)
     medians = bench.timed_rounds(
         {"bench_bias": ("bench_bias", "none", False), "dape": ("bench_bias", "dape", False)},
         T=16,

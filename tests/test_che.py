@@ -11,7 +11,7 @@ import torch
 
 import minidape as md
 from minidape import che, tasks
-from minidape.train import step_seed
+from minidape.lab.train import step_seed
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -15,8 +15,8 @@ import pytest
 import minidape as md
 from minidape import __main__ as cli
 from minidape import study
+from minidape.lab.checkpoints import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
 from minidape.study import demo
-from minidape.train import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY_FLAGS = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "16", "--device", "cpu"]
@@ -360,7 +360,7 @@ def test_overwrite_replaces_a_run_and_resume_continues_it(tmp_path, corpus_file,
 
 
 def test_an_interrupted_run_says_how_to_resume_in_one_line(tmp_path, corpus_file, capsys, monkeypatch):
-    train_module = sys.modules["minidape.train"]
+    train_module = sys.modules["minidape.lab.train"]
     draw = train_module.get_batch
     calls = []
 
@@ -410,7 +410,7 @@ def test_an_interrupted_run_says_how_to_resume_in_one_line(tmp_path, corpus_file
 
 
 def test_a_non_finite_loss_is_one_line_naming_the_step(tmp_path, corpus_file, capsys, monkeypatch):
-    train_module = sys.modules["minidape.train"]
+    train_module = sys.modules["minidape.lab.train"]
 
     class NaNFromStep2(md.GPT):
         calls = 0

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 import minidape as md
-from minidape.data import CORPORA, DATA_DIR, fixed_windows, get_batch
+from minidape.lab.data import CORPORA, DATA_DIR, fixed_windows, get_batch
 
 
 def raw_bytes(name: str) -> bytes:

@@ -15,8 +15,8 @@ from torch import nn
 
 import minidape as md
 from minidape import model as M
-from minidape.evaluate import perplexity_by_length
-from minidape.train import load_checkpoint, save_checkpoint
+from minidape.lab.checkpoints import load_checkpoint, save_checkpoint
+from minidape.lab.evaluate import perplexity_by_length
 
 NEW_PES = ["fox", "cope", "rope_pi", "rope_ntk", "xpos", "hope", "rope,none", "fox,rope"]
 # (pe, temperature): the temperature with the encodings it is meant for, NoPE and the RoPE/NoPE hybrid

@@ -52,7 +52,7 @@ def test_loss_by_position_feeds_the_model_on_its_device():
 def test_validation_loss_feeds_the_model_on_the_training_device():
     probe = DeviceProbe(md.GPTConfig(block_size=16))
     windows = md.data.fixed_windows(TOKENS, 17, 4)
-    validation_loss = sys.modules["minidape.train"].validation_loss
+    validation_loss = sys.modules["minidape.lab.train"].validation_loss
     received = devices_received(lambda: validation_loss(probe, windows, 2, md.utils.model_device(probe)))
     assert received == (torch.device("meta"), torch.device("meta"))
 

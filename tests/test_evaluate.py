@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import nn
 
 import minidape as md
-from minidape.data import fixed_windows
+from minidape.lab.data import fixed_windows
 
 
 @pytest.fixture(autouse=True)

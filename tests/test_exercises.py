@@ -17,7 +17,7 @@ from torch import nn
 
 import minidape as md
 from minidape import exercises
-from minidape.exercises import FAILED, NOT_DONE, PARTLY, PASSED
+from minidape.classroom.exercises import FAILED, NOT_DONE, PARTLY, PASSED
 
 F = nn.functional
 
@@ -1070,8 +1070,13 @@ def test_a_shift_search_that_never_tries_c_1_fails(capsys):
     assert "never tries c = 1" in capsys.readouterr().out
 
 
-def test_a_changed_value_is_never_reported_as_the_same_number(capsys):
-    """2.1's "it changes when every x_i moves" names the change, so a small one is not "22.3175 to 22.3175"."""
+def test_a_changed_value_is_never_reported_as_the_same_number(capsys, monkeypatch):
+    """2.1's "it changes when every x_i moves" names the change, so a small one is not "22.3175 to 22.3175".
+    The check's inputs are fixed here (they are drawn from the OS's randomness): on some draws the small change
+    is within the check's float32 tolerance and the answer passes (2 seeds of the first 20: 0 and 13)."""
+    from minidape.classroom.exercises import kerple_cpd_kernels
+
+    monkeypatch.setattr(kerple_cpd_kernels, "_fresh_generator", lambda: torch.Generator().manual_seed(1))
     exercises.check("square_quadratic_form", lambda x, c: 2 * (c @ x).item() ** 2 + 1e-4 * x.sum().item())
     out = capsys.readouterr().out
     changed = re.search(r"changes by (\S+) \(to (\S+)\)", out)

@@ -5,7 +5,7 @@ from conftest import registrations_restored
 from torch import nn
 
 import minidape as md
-from minidape.utils import import_file
+from minidape.lab.user_code import import_file
 
 
 class Bias(md.AdditiveBias):

@@ -24,10 +24,10 @@ from test_train import SYNC_FREE_MODELS
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import minidape as md
-from minidape import bench
-from minidape.train import CHECKPOINT_NAME, read_checkpoint
+from minidape.lab import bench
+from minidape.lab.checkpoints import CHECKPOINT_NAME, read_checkpoint
 
-train_module = sys.modules["minidape.train"]
+train_module = sys.modules["minidape.lab.train"]
 REPO = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()
 if os.environ.get("MINIDAPE_EXPECT_GPU") == "1" and not CUDA:

@@ -18,8 +18,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from minidape import exercises, grade, gradebook, sandbox
-from minidape.sandbox import confine
+from minidape import exercises, grade
+from minidape.classroom import gradebook, sandbox
+from minidape.classroom.sandbox import confine
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent

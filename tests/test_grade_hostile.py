@@ -23,7 +23,8 @@ from pathlib import Path
 import jupytext
 import pytest
 
-from minidape import exercises, grade, sandbox
+from minidape import exercises, grade
+from minidape.classroom import sandbox
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMES = ("square_quadratic_form", "find_shift", "shift_growth", "kerple_log_bias")

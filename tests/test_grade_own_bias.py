@@ -23,9 +23,10 @@ import torch.nn.functional as F
 from test_grade import EDITIONS, ROOT, notebook_file
 
 import minidape as md
-from minidape import exercises, grade, sandbox
-from minidape.exercises import your_own_bias
-from minidape.notebook import books_budget
+from minidape import exercises, grade
+from minidape.classroom import sandbox
+from minidape.classroom.exercises import your_own_bias
+from minidape.classroom.notebook import books_budget
 
 OTHERS = ("my_kernel", "far_mass", "my_bias", "my_runs")  # 06's other exercises: they keep their marks
 TYPED = "{length: 9.0 if name == 'kerple_log' else 3.0 for length in LENGTHS}"  # a table no run measured

@@ -1,4 +1,4 @@
-"""The gradebook beside grade's CSV (minidape/gradebook.py), and the grader's rules that feed it: check calls found
+"""The gradebook beside grade's CSV (classroom/gradebook.py), and the grader's rules that feed it: check calls found
 in the syntax tree, predictions bound by parameter name, answers defined inside a check cell, unchanged written
 prompts, the CSV's lock and no silent replacement of an earlier batch.
 
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 from test_grade import notebook_file
 
-from minidape import exercises, grade, gradebook
+from minidape import exercises, grade
+from minidape.classroom import gradebook
 
 EDITIONS = grade.editions()
 GRADESCOPE_TOP = {
@@ -195,7 +196,7 @@ def test_a_second_run_into_the_same_csv_is_refused_naming_the_holder(tmp_path):
             sys.executable,
             "-c",
             (
-                "import sys, time\nfrom minidape import gradebook\n"
+                "import sys, time\nfrom minidape.classroom import gradebook\n"
                 f"with gradebook.held({str(out)!r}, overwrite=False):\n"
                 "    print('held', flush=True)\n    time.sleep(60)\n"
             ),

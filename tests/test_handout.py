@@ -17,7 +17,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from minidape import handout
+from minidape.classroom import handout
 
 RUNNER = """
 import sys
@@ -46,7 +46,8 @@ def test_the_handout_holds_no_solution_line_and_no_teacher_file(made):
     assert handout.leaks(made, lines) == []
     (wheel,) = made.glob("minidape-*.whl")
     members = zipfile.ZipFile(wheel).namelist()
-    assert "minidape/exercises/framework.py" in members and any(m.startswith("minidape/corpora/") for m in members)
+    assert "minidape/classroom/exercises/framework.py" in members
+    assert any(m.startswith("minidape/corpora/") for m in members)
     assert not [m for m in members if m.endswith((".ipynb", "references.json")) or m.startswith("notebooks/")]
     notebooks = sorted(made.glob("notebooks/*.ipynb"))
     assert [p.stem for p in notebooks] == [p.stem for p in handout.teacher_notebooks()]

@@ -1,4 +1,4 @@
-"""The set-up the notebooks share (minidape/notebook.py) and the quick mode it reads from the environment."""
+"""The set-up the notebooks share (minidape/classroom/notebook.py) and the quick mode it reads from the environment."""
 
 import pytest
 import torch

@@ -14,7 +14,7 @@ import nbformat
 import pytest
 
 from minidape import exercises
-from minidape.grade import checked, exercise_names
+from minidape.classroom.grade import checked, exercise_names
 
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 SOURCES = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py"))
@@ -75,7 +75,7 @@ def test_every_exercise_of_the_notebook_is_checked_in_it(source):
     notebook = jupytext.read(source)
     number = source.name[:2]
     expected = [exercise.name for exercise in exercises.exercises_of(number)]
-    assert len(expected) >= 3, f"notebook {number} has {len(expected)} exercises in minidape/exercises/"
+    assert len(expected) >= 3, f"notebook {number} has {len(expected)} exercises in minidape/classroom/exercises/"
     assert exercise_names(notebook) == expected, f"{source.name} checks {exercise_names(notebook)}, not {expected}"
     last = code_cells(notebook)[-1].source
     assert f'exercises.summary("{number}")' in last, f"{source.name} must end with exercises.summary(\"{number}\")"

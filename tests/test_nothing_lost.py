@@ -18,7 +18,8 @@ from torch import nn
 import minidape as md
 from minidape import __main__ as cli
 from minidape import fast, study, utils
-from minidape.train import CHECKPOINT_NAME, read_checkpoint
+from minidape.lab import memory, user_code
+from minidape.lab.checkpoints import CHECKPOINT_NAME, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16", "--batch-size", "2"]
@@ -280,7 +281,7 @@ def test_compare_refuses_a_leaking_model_and_says_so_when_allowed(tmp_path, peek
 
 
 def test_reproduce_refuses_a_leaking_model_but_runs_c4_through_its_flag(tmp_path, peeking_refiner, monkeypatch):
-    utils.import_file(peeking_refiner)
+    user_code.import_file(peeking_refiner)
     monkeypatch.setitem(study.MODELS, "peeking", {"pe": "alibi", "refiner": "peeks_ahead"})
     monkeypatch.setattr(study.runs, "train_and_evaluate", lambda *a, **k: pytest.fail("trained before refusing"))
     with pytest.raises(ValueError, match="alibi\\+peeks_ahead reads the future"):
@@ -359,7 +360,7 @@ def test_the_fast_path_equals_the_reference_form_for_a_users_refiner(cls, monkey
 def test_a_training_step_that_cannot_fit_is_one_line_before_it_starts(tmp_path, corpus_file, capsys, monkeypatch):
     """The issue's `train --block-size 65536 --refiner dape`: refused with the estimate and what to change,
     against a mocked 8 GiB of available memory (no memory is actually taken)."""
-    monkeypatch.setattr(utils, "available_memory", lambda device: 8 * 2**30)
+    monkeypatch.setattr(memory, "available_memory", lambda device: 8 * 2**30)
     code, lines = failing(
         capsys,
         [
@@ -387,19 +388,19 @@ def test_a_training_step_that_cannot_fit_is_one_line_before_it_starts(tmp_path, 
 def test_the_memory_estimate_grows_with_batch_length_and_width_and_evaluation_is_checked(monkeypatch):
     cfg = md.GPTConfig(pe="kerple_log", refiner="dape")
     cpu = torch.device("cpu")
-    small = utils.memory_estimate(cfg, 8, 512, True, cpu)
-    assert utils.memory_estimate(cfg, 16, 512, True, cpu) > 1.9 * small
-    assert utils.memory_estimate(cfg, 8, 1024, True, cpu) > 3 * small
-    assert utils.memory_estimate(cfg, 8, 512, False, cpu) < small / 10  # evaluation: one query block at a time
+    small = memory.memory_estimate(cfg, 8, 512, True, cpu)
+    assert memory.memory_estimate(cfg, 16, 512, True, cpu) > 1.9 * small
+    assert memory.memory_estimate(cfg, 8, 1024, True, cpu) > 3 * small
+    assert memory.memory_estimate(cfg, 8, 512, False, cpu) < small / 10  # evaluation: one query block at a time
     reference = md.GPTConfig(pe="kerple_log", refiner="dape", fast=False)
-    assert utils.memory_estimate(
+    assert memory.memory_estimate(
         md.GPTConfig(pe="kerple_log", refiner="dape", refiner_width=64, fast=False), 1, 4096, False, cpu
-    ) > utils.memory_estimate(reference, 1, 4096, False, cpu)
+    ) > memory.memory_estimate(reference, 1, 4096, False, cpu)
     # 4 layers of (B, h, T/2 ... T, T) float32 cells: the bound stays below what a step really holds (RESULTS.md:
     # about 614 MB for T=512, B=8 DAPE) and above the cells of one tensor
     assert 4 * 8 * 4 * 512 * 512 * 4 / 2 < small < 614 * 2**20
     model = md.GPT(md.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=16, refiner="dape", fast=False))
-    monkeypatch.setattr(utils, "available_memory", lambda device: 2**20)
+    monkeypatch.setattr(memory, "available_memory", lambda device: 2**20)
     with pytest.raises(MemoryError, match="shorter --lengths"):
         md.evaluate.perplexity_by_length(model, md.load_corpus("austen", "val")[:5000], [16, 1024], n_windows=1)
 

@@ -20,11 +20,12 @@ from test_train import stopped_after_checkpoint
 
 import minidape as md
 from minidape import __main__ as cli
-from minidape.train import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
+from minidape.lab import memory
+from minidape.lab.checkpoints import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = ["--n-layer", "1", "--n-embd", "16", "--n-head", "2", "--block-size", "16"]
-train_module = sys.modules["minidape.train"]
+train_module = sys.modules["minidape.lab.train"]
 
 
 @pytest.fixture(scope="module")
@@ -339,7 +340,7 @@ def test_a_model_whose_weights_cannot_fit_is_refused_before_it_is_built(tmp_path
         str(tmp_path / "wide"),
     ]
     with monkeypatch.context() as scarce:
-        scarce.setattr(md.utils, "available_memory", lambda device: 10 * 2**20)
+        scarce.setattr(memory, "available_memory", lambda device: 10 * 2**20)
         code, err = failing(capsys, wide)
     assert code == 2 and len(err) == 1 and "weights" in err[0] and "--n-embd" in err[0], err
     code, err = failing(
@@ -437,7 +438,7 @@ def test_a_quick_run_says_quick_mode_once(tmp_path, capsys, tiny_demo):
 
 
 def test_api_arguments_of_the_wrong_type_are_named(tmp_path):
-    from minidape.evaluate import loss_by_position, perplexity_by_length
+    from minidape.lab.evaluate import loss_by_position, perplexity_by_length
 
     cfg = md.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=16)
     model, tokens = md.GPT(cfg), md.load_corpus("austen", "val")[:5000]

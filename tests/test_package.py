@@ -6,7 +6,7 @@ import sys
 from pathlib import Path
 
 import minidape as md
-from minidape import handout
+from minidape.classroom import handout
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -24,7 +24,7 @@ def test_importing_the_model_loads_neither_matplotlib_nor_tqdm(tmp_path):
         "import minidape.model\n"
         "added = set(sys.modules) - before\n"
         "heavy = sorted(m for m in added if m.split('.')[0] in ('matplotlib', 'tqdm') or m in\n"
-        "               ('minidape.plots', 'minidape.evaluate', 'minidape.tasks', 'minidape.che'))\n"
+        "               ('minidape.lab.plots', 'minidape.lab.evaluate', 'minidape.lab.tasks', 'minidape.lab.che'))\n"
         "assert not heavy and 'matplotlib' not in sys.modules, heavy\n"
         "import minidape as md\n"
         "assert callable(md.train) and md.tasks.TASK_NAMES and md.che.train_task and md.plots.plot_accuracy\n"
@@ -72,8 +72,9 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     code = (
-        "import minidape as md, minidape.data as data\n"
-        "import minidape.study.demo, minidape.bench  # the study subpackage and the benchmark ship too\n"
+        "import minidape as md, minidape.lab.data as data\n"
+        "import minidape.study.demo, minidape.lab.bench  # the study subpackage and the benchmark ship too\n"
+        "import minidape.lab.train, minidape.classroom.grade, minidape.classroom.sandbox.worker  # the rooms\n"
         "from minidape import exercises; assert len(exercises.EXERCISES) >= 21  # the checks' package\n"
         "print(data.DATA_DIR)\n"
         "print(len(md.load_corpus('austen')) + len(md.load_corpus('austen', 'val')))\n"
@@ -90,23 +91,22 @@ def test_the_built_package_carries_its_corpora(tmp_path):
     assert graded.returncode == 2 and len(errors) == 1 and "checkout" in errors[0], graded.stderr[-2000:]
 
 
-def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_from_it():
-    """Every `from . import x` / `from .x import y` / `import minidape.x` inside minidape/, as a graph over its
-    modules: acyclic, and model.py (the one file a reader copies out) has no edge at all."""
+def import_graph(package: Path) -> dict[str, set[str]]:
+    """Every `from . import x` / `from .x import y` / `import minidape.x` inside the package folder (at any depth,
+    in functions too), as a graph over its modules: module name (``lab.train``) -> the modules it imports."""
     import ast
 
-    root = Path(md.__file__).parent
-    modules = {p.relative_to(root).with_suffix("").as_posix().replace("/", "."): p for p in root.rglob("*.py")}
-    modules = {name.removesuffix(".__init__"): path for name, path in modules.items()}
+    modules = {p.relative_to(package).with_suffix("").as_posix().replace("/", "."): p for p in package.rglob("*.py")}
+    modules = {name.removesuffix(".__init__").removesuffix("__init__"): path for name, path in modules.items()}
     edges = {}
     for name, path in modules.items():
-        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        parent = name if path.name == "__init__.py" else name.rpartition(".")[0]
         targets = set()
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, ast.ImportFrom):
                 base = node.module or ""
                 if node.level:
-                    parts = package.split(".") if package else []
+                    parts = parent.split(".") if parent else []
                     parts = parts[: len(parts) - (node.level - 1)] if node.level > 1 else parts
                     base = ".".join(p for p in (*parts, base) if p)
                 elif base.startswith("minidape"):
@@ -121,7 +121,53 @@ def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_fro
                     a.name.removeprefix("minidape").lstrip(".") for a in node.names if a.name.startswith("minidape")
                 }
         edges[name] = {t for t in targets if t in modules and t != name and t != ""}
+    return edges
+
+
+# The floors, bottom up: a module may import its own room and the rooms below it. The core and the helpers share
+# the ground floor and know nothing of each other; the CLI (__main__, commands) and the package's __init__ sit on
+# top. The study and the classroom are side by side: neither imports the other.
+CORE = {"model", "fast", "kernels"}
+HELPERS = {"utils", "threads"}
+TOP = {"", "__main__", "commands"}
+
+
+def room(module: str) -> str:
+    if module in CORE | HELPERS:
+        return module if module in HELPERS else "core"
+    return "top" if module in TOP else module.split(".")[0]
+
+
+ALLOWED = {
+    "core": {"core"},
+    "utils": set(),
+    "threads": set(),
+    "lab": {"core", "utils", "threads", "lab"},
+    "study": {"core", "utils", "threads", "lab", "study"},
+    "classroom": {"core", "utils", "threads", "lab", "classroom"},
+    "top": {"core", "utils", "threads", "lab", "study", "classroom", "top"},
+}
+
+
+def floors_crossed(edges: dict[str, set[str]]) -> list[str]:
+    crossed = [
+        f"{module} ({room(module)}) imports {target} ({room(target)})"
+        for module, targets in edges.items()
+        for target in targets
+        if room(target) not in ALLOWED.get(room(module), set())
+    ]
+    crossed += [f"{module} is in no room" for module in edges if room(module) not in ALLOWED]
+    return sorted(crossed)
+
+
+def test_the_package_import_graph_keeps_its_floors_and_has_no_circle():
+    """The rooms of the layout as imports: model.py (the one file a reader copies out) imports nothing, the core
+    nothing above it, utils and threads nothing of the package, the lab nothing of the study or the classroom, the
+    classroom nothing of the study (and the reverse); and no import circle."""
+    edges = import_graph(Path(md.__file__).parent)
+    assert {"lab.train", "classroom.grade", "classroom.sandbox.worker", "study.comparison"} <= set(edges)
     assert edges["model"] == set(), edges["model"]
+    assert not floors_crossed(edges), floors_crossed(edges)
 
     def on_a_cycle(start):
         seen, stack = set(), [(start, [start])]
@@ -137,6 +183,41 @@ def test_the_package_import_graph_has_no_circle_and_model_py_imports_nothing_fro
 
     cycles = [c for c in map(on_a_cycle, edges) if c]
     assert not cycles, f"import circles: {cycles}"
+
+
+def test_crossing_a_floor_is_caught(tmp_path):
+    """The floor check reads real imports: a copy of the package where the lab reaches into the study, utils into
+    the core and the classroom into the study (one import each, inside a function as the lazy ones are) fails."""
+    import shutil
+
+    copy = tmp_path / "minidape"
+    shutil.copytree(Path(md.__file__).parent, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    for module, line in (
+        ("lab/data.py", "    from ..study import claims\n"),
+        ("utils.py", "    from .model import GPT\n"),
+        ("classroom/gradebook.py", "    from ..study.statistics import holm\n"),
+    ):
+        path = copy / module
+        path.write_text(path.read_text() + "\n\ndef crossing():\n" + line)
+    crossed = floors_crossed(import_graph(copy))
+    assert crossed == [
+        "classroom.gradebook (classroom) imports study.statistics (study)",
+        "lab.data (lab) imports study.claims (study)",
+        "utils (utils) imports model (core)",
+    ], crossed
+
+
+def test_no_module_but_the_core_model_is_longer_than_a_sitting():
+    """model.py is the one file read top to bottom; every other module stays small enough to find one's way in
+    (at most 700 lines): a module that grows past it splits by job, as train.py did into checkpoints and
+    distributed."""
+    package = Path(md.__file__).parent
+    long = {
+        path.relative_to(package).as_posix(): n
+        for path in package.rglob("*.py")
+        if (n := len(path.read_text().splitlines())) > 700 and path.name != "model.py"
+    }
+    assert not long, long
 
 
 def test_the_readme_layout_table_names_every_module():

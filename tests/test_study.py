@@ -19,7 +19,8 @@ from scipy import stats
 import minidape as md
 from minidape import study
 from minidape.__main__ import main
-from minidape.train import load_checkpoint
+from minidape.lab import user_code
+from minidape.lab.checkpoints import load_checkpoint
 
 TEXT = (
     "It is a truth universally acknowledged, that a single man in possession of a good fortune, must be in "
@@ -769,7 +770,7 @@ def test_unigram_perplexity_is_the_cross_entropy_of_byte_frequencies(corpus_file
 
 
 def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
-    """`--import FILE.py` and `--pe FILE.py:Class` load one module (`md.utils.import_file`): the file runs once, so
+    """`--import FILE.py` and `--pe FILE.py:Class` load one module (`lab.user_code.import_file`): the file runs once, so
     a class that registers itself keeps its name instead of failing as registered twice."""
     path = tmp_path / "self_registering.py"
     path.write_text(
@@ -779,7 +780,7 @@ def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
         "        return torch.zeros(1, len(q_pos), len(k_pos))\n"
     )
     try:
-        md.utils.import_file(path)
+        user_code.import_file(path)
         name, digest = study.resolve_pe(f"{path}:Bias")
         assert name == "self_registering_bias" and study.resolve_pe(f"{path}:Bias") == (name, digest)
         assert Path(f"{path}.runs").read_text() == "x"

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from minidape import __main__ as cli
-from minidape import bench, grade, notebook, threads
+from minidape import grade, notebook, threads
+from minidape.lab import bench
 
 REPO = Path(__file__).resolve().parent.parent
 NO_SETTING = ("MINIDAPE_THREADS", "OMP_NUM_THREADS")

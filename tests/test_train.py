@@ -14,11 +14,13 @@ import pytest
 import torch
 
 import minidape as md
-from minidape.data import get_batch
-from minidape.train import CHECKPOINT_NAME, load_checkpoint, lr_at, read_checkpoint, seed_everything, step_seed
+from minidape.lab import distributed
+from minidape.lab.checkpoints import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
+from minidape.lab.data import get_batch
+from minidape.lab.train import lr_at, seed_everything, step_seed
 from minidape.utils import atomic_path, resolve_device
 
-train_module = sys.modules["minidape.train"]  # md.train is the function; this is the module
+train_module = sys.modules["minidape.lab.train"]  # md.train is the function; this is the module
 REPO = Path(__file__).resolve().parent.parent
 TINY = dict(n_layer=1, n_head=2, n_embd=32, block_size=16)
 
@@ -591,8 +593,8 @@ def fake_torchrun(monkeypatch, gpus: int, local_rank: int, processes: int = 2) -
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpus > 0)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: joined.setdefault("gpu", device))
-    monkeypatch.setattr(train_module.dist, "is_initialized", lambda: False)
-    monkeypatch.setattr(train_module.dist, "init_process_group", lambda backend: joined.setdefault("backend", backend))
+    monkeypatch.setattr(distributed.dist, "is_initialized", lambda: False)
+    monkeypatch.setattr(distributed.dist, "init_process_group", lambda backend: joined.setdefault("backend", backend))
     return joined
 
 
@@ -601,7 +603,7 @@ def test_ddp_on_a_one_gpu_machine_trains_every_rank_on_the_cpu_with_gloo(monkeyp
     """The README's `torchrun --nproc_per_node=2` on a machine with one GPU: rank 1 has no GPU of its own, and
     the ranks must agree on one backend, so both use gloo on the CPU; rank 0 says why, in one line."""
     joined = fake_torchrun(monkeypatch, gpus=1, local_rank=local_rank)
-    context, device = train_module.setup_distributed("auto")
+    context, device = distributed.setup_distributed("auto")
     assert (context.rank, context.world_size) == (local_rank, 2)
     assert device == torch.device("cpu") and joined == {"backend": "gloo"}
     said = capsys.readouterr().err.strip().splitlines()
@@ -613,14 +615,14 @@ def test_ddp_on_a_one_gpu_machine_trains_every_rank_on_the_cpu_with_gloo(monkeyp
 
 def test_ddp_with_a_gpu_per_rank_uses_nccl_and_an_explicit_cuda_without_one_is_refused(monkeypatch, capsys):
     joined = fake_torchrun(monkeypatch, gpus=2, local_rank=1)
-    _, device = train_module.setup_distributed("auto")
+    _, device = distributed.setup_distributed("auto")
     assert device == torch.device("cuda", 1) and joined == {"gpu": device, "backend": "nccl"}
     assert capsys.readouterr().err == ""
     fake_torchrun(monkeypatch, gpus=1, local_rank=0)
     with pytest.raises(ValueError, match=r"2 processes on this machine, 1 GPU\(s\) visible.*--nproc_per_node=1"):
-        train_module.setup_distributed("cuda")
+        distributed.setup_distributed("cuda")
     joined = fake_torchrun(monkeypatch, gpus=0, local_rank=1)
-    assert train_module.setup_distributed("cpu")[1] == torch.device("cpu") and joined == {"backend": "gloo"}
+    assert distributed.setup_distributed("cpu")[1] == torch.device("cpu") and joined == {"backend": "gloo"}
 
 
 def test_ddp_two_cpu_processes_under_torchrun(tmp_path):

@@ -6,7 +6,7 @@ import dataclasses
 
 import torch
 
-from ..data import load_corpus
+from ..lab.data import load_corpus
 from ..model import GPTConfig
 from .claims import MATCHED_WIDTH
 

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
-from ..evaluate import PROTOCOLS
+from ..lab.evaluate import PROTOCOLS
+from ..lab.train import decoder_leaks
+from ..lab.user_code import register_class, source_file
 from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY
-from ..train import decoder_leaks
-from ..utils import atomic_path, holds_out_folder, register_class, resolve_device, source_file
+from ..utils import atomic_path, holds_out_folder, resolve_device
 from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, eval_lengths, lm_config, resolve_budget
 from .claims import FLAT_MARGIN, LEAKY_REFINER, MATCHED_WIDTH, MODELS, UNIGRAM_SHARE
 from .endpoints import degradation_length, log_ratio_units
@@ -66,7 +67,7 @@ ENDPOINT_NAMES = {"in": "at the training length", "beyond": "beyond the training
 
 def resolve_pe(pe: str) -> tuple[str, str | None]:
     """A registered PE name, several joined by commas (``GPTConfig.pe``'s per-layer spec, e.g. ``rope,none``), or
-    ``path/to/file.py:ClassName`` imported and registered on the fly (`md.utils.register_class`); returns
+    ``path/to/file.py:ClassName`` imported and registered on the fly (`lab.user_code.register_class`); returns
     ``(name, sha256 of the file or None)``. The class must subclass ``md.AdditiveBias`` or
     ``md.DataDependentBias`` (or the other PE bases)."""
     if all(name in PE_NAMES for name in pe.split(",")):

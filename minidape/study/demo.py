@@ -13,10 +13,11 @@ from pathlib import Path
 
 import torch
 
-from ..data import load_corpus
-from ..evaluate import perplexity_by_length
-from ..plots import write_extrapolation
-from ..train import CHECKPOINT_NAME, read_checkpoint, train
+from ..lab.checkpoints import CHECKPOINT_NAME, read_checkpoint
+from ..lab.data import load_corpus
+from ..lab.evaluate import perplexity_by_length
+from ..lab.plots import write_extrapolation
+from ..lab.train import train
 from ..utils import RESULT_FILES, folder_lock, quick_mode, refuse_to_replace, resolve_device
 from .budgets import BUDGETS, Budget, lm_config, resolve_budget
 from .claims import MODELS

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from ..evaluate import PROTOCOLS
+from ..lab.evaluate import PROTOCOLS
 from .budgets import CHE_MAX_TRAIN_LENGTH, Budget
 from .claims import CHE_MODELS, CHE_TASKS, CLAIMS, KINDS, LEARNED_MARGIN, NOT_TESTED, Statement
 from .runs import corpus_key

@@ -8,8 +8,8 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 from matplotlib.ticker import FormatStrFormatter, NullFormatter
 
-from ..evaluate import PROTOCOLS
-from ..plots import model_style, save_figure
+from ..lab.evaluate import PROTOCOLS
+from ..lab.plots import model_style, save_figure
 from .budgets import CHE_MAX_TRAIN_LENGTH
 from .claims import CHE_MODELS, CHE_TASKS, Claim
 from .runs import corpus_key

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import torch
 
-from ..data import load_corpus
-from ..evaluate import PROTOCOLS
+from ..lab.data import load_corpus
+from ..lab.evaluate import PROTOCOLS
 from ..model import GPT, GPTConfig, check_causal
 from ..utils import atomic_path
 from .budgets import CHE_MAX_TRAIN_LENGTH, Budget

@@ -14,11 +14,11 @@ from pathlib import Path
 
 import torch
 
-from ..che import train_task
-from ..data import load_corpus
-from ..evaluate import perplexity_by_length
+from ..lab.che import train_task
+from ..lab.data import load_corpus
+from ..lab.evaluate import perplexity_by_length
+from ..lab.train import train
 from ..model import GPTConfig
-from ..train import train
 from ..utils import RESULT_FILES, atomic_path, json_ready, refuse_to_replace
 from .budgets import CHE_MAX_TRAIN_LENGTH, Budget, che_config, eval_lengths, lm_config
 from .claims import CHE_MODELS, LEAKY_REFINER, MODELS

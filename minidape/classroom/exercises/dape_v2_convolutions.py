@@ -1,0 +1,147 @@
+"""The checks of notebook 05's exercises."""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+
+from .framework import Wrong, _exercise
+from .helpers import (
+    _compare_refiners,
+    _config,
+    _draw,
+    _fresh_generator,
+    _given,
+    _measurement,
+    _number,
+    _prediction,
+    _prediction_credit,
+    _refiner_inputs,
+    _remote,
+)
+
+
+def _keys(answer, query: int) -> list[int]:
+    """The sorted key indices of an answer: any list, tuple, range, set, tensor or numpy array of integers. One
+    that the grader's worker hands back as a handle (range, set, numpy array) is read through its public
+    methods: range's start, stop and step, a set's membership, an array's tolist."""
+    if _remote(answer):
+        kind = answer.describe().type_name
+        if kind == "range":
+            answer = range(answer.start, answer.stop, answer.step)
+        elif kind in ("set", "frozenset"):
+            # keys a wrong answer might hold too: a kernel's reach (at most 2 · (15 // 2)) past each end
+            found = [key for key in range(-16, query + 17) if answer.issuperset([key])]
+            answer = found if answer.issubset(found) else answer
+        elif kind == "ndarray":
+            answer = answer.tolist()
+    try:
+        return sorted(int(key) for key in answer)
+    except (TypeError, ValueError):
+        raise Wrong(f"receptive_keys should return a sequence of key indices, got {answer!r}") from None
+
+
+@_exercise(
+    "05",
+    "derive",
+    "which keys a refined cell A[i, j] reads",
+    "each 1×k layer reaches k // 2 keys to each side, two layers reach 2·(k // 2); tril removes keys > i",
+    points=2,
+)
+def receptive_keys(your_function):
+    from ...model import REFINER_REGISTRY
+
+    generator = _fresh_generator()
+    draw = partial(_draw, generator)
+    # queries up to 255 and kernels up to 15 wide: too many cases for a table of answers, none for a formula
+    odd = lambda: 2 * draw(0, 8) + 1
+    wide = lambda: 2 * draw(1, 8) + 1  # at least 3: the diagonal and the edge then reach past the query / key 0
+    cases = [
+        (1, draw(1, 256), None),
+        (wide(), draw(4, 256), "diagonal"),
+        (wide(), draw(16, 256), "edge"),
+        (3, draw(2, 256), None),
+        (odd(), draw(8, 256), None),
+        (odd(), draw(1, 256), None),
+    ]
+    for kernel, i, where in cases:
+        j = i if where == "diagonal" else 0 if where == "edge" else draw(0, i + 1)
+        cfg = _config(pe="none", refiner="conv", refiner_kernel=kernel, refiner_width=8)
+        refiner = REFINER_REGISTRY["conv"](cfg)
+        scores, _, mask = _refiner_inputs(cfg, 1, i + 1, generator)
+        scores.requires_grad_(True)
+        refined = refiner(scores, None, mask)  # (1, h, 16, 16)
+        refined[0, 0, i, j].backward()
+        want = scores.grad[0, :, i].abs().sum(0).nonzero().flatten().tolist()
+        got = _keys(_given(your_function, "receptive_keys")(i, j, kernel), i)
+        if got == want:
+            continue
+        where = f"receptive_keys({i}, {j}, k={kernel}) = {got}"
+        reach, one = 2 * (kernel // 2), kernel // 2
+        if got == list(range(max(0, j - reach), j + reach + 1)):
+            raise Wrong(
+                f"{where} includes keys after the query: tril zeroes them before the first layer",
+                hint="the keys j' > i hold zeros after tril, so no score there reaches A[i, j]",
+            )
+        if got == list(range(max(0, j - one), min(i, j + one) + 1)):
+            raise Wrong(
+                f"{where} is what one layer reads; there are two",
+                hint="two stacked 1×k layers reach k // 2 keys per layer to each side",
+            )
+        if got == list(range(j - reach, min(i, j + reach) + 1)):
+            raise Wrong(f"{where} has negative keys", hint="keys start at 0: the padding is zeros, not scores")
+        if got and min(got) >= 0 and max(got) <= i:
+            extra, missing = set(got) - set(want), set(want) - set(got)
+            raise Wrong(
+                f"{where}, but the gradient of minidape's conv refiner disagrees: your list "
+                + ("holds keys A[i, j] does not read" if extra else "")
+                + (" and " if extra and missing else "")
+                + ("misses keys it reads" if missing else "")
+            )
+        raise Wrong(f"{where}: keys outside 0..{i} cannot be read by query {i}'s row after tril")
+
+
+@_exercise(
+    "05",
+    "implement",
+    "DAPE-V2's conv refiner: A = S + B + Conv(tril([S, B]))",
+    "nn.Conv2d(2h, W, (1, k), padding=(0, k // 2)), LeakyReLU(0.01), nn.Conv2d(W, h, (1, k), same padding); "
+    "zero the masked cells of [S, B] (masked_fill(~mask, 0)) before the first convolution",
+    points=3,
+)
+def conv_refiner(your_class):
+    for kernel in (3, 5):
+        _compare_refiners(your_class, "conv", "MyConvRefiner", refiner_kernel=kernel)
+
+
+@_exercise(
+    "05",
+    "experiment",
+    "predict, then measure, what the leaky conv does to the validation loss",
+    "read the last 'val_loss' of each history",
+    points=2,
+)
+def leakage(prediction, measured, histories):
+    predicted = _prediction(prediction, "leaky_is_lower (your prediction)")
+    measured = _given(measured, "final_losses (your measurement)")
+    want = {name: histories[name][-1]["val_loss"] for name in ("conv k=3", "leaky_conv k=3")}
+    if not isinstance(measured, dict) or set(measured) != set(want):
+        raise Wrong(f"final_losses should be a dict with the keys {sorted(want)}")
+    for name, value in want.items():
+        got = _number(measured[name], f"final_losses[{name!r}]")
+        if abs(got - histories[name][0].get("val_loss", math.nan)) <= 1e-9 and abs(got - value) > 1e-9:
+            raise Wrong(
+                f"final_losses[{name!r}] is the first val_loss of its history",
+                hint="the final loss is the last entry: histories[name][-1]['val_loss']",
+            )
+        if abs(got - value) > 1e-9:
+            raise Wrong(f"final_losses[{name!r}] is not the last val_loss of histories[{name!r}]")
+    truth, source = _measurement("leakage", want, {name: f"final validation loss of {name!r}" for name in want})
+    lower = truth["leaky_conv k=3"] < truth["conv k=3"]
+    return _prediction_credit(
+        2,
+        predicted == lower,
+        f"in {source} the leaky model's final loss "
+        f"({truth['leaky_conv k=3']:.3f}) is {'lower' if lower else 'not lower'} "
+        f"than the honest one's ({truth['conv k=3']:.3f})",
+    )

@@ -1,0 +1,477 @@
+"""The shared helpers of the checks: reading answers, drawing inputs, and how a check touches an answer (the one
+place to adapt when the answer lives in the grader's worker)."""
+
+from __future__ import annotations
+
+import math
+import secrets
+
+import torch
+from torch import nn
+
+from . import framework  # framework.CHECK_DEVICE is read at call time (the grader sets it)
+from .framework import Credit, NotDone, RemoteAnswer, Wrong
+
+
+def _given(value, what: str):
+    """The answer, or :class:`NotDone` when it is still the stub's None (or ...)."""
+    if value is None or value is Ellipsis:
+        raise NotDone(what)
+    return value
+
+
+def _tensor(value, what: str, shape: tuple | None = None, visible: torch.Tensor | None = None) -> torch.Tensor:
+    """A tensor of that shape, finite on the ``visible`` cells (all when None; masked cells may hold -inf)."""
+    _given(value, what)
+    if not isinstance(value, torch.Tensor):
+        raise Wrong(f"{what} should be a torch.Tensor, got {_type_name(value)}")
+    if shape is not None and tuple(value.shape) != tuple(shape):
+        raise Wrong(f"{what} has shape {tuple(value.shape)}, expected {tuple(shape)}")
+    finite = torch.isfinite(value)
+    if not (finite if visible is None else finite | ~visible.to(value.device).expand_as(finite)).all():
+        raise Wrong(
+            f"{what} holds NaN or infinite values" + (" where attention may look" if visible is not None else "")
+        )
+    return value
+
+
+def _number(value, what: str) -> float:
+    _given(value, what)
+    if isinstance(value, torch.Tensor) and value.numel() == 1:
+        value = value.item()
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise Wrong(f"{what} should be a finite number, got {value!r}")
+    return float(value)
+
+
+def _prediction(value, what: str) -> bool:
+    _given(value, what)
+    if not isinstance(value, bool):
+        raise Wrong(f"{what} should be True or False, written before you look at the result; got {value!r}")
+    return value
+
+
+def _config(**overrides):
+    from ...model import GPTConfig
+
+    settings = dict(n_layer=1, n_head=4, n_embd=32, block_size=16, pe="kerple_log")
+    return GPTConfig(**{**settings, **overrides})
+
+
+def _pe_module(**overrides):
+    from ...model import GPT
+
+    return GPT(_config(**overrides)).pe
+
+
+def _refiner_inputs(cfg, batch: int, T: int, generator: torch.Generator):
+    scores = torch.randn(batch, cfg.n_head, T, T, generator=generator)
+    bias = torch.randn(cfg.n_head, T, T, generator=generator)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    return scores, bias, mask
+
+
+# ------------------------------------------------------------------ how a check touches an answer
+# A check uses an answer only by calling it with data (tensors, numbers, configs) and through the small helpers
+# below, the one place to adapt when the answer lives in another process (the grader's isolated kernel).
+
+
+def _draw(generator: torch.Generator, low: int, high: int) -> int:
+    """One integer of low .. high - 1."""
+    return int(torch.randint(low, high, (1,), generator=generator))
+
+
+def _fresh_generator() -> torch.Generator:
+    """A generator seeded from the operating system: derive exercises get new inputs at every check."""
+    return torch.Generator().manual_seed(secrets.randbits(62))
+
+
+def _remote(answer) -> bool:
+    """Whether an answer lives in the grader's worker (a ``sandbox.Remote`` handle)."""
+    return isinstance(answer, RemoteAnswer)
+
+
+def _type_name(answer) -> str:
+    return answer.describe().type_name if _remote(answer) else type(answer).__name__
+
+
+def _is_module(answer) -> bool:
+    return answer.describe().is_module if _remote(answer) else isinstance(answer, nn.Module)
+
+
+def _is_subclass(answer, base: type) -> bool:
+    """Whether an answer is a class that subclasses ``base`` (one of minidape's classes)."""
+    if _remote(answer):
+        described = answer.describe()
+        return described.is_class and f"{base.__module__}.{base.__qualname__}" in described.bases
+    return isinstance(answer, type) and issubclass(answer, base)
+
+
+def _build(your_class, cfg, what: str):
+    """``your_class(cfg)``: an ``nn.Module`` (on the checks' device) or :class:`Wrong`. In the grader's worker it
+    stays on the CPU: what it returns comes back to the grader as CPU tensors anyway."""
+    module = _given(your_class, what)(cfg)
+    if not _is_module(module):
+        raise Wrong(f"{what}(cfg) should build an nn.Module, got {_type_name(module)}")
+    return module if _remote(module) else module.to(framework.CHECK_DEVICE)
+
+
+def _parameter_shapes(module) -> list[tuple[int, ...]]:
+    """The shapes of a module's parameters, in the order it registers them."""
+    if _remote(module):
+        return [tuple(shape) for shape in module.describe().parameter_shapes]
+    return [tuple(p.shape) for p in module.parameters()]
+
+
+def _load_parameters(module, tensors) -> None:
+    """Copy ``tensors`` (one per parameter, in the module's order, already of the right shapes) into it."""
+    if _remote(module):
+        module._session.request("load_parameters", module._ref, [t.detach().cpu().clone() for t in tensors])
+        return
+    with torch.no_grad():
+        for parameter, tensor in zip(module.parameters(), tensors):
+            parameter.copy_(tensor)
+
+
+def _gradients_of_sum(module, *inputs) -> list[torch.Tensor | None]:
+    """Gradients of ``module(*inputs).sum()`` for each parameter (None where none reached it)."""
+    if _remote(module):
+        return module._session.request("gradients", module._ref, tuple(t.cpu() for t in inputs))
+    for parameter in module.parameters():
+        parameter.grad = None
+    module(*inputs).sum().backward()
+    return [None if p.grad is None else p.grad.detach().cpu() for p in module.parameters()]
+
+
+def _built(your_class, cfg, state: torch.Tensor) -> tuple:
+    """``your_class(cfg)`` built from the random state ``state``, as ``md.train`` builds a model after seeding:
+    (the module, its parameters' values, whether each one trains, the random state its ``__init__`` left)."""
+    if _remote(your_class):
+        return your_class._session.request("built", your_class._ref, cfg, state)
+    torch.set_rng_state(state)
+    module = your_class(cfg)
+    parameters = list(module.parameters())
+    values = [p.detach().clone() for p in parameters]
+    return module, values, [p.requires_grad for p in parameters], torch.get_rng_state()
+
+
+def _bias_with(module, values, q_pos, k_pos, weights=None):
+    """``module(q_pos, k_pos)`` with its parameters set to ``values``; given ``weights`` (the shape of that
+    bias), the gradients of ``(module(q_pos, k_pos) * weights).sum()`` for each parameter instead (None where
+    none reached it)."""
+    if _remote(module):
+        return module._session.request("bias_with", module._ref, values, q_pos, k_pos, weights)
+    with torch.no_grad():
+        for parameter, value in zip(module.parameters(), values):
+            parameter.copy_(value)
+        if weights is None:
+            return module(q_pos, k_pos).detach()
+    module.zero_grad(set_to_none=True)
+    with torch.enable_grad():  # also when asked from an autograd backward, which runs without
+        (module(q_pos, k_pos) * weights).sum().backward()
+    return [None if p.grad is None else p.grad.detach().clone() for p in module.parameters()]
+
+
+def _as_shape(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
+    """``tensor`` laid out as ``shape`` when it is the same weights: equal up to size-1 axes (a 1×1 Conv2d's
+    weight for a Linear's), or a matrix stored transposed (input-first); otherwise None."""
+    squeezed, wanted = tuple(n for n in tensor.shape if n != 1), tuple(n for n in shape if n != 1)
+    if squeezed == wanted:
+        return tensor.reshape(shape)
+    if len(squeezed) == 2 and squeezed[::-1] == wanted:
+        return tensor.reshape(squeezed).T.reshape(shape)
+    return None
+
+
+def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]:
+    """Every way to give ``target`` the weights of ``source``, by role rather than by name or order: each
+    parameter of ``target`` takes a distinct parameter of ``source`` holding the same weights up to size-1 axes
+    or a transpose (see :func:`_as_shape`). A check tries each and keeps the one that behaves like ``source``,
+    so layers declared in another order, a 1×1 convolution for a linear map or a transposed weight all pass."""
+    theirs, yours = [p.detach().to(framework.CHECK_DEVICE) for p in source.parameters()], _parameter_shapes(target)
+    if len(yours) != len(theirs):
+        hint = (
+            "a layer without its bias (bias=False)?"
+            if len(yours) < len(theirs)
+            else "an extra layer or parameter? f has two layers, each with a weight and a bias"
+        )
+        raise Wrong(
+            f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
+            f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over",
+            hint=hint,
+        )
+    ways: list[list[torch.Tensor]] = []
+
+    def assign(index: int, chosen: list[torch.Tensor], used: set[int]) -> None:
+        if len(ways) >= 24:
+            return
+        if index == len(yours):
+            ways.append(list(chosen))
+            return
+        for k, tensor in enumerate(theirs):
+            shaped = None if k in used else _as_shape(tensor, yours[index])
+            if shaped is not None:
+                assign(index + 1, chosen + [shaped], used | {k})
+
+    assign(0, [], set())
+    if not ways:
+        raise Wrong(
+            f"{what}'s parameters have shapes {yours}; minidape's are {[tuple(p.shape) for p in theirs]} "
+            f"and no layer of yours has the shape of one of them",
+            hint="Linear(2h, W), then Linear(W, h) (or 1×1 convolutions): check the widths of your layers",
+        )
+    return ways
+
+
+def _where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
+    return ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
+
+
+def _first_difference(
+    got: torch.Tensor, want: torch.Tensor, visible: torch.Tensor | None, atol: float, rtol: float
+) -> tuple[int, ...] | None:
+    """The index, in the student's own tensor, of the cell that differs most (among the visible ones)."""
+    excess = (got - want).abs() - atol - rtol * want.abs()
+    if visible is not None:
+        excess = excess.masked_fill(~visible.expand_as(excess), -math.inf)
+    if excess.max() <= 0:
+        return None
+    return tuple(int(i) for i in torch.unravel_index(excess.argmax(), excess.shape))
+
+
+def _compare(
+    got,
+    want: torch.Tensor,
+    what: str,
+    axes: tuple[str, ...],
+    visible: torch.Tensor | None = None,
+    mistakes: dict | None = None,
+    atol: float = 1e-5,
+    rtol: float = 1e-4,
+) -> None:
+    """Pass when ``got`` equals ``want`` (on the ``visible`` cells). Otherwise name the first known mistake whose
+    output ``got`` equals — ``mistakes`` maps a description to (that mistake's output, its hint) — or the cell,
+    by its named ``axes``, where the answer differs most."""
+    visible = None if visible is None else visible.cpu()
+    got = _tensor(got, what, tuple(want.shape), visible).detach().double().cpu()
+    want = want.detach().double().cpu()
+    if _first_difference(got, want, visible, atol, rtol) is None:
+        return
+    for description, (output, hint) in (mistakes or {}).items():
+        output = output.detach().double().cpu()
+        if output.shape == got.shape and _first_difference(got, output, visible, atol, rtol) is None:
+            raise Wrong(f"{what}: {description}", hint=hint)
+    index = _first_difference(got, want, visible, atol, rtol)
+    raise Wrong(
+        f"{what} differs from minidape's at {_where(index, axes)}: yours {got[index].item():.6g}, "
+        f"minidape's {want[index].item():.6g}"
+    )
+
+
+def _choice(value, choices, what: str):
+    """A recorded prediction that is one of ``choices``."""
+    _given(value, what)
+    if value not in choices:
+        raise Wrong(f"{what} should be one of {list(choices)}, written before the run; got {value!r}")
+    return value
+
+
+def _prediction_credit(points: int, held: bool, note: str) -> Credit:
+    """An experiment's credit: a right measurement earns ``points - 1``, a prediction that held one more."""
+    missed = "did not hold (no point for it): what did you expect, and why did it not happen?"
+    return Credit(points if held else points - 1, f"{note}; your prediction {'held' if held else missed}")
+
+
+def _mlp(linear1: nn.Module, linear2: nn.Module, x: torch.Tensor, activation=None) -> torch.Tensor:
+    """DAPE's f with minidape's weights over the channel axis of (batch, C, T, T), with another activation."""
+    activation = activation or (lambda h: torch.nn.functional.leaky_relu(h, 0.01))
+    cells = x.permute(0, 2, 3, 1)
+    return linear2(activation(linear1(cells))).permute(0, 3, 1, 2)
+
+
+def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
+    """The refined scores of the common wrong versions of minidape's refiner ``name``, with their hints."""
+    F = torch.nn.functional
+    B = bias.expand_as(scores)
+    if name == "dape":
+        first, second = theirs.f.mlp[0], theirs.f.mlp[2]
+
+        def f(x, activation=None):
+            return _mlp(first, second, x, activation)
+
+        SB = torch.cat([scores, B], dim=1)
+        return {
+            "your refined scores are S + f([S, B]): the residual + B is missing": (
+                scores + f(SB),
+                "eq. (3) adds B back: A = S + B + f([S, B]); f only learns a correction to it",
+            ),
+            "your refined scores are B + f([S, B]): the residual + S is missing": (
+                B + f(SB),
+                "eq. (3) keeps the scores: A = S + B + f([S, B])",
+            ),
+            "you return f([S, B]) alone, without S + B": (f(SB), "A = S + B + f([S, B]): add both residuals"),
+            "f reads [B, S]: the bias channels come first": (
+                scores + B + f(torch.cat([B, scores], dim=1)),
+                "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)",
+            ),
+            "f uses ReLU, not LeakyReLU(0.01)": (scores + B + f(SB, F.relu), "DAPE's f uses LeakyReLU(0.01)"),
+            "f uses GELU, not LeakyReLU(0.01)": (scores + B + f(SB, F.gelu), "DAPE's f uses LeakyReLU(0.01)"),
+            "f has no activation between its two layers": (
+                scores + B + f(SB, lambda h: h),
+                "put LeakyReLU(0.01) between the two linear layers",
+            ),
+        }
+
+    def conv(x, activation=None):
+        return theirs.conv2((activation or (lambda h: F.leaky_relu(h, 0.01)))(theirs.conv1(x)))
+
+    SB = torch.cat([scores, B], dim=1)
+    lower = SB.masked_fill(~mask, 0)
+    return {
+        "your convolution reads the future: the masked cells of [S, B] are not zeroed before it (no tril)": (
+            scores + B + conv(SB),
+            "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)",
+        ),
+        "your refined scores are S + Conv(tril([S, B])): the residual + B is missing": (
+            scores + conv(lower),
+            "DAPE-V2 adds B back: A = S + B + Conv(tril([S, B]))",
+        ),
+        "your refined scores are B + Conv(tril([S, B])): the residual + S is missing": (
+            B + conv(lower),
+            "DAPE-V2 keeps the scores: A = S + B + Conv(tril([S, B]))",
+        ),
+        "the convolution reads [B, S]: the bias channels come first": (
+            scores + B + conv(torch.cat([B, scores], 1).masked_fill(~mask, 0)),
+            "concatenate the scores first, then the bias: torch.cat([S, B], dim=1)",
+        ),
+        "the convolutions use ReLU, not LeakyReLU(0.01)": (
+            scores + B + conv(lower, F.relu),
+            "DAPE-V2's Conv uses LeakyReLU(0.01) between the layers",
+        ),
+        "there is no activation between the two convolutions": (
+            scores + B + conv(lower, lambda h: h),
+            "put LeakyReLU(0.01) between the two convolutions",
+        ),
+    }
+
+
+def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
+    """Build minidape's refiner ``name`` and yours from the same config, hand yours minidape's weights (by role,
+    see :func:`_hand_over`), and compare the refined scores on the cells attention may see, for fresh random
+    scores and biases; a difference is named as a known mistake or located as (batch, head, query, key)."""
+    from ...model import REFINER_REGISTRY
+
+    cfg = _config(refiner=name, refiner_width=6, **overrides)  # 2h = 8 inputs, W = 6, h = 4: roles distinct
+    theirs = REFINER_REGISTRY[name](cfg).to(framework.CHECK_DEVICE)
+    yours = _build(your_class, cfg, what)
+    generator = _fresh_generator()
+    with torch.no_grad():
+        for parameter in theirs.parameters():  # fresh weights, large enough to matter
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    cases = [_refiner_inputs(cfg, 2, T, generator) for T in (7, 12)]
+    cases = [tuple(t.to(framework.CHECK_DEVICE) for t in case) for case in cases]
+    failure = None
+    for way in _hand_over(theirs, yours, what):
+        _load_parameters(yours, way)
+        try:
+            for scores, bias, mask in cases:
+                T = scores.shape[-1]
+                with torch.no_grad():
+                    got = yours(scores.clone(), bias.clone(), mask)
+                    want = theirs(scores, bias, mask)
+                    mistakes = _refiner_mistakes(name, theirs, scores, bias, mask)
+                _compare(
+                    got,
+                    want,
+                    f"{what}'s refined scores (T = {T})",
+                    ("batch", "head", "query", "key"),
+                    visible=mask,
+                    mistakes=mistakes,
+                )
+            return
+        except Wrong as wrong:
+            failure = failure or wrong
+    raise failure
+
+
+# ------------------------------------------------------------------ experiments: the measurement a verdict uses
+# An experiment on the models a notebook trains (03-05) is judged against the teacher's reference measurement:
+# `make notebooks` runs the teacher's edition with RECORD set, in full mode and in quick mode, and each such check
+# writes its measurement to notebooks/references.json. The grader loads that file into framework.references: the
+# tables a submission hands in must agree with the reference of the mode it was re-run in (an invented table does
+# not), and its prediction is judged against the full-mode reference, whatever the grading mode.
+
+RECORD = "MINIDAPE_RECORD_REFERENCES"  # a path: the teacher's edition records its measurements there
+AGREE = 0.25  # relative difference between two honest runs' tables (other CPUs),
+# with 0.01 more for shares near 0
+
+
+def _graded_in_quick_mode() -> bool:
+    """Whether the grader (which loads the references) judges this answer in quick mode."""
+    return framework.references is not None and _mode() == "quick"
+
+
+def _mode() -> str:
+    from ...utils import quick_mode
+
+    return "quick" if quick_mode() else "full"
+
+
+def _record(path: str, name: str, measured: dict) -> None:
+    """Merge this run's measurement of ``name`` into the references file (written whole or not at all)."""
+    import json
+    import os
+    import platform
+    import tempfile
+    from pathlib import Path
+
+    target = Path(path)
+    recorded = json.loads(target.read_text()) if target.exists() else {}
+    cpu = (
+        next(
+            (
+                line.split(":", 1)[1].strip()
+                for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")
+            ),
+            platform.processor(),
+        )
+        if Path("/proc/cpuinfo").exists()
+        else platform.processor()
+    )
+    recorded.setdefault(_mode(), {})[name] = {**measured, "_machine": cpu}
+    descriptor, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
+    with os.fdopen(descriptor, "w") as file:
+        json.dump(recorded, file, indent=1, sort_keys=True)
+        file.write("\n")
+    os.replace(partial, target)
+
+
+def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) -> tuple[dict[str, float], str]:
+    """The measurement experiment ``name``'s verdict uses, and where it comes from. ``measured``: what the check
+    derived from the tables the notebook handed in; ``labels`` says in words what each entry is."""
+    import os
+
+    if os.environ.get(RECORD):
+        _record(os.environ[RECORD], name, measured)
+    if framework.references is None:
+        return measured, "your run"
+    mode = _mode()
+    same_mode, full = (framework.references.get(m, {}).get(name) for m in (mode, "full"))
+    if same_mode is None or full is None:
+        raise framework.NeedsFullMode(
+            f"the teacher's edition holds no reference measurement of {name} in "
+            f"{mode if same_mode is None else 'full'} mode: your teacher runs `make "
+            f"notebooks` once, then grades again"
+        )
+    for key, value in measured.items():
+        reference = same_mode[key]
+        if not abs(value - reference) <= AGREE * abs(reference) + 0.01:
+            raise Wrong(
+                f"your run's {labels[key]} is {value:.4g}; the teacher's reference run ({mode} mode, the "
+                f"same notebook) measured {reference:.4g}",
+                code="measurement-not-reproduced",
+                hint="a measurement comes from the models the notebook trains, as it trains them: re-run "
+                "the notebook's cells unchanged and take the numbers from its tables, never type them in",
+            )
+    return {key: full[key] for key in measured}, "the teacher's reference run (full mode)"
