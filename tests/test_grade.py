@@ -527,3 +527,18 @@ def test_a_submissions_cgroup_bounds_all_its_processes_together():
     assert ast.literal_eval(killed) in ([0, 9], [9, 9]), killed  # SIGKILL from the cgroup's out-of-memory killer
     assert quota.split()[0] == "100000"
     assert not any(folder.exists() for folder in box.folders)
+
+
+def test_a_worker_is_given_the_package_and_corpora_not_the_checkout_around_them(monkeypatch):
+    """The grader's working folder (the checkout's root, on sys.path under `python -m pytest` or `-m minidape`)
+    is not bound into a worker whole: a checkout closed to others (`mktemp -d` makes it 0700) then closed the
+    worker out of its own venv inside it ("the sandboxed worker did not start" for every grader test of a clone
+    under /tmp), and its tests/ and notebooks/ have no business there. The package and the corpora are bound."""
+    from minidape.classroom.sandbox import host
+    from minidape.lab import data
+
+    checkout = host.PACKAGE.parent
+    monkeypatch.setattr(sys, "path", [str(checkout), str(checkout.parent), *sys.path])
+    needed = host.needed_trees()
+    assert str(host.PACKAGE) in needed and os.path.realpath(data.DATA_DIR) in needed
+    assert not any(Path(tree) in (checkout, *checkout.parents) for tree in needed), needed

@@ -23,8 +23,14 @@ from .protocol import TimeLimit, from_bytes, receive, request_bytes, send
 
 def needed_trees() -> list[str]:
     """The folders a worker reads its code and data from: the interpreter, sys.path, minidape and its corpora
-    (an editable install maps the package to the checkout, outside sys.path)."""
+    (an editable install maps the package to the checkout, outside sys.path). A sys.path folder that holds the
+    package (the checkout's root, on the path as the grader's working folder) is left out: the package and the
+    corpora are bound on their own, and the rest of the checkout stays out of reach (bound whole, a checkout
+    closed to others, as `mktemp -d` makes it, also closed the worker out of its own venv inside it)."""
     from ...lab import data
+
+    def holds_the_package(folder: str) -> bool:
+        return os.path.realpath(folder) in (str(PACKAGE.parent), *map(str, PACKAGE.parent.parents))
 
     return sorted(
         {
@@ -33,7 +39,7 @@ def needed_trees() -> list[str]:
                 sys.prefix,
                 sys.base_prefix,
                 os.path.dirname(sys.executable),
-                *sys.path,
+                *(folder for folder in sys.path if folder and not holds_the_package(folder)),
                 str(PACKAGE),
                 str(data.DATA_DIR),
             )
