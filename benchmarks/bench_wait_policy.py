@@ -95,9 +95,8 @@ def main() -> None:
         finally:
             for process in load:
                 process.terminate()
-    print(
-        f"**Wait policy: demo model's training step, {cpu_name()} ({cores} cores), ms per step, one figure per round**\n"
-    )
+    title = f"Wait policy: demo model's training step, {cpu_name()} ({cores} cores), ms per step, one figure per round"
+    print(f"**{title}**\n")
     print("| setting | idle | loaded (2 busy processes per core) |\n|---|---|---|")
     for label, *_ in SETTINGS:
         idle, loaded = (" / ".join(f"{ms:.1f}" for ms in results[c, label]) for c in ("idle", "loaded"))
