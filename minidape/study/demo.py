@@ -19,7 +19,7 @@ from ..lab.evaluate import perplexity_by_length
 from ..lab.plots import write_extrapolation
 from ..lab.train import train
 from ..utils import RESULT_FILES, folder_lock, quick_mode, refuse_to_replace, resolve_device
-from .budgets import BUDGETS, Budget, lm_config, resolve_budget
+from .budgets import BUDGETS, Budget, eval_lengths, lm_config, resolve_budget
 from .claims import MODELS
 
 # Labels of `MODELS`: the positional encodings the papers start from, then the two refiners on Kerple-log (DAPE's
@@ -76,7 +76,7 @@ def _demo_into(
 ) -> dict[str, dict[int, float]]:
     val_tokens = load_corpus(corpus, "val")
     train_length = budget.train_lengths[0]
-    lengths = [train_length * factor for factor in budget.eval_factors]
+    lengths = eval_lengths(budget, train_length)
     scored = min(budget.last_k, train_length)
     what_is_scored = (
         f"last_k: the same {budget.eval_windows} x {scored} = {budget.eval_windows * scored} tokens "

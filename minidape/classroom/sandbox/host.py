@@ -29,9 +29,7 @@ def needed_trees() -> list[str]:
     closed to others, as `mktemp -d` makes it, also closed the worker out of its own venv inside it)."""
     from ...lab import data
 
-    def holds_the_package(folder: str) -> bool:
-        return os.path.realpath(folder) in (str(PACKAGE.parent), *map(str, PACKAGE.parent.parents))
-
+    path = [folder for folder in sys.path if folder and not PACKAGE.parent.is_relative_to(os.path.realpath(folder))]
     return sorted(
         {
             os.path.realpath(p)
@@ -39,7 +37,7 @@ def needed_trees() -> list[str]:
                 sys.prefix,
                 sys.base_prefix,
                 os.path.dirname(sys.executable),
-                *(folder for folder in sys.path if folder and not holds_the_package(folder)),
+                *path,
                 str(PACKAGE),
                 str(data.DATA_DIR),
             )
