@@ -1062,7 +1062,13 @@ def test_float32_tolerance_still_catches_the_wrong_formula(capsys):
         )
 
     assert verdict("rope_score", no_sin_float32) == FAILED
-    assert verdict("square_quadratic_form", lambda x, c: 2 * (c.float() @ x.float()).item() ** 2 + 1e-3) == FAILED
+
+    def off_by_a_hundred_roundings(x, c):
+        # float32's allowance is 1e-6 of Σ|c_i c_j| (x_i - x_j)²; an error of 1e-4 of it is a wrong answer on every draw
+        terms = (c.abs() @ (x[:, None] - x[None, :]) ** 2 @ c.abs()).item()
+        return 2 * (c.float() @ x.float()).item() ** 2 + 1e-4 * terms
+
+    assert verdict("square_quadratic_form", off_by_a_hundred_roundings) == FAILED
 
 
 def test_a_shift_search_that_never_tries_c_1_fails(capsys):
