@@ -300,7 +300,7 @@ def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_
     assert not chosen()
 
 
-@pytest.mark.parametrize("maker,pe", [("float_mask", "kerple_log"), ("rotary_tables", "rope")])
+@pytest.mark.parametrize("maker,pe", [("float_mask", "kerple_log"), ("rotary_turns", "rope")])
 def test_what_the_layers_share_is_made_once_per_forward(maker, pe, monkeypatch):
     """Every layer adds the same bias (without a refiner) or rotates by the same angles: its SDPA mask, or the
     rotation's cos and sin tables, are made by the first layer of a forward and reused by the others (a mask
@@ -324,23 +324,54 @@ ROTARY_PES = [pe for pe in BUILTIN_PES if issubclass(M.PE_REGISTRY[pe], M.Rotary
 
 
 @pytest.mark.parametrize("pe", ROTARY_PES)
-def test_rotating_q_and_k_in_one_pass_equals_model_py_forward_and_gradients(pe):
-    """fast.qkv against the layer's own qkv (model.apply_rotary per tensor), on the same input and output
-    gradients: q, k, v and the gradients of the input and of c_attn (xpos rotates q and k differently)."""
+def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradients(pe):
+    """fast.qkv against the layer's own qkv (model.apply_rotary per tensor), on the same input: the scores q k^T
+    and v it gives (its q and k hold each head's channels in another order, the same for both), and the
+    gradients of the input and of c_attn through them (xpos rotates q and k differently)."""
     torch.manual_seed(0)
     model = md.GPT(tiny(pe=pe))
     layer = model.blocks[0].attn
     positional = model.positional_inputs(torch.arange(12), model.pe)
     x = torch.randn(3, 12, 32, requires_grad=True)
-    grads = [torch.randn(3, 4, 12, 8) for _ in range(3)]
+    grad_scores, grad_v = torch.randn(3, 4, 12, 12), torch.randn(3, 4, 12, 8)
     results = []
     for qkv in (fast.qkv, M.SelfAttention.qkv):
-        x.grad = layer.c_attn.weight.grad = None
-        outputs = qkv(layer, x, positional)
-        torch.autograd.backward(outputs, grads)
-        results.append([t.detach() for t in outputs] + [x.grad, layer.c_attn.weight.grad])
+        x.grad = layer.c_attn.weight.grad = layer.c_attn.bias.grad = None
+        q, k, v = qkv(layer, x, positional)
+        scores = q @ k.transpose(-2, -1)
+        torch.autograd.backward((scores, v), (grad_scores, grad_v))
+        results.append([scores.detach(), v.detach(), x.grad, layer.c_attn.weight.grad, layer.c_attn.bias.grad])
     for got, expected in zip(*results):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+
+def test_the_complex_rotation_is_one_permutation_of_q_and_k_channels_per_head():
+    """What the fast path's q and k are: the reference's, with each head's channels in pair_order's order (so a
+    consumer that reads them other than through q . k would see it; fast.qkv leaves those to model.py)."""
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe="rope"))
+    layer = model.blocks[0].attn
+    positional = model.positional_inputs(torch.arange(12), model.pe)
+    x = torch.randn(2, 12, 32)
+    fast_q, fast_k, _ = fast.qkv(layer, x, positional)
+    q, k, _ = M.SelfAttention.qkv(layer, x, positional)
+    within = fast.pair_order(layer.n_head, layer.head_size, "cpu")[: layer.head_size]
+    torch.testing.assert_close(fast_q, q[..., within], atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(fast_k, k[..., within], atol=1e-6, rtol=1e-6)
+    assert not torch.allclose(fast_q, q, atol=1e-3)  # the order is not the identity
+
+
+def test_a_projection_with_a_hook_takes_model_py_form_and_its_hook_runs():
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe="rope"))
+    layer = model.blocks[0].attn
+    positional = model.positional_inputs(torch.arange(12), model.pe)
+    seen = []
+    layer.c_attn.register_forward_hook(lambda module, args, out: seen.append(out.shape))
+    x = torch.randn(2, 12, 32)
+    fast_q, _, _ = fast.qkv(layer, x, positional)
+    torch.testing.assert_close(fast_q, M.SelfAttention.qkv(layer, x, positional)[0])  # the channels in their order
+    assert seen == [(2, 12, 96)] * 2
 
 
 def test_a_rotation_that_needs_a_gradient_takes_model_py_form():
@@ -402,12 +433,31 @@ def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_
     assert fast.fire_bias(fire, torch.arange(20), torch.arange(20)) is None  # 16 = block_size is the threshold
 
 
-def test_an_edited_fire_runs_its_own_forward_with_a_warning(monkeypatch):
-    model = md.GPT(tiny(pe="fire"))
-    forward = M.FIREBias.forward
-    monkeypatch.setattr(M.FIREBias, "forward", lambda self, q, k: forward(self, q, k) * 2)
+@pytest.mark.parametrize("pe,module", [("fire", M.FIREBias), ("t5", M.T5Bias)])
+def test_an_edited_bias_runs_its_own_forward_with_a_warning(pe, module, monkeypatch):
+    model = md.GPT(tiny(pe=pe))
+    forward = module.forward
+    monkeypatch.setattr(module, "forward", lambda self, q, k: forward(self, q, k) * 2)
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
-    with pytest.warns(UserWarning, match="FIREBias's forward differs from fire_bias"):
+    with pytest.warns(UserWarning, match=f"{module.__name__}'s forward differs from its fast form"):
         model(idx, idx)
     pos = torch.arange(12)
     assert torch.equal(M.GPT.fast_bias(model.pe, pos, pos), model.pe(pos, pos))
+
+
+def test_t5_gathers_its_buckets_from_the_table_and_equals_its_forward():
+    """fast.t5_bias: the (nh, 32) table gathered by bucket into (nh, Tq, Tk); the same bias and table gradient as
+    T5Bias.forward (an nn.Embedding lookup, permuted), decoder and encoder, at lengths past max_distance."""
+    for causal in (True, False):
+        torch.manual_seed(0)
+        t5 = md.GPT(tiny(pe="t5", causal=causal)).pe
+        q_pos, k_pos = torch.arange(150, 300), torch.arange(300)
+        results = []
+        for form in (fast.t5_bias, M.T5Bias.forward):
+            t5.zero_grad()
+            b = form(t5, q_pos, k_pos)
+            (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()
+            results.append([b.detach(), t5.table.weight.grad.clone()])
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+        assert results[0][0].shape == (4, 150, 300)
