@@ -413,24 +413,38 @@ def test_a_fixed_bias_and_a_bias_with_dropout_keep_sdpa(monkeypatch):
         md.GPT(cfg).train()(idx, idx)[1].backward()
 
 
-def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_forward(monkeypatch):
-    """fast.fire_bias: the MLP on each distance once, gathered; the same bias and gradients as FIREBias.forward
-    (decoder and encoder); None (the module's own forward) once a query reaches the threshold."""
+@pytest.mark.parametrize("q_start,T", [(0, 12), (0, 20), (10, 20)])
+def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_forward(q_start, T):
+    """fast.fire_bias: the MLP on each distance once, gathered, for the queries below the threshold (16 =
+    block_size, moved to 14.4 by a learned scale), the module's own rows from there on; the same bias and
+    gradients as FIREBias.forward (decoder and encoder), all rows below, some, or a block of queries that starts
+    below and ends past it."""
     for causal in (True, False):
         torch.manual_seed(0)
         fire = md.GPT(tiny(pe="fire", causal=causal)).pe
         with torch.no_grad():
             fire.c.fill_(0.7)  # away from the initial values
-        pos = torch.arange(12)
+            fire.threshold_scale.fill_(0.9)  # L = 14.4: as training moves it
+        q_pos, k_pos = torch.arange(q_start, T), torch.arange(T)
         results = []
         for form in (fast.fire_bias, M.FIREBias.forward):
             fire.zero_grad()
-            b = form(fire, pos, pos)
+            b = form(fire, q_pos, k_pos)
             (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()
             results.append([b.detach()] + [p.grad.clone() for p in fire.parameters()])
         for got, expected in zip(*results):
             torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
-    assert fast.fire_bias(fire, torch.arange(20), torch.arange(20)) is None  # 16 = block_size is the threshold
+
+
+def test_fire_takes_its_own_forward_where_no_query_is_below_the_threshold_or_positions_are_out_of_order():
+    fire = md.GPT(tiny(pe="fire")).pe
+    calls = []
+    fire.mlp.register_forward_hook(lambda module, args, out: calls.append(tuple(args[0].shape)))
+    assert fast.fire_bias(fire, torch.arange(16, 20), torch.arange(20)) is None  # 16 = block_size: L
+    assert fast.fire_bias(fire, torch.tensor([17, 3, 4]), torch.arange(20)) is None  # a row past L comes first
+    assert calls == []
+    assert fast.fire_bias(fire, torch.arange(14, 18), torch.arange(18)).shape == (4, 4, 18)
+    assert calls == [(16, 1), (2, 18, 1)]  # distances 0..15 once (rows 14, 15); rows 16, 17 cell by cell
 
 
 @pytest.mark.parametrize("pe,module", [("fire", M.FIREBias), ("t5", M.T5Bias)])
