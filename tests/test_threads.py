@@ -174,3 +174,41 @@ def test_background_load_stops_by_itself_and_when_left():
         while any(p.poll() is None for p in load.processes) and time.monotonic() < deadline:
             time.sleep(0.1)
         assert all(p.returncode == 0 for p in load.processes)  # ended on their own
+
+
+def test_thread_benchmark_rounds_give_the_median_ratio_and_its_range(monkeypatch):
+    """Three rounds per row: the table's ratio is the median of the rounds' default / best (here 1.0, 1.2 and
+    2.0 idle: 1.20 (1.00–2.00), not met), step times the medians; the goal line follows the median."""
+    idle = iter([(10, 10, 12), (12, 10, 20), (40, 20, 30)] * 2)  # (default, 1, all) ms: sleep, spin alternate
+    loaded = iter([(30, 30, 60)] * 6)
+    calls = []
+
+    def fake_child(kind, torch_first=False, env=None, **spec):
+        calls.append(torch_first)
+        default, one, every = next(loaded if load_on else idle)
+        return {
+            "default": {"threads": 1, "seconds": default / 1e3},
+            "1": {"threads": 1, "seconds": one / 1e3},
+            "all": {"threads": 2, "seconds": every / 1e3},
+        }
+
+    class FakeLoad:
+        def __init__(self, seconds):
+            pass
+
+        def __enter__(self):
+            nonlocal load_on
+            load_on = True
+
+        def __exit__(self, *exc):
+            pass
+
+    load_on = False
+    monkeypatch.setattr(bench, "run_child", fake_child)
+    monkeypatch.setattr(bench, "BackgroundLoad", FakeLoad)
+    monkeypatch.setattr(bench, "allowed_cores", lambda: 2)
+    table = bench.thread_benchmark(repeats=1, rounds=3)
+    assert len(calls) == 12
+    sleep_idle = next(line for line in table.splitlines() if line.startswith("| idle | sleep"))
+    assert "| 12.0 ms (1) | 10.0 ms | 20.0 ms (2) | 1.20 (1.00–2.00) |" in sleep_idle
+    assert table.splitlines()[-1].endswith("idle: 1.20× (not met); loaded: 1.00× (met)")

@@ -272,12 +272,13 @@ class BackgroundLoad:
             process.wait()
 
 
-def thread_benchmark(repeats: int, load_seconds: float = 600.0) -> str:
+def thread_benchmark(repeats: int, rounds: int = 1, load_seconds: float = 600.0) -> str:
     """The demo model's training step with minidape's default thread count against 1 thread and against all
     allowed cores, idle and under ``BackgroundLoad``; each in a process where minidape loads torch (idle OpenMP
     threads sleep) and in one where torch loads first (they spin: what a notebook that imports torch first gets,
-    and before minidape chose: torch's default of all cores). Each row is one fresh process, its columns
-    interleaved. Returns the markdown table (printed as it goes)."""
+    and before minidape chose: torch's default of all cores). Each row is ``rounds`` fresh processes, one after
+    the other, their columns interleaved; a row gives the median of the rounds' step times, and the median (and
+    range) of the rounds' ratios. Returns the markdown table (printed as it goes)."""
     cores = allowed_cores()
     env = {
         key: value
@@ -288,8 +289,9 @@ def thread_benchmark(repeats: int, load_seconds: float = 600.0) -> str:
     spec = dict(warmup=3, repeats=repeats, seconds=60, variants=variants)
     rows = [
         f"**Threads: demo model (2 layers x 64, kerple_log, T=128, batch 16), training step with AdamW, "
-        f"{device_name(torch.device('cpu'))}, {cores} cores allowed** (median of up to {repeats}; each row one "
-        f"process, its columns interleaved)",
+        f"{device_name(torch.device('cpu'))}, {cores} cores allowed** (median of up to {repeats}; each row "
+        + (f"{rounds} processes, median (range) of their ratios" if rounds > 1 else "one process")
+        + ", its columns interleaved)",
         "",
         "| condition | idle OpenMP threads | default (threads) | 1 thread | all cores | default × best | "
         "before × best |",
@@ -299,25 +301,28 @@ def thread_benchmark(repeats: int, load_seconds: float = 600.0) -> str:
     goals = []
     for condition in ("idle", "loaded"):
         with BackgroundLoad(seconds=load_seconds) if condition == "loaded" else contextlib.nullcontext():
-            results = {
-                "sleep (minidape first)": run_child("threads", env=env, **spec),
-                "spin (torch first)": run_child("threads", torch_first=True, env=env, **spec),
-            }
-        failed = [r["error"] for r in results.values() if "error" in r]
+            results = {waiting: [] for waiting in ("sleep (minidape first)", "spin (torch first)")}
+            for _ in range(rounds):
+                for waiting, torch_first in zip(results, (False, True)):
+                    results[waiting].append(run_child("threads", torch_first=torch_first, env=env, **spec))
+        failed = [r["error"] for runs in results.values() for r in runs if "error" in r]
         if failed:
             raise RuntimeError(f"a thread timing failed: {failed[0]}")
         # before: torch's default, all cores, waiting threads spinning
-        before = results["spin (torch first)"]["all"]["seconds"]
-        for waiting, result in results.items():
-            seconds = {label: r["seconds"] for label, r in result.items()}
-            ratio = seconds["default"] / min(seconds["1"], seconds["all"])
+        befores = [run["all"]["seconds"] for run in results["spin (torch first)"]]
+        for waiting, runs in results.items():
+            seconds = {label: statistics.median(run[label]["seconds"] for run in runs) for label in variants}
+            best = [min(run["1"]["seconds"], run["all"]["seconds"]) for run in runs]
+            ratios = [run["default"]["seconds"] / b for run, b in zip(runs, best)]
+            ratio = statistics.median(ratios)
+            spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if rounds > 1 else ""
+            chosen = "/".join(sorted({str(run["default"]["threads"]) for run in runs}))
             if waiting.startswith("sleep"):
                 goals.append(f"{condition}: {ratio:.2f}× ({'met' if ratio <= THREAD_GOAL else 'not met'})")
             rows.append(
-                f"| {condition} | {waiting} | {seconds['default'] * 1e3:.1f} ms "
-                f"({result['default']['threads']}) | {seconds['1'] * 1e3:.1f} ms | "
-                f"{seconds['all'] * 1e3:.1f} ms ({cores}) | {ratio:.2f} | "
-                f"{before / min(seconds['1'], seconds['all']):.2f} |"
+                f"| {condition} | {waiting} | {seconds['default'] * 1e3:.1f} ms ({chosen}) | "
+                f"{seconds['1'] * 1e3:.1f} ms | {seconds['all'] * 1e3:.1f} ms ({cores}) | {ratio:.2f}{spread} | "
+                f"{statistics.median(before / b for before, b in zip(befores, best)):.2f} |"
             )
             print(rows[-1], flush=True)
     rows += [
@@ -637,7 +642,7 @@ def main(argv: list[str] | None = None) -> None:
             parser.exit(2, f"{parser.prog}: error: --{name.replace('_', '-')} must be at least 1; got {value}\n")
     repeats = 3 if args.quick else args.repeats
     if args.threads == 0:
-        thread_benchmark(repeats=5 if args.quick else 2 * args.repeats)
+        thread_benchmark(repeats=5 if args.quick else 2 * args.repeats, rounds=args.rounds)
         return
     use_threads(args.threads)  # the count is in each table's header
     device = resolve_device(args.device)
