@@ -43,6 +43,7 @@ print(statistics.median(times[5:]) * 1000)
 SETTINGS = [
     ("1 thread", 1, "PASSIVE", None),
     ("2, sleep (PASSIVE)", 2, "PASSIVE", None),
+    ("2, spin 1e2", 2, None, "100"),
     ("2, spin 1e3", 2, None, "1000"),
     ("2, spin 1e4", 2, None, "10000"),
     ("2, spin 1e5", 2, None, "100000"),

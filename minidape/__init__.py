@@ -14,7 +14,7 @@ so that `import minidape.model` stays quick and loads neither matplotlib nor tqd
 
 import importlib
 
-from . import threads  # first, before torch loads: OpenMP's idle threads sleep instead of spinning
+from . import threads  # first, before torch loads: OpenMP's idle threads spin briefly, then sleep
 
 # isort: split
 from . import fast  # installs the fast path into model.SelfAttention (model.py itself imports nothing from it)

@@ -1,15 +1,19 @@
 """How many CPU threads torch uses: as many as the machine can give this process now, no more.
 
-torch's default is one intra-op thread per core, and GNU OpenMP (the thread pool of the Linux CPU wheels)
-lets idle threads spin for a while before they sleep. On a shared machine (a JupyterHub with a class on it, a
-laptop with a browser, CI) those threads spin against the other processes and wait on each other: training
-steps measured 5-8x slower than on one thread. So minidape
-  - makes waiting threads sleep (``OMP_WAIT_POLICY=PASSIVE``), set by ``quiet_waiting`` when the package is
-    imported. OpenMP reads it once, when torch loads: it applies where minidape is imported before torch (every
-    command, ``python -m minidape``), and a value the user set is left alone;
-  - chooses the thread count (``choose_threads``) from the cores this process may use (affinity, cgroup quota)
-    and the size of the work; where its threads spin (torch was loaded first), also from how busy the cores
-    are right now (the tasks running, not the load average: that counts loads which already ended);
+torch's default is one intra-op thread per core, and GNU OpenMP (the thread pool of the Linux CPU wheels) lets
+idle threads spin 300,000 times before they sleep. On a shared machine (a JupyterHub with a class on it, a laptop
+with a browser, CI) those threads spin against the other processes and wait on each other: training steps
+measured 5-8x slower than on one thread. So minidape
+  - bounds the spin (``short_waits``, when the package is imported): GNU OpenMP's idle threads spin
+    ``SPIN_COUNT`` = 1,000 times (microseconds) and then sleep (``GOMP_SPINCOUNT``); LLVM's and Intel's
+    OpenMP (macOS, some conda builds) sleep at once (``KMP_BLOCKTIME=0``). Measured on the demo model
+    (benchmarks/RESULTS.md): as fast as unbounded spinning on an idle machine, 1.5x faster than sleeping at once
+    (``OMP_WAIT_POLICY=PASSIVE``), and no slower than sleeping under load, where longer spins collapsed to
+    seconds a step. OpenMP reads these once, when torch loads: they apply where minidape is imported before
+    torch (every command, ``python -m minidape``); a wait setting the user made is left alone;
+  - chooses the thread count (``choose_threads``) from the cores this process may use (affinity, cgroup quota),
+    the size of the work, and how busy the cores are right now (the tasks running, not the load average: that
+    counts loads which already ended): the cores other processes leave free, at least one;
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
     ``OMP_NUM_THREADS``.
 """
@@ -29,13 +33,24 @@ THREADS_VARIABLE = "MINIDAPE_THREADS"
 WORK_PER_THREAD = 2**15
 
 
-def quiet_waiting() -> bool:
-    """Make OpenMP's idle threads sleep instead of spinning, if torch is not loaded yet and the user has not
-    chosen a wait policy. True when waiting threads sleep: the policy is PASSIVE (set here, or by the user before
-    torch loaded; a value set later has no effect, and then this sets none)."""
-    if "torch" not in sys.modules:
-        os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-    return os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+# GNU OpenMP's spins before an idle thread sleeps: a few microseconds, enough to catch the next parallel region of
+# a training step, too short to take a core from another process (benchmarks/bench_wait_policy.py)
+SPIN_COUNT = 1000
+WAIT_VARIABLES = ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "KMP_BLOCKTIME")
+
+
+def short_waits() -> str:
+    """Bound how long OpenMP's idle threads spin (``SPIN_COUNT``, see the module's doc), if torch is not loaded
+    yet and the user has set none of ``WAIT_VARIABLES``. Says how idle threads wait (a value set after torch
+    loaded has no effect, and then this sets none)."""
+    chosen = [f"{name}={os.environ[name]}" for name in WAIT_VARIABLES if os.environ.get(name)]
+    if chosen:
+        return "waits as set: " + ", ".join(chosen)
+    if "torch" in sys.modules:
+        return "idle threads spin: torch was loaded first"
+    os.environ["GOMP_SPINCOUNT"] = str(SPIN_COUNT)
+    os.environ["KMP_BLOCKTIME"] = "0"
+    return "short waits"
 
 
 def cgroup_cpu_limit(root: Path = Path("/sys/fs/cgroup")) -> int | None:
@@ -121,20 +136,17 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
         return ThreadChoice(1, "small work" + size)
     cores = allowed_cores()
     most = cores if work is None else min(cores, work // WORK_PER_THREAD)
-    reason = f"{cores} core{'s' if cores > 1 else ''} allowed{size}"
-    if WAITING_THREADS_SLEEP:
-        # Sleeping threads cost the other processes nothing while they wait, and each thread gets its share of
-        # a busy machine: all cores measured fastest idle and under load (benchmarks/RESULTS.md).
-        return ThreadChoice(most, reason + ", idle threads sleep")
-    # Spinning threads (torch loaded before minidape): only as many as the cores other processes leave free.
+    # Only as many as the cores other processes leave free: threads that share a core with a busy process wait
+    # for it at every parallel region (under the benchmark's load, 2 threads 1.1-1.4x slower than 1)
     load = machine_load()
     free = cores - load * cores / (os.cpu_count() or cores)  # a host-wide load, spread over the host's cores
-    return ThreadChoice(max(1, min(most, int(free + 0.5))), reason + f", load {load:.1f}, idle threads spin")
+    reason = f"{cores} core{'s' if cores > 1 else ''} allowed{size}, load {load:.1f}, {WAITS}"
+    return ThreadChoice(max(1, min(most, int(free + 0.5))), reason)
 
 
 def use_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
     """``choose_threads`` and set torch's intra-op thread count to it; the choice (print it: ``str(choice)``)."""
-    import torch  # here: quiet_waiting runs before torch loads
+    import torch  # here: short_waits runs before torch loads
 
     choice = choose_threads(requested, work)
     torch.set_num_threads(choice.threads)
@@ -142,4 +154,4 @@ def use_threads(requested: int | None = None, work: int | None = None) -> Thread
 
 
 # On import: minidape/__init__.py imports this module before anything of the package loads torch.
-WAITING_THREADS_SLEEP = quiet_waiting()
+WAITS = short_waits()

@@ -41,7 +41,14 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ..model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig
-from ..threads import THREADS_VARIABLE, allowed_cores, choose_threads, positive_threads, use_threads
+from ..threads import (
+    THREADS_VARIABLE,
+    WAIT_VARIABLES,
+    allowed_cores,
+    choose_threads,
+    positive_threads,
+    use_threads,
+)
 from ..utils import resolve_device
 from .user_code import import_file, source_file
 
@@ -275,15 +282,16 @@ class BackgroundLoad:
 def thread_benchmark(repeats: int, rounds: int = 1, load_seconds: float = 600.0) -> str:
     """The demo model's training step with minidape's default thread count against 1 thread and against all
     allowed cores, idle and under ``BackgroundLoad``; each in a process where minidape loads torch (idle OpenMP
-    threads sleep) and in one where torch loads first (they spin: what a notebook that imports torch first gets,
-    and before minidape chose: torch's default of all cores). Each row is ``rounds`` fresh processes, one after
-    the other, their columns interleaved; a row gives the median of the rounds' step times, and the median (and
-    range) of the rounds' ratios. Returns the markdown table (printed as it goes)."""
+    threads spin briefly, then sleep: ``threads.short_waits``) and in one where torch loads first (they spin:
+    what a notebook that imports torch first gets, and before minidape chose: torch's default of all cores).
+    Each row is ``rounds`` fresh processes, one after the other, their columns interleaved; a row gives the
+    median of the rounds' step times, and the median (and range) of the rounds' ratios. Returns the markdown
+    table (printed as it goes)."""
     cores = allowed_cores()
     env = {
         key: value
         for key, value in os.environ.items()  # what a user's shell gives: no thread setting
-        if key not in (THREADS_VARIABLE, "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OMP_WAIT_POLICY")
+        if key not in (THREADS_VARIABLE, "OMP_NUM_THREADS", "MKL_NUM_THREADS", *WAIT_VARIABLES)
     }
     variants = {"default": None, "1": 1, "all": cores}
     spec = dict(warmup=3, repeats=repeats, seconds=60, variants=variants)
@@ -301,7 +309,7 @@ def thread_benchmark(repeats: int, rounds: int = 1, load_seconds: float = 600.0)
     goals = []
     for condition in ("idle", "loaded"):
         with BackgroundLoad(seconds=load_seconds) if condition == "loaded" else contextlib.nullcontext():
-            results = {waiting: [] for waiting in ("sleep (minidape first)", "spin (torch first)")}
+            results = {waiting: [] for waiting in ("short waits (minidape first)", "spin (torch first)")}
             for _ in range(rounds):
                 for waiting, torch_first in zip(results, (False, True)):
                     results[waiting].append(run_child("threads", torch_first=torch_first, env=env, **spec))
@@ -317,7 +325,7 @@ def thread_benchmark(repeats: int, rounds: int = 1, load_seconds: float = 600.0)
             ratio = statistics.median(ratios)
             spread = f" ({min(ratios):.2f}–{max(ratios):.2f})" if rounds > 1 else ""
             chosen = "/".join(sorted({str(run["default"]["threads"]) for run in runs}))
-            if waiting.startswith("sleep"):
+            if waiting.startswith("short"):
                 goals.append(f"{condition}: {ratio:.2f}× ({'met' if ratio <= THREAD_GOAL else 'not met'})")
             rows.append(
                 f"| {condition} | {waiting} | {seconds['default'] * 1e3:.1f} ms ({chosen}) | "
@@ -327,8 +335,7 @@ def thread_benchmark(repeats: int, rounds: int = 1, load_seconds: float = 600.0)
             print(rows[-1], flush=True)
     rows += [
         "",
-        f"goal: minidape's default (idle threads sleep) within {THREAD_GOAL}× of the best fixed choice; "
-        + "; ".join(goals),
+        f"goal: minidape's default (short waits) within {THREAD_GOAL}× of the best fixed choice; " + "; ".join(goals),
     ]
     print(rows[-1], flush=True)
     return "\n".join(rows)
