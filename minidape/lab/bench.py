@@ -231,9 +231,9 @@ THREAD_GOAL = 1.15  # the default's step time within this multiple of the best f
 
 def threads_child(spec: dict) -> dict:
     """In this (fresh) process: the demo model's training step (forward, backward, fused AdamW) with each
-    thread count of ``spec["variants"]`` ({label: threads, "default": None}), interleaved; median seconds and
-    the thread count of each. Rounds stop after ``spec["seconds"]`` once 3 are timed (a spinning pool under
-    load takes seconds a step)."""
+    thread count of ``spec["variants"]`` ({label: threads, "default": None}), interleaved, each timed step after
+    an untimed one where the count changed; median seconds and the thread count of each. Rounds stop after
+    ``spec["seconds"]`` once 3 are timed (a spinning pool under load takes seconds a step)."""
     T, batch = DEMO_SHAPE["block_size"], DEMO_BATCH
     counts = {
         label: n if n is not None else choose_threads(work=batch * T * DEMO_SHAPE["n_embd"]).threads
@@ -243,17 +243,25 @@ def threads_child(spec: dict) -> dict:
     model = GPT(GPTConfig(**DEMO_SHAPE))
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, fused=True)
     x = torch.randint(0, 256, (batch, T))
+
+    def step():
+        optimizer.zero_grad(set_to_none=True)
+        model(x, x)[1].backward()
+        optimizer.step()
+
     times = {label: [] for label in counts}
     began = time.perf_counter()
     for i in range(spec["warmup"] + spec["repeats"]):
         if i >= spec["warmup"] + 3 and time.perf_counter() - began > spec["seconds"]:
             break
         for label, threads in counts.items():
-            torch.set_num_threads(threads)
+            if threads != torch.get_num_threads():
+                # a new count resizes OpenMP's pool in the next step: untimed, else the column after a change
+                # pays for it (the default and the fixed column with its count measured 1.15x apart)
+                torch.set_num_threads(threads)
+                step()
             start = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            model(x, x)[1].backward()
-            optimizer.step()
+            step()
             if i >= spec["warmup"]:
                 times[label].append(time.perf_counter() - start)
     return {label: {"threads": counts[label], "seconds": statistics.median(t)} for label, t in times.items()}
