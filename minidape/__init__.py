@@ -1,7 +1,8 @@
 """minidape: positional encodings, DAPE/CAPE refiners and length extrapolation in a small GPT.
 
 The package is four rooms on floors, each importing only those below it (tests/test_package.py asserts it):
-- the core: `model.py` (the GPT in the papers' form), `fast.py` (its fast path), `kernels.py` (PD/CPD kernels);
+- the core: `model.py` (the GPT in the papers' form), `fast.py` and `fast_encodings.py` (its fast path),
+  `kernels.py` (PD/CPD kernels);
   beside it the helpers `utils.py` and `threads.py`, which import nothing of the package;
 - `lab/`: the corpora, the training loop, evaluation, plots, the CHE tasks and benchmarks;
 - `study/`: the claims study and `compare`;  `classroom/`: the exercises' checks, the grader and the hand-out;
@@ -17,7 +18,7 @@ import importlib
 from . import threads  # first, before torch loads: OpenMP's idle threads spin briefly, then sleep
 
 # isort: split
-from . import fast  # installs the fast path into model.SelfAttention (model.py itself imports nothing from it)
+from . import fast, fast_encodings  # install the fast path into model.py's classes (model.py imports neither)
 from .lab.data import load_corpus
 from .lab.train import train  # md.train is the function; `from minidape.lab.train import ...` reaches the module
 from .model import (

@@ -19,8 +19,8 @@ Everything here is written as the papers write it, at full size: a ``(batch, n_h
 layer. This file imports nothing else from the package and runs alone: copied out of it, with only torch and
 einops installed, it builds and trains every encoding and refiner in the forms below. Inside the package,
 ``fast.py`` computes the same thing faster and in less memory, with the same parameters, when
-``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention`` (and
-``SelfAttention.fast_qkv``, ``GPT.fast_bias``).
+``GPTConfig(fast=True)`` (the default): it installs itself as ``SelfAttention.fast_attention``, and
+``fast_encodings.py`` as ``SelfAttention.fast_qkv`` and ``GPT.fast_bias``.
 
 Letters: $S$ scores, $B$ the additive bias, $A$ the refined scores, $h$ the number of heads; ``batch`` is the
 number of sequences, ``T`` their length, ``Tq``/``Tk`` the numbers of queries and keys.
@@ -959,8 +959,8 @@ class PositionalInputs:
 class SelfAttention(nn.Module):
     # Another implementation of ``attention`` with the same parameters, installed by whoever has one (the
     # package's fast.py does when imported): a function (layer, q, k, v, positional) -> y, used when
-    # cfg.fast is True. This file has none: copied alone, every layer runs the form below. ``fast_qkv`` likewise
-    # stands in for ``qkv``: a function (layer, x, positional) -> q, k, v.
+    # cfg.fast is True. This file has none: copied alone, every layer runs the form below. ``fast_qkv`` (from
+    # fast_encodings.py) likewise stands in for ``qkv``: a function (layer, x, positional) -> q, k, v.
     fast_attention: Callable | None = None
     fast_qkv: Callable | None = None
 
@@ -1085,7 +1085,7 @@ class GPT(nn.Module):
     layer instead (``blocks[l].attn.data_bias``, and ``model.pe`` is NoPE's empty module). With a per-layer
     spec (``pe="rope,none"``, see ``layer_encodings``) ``model.pe`` holds one shared module per name."""
 
-    # Like ``SelfAttention.fast_attention``: installed by fast.py, (encoding, q_pos, k_pos) -> the encoding's bias
+    # Like ``SelfAttention.fast_attention``: installed by fast_encodings.py, (encoding, q_pos, k_pos) -> the bias
     # computed faster, used when cfg.fast is True.
     fast_bias: Callable | None = None
 

@@ -17,7 +17,7 @@ import torch.nn as nn
 from test_model import BUILTIN_PES, BUILTIN_REFINERS, register_window_pe, tiny
 
 import minidape as md
-from minidape import fast
+from minidape import fast, fast_encodings
 from minidape import model as M
 
 
@@ -300,14 +300,16 @@ def test_flex_attention_is_chosen_only_for_cuda_training_of_a_long_bias_without_
     assert not chosen()
 
 
-@pytest.mark.parametrize("maker,pe", [("float_mask", "kerple_log"), ("rotary_turns", "rope")])
-def test_what_the_layers_share_is_made_once_per_forward(maker, pe, monkeypatch):
+@pytest.mark.parametrize(
+    "module,maker,pe", [(fast, "float_mask", "kerple_log"), (fast_encodings, "rotary_turns", "rope")]
+)
+def test_what_the_layers_share_is_made_once_per_forward(module, maker, pe, monkeypatch):
     """Every layer adds the same bias (without a refiner) or rotates by the same angles: its SDPA mask, or the
-    rotation's cos and sin tables, are made by the first layer of a forward and reused by the others (a mask
-    once per query block), and a new forward makes its own (the bias may have been trained in between)."""
+    rotation's tables, are made by the first layer of a forward and reused by the others (a mask once per query
+    block), and a new forward makes its own (the bias may have been trained in between)."""
     made = []
-    make = getattr(fast, maker)
-    monkeypatch.setattr(fast, maker, lambda *args: made.append(1) or make(*args))
+    make = getattr(module, maker)
+    monkeypatch.setattr(module, maker, lambda *args: made.append(1) or make(*args))
     model = md.GPT(tiny(pe=pe, n_layer=3))
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     model(idx, idx)[1].backward()
@@ -319,14 +321,15 @@ def test_what_the_layers_share_is_made_once_per_forward(maker, pe, monkeypatch):
         assert len(made) == 2 + 3  # three query blocks, each once
 
 
-# Rotary encodings: q and k rotated in one pass (fast.qkv); learnable biases on the CPU (fast._BiasedAttention).
+# Rotary encodings: q and k rotated in one product (fast_encodings.qkv); learnable biases on the CPU
+# (fast._BiasedAttention).
 ROTARY_PES = [pe for pe in BUILTIN_PES if issubclass(M.PE_REGISTRY[pe], M.RotaryEmbedding)]
 
 
 @pytest.mark.parametrize("pe", ROTARY_PES)
 def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradients(pe):
-    """fast.qkv against the layer's own qkv (model.apply_rotary per tensor), on the same input: the scores q k^T
-    and v it gives (its q and k hold each head's channels in another order, the same for both), and the
+    """fast_encodings.qkv against the layer's own qkv (model.apply_rotary per tensor), on the same input: the
+    scores q k^T and v it gives (its q and k hold each head's channels in another order, the same for both), and the
     gradients of the input and of c_attn through them (xpos rotates q and k differently)."""
     torch.manual_seed(0)
     model = md.GPT(tiny(pe=pe))
@@ -335,7 +338,7 @@ def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradien
     x = torch.randn(3, 12, 32, requires_grad=True)
     grad_scores, grad_v = torch.randn(3, 4, 12, 12), torch.randn(3, 4, 12, 8)
     results = []
-    for qkv in (fast.qkv, M.SelfAttention.qkv):
+    for qkv in (fast_encodings.qkv, M.SelfAttention.qkv):
         x.grad = layer.c_attn.weight.grad = layer.c_attn.bias.grad = None
         q, k, v = qkv(layer, x, positional)
         scores = q @ k.transpose(-2, -1)
@@ -347,15 +350,15 @@ def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradien
 
 def test_the_complex_rotation_is_one_permutation_of_q_and_k_channels_per_head():
     """What the fast path's q and k are: the reference's, with each head's channels in pair_order's order (so a
-    consumer that reads them other than through q . k would see it; fast.qkv leaves those to model.py)."""
+    consumer that reads them other than through q . k would see it; fast_encodings.qkv leaves those to model.py)."""
     torch.manual_seed(0)
     model = md.GPT(tiny(pe="rope"))
     layer = model.blocks[0].attn
     positional = model.positional_inputs(torch.arange(12), model.pe)
     x = torch.randn(2, 12, 32)
-    fast_q, fast_k, _ = fast.qkv(layer, x, positional)
+    fast_q, fast_k, _ = fast_encodings.qkv(layer, x, positional)
     q, k, _ = M.SelfAttention.qkv(layer, x, positional)
-    within = fast.pair_order(layer.n_head, layer.head_size, "cpu")[: layer.head_size]
+    within = fast_encodings.pair_order(layer.n_head, layer.head_size, "cpu")[: layer.head_size]
     torch.testing.assert_close(fast_q, q[..., within], atol=1e-6, rtol=1e-6)
     torch.testing.assert_close(fast_k, k[..., within], atol=1e-6, rtol=1e-6)
     assert not torch.allclose(fast_q, q, atol=1e-3)  # the order is not the identity
@@ -369,7 +372,7 @@ def test_a_projection_with_a_hook_takes_model_py_form_and_its_hook_runs():
     seen = []
     layer.c_attn.register_forward_hook(lambda module, args, out: seen.append(out.shape))
     x = torch.randn(2, 12, 32)
-    fast_q, _, _ = fast.qkv(layer, x, positional)
+    fast_q, _, _ = fast_encodings.qkv(layer, x, positional)
     torch.testing.assert_close(fast_q, M.SelfAttention.qkv(layer, x, positional)[0])  # the channels in their order
     assert seen == [(2, 12, 96)] * 2
 
@@ -381,9 +384,9 @@ def test_a_rotation_that_needs_a_gradient_takes_model_py_form():
     angle = torch.zeros(12, 4, requires_grad=True)
     rotation = (angle.cos(), angle.sin())
     positional = M.PositionalInputs(torch.arange(12), (rotation, rotation), None)
-    q, _, _ = fast.qkv(layer, torch.randn(2, 12, 32), positional)
+    q, _, _ = fast_encodings.qkv(layer, torch.randn(2, 12, 32), positional)
     q.sum().backward()
-    assert angle.grad is not None  # fast.qkv's own rotation would give it no gradient
+    assert angle.grad is not None  # fast_encodings.qkv's own rotation would give it no gradient
 
 
 LEARNABLE_BIAS_PES = ["kerple_log", "kerple_power", "t5", "fire"]
@@ -415,7 +418,7 @@ def test_a_fixed_bias_and_a_bias_with_dropout_keep_sdpa(monkeypatch):
 
 @pytest.mark.parametrize("q_start,T", [(0, 12), (0, 20), (10, 20)])
 def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_forward(q_start, T):
-    """fast.fire_bias: the MLP on each distance once, gathered, for the queries below the threshold (16 =
+    """fast_encodings.fire_bias: the MLP on each distance once, gathered, for the queries below the threshold (16 =
     block_size, moved to 14.4 by a learned scale), the module's own rows from there on; the same bias and
     gradients as FIREBias.forward (decoder and encoder), all rows below, some, or a block of queries that starts
     below and ends past it."""
@@ -427,7 +430,7 @@ def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_
             fire.threshold_scale.fill_(0.9)  # L = 14.4: as training moves it
         q_pos, k_pos = torch.arange(q_start, T), torch.arange(T)
         results = []
-        for form in (fast.fire_bias, M.FIREBias.forward):
+        for form in (fast_encodings.fire_bias, M.FIREBias.forward):
             fire.zero_grad()
             b = form(fire, q_pos, k_pos)
             (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()
@@ -440,10 +443,12 @@ def test_fire_takes_its_own_forward_where_no_query_is_below_the_threshold_or_pos
     fire = md.GPT(tiny(pe="fire")).pe
     calls = []
     fire.mlp.register_forward_hook(lambda module, args, out: calls.append(tuple(args[0].shape)))
-    assert fast.fire_bias(fire, torch.arange(16, 20), torch.arange(20)) is None  # 16 = block_size: L
-    assert fast.fire_bias(fire, torch.tensor([17, 3, 4]), torch.arange(20)) is None  # a row past L comes first
+    assert fast_encodings.fire_bias(fire, torch.arange(16, 20), torch.arange(20)) is None  # 16 = block_size: L
+    assert (
+        fast_encodings.fire_bias(fire, torch.tensor([17, 3, 4]), torch.arange(20)) is None
+    )  # a row past L comes first
     assert calls == []
-    assert fast.fire_bias(fire, torch.arange(14, 18), torch.arange(18)).shape == (4, 4, 18)
+    assert fast_encodings.fire_bias(fire, torch.arange(14, 18), torch.arange(18)).shape == (4, 4, 18)
     assert calls == [(16, 1), (2, 18, 1)]  # distances 0..15 once (rows 14, 15); rows 16, 17 cell by cell
 
 
@@ -460,14 +465,14 @@ def test_an_edited_bias_runs_its_own_forward_with_a_warning(pe, module, monkeypa
 
 
 def test_t5_gathers_its_buckets_from_the_table_and_equals_its_forward():
-    """fast.t5_bias: the (nh, 32) table gathered by bucket into (nh, Tq, Tk); the same bias and table gradient as
-    T5Bias.forward (an nn.Embedding lookup, permuted), decoder and encoder, at lengths past max_distance."""
+    """fast_encodings.t5_bias: the (nh, 32) table gathered by bucket into (nh, Tq, Tk); the same bias and table
+    gradient as T5Bias.forward (an nn.Embedding lookup, permuted), decoder and encoder, at lengths past max_distance."""
     for causal in (True, False):
         torch.manual_seed(0)
         t5 = md.GPT(tiny(pe="t5", causal=causal)).pe
         q_pos, k_pos = torch.arange(150, 300), torch.arange(300)
         results = []
-        for form in (fast.t5_bias, M.T5Bias.forward):
+        for form in (fast_encodings.t5_bias, M.T5Bias.forward):
             t5.zero_grad()
             b = form(t5, q_pos, k_pos)
             (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()

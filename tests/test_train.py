@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import minidape as md
-from minidape import fast
+from minidape import fast_encodings
 from minidape.lab import distributed
 from minidape.lab.checkpoints import CHECKPOINT_NAME, load_checkpoint, read_checkpoint
 from minidape.lab.data import get_batch
@@ -461,8 +461,8 @@ def test_training_steps_between_logs_read_nothing_on_the_host(corpus, monkeypatc
 
     monkeypatch.setattr(train_module, "_draw_batch", counting_draw)
     # This CPU run stands in for a GPU's step, so it takes the GPU's path: FIRE's bias per distance
-    # (fast.fire_bias) runs on the CPU only, where its threshold test reading the host costs no sync.
-    monkeypatch.setattr(fast, "fire_bias", lambda fire, q_pos, k_pos: None)
+    # (fast_encodings.fire_bias) runs on the CPU only, where its threshold test reading the host costs no sync.
+    monkeypatch.setattr(fast_encodings, "fire_bias", lambda fire, q_pos, k_pos: None)
     steps = 6
     md.train(
         md.GPTConfig(**TINY, pe=pe, refiner=refiner),
