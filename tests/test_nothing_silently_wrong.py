@@ -397,6 +397,32 @@ def test_sigterm_and_sighup_stop_training_like_ctrl_c(tmp_path, corpus_file, sto
     assert read_checkpoint(run)["step"] % 5 == 0
 
 
+def test_a_sigterm_that_lands_in_a_weakref_callback_still_stops_training(tmp_path, monkeypatch):
+    """Python prints an exception raised inside a weak reference's callback and goes on: a handler that raised
+    there lost the signal (a SIGTERM under load in `make test`, training ran on). Here the signal is sent from
+    inside such a callback at step 3: training stops at its next step, as a SIGTERM anywhere else does."""
+    import weakref
+
+    update = train_module._update
+
+    def update_then_signal_from_a_callback(*args):
+        out = update(*args)
+        if args[-1] == 3:
+            holder = type("Holder", (), {})()
+            weakref.finalize(holder, os.kill, os.getpid(), signal.SIGTERM)
+            del holder  # the callback runs here, and the signal's handler with it
+        return out
+
+    monkeypatch.setattr(train_module, "_update", update_then_signal_from_a_callback)
+    cfg = md.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=16)
+    tokens = md.load_corpus("austen", "val")[:5000]
+    with pytest.raises(train_module.TrainingInterrupted) as stopped:
+        md.train(cfg, tokens, steps=50, batch_size=2, out=tmp_path / "run", progress=False)
+    assert stopped.value.exit_code == 128 + signal.SIGTERM and "SIGTERM" in str(stopped.value)
+    assert "at step 4" in str(stopped.value)
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # the handler is put back
+
+
 # ----------------------------------------------------------------------------- quick mode
 
 

@@ -98,22 +98,20 @@ class _Stopped(KeyboardInterrupt):
 STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGTERM", "SIGHUP") if hasattr(signal, name))
 
 
-def _stop_on_signals() -> Callable[[], None]:
-    """From now on `STOP_SIGNALS` raise `_Stopped`; returns the function that puts their handlers back. (Handlers
-    can only be set in the main thread; elsewhere the signals keep their effect.)"""
+def _stop_on_signals() -> tuple[list[int], Callable[[], None]]:
+    """From now on `STOP_SIGNALS` are noted in the list returned, and the loop raises `_Stopped` at its next step
+    (raised where it landed, inside a weak reference's callback, Python printed it and went on: training ran on);
+    also returns the function that puts the handlers back. Only in the main thread (elsewhere: no handlers)."""
+    received: list[int] = []
     if threading.current_thread() is not threading.main_thread():
-        return lambda: None
-
-    def stop(signum, frame):
-        raise _Stopped(signum)
-
-    previous = {number: signal.signal(number, stop) for number in STOP_SIGNALS}
+        return received, lambda: None
+    previous = {number: signal.signal(number, lambda signum, frame: received.append(signum)) for number in STOP_SIGNALS}
 
     def restore() -> None:
         for number, handler in previous.items():
             signal.signal(number, handler)
 
-    return restore
+    return received, restore
 
 
 # ----------------------------------------------------------------------------- seeds and schedule
@@ -532,9 +530,11 @@ def train(
     generator = torch.Generator()
     clock, eval_seconds, tokens_trained, postfix = time.perf_counter(), 0.0, 0, {}
     step = start
-    restore_signals = _stop_on_signals()
+    stop_signals, restore_signals = _stop_on_signals()
     try:
         for step in range(start, steps + 1):
+            if stop_signals:  # a SIGTERM or SIGHUP since the last step
+                raise _Stopped(stop_signals[0])
             if checkpoint_every and start < step < steps and step % checkpoint_every == 0:
                 save(step)
             step_rng = step_seed(seed, context.rank, step)
