@@ -35,11 +35,12 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
     over q and k together (``_RotatedQK``). q and k come out with their channels in that order; every consumer
     reads them only through $q \cdot k$, which a permutation of both does not change (v keeps its order).
     Where the order could matter -- a bias that reads q and k (``data_bias``), a rotation whose angles need a
-    gradient, a projection that is not a plain ``nn.Linear`` or has hooks (they would not run) -- ``model``'s
-    form runs."""
+    gradient, a projection that is not a plain ``nn.Linear`` or has hooks (they would not run) -- and under
+    ``torch.compile`` (``train --compile``), ``model``'s form runs."""
     rotary = positional.rotary
     if (
         rotary is None
+        or torch.compiler.is_compiling()  # it fuses model.py's products itself; it cannot trace complex views
         or layer.data_bias is not None
         or type(layer.c_attn) is not nn.Linear
         or layer.c_attn._forward_hooks

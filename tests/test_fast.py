@@ -480,3 +480,21 @@ def test_t5_gathers_its_buckets_from_the_table_and_equals_its_forward():
         for got, expected in zip(*results):
             torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
         assert results[0][0].shape == (4, 150, 300)
+
+
+@pytest.mark.parametrize("pe", ["rope", "xpos", "t5", "fire", "kerple_log"])
+def test_a_compiled_model_trains_as_the_eager_one(pe):
+    """`train --compile` wraps the model in torch.compile: the fast path's forms that the compiler cannot trace
+    (RoPE's complex views) step aside for model.py's, and the loss and gradients are the eager model's."""
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe=pe))
+    eager = md.GPT(tiny(pe=pe))
+    eager.load_state_dict(model.state_dict())
+    idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
+    compiled_loss = torch.compile(model, backend="aot_eager")(idx, idx)[1]
+    compiled_loss.backward()
+    eager_loss = eager(idx, idx)[1]
+    eager_loss.backward()
+    torch.testing.assert_close(compiled_loss, eager_loss)
+    for (name, p), q in zip(model.named_parameters(), eager.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, atol=1e-6, rtol=1e-5, msg=lambda m: f"{name}: {m}")
