@@ -41,7 +41,7 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
     if (
         rotary is None
         or torch.compiler.is_compiling()  # it fuses model.py's products itself; it cannot trace complex views
-        or x.device.type not in ("cpu", "cuda")  # complex numbers, tested here on these two only (not MPS)
+        or x.device.type not in ("cpu", "cuda")  # complex products: tests on the CPU and in test_gpu.py, none on MPS
         or layer.data_bias is not None
         or type(layer.c_attn) is not nn.Linear
         or layer.c_attn._forward_hooks
