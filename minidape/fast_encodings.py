@@ -73,8 +73,9 @@ def rotary_turns(positional: PositionalInputs, n_head: int) -> tuple[torch.Tenso
     heads so that the products run along whole rows of q and k, in the forward's layout and in the gradients'
     (1.5-2x faster than broadcasting over the heads at the demo shape). xpos's scale rides along as the modulus."""
     query_rotation, key_rotation = positional.rotary
-    turns = torch.stack([torch.complex(cos.float(), sin.float()) for cos, sin in (query_rotation, key_rotation)])
-    turns = turns[:, None].expand(2, n_head, *turns.shape[1:])  # (2, nh, T, hs/2)
+    query_turns = torch.complex(*(table.float() for table in query_rotation))
+    key_turns = query_turns if key_rotation is query_rotation else torch.complex(*(t.float() for t in key_rotation))
+    turns = torch.stack([query_turns, key_turns])[:, None].expand(2, n_head, *query_turns.shape)  # (2, nh, T, hs/2)
     return turns.permute(2, 0, 1, 3).contiguous(), turns.conj().contiguous()
 
 
@@ -122,6 +123,8 @@ def bias(encoding, q_pos, k_pos) -> torch.Tensor:
     """The bias (nh, Tq, Tk) of a position-only ``encoding`` (``model.GPT.fast_bias``): FIRE's through
     ``fire_bias`` and T5's through ``t5_bias`` where they apply and agree with the module's own forward, any
     other its own."""
+    if _checked.get(encoding) is False:  # edited in model.py: its fast form computes something else
+        return encoding(q_pos, k_pos)
     fast = None
     if type(encoding) is FIREBias and q_pos.device.type == "cpu":
         fast = fire_bias(encoding, q_pos, k_pos)
