@@ -20,7 +20,17 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from .fast import per_forward
-from .model import GPT, FIREBias, PositionalInputs, SelfAttention, T5Bias, relative_distance
+from .model import (
+    GPT,
+    ALiBiBias,
+    FIREBias,
+    KerpleLogBias,
+    KerplePowerBias,
+    PositionalInputs,
+    SelfAttention,
+    T5Bias,
+    relative_distance,
+)
 
 # ----------------------------------------------------------------------------------------------------
 # Rotary encodings: q and k rotated in one product
@@ -32,7 +42,7 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
     rows of hs/2 floats (14 tensors per layer). Here c_attn's rows are taken in the order that puts each pair side
     by side, $(0, hs/2, 1, hs/2 + 1, \dots)$ in every head of q and k (``pair_order``), so the pair is one
     complex number $x_i + i\,x_{i + hs/2}$ and the rotation one product, $(x_i + i\,x_{i+hs/2})\,e^{i t\theta_i}$,
-    over q and k together (``_RotatedQK``). q and k come out with their channels in that order; every consumer
+    over q and k together (``_RotatedProjection``). q and k come out with their channels in that order; every consumer
     reads them only through $q \cdot k$, which a permutation of both does not change (v keeps its order).
     Where the order could matter -- a bias that reads q and k (``data_bias``), a rotation whose angles need a
     gradient, a projection that is not a plain ``nn.Linear`` or has hooks (they would not run) -- and under
@@ -50,10 +60,8 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
     ):
         return layer.qkv(x, positional)
     order = pair_order(layer.n_head, layer.head_size, str(x.device))
-    weight, bias = layer.c_attn.weight[order], None if layer.c_attn.bias is None else layer.c_attn.bias[order]
-    projected = F.linear(x, weight, bias)  # (batch, T, 3C), each rotated pair adjacent
     turns = per_forward(positional, ("rotary", layer.n_head), lambda: rotary_turns(positional, layer.n_head))
-    return _RotatedQK.apply(projected, *turns, layer.n_head)
+    return _RotatedProjection.apply(x, layer.c_attn.weight, layer.c_attn.bias, *turns, order, layer.n_head)
 
 
 @functools.lru_cache(maxsize=16)
@@ -68,15 +76,16 @@ def pair_order(n_head: int, head_size: int, device: str) -> torch.Tensor:
 
 
 def rotary_turns(positional: PositionalInputs, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
-    r"""$e^{i t\theta} = \cos + i \sin$ of each position's angles, complex: (T, 2, nh, hs/2) for the forward (the
-    queries' row, then the keys'), and their conjugates (2, nh, T, hs/2) for the backward; written out over the
-    heads so that the products run along whole rows of q and k, in the forward's layout and in the gradients'
-    (1.5-2x faster than broadcasting over the heads at the demo shape). xpos's scale rides along as the modulus."""
+    r"""$e^{i t\theta} = \cos + i \sin$ of each position's angles, complex (T, 2, nh, hs/2) (the queries' row, then
+    the keys'), and their conjugates for the backward in the same layout: written out over the heads so that the
+    products run along whole rows of q and k in the projection's layout, which is also the layout of the
+    gradients SDPA hands back (1.5-2x faster than broadcasting over the heads at the demo shape; a table in
+    (nh, T) order cost the backward 0.27 ms a layer there). xpos's scale rides along as the modulus."""
     query_rotation, key_rotation = positional.rotary
     query_turns = torch.complex(*(table.float() for table in query_rotation))
     key_turns = query_turns if key_rotation is query_rotation else torch.complex(*(t.float() for t in key_rotation))
-    turns = torch.stack([query_turns, key_turns])[:, None].expand(2, n_head, *query_turns.shape)  # (2, nh, T, hs/2)
-    return turns.permute(2, 0, 1, 3).contiguous(), turns.conj().contiguous()
+    turns = torch.stack([query_turns, key_turns], dim=1)[:, :, None].expand(-1, 2, n_head, -1).contiguous()
+    return turns, turns.conj().resolve_conj()
 
 
 def _complex(x: torch.Tensor) -> torch.Tensor:
@@ -89,45 +98,79 @@ def _complex(x: torch.Tensor) -> torch.Tensor:
     return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
 
 
-class _RotatedQK(torch.autograd.Function):
-    """The projection's output (batch, T, 3C), pairs adjacent -> q and k rotated, v as it is: (batch, nh, T, hs)
-    each, views in nanoGPT's layout. The backward turns the gradients of q and k back by the conjugates (a
-    rotation's transpose is the rotation by minus the angles) into the gradient of the whole projection."""
+class _RotatedProjection(torch.autograd.Function):
+    """c_attn with its rows in ``pair_order`` and the rotation, in one step: x (batch, T, C) -> q and k rotated, v
+    as it is, (batch, nh, T, hs) each, views of one (batch, T, 3C) buffer in nanoGPT's layout. The rotation runs in
+    place on the projection's output, which nothing else holds (a separate product cost 0.1 ms a layer more at
+    the demo shape); the projection's backward is therefore written here too: the gradients of q and k turned
+    back by the conjugates (a rotation's transpose is the rotation by minus the angles), then the linear layer's
+    three products, the weight's and bias's rows put back in their order."""
 
     @staticmethod
-    def forward(ctx, projected, turns, turns_back, n_head: int):
+    def forward(ctx, x, weight, bias, turns, turns_back, order, n_head: int):
+        with torch.no_grad():  # the gradient of the gather is the un-gather in backward
+            rows, row_bias = weight.index_select(0, order), None if bias is None else bias.index_select(0, order)
+        projected = F.linear(x, rows, row_bias)  # (batch, T, 3C), each rotated pair adjacent
         batch, T, _ = projected.shape
         heads = projected.view(batch, T, 3, n_head, -1)  # (batch, T, q/k/v, nh, hs)
+        pairs = _complex(heads[:, :, :2])  # (batch, T, 2, nh, hs/2) complex
         # (x_i + i x_{i+hs/2}) e^{i t theta_i}, q and k in one product
-        rotated = torch.view_as_real(_complex(heads[:, :, :2]) * turns).flatten(-2).to(projected.dtype)
-        ctx.save_for_backward(turns_back)
-        q, k = rotated.unbind(2)  # (batch, T, nh, hs) each
-        return q.transpose(1, 2), k.transpose(1, 2), heads[:, :, 2].transpose(1, 2)
+        if heads.dtype in (torch.float32, torch.float64):  # pairs is a view: rotate in place
+            torch.mul(pairs, turns, out=pairs)
+        else:  # bfloat16 (autocast): the product in float32, then rounded back
+            heads[:, :, :2] = torch.view_as_real(pairs * turns).flatten(-2)
+        ctx.save_for_backward(x, rows, turns_back, order)
+        ctx.has_bias = bias is not None
+        q, k, v = heads.unbind(2)  # (batch, T, nh, hs) each
+        return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
     @staticmethod
+    @torch.autograd.function.once_differentiable
     def backward(ctx, grad_q, grad_k, grad_v):
-        (turns_back,) = ctx.saved_tensors
+        x, rows, turns_back, order = ctx.saved_tensors  # turns_back (T, 2, nh, hs/2)
         batch, n_head, T, hs = grad_v.shape
-        grad = grad_v.new_empty(batch, T, 3, n_head, hs)
-        for i, grad_out in enumerate((grad_q, grad_k)):  # (batch, nh, T, hs), SDPA's layout
-            grad[:, :, i] = torch.view_as_real(_complex(grad_out) * turns_back[i]).flatten(-2).transpose(1, 2)
+        grad = grad_v.new_empty(batch, T, 3, n_head, hs)  # the projection's, its rows in pair order
+        for i, grad_out in enumerate((grad_q, grad_k)):  # (batch, nh, T, hs), in the projection's layout
+            back = turns_back[:, i].transpose(0, 1)  # (nh, T, hs/2)
+            if grad.dtype in (torch.float32, torch.float64):  # straight into the projection's gradient
+                pairs = torch.view_as_complex(grad[:, :, i].unflatten(-1, (-1, 2))).transpose(1, 2)
+                torch.mul(_complex(grad_out), back, out=pairs)
+            else:  # no complex bfloat16: the product in float32, then rounded
+                grad[:, :, i] = torch.view_as_real(_complex(grad_out) * back).flatten(-2).transpose(1, 2)
         grad[:, :, 2] = grad_v.transpose(1, 2)
-        return grad.view(batch, T, -1), None, None, None
+        flat = grad.view(batch * T, -1).to(rows.dtype)  # (batch T, 3C)
+        needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
+        grad_x = (flat @ rows).view(x.shape).to(x.dtype) if needs_x else None
+        unorder = functools.partial(_put_rows, order)
+        grad_weight = unorder(flat.t() @ x.reshape(batch * T, -1).to(flat.dtype)) if needs_weight else None
+        grad_bias = unorder(flat.sum(0)) if ctx.has_bias and needs_bias else None
+        return grad_x, grad_weight, grad_bias, None, None, None, None
+
+
+def _put_rows(order: torch.Tensor, gathered: torch.Tensor) -> torch.Tensor:
+    """The inverse of ``gathered = t.index_select(0, order)`` for a permutation ``order``: row j back to order[j]."""
+    return torch.empty_like(gathered).index_copy_(0, order, gathered)
 
 
 # ----------------------------------------------------------------------------------------------------
-# Learned biases from a small table: FIRE's MLP on each distance once, T5's buckets gathered
+# Biases of the distance alone: computed along the distances once, then laid out as a Toeplitz matrix
+
+# b(i, j) = g(i - j) in these modules' equations (an edit that breaks it is caught by ``_agrees``).
+TRANSLATION_INVARIANT = (ALiBiBias, KerpleLogBias, KerplePowerBias, T5Bias)
 
 
 def bias(encoding, q_pos, k_pos) -> torch.Tensor:
-    """The bias (nh, Tq, Tk) of a position-only ``encoding`` (``model.GPT.fast_bias``): FIRE's through
-    ``fire_bias`` and T5's through ``t5_bias`` where they apply and agree with the module's own forward, any
-    other its own."""
+    """The bias (nh, Tq, Tk) of a position-only ``encoding`` (``model.GPT.fast_bias``): one that depends on the
+    distance alone through ``distance_bias`` (consecutive positions, on the CPU), FIRE's through ``fire_bias``,
+    T5's through ``t5_bias`` otherwise, where they agree with the module's own forward; any other its own."""
     if _checked.get(encoding) is False:  # edited in model.py: its fast form computes something else
         return encoding(q_pos, k_pos)
+    consecutive = q_pos.device.type == "cpu" and _consecutive(q_pos) and _consecutive(k_pos)
     fast = None
-    if type(encoding) is FIREBias and q_pos.device.type == "cpu":
-        fast = fire_bias(encoding, q_pos, k_pos)
+    if type(encoding) in TRANSLATION_INVARIANT and consecutive:
+        fast = distance_bias(encoding, q_pos, k_pos)
+    elif type(encoding) is FIREBias and q_pos.device.type == "cpu":
+        fast = fire_bias(encoding, q_pos, k_pos, consecutive)
     elif type(encoding) is T5Bias:
         fast = t5_bias(encoding, q_pos, k_pos)
     if fast is not None and _agrees(encoding, fast, q_pos, k_pos):
@@ -135,35 +178,76 @@ def bias(encoding, q_pos, k_pos) -> torch.Tensor:
     return encoding(q_pos, k_pos)
 
 
-def fire_bias(fire: FIREBias, q_pos, k_pos) -> torch.Tensor | None:
+def _consecutive(positions: torch.Tensor) -> bool:
+    """Whether positions are p, p + 1, p + 2, ... (every forward but random positions' training; read on the
+    host, so asked on the CPU only)."""
+    return len(positions) < 2 or bool((positions.diff() == 1).all())
+
+
+def distances_along(q_pos, k_pos) -> tuple[torch.Tensor, torch.Tensor]:
+    r"""Positions whose one query row holds every distance between consecutive queries ``q_pos`` and keys
+    ``k_pos``, largest first: query $d_\max = q_\text{last} - k_\text{first}$ against keys $0, 1, \dots,
+    T_q + T_k - 2$, so key $m$ is at distance $d_\max - m$ (down to $q_\text{first} - k_\text{last}$)."""
+    longest = q_pos[-1:] - k_pos[0]
+    return longest, torch.arange(len(q_pos) + len(k_pos) - 1, device=q_pos.device)
+
+
+def toeplitz(along: torch.Tensor, rows: int, keys: int) -> torch.Tensor:
+    r"""(nh, rows + keys - 1) values at the distances of ``distances_along`` -> the (nh, rows, keys) bias: query
+    $i$ and key $j$ are $d_\max - (\text{rows} - 1 - i + j)$ apart: the window of ``along`` that starts at
+    rows - 1 - i. The windows are a view; the row flip makes the one copy, and its backward adds each cell's
+    gradient back into its distance (as a gather's would, without a scatter over rows x keys indices)."""
+    return along.unfold(-1, keys, 1).flip(-2)
+
+
+def distance_bias(encoding, q_pos, k_pos) -> torch.Tensor | None:
+    """An encoding whose bias depends on i - j alone (``TRANSLATION_INVARIANT``): its own forward on one row
+    that holds each distance once (Tq + Tk - 1 cells instead of Tq x Tk, its gradient as autograd gives it),
+    laid out by ``toeplitz``. At T = 128, 4 heads, forward and backward: T5 0.13 ms against 0.23 (its gather),
+    Kerple-power 0.15 against 0.39, Kerple-log 0.12 against 0.15. None if a query lies before every key."""
+    longest, keys = distances_along(q_pos, k_pos)
+    if int(longest) < 0:
+        return None
+    along = encoding(longest, keys)[:, 0]  # (nh, Tq + Tk - 1)
+    return toeplitz(along, len(q_pos), len(k_pos))
+
+
+def fire_bias(fire: FIREBias, q_pos, k_pos, consecutive: bool) -> torch.Tensor | None:
     r"""``model.FIREBias`` with its MLP run once per distance instead of once per (query, key) cell for the queries
     below the threshold $L$: there the normaliser $\psi(\max(L, i)) = \psi(L)$ is the same for all rows, so
-    $b(i, j)$ depends on the distance alone. The MLP's (distances, nh) outputs are gathered into those rows (the
-    gather's backward sums them back per distance); the rows from $L$ on, each with its own normaliser, take the
-    module's own forward. $L$ is learned: in training it drifts below the training length, and the last rows go
-    the long way (before, one such row sent every row there; forward and backward at T = 128, L = 121.6: 0.60 ms
-    against the module's 2.10 ms). None where no query lies below $L$, or the ones that do are not the first
-    rows (positions out of order). On the CPU only: the threshold test reads a value on the host."""
+    $b(i, j)$ depends on the distance alone. The MLP's (distances, nh) outputs are laid out by ``toeplitz``
+    for ``consecutive`` positions, else gathered into those rows (the gather's backward sums them back per
+    distance); the rows from $L$ on, each with its own normaliser, take the module's own forward. $L$ is
+    learned: in training it drifts below the training length, and the last rows go the long way (before, one
+    such row sent every row there; forward and backward at T = 128, L = 121.6: 0.60 ms against the module's
+    2.10 ms). None where no query lies below $L$, or the ones that do are not the first rows (positions out of
+    order). On the CPU only: the threshold test reads a value on the host."""
     threshold = torch.abs(fire.threshold_scale * fire.base_threshold)
     below = q_pos.float() < threshold  # strictly: max()'s gradient splits at a tie
     rows = int(below.sum())
     if rows == 0 or not bool(below[:rows].all()):
         return None
-    distance = relative_distance(q_pos[:rows], k_pos, fire.causal).long()  # (rows, Tk), whole numbers >= 0
+    along = consecutive and int(q_pos[rows - 1] - k_pos[0]) >= 0
+    if along:  # each distance once, largest first: (rows + Tk - 1,)
+        distance = relative_distance(*distances_along(q_pos[:rows], k_pos), fire.causal).long()[0]
+    else:
+        distance = relative_distance(q_pos[:rows], k_pos, fire.causal).long()  # (rows, Tk), whole numbers >= 0
     each = torch.arange(int(distance.max()) + 1, device=q_pos.device, dtype=torch.float32)  # every distance once
     normalized = fire.psi(each) / (fire.psi(threshold) + fire.eps)
     per_distance = fire.mlp(normalized[:, None].to(fire.c.dtype))  # (distances, nh)
-    gathered = per_distance.t().index_select(1, distance.flatten()).view(-1, *distance.shape)  # (nh, rows, Tk)
+    picked = per_distance.t().index_select(1, distance.flatten())  # (nh, cells)
+    gathered = toeplitz(picked, rows, len(k_pos)) if along else picked.view(-1, *distance.shape)  # (nh, rows, Tk)
     if rows == len(q_pos):
         return gathered
     return torch.cat([gathered, fire(q_pos[rows:], k_pos)], dim=1)  # the rows from L on: their own normalisers
 
 
 def t5_bias(t5: T5Bias, q_pos, k_pos) -> torch.Tensor:
-    """``model.T5Bias``: $b_h(\text{bucket}(i - j))$ gathered from the transposed (nh, 32) table straight into the
-    (nh, Tq, Tk) layout. The module's ``nn.Embedding`` lookup makes (Tq, Tk, nh) and permutes it, and its backward
-    sorts the Tq x Tk bucket indices; this gather's backward adds them into the 32 rows (0.27 against 0.82 ms
-    forward and backward at T = 128, 4 heads)."""
+    r"""``model.T5Bias`` for positions ``distance_bias`` does not take (random ones, on a GPU): $b_h(\text{bucket}(i
+    - j))$ gathered from the transposed (nh, 32) table straight into the (nh, Tq, Tk) layout. The module's
+    ``nn.Embedding`` lookup makes (Tq, Tk, nh) and permutes it, and its backward sorts the Tq x Tk bucket
+    indices; this gather's backward adds them into the 32 rows (0.27 against 0.82 ms forward and backward at
+    T = 128, 4 heads)."""
     buckets = t5.buckets(q_pos, k_pos)  # (Tq, Tk)
     return t5.table.weight.t().index_select(1, buckets.flatten()).view(-1, *buckets.shape)
 
@@ -173,8 +257,9 @@ _checked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # bias module
 
 @torch.no_grad()
 def _agrees(encoding, fast, q_pos, k_pos) -> bool:
-    """Whether a fast form (``fire_bias``, ``t5_bias``) gave what the module's own forward gives, compared at the
-    module's first use (an equation edited in model.py makes the module run its own forward, with a warning)."""
+    """Whether a fast form (``distance_bias``, ``fire_bias``, ``t5_bias``) gave what the module's own forward gives,
+    compared at the module's first use (an equation edited in model.py makes the module run its own forward, with
+    a warning)."""
     if encoding not in _checked:
         expected = encoding(q_pos, k_pos)
         agrees = fast.shape == expected.shape and torch.allclose(fast, expected, rtol=1e-4, atol=1e-5)

@@ -2,6 +2,7 @@
 model.py runs alone, copied out of the package."""
 
 import copy
+import functools
 import itertools
 import os
 import shutil
@@ -114,7 +115,9 @@ def test_a_bias_too_large_to_precompute_is_computed_per_block_alike(refiner, mon
     calls = []
     model.pe.register_forward_hook(lambda module, args, out: calls.append(out.shape))
     assert_same_forward_and_gradients(model, reference, torch.randint(0, 64, (2, 30)))
-    assert len(calls) == 2 * 4  # 4 blocks in each of 2 layers, none full size
+    # 4 blocks in each of 2 layers (each block one row of distances, fast_encodings.distance_bias), plus the
+    # module's own forward on the first block, compared at first use; none full size
+    assert len(calls) == 2 * 4 + 1 and all(shape[1] < 30 for shape in calls)
 
 
 @pytest.mark.parametrize("refiner", BUILTIN_REFINERS)
@@ -348,6 +351,36 @@ def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradien
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("frozen", ["projection", "input", "nothing"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_the_rotated_projection_gives_each_gradient_that_is_asked_for_in_the_model_dtype(frozen, dtype):
+    """fast_encodings.qkv writes c_attn's backward itself (the rotation runs in place on its output): against the
+    layer's own qkv with a frozen projection (fine-tuning around it), an input without a gradient, and a model
+    in float64 or bfloat16 (no complex bfloat16: the products in float32), every gradient that exists is the
+    reference's and in its tensor's dtype, and none is made for what needs none."""
+    torch.manual_seed(0)
+    model = md.GPT(tiny(pe="rope")).to(dtype)
+    layer = model.blocks[0].attn
+    layer.c_attn.requires_grad_(frozen != "projection")
+    positional = model.positional_inputs(torch.arange(12), model.pe)
+    x = torch.randn(3, 12, 32, dtype=dtype, requires_grad=frozen != "input")
+    grad_scores, grad_v = torch.randn(3, 4, 12, 12, dtype=dtype), torch.randn(3, 4, 12, 8, dtype=dtype)
+    results = []
+    for qkv in (fast_encodings.qkv, M.SelfAttention.qkv):
+        x.grad = layer.c_attn.weight.grad = layer.c_attn.bias.grad = None
+        q, k, v = qkv(layer, x, positional)
+        scores = q @ k.transpose(-2, -1)
+        torch.autograd.backward((scores, v), (grad_scores, grad_v))
+        results.append([scores.detach(), v.detach(), x.grad, layer.c_attn.weight.grad, layer.c_attn.bias.grad])
+    tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
+    for got, expected in zip(*results):
+        assert (got is None) == (expected is None)
+        if got is not None:
+            assert got.dtype == dtype
+            torch.testing.assert_close(got, expected, atol=tolerance * expected.abs().max(), rtol=tolerance)
+    assert (results[0][2] is None) == (frozen == "input") and (results[0][3] is None) == (frozen == "projection")
+
+
 def test_the_complex_rotation_is_one_permutation_of_q_and_k_channels_per_head():
     """What the fast path's q and k are: the reference's, with each head's channels in pair_order's order (so a
     consumer that reads them other than through q . k would see it; fast_encodings.qkv leaves those to model.py)."""
@@ -418,11 +451,11 @@ def test_a_fixed_bias_and_a_bias_with_dropout_keep_sdpa(monkeypatch):
 
 @pytest.mark.parametrize("q_start,T", [(0, 12), (0, 20), (10, 20)])
 def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_forward(q_start, T):
-    """fast_encodings.fire_bias: the MLP on each distance once, gathered, for the queries below the threshold (16 =
-    block_size, moved to 14.4 by a learned scale), the module's own rows from there on; the same bias and
-    gradients as FIREBias.forward (decoder and encoder), all rows below, some, or a block of queries that starts
-    below and ends past it."""
-    for causal in (True, False):
+    """fast_encodings.fire_bias: the MLP on each distance once, laid out as a Toeplitz matrix (consecutive
+    positions) or gathered (any), for the queries below the threshold (16 = block_size, moved to 14.4 by a learned
+    scale), the module's own rows from there on; the same bias and gradients as FIREBias.forward (decoder and
+    encoder), all rows below, some, or a block of queries that starts below and ends past it."""
+    for causal, consecutive in itertools.product((True, False), (True, False)):
         torch.manual_seed(0)
         fire = md.GPT(tiny(pe="fire", causal=causal)).pe
         with torch.no_grad():
@@ -430,7 +463,7 @@ def test_fire_runs_its_mlp_once_per_distance_below_the_threshold_and_equals_its_
             fire.threshold_scale.fill_(0.9)  # L = 14.4: as training moves it
         q_pos, k_pos = torch.arange(q_start, T), torch.arange(T)
         results = []
-        for form in (fast_encodings.fire_bias, M.FIREBias.forward):
+        for form in (functools.partial(fast_encodings.fire_bias, consecutive=consecutive), M.FIREBias.forward):
             fire.zero_grad()
             b = form(fire, q_pos, k_pos)
             (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward()
@@ -443,28 +476,74 @@ def test_fire_takes_its_own_forward_where_no_query_is_below_the_threshold_or_pos
     fire = md.GPT(tiny(pe="fire")).pe
     calls = []
     fire.mlp.register_forward_hook(lambda module, args, out: calls.append(tuple(args[0].shape)))
-    assert fast_encodings.fire_bias(fire, torch.arange(16, 20), torch.arange(20)) is None  # 16 = block_size: L
-    assert (
-        fast_encodings.fire_bias(fire, torch.tensor([17, 3, 4]), torch.arange(20)) is None
-    )  # a row past L comes first
+    fire_bias = fast_encodings.fire_bias
+    assert fire_bias(fire, torch.arange(16, 20), torch.arange(20), True) is None  # 16 = block_size: L
+    assert fire_bias(fire, torch.tensor([17, 3, 4]), torch.arange(20), False) is None  # a row past L comes first
     assert calls == []
-    assert fast_encodings.fire_bias(fire, torch.arange(14, 18), torch.arange(18)).shape == (4, 4, 18)
+    assert fire_bias(fire, torch.arange(14, 18), torch.arange(18), True).shape == (4, 4, 18)
     assert calls == [(16, 1), (2, 18, 1)]  # distances 0..15 once (rows 14, 15); rows 16, 17 cell by cell
 
 
-@pytest.mark.parametrize("pe,module", [("fire", M.FIREBias), ("t5", M.T5Bias)])
-def test_an_edited_bias_runs_its_own_forward_with_a_warning(pe, module, monkeypatch):
+@pytest.mark.parametrize(
+    "pe,module,form",
+    [
+        ("fire", M.FIREBias, "fire_bias"),
+        ("t5", M.T5Bias, "distance_bias"),
+        ("kerple_log", M.KerpleLogBias, "distance_bias"),
+    ],
+)
+def test_an_edited_bias_runs_its_own_forward_with_a_warning(pe, module, form, monkeypatch):
     model = md.GPT(tiny(pe=pe))
     forward = module.forward
-    monkeypatch.setattr(module, "forward", lambda self, q, k: forward(self, q, k) * 2)
+    # another equation, one that also depends on where the query is (so not on the distance alone)
+    monkeypatch.setattr(module, "forward", lambda self, q, k: forward(self, q, k) * 2 + 0.01 * q[:, None])
     idx = torch.randint(0, 64, (2, 12), generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match=f"{module.__name__}'s forward differs from its fast form"):
         model(idx, idx)
     pos = torch.arange(12)
     assert torch.equal(M.GPT.fast_bias(model.pe, pos, pos), model.pe(pos, pos))
-    form = f"{pe}_bias"  # once found to differ, the fast form is not computed again only to be thrown away
+    # once found to differ, the fast form is not computed again only to be thrown away
     monkeypatch.setattr(fast_encodings, form, lambda *args: pytest.fail(f"{form} ran again"))
     model(idx, idx)
+
+
+@pytest.mark.parametrize("pe", [pe for pe in BUILTIN_PES if M.PE_REGISTRY[pe] in fast_encodings.TRANSLATION_INVARIANT])
+@pytest.mark.parametrize(
+    "q_pos,k_pos", [(range(20), range(20)), (range(150, 300), range(300)), (range(5, 9), range(3, 40))]
+)
+def test_a_bias_of_the_distance_alone_is_one_row_of_distances_laid_out_and_equals_its_forward(pe, q_pos, k_pos):
+    """fast_encodings.distance_bias: the module's own forward on one row holding each distance once (from the
+    largest, query 0 against key 0, to the smallest, query last against key last), laid out by toeplitz; the
+    same bias and parameter gradients as the module's forward on every cell, decoder and encoder, a training
+    length, a query block past T5's max_distance, keys that start later and reach past the queries."""
+    q_pos, k_pos = torch.tensor(q_pos), torch.tensor(k_pos)
+    for causal in (True, False):
+        torch.manual_seed(0)
+        encoding = md.GPT(tiny(pe=pe, causal=causal)).pe
+        for p in encoding.parameters():  # away from the initial values
+            p.data.uniform_(0.2, 1.5)
+        cells = []
+        encoding.register_forward_hook(lambda module, args, out: cells.append(out[0].numel()))
+        results = []
+        for form in (fast_encodings.distance_bias, lambda module, q, k: module(q, k)):
+            encoding.zero_grad()
+            b = form(encoding, q_pos, k_pos)
+            (b * torch.linspace(-1, 1, b.numel()).view(b.shape)).sum().backward() if b.requires_grad else None
+            results.append([b.detach()] + [p.grad.clone() for p in encoding.parameters()])
+        for got, expected in zip(*results):
+            torch.testing.assert_close(got, expected, atol=1e-6, rtol=1e-5)
+        assert results[0][0].shape == (4, len(q_pos), len(k_pos))
+        assert cells == [len(q_pos) + len(k_pos) - 1, len(q_pos) * len(k_pos)]  # one row of distances, then all
+
+
+def test_positions_that_are_not_consecutive_take_the_gather_or_the_module_and_equal_its_forward():
+    """Random positions (a sorted subset, in training) are not one row of distances: T5 gathers from its table,
+    Kerple runs its own forward; the bias is the module's either way."""
+    positions = torch.tensor([0, 3, 4, 9, 15, 16, 30])
+    for pe in ("t5", "kerple_log"):
+        encoding = md.GPT(tiny(pe=pe)).pe
+        torch.testing.assert_close(fast_encodings.bias(encoding, positions, positions), encoding(positions, positions))
+        assert not fast_encodings._consecutive(positions) and fast_encodings._consecutive(torch.arange(4, 9))
 
 
 def test_t5_gathers_its_buckets_from_the_table_and_equals_its_forward():
