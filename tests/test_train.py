@@ -460,9 +460,11 @@ def test_training_steps_between_logs_read_nothing_on_the_host(corpus, monkeypatc
         return draw_batch(*args, **kwargs)
 
     monkeypatch.setattr(train_module, "_draw_batch", counting_draw)
-    # This CPU run stands in for a GPU's step, so it takes the GPU's path: FIRE's bias per distance
-    # (fast_encodings.fire_bias) runs on the CPU only, where its threshold test reading the host costs no sync.
-    monkeypatch.setattr(fast_encodings, "fire_bias", lambda fire, q_pos, k_pos: None)
+    # This CPU run stands in for a GPU's step, so it takes the GPU's path: the fast forms that read positions on
+    # the host (fast_encodings: FIRE's threshold test, the test for consecutive positions that lets a bias of the
+    # distance alone be one row of distances) run on the CPU only, where such a read costs no sync.
+    monkeypatch.setattr(fast_encodings, "fire_bias", lambda *args: None)
+    monkeypatch.setattr(fast_encodings, "_consecutive", lambda positions: False)
     steps = 6
     md.train(
         md.GPTConfig(**TINY, pe=pe, refiner=refiner),
