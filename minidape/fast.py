@@ -237,6 +237,8 @@ def attend_in_query_blocks(
     )
     rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device, biased)
     k, v = k.contiguous(), v.contiguous()
+    if biased:  # its blocks' matmuls want q with batch and heads mergeable: one copy, not one per block backward
+        q = q.contiguous()
     margin = key_margin(refiner)
     key_blocks, value_blocks = k.split(rows, dim=2), v.split(rows, dim=2)
     query_blocks = q.split(rows, dim=2)
