@@ -78,9 +78,8 @@ def pair_order(n_head: int, head_size: int, device: str) -> torch.Tensor:
 def rotary_turns(positional: PositionalInputs, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:
     r"""$e^{i t\theta} = \cos + i \sin$ of each position's angles, complex (T, 2, nh, hs/2) (the queries' row, then
     the keys'), and their conjugates for the backward in the same layout: written out over the heads so that the
-    products run along whole rows of q and k in the projection's layout, which is also the layout of the
-    gradients SDPA hands back (1.5-2x faster than broadcasting over the heads at the demo shape; a table in
-    (nh, T) order cost the backward 0.27 ms a layer there). xpos's scale rides along as the modulus."""
+    products run along whole rows of q and k in the projection's layout (1.5-2x faster than broadcasting over the
+    heads at the demo shape). xpos's scale rides along as the modulus."""
     query_rotation, key_rotation = positional.rotary
     query_turns = torch.complex(*(table.float() for table in query_rotation))
     key_turns = query_turns if key_rotation is query_rotation else torch.complex(*(t.float() for t in key_rotation))
@@ -88,23 +87,27 @@ def rotary_turns(positional: PositionalInputs, n_head: int) -> tuple[torch.Tenso
     return turns, turns.conj().resolve_conj()
 
 
-def _complex(x: torch.Tensor) -> torch.Tensor:
-    """x (..., hs) real -> (..., hs/2) complex, adjacent channels as the real and imaginary parts: a view where x is
-    float32 or float64 with its pairs in place, else a copy (torch has no complex bfloat16)."""
-    if x.dtype not in (torch.float32, torch.float64):
-        x = x.float()
-    if x.stride(-1) != 1 or x.storage_offset() % 2 or any(stride % 2 for stride in x.stride()[:-1]):
-        x = x.contiguous()  # a gradient in another layout (a refiner's matmul)
-    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
+def _rotate_(heads: torch.Tensor, turns: torch.Tensor) -> None:
+    r"""Rotate q and k in place: heads (batch, T, 2, nh, hs) real, each pair adjacent, times turns (T, 2, nh, hs/2)
+    complex, $(x_i + i\,x_{i+hs/2})\,e^{i t\theta_i}$ in one product. In float32 and float64 the pairs are a complex
+    view of heads (``view_as_complex`` raises rather than copy); torch has no complex bfloat16, so there the product
+    runs in float32 and is rounded back."""
+    if heads.dtype in (torch.float32, torch.float64):
+        pairs = torch.view_as_complex(heads.unflatten(-1, (-1, 2)))
+        torch.mul(pairs, turns, out=pairs)
+    else:
+        heads.copy_(torch.view_as_real(torch.view_as_complex(heads.float().unflatten(-1, (-1, 2))) * turns).flatten(-2))
 
 
 class _RotatedProjection(torch.autograd.Function):
     """c_attn with its rows in ``pair_order`` and the rotation, in one step: x (batch, T, C) -> q and k rotated, v
     as it is, (batch, nh, T, hs) each, views of one (batch, T, 3C) buffer in nanoGPT's layout. The rotation runs in
     place on the projection's output, which nothing else holds (a separate product cost 0.1 ms a layer more at
-    the demo shape); the projection's backward is therefore written here too: the gradients of q and k turned
-    back by the conjugates (a rotation's transpose is the rotation by minus the angles), then the linear layer's
-    three products, the weight's and bias's rows put back in their order."""
+    the demo shape), so the projection's backward is written here too: the gradients of q, k and v copied into one
+    buffer in the projection's layout (what autograd's cat does for nanoGPT's split), q's and k's turned back there
+    in place by the conjugates (a rotation's transpose is the rotation by minus the angles; one product in the
+    layout of the forward's, 0.08 ms a layer less than two into the buffer), then the linear layer's three
+    products, the weight's and bias's rows put back in their order."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, turns, turns_back, order, n_head: int):
@@ -113,12 +116,7 @@ class _RotatedProjection(torch.autograd.Function):
         projected = F.linear(x, rows, row_bias)  # (batch, T, 3C), each rotated pair adjacent
         batch, T, _ = projected.shape
         heads = projected.view(batch, T, 3, n_head, -1)  # (batch, T, q/k/v, nh, hs)
-        pairs = _complex(heads[:, :, :2])  # (batch, T, 2, nh, hs/2) complex
-        # (x_i + i x_{i+hs/2}) e^{i t theta_i}, q and k in one product
-        if heads.dtype in (torch.float32, torch.float64):  # pairs is a view: rotate in place
-            torch.mul(pairs, turns, out=pairs)
-        else:  # bfloat16 (autocast): the product in float32, then rounded back
-            heads[:, :, :2] = torch.view_as_real(pairs * turns).flatten(-2)
+        _rotate_(heads[:, :, :2], turns)
         ctx.save_for_backward(x, rows, turns_back, order)
         ctx.has_bias = bias is not None
         q, k, v = heads.unbind(2)  # (batch, T, nh, hs) each
@@ -130,14 +128,9 @@ class _RotatedProjection(torch.autograd.Function):
         x, rows, turns_back, order = ctx.saved_tensors  # turns_back (T, 2, nh, hs/2)
         batch, n_head, T, hs = grad_v.shape
         grad = grad_v.new_empty(batch, T, 3, n_head, hs)  # the projection's, its rows in pair order
-        for i, grad_out in enumerate((grad_q, grad_k)):  # (batch, nh, T, hs), in the projection's layout
-            back = turns_back[:, i].transpose(0, 1)  # (nh, T, hs/2)
-            if grad.dtype in (torch.float32, torch.float64):  # straight into the projection's gradient
-                pairs = torch.view_as_complex(grad[:, :, i].unflatten(-1, (-1, 2))).transpose(1, 2)
-                torch.mul(_complex(grad_out), back, out=pairs)
-            else:  # no complex bfloat16: the product in float32, then rounded
-                grad[:, :, i] = torch.view_as_real(_complex(grad_out) * back).flatten(-2).transpose(1, 2)
-        grad[:, :, 2] = grad_v.transpose(1, 2)
+        for i, grad_out in enumerate((grad_q, grad_k, grad_v)):  # (batch, nh, T, hs) each
+            grad[:, :, i] = grad_out.transpose(1, 2)
+        _rotate_(grad[:, :, :2], turns_back)
         flat = grad.view(batch * T, -1).to(rows.dtype)  # (batch T, 3C)
         needs_x, needs_weight, needs_bias = ctx.needs_input_grad[:3]
         grad_x = (flat @ rows).view(x.shape).to(x.dtype) if needs_x else None
