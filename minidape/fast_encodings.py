@@ -2,10 +2,11 @@ r"""The fast path's forms of the position-only encodings, beside ``fast.py``'s a
 float rounding, forward and gradients; ``tests/test_fast.py``) from the same parameters.
 
   - **RoPE's rotation** (``qkv``, installed as ``model.SelfAttention.fast_qkv``): queries and keys rotated as
-    complex numbers, one product over the fused projection's output (its rows ordered so that each rotated pair
-    is adjacent), with the angles' table made once per forward.
-  - **Learned biases from a small table** (``bias``, installed as ``model.GPT.fast_bias``): FIRE's MLP run once
-    per distance, T5's buckets gathered from the transposed table. Each is compared with the module's own
+    complex numbers, one product in place on the fused projection's output (its rows ordered so that each
+    rotated pair is adjacent), with the angles' table made once per forward.
+  - **Biases of the distance alone** (``bias``, installed as ``model.GPT.fast_bias``): ALiBi's, Kerple's, T5's
+    and FIRE's below its threshold computed once per distance and laid out as a Toeplitz matrix (consecutive
+    positions), T5's buckets gathered from the transposed table otherwise. Each is compared with the module's own
     forward at its first use; an equation edited in ``model.py`` makes the module run its own, with a warning.
 """
 
