@@ -29,7 +29,7 @@ The fused forms (``FUSED_FORMS``) rely on the structure of the reference modules
 one, ``block_form`` checks that structure and compares the fused form with the module's own ``forward`` on a
 small input: a refiner edited in ``model.py`` (another activation, another equation) runs in its reference
 form, with a warning, instead of silently computing something else. The position-only encodings' own fast
-forms (RoPE's rotation, FIRE's and T5's biases) are in ``fast_encodings.py``.
+forms (RoPE's rotation, the biases of the distance alone) are in ``fast_encodings.py``.
 """
 
 from __future__ import annotations
