@@ -329,6 +329,19 @@ def test_what_the_layers_share_is_made_once_per_forward(module, maker, pe, monke
 ROTARY_PES = [pe for pe in BUILTIN_PES if issubclass(M.PE_REGISTRY[pe], M.RotaryEmbedding)]
 
 
+def fast_and_model_py_qkv(layer, x, positional, grad_scores, grad_v) -> list[list]:
+    """For fast_encodings.qkv, then the layer's own qkv: the scores q k^T, v, and the gradients of x and of c_attn's
+    weight and bias (None where they need none) after a backward from the given gradients of scores and v."""
+    results = []
+    for qkv in (fast_encodings.qkv, M.SelfAttention.qkv):
+        x.grad = layer.c_attn.weight.grad = layer.c_attn.bias.grad = None
+        q, k, v = qkv(layer, x, positional)
+        scores = q @ k.transpose(-2, -1)
+        torch.autograd.backward((scores, v), (grad_scores, grad_v))
+        results.append([scores.detach(), v.detach(), x.grad, layer.c_attn.weight.grad, layer.c_attn.bias.grad])
+    return results
+
+
 @pytest.mark.parametrize("pe", ROTARY_PES)
 def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradients(pe):
     """fast_encodings.qkv against the layer's own qkv (model.apply_rotary per tensor), on the same input: the
@@ -339,14 +352,7 @@ def test_rotating_q_and_k_as_complex_numbers_equals_model_py_forward_and_gradien
     layer = model.blocks[0].attn
     positional = model.positional_inputs(torch.arange(12), model.pe)
     x = torch.randn(3, 12, 32, requires_grad=True)
-    grad_scores, grad_v = torch.randn(3, 4, 12, 12), torch.randn(3, 4, 12, 8)
-    results = []
-    for qkv in (fast_encodings.qkv, M.SelfAttention.qkv):
-        x.grad = layer.c_attn.weight.grad = layer.c_attn.bias.grad = None
-        q, k, v = qkv(layer, x, positional)
-        scores = q @ k.transpose(-2, -1)
-        torch.autograd.backward((scores, v), (grad_scores, grad_v))
-        results.append([scores.detach(), v.detach(), x.grad, layer.c_attn.weight.grad, layer.c_attn.bias.grad])
+    results = fast_and_model_py_qkv(layer, x, positional, torch.randn(3, 4, 12, 12), torch.randn(3, 4, 12, 8))
     for got, expected in zip(*results):
         torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
 
@@ -365,13 +371,7 @@ def test_the_rotated_projection_gives_each_gradient_that_is_asked_for_in_the_mod
     positional = model.positional_inputs(torch.arange(12), model.pe)
     x = torch.randn(3, 12, 32, dtype=dtype, requires_grad=frozen != "input")
     grad_scores, grad_v = torch.randn(3, 4, 12, 12, dtype=dtype), torch.randn(3, 4, 12, 8, dtype=dtype)
-    results = []
-    for qkv in (fast_encodings.qkv, M.SelfAttention.qkv):
-        x.grad = layer.c_attn.weight.grad = layer.c_attn.bias.grad = None
-        q, k, v = qkv(layer, x, positional)
-        scores = q @ k.transpose(-2, -1)
-        torch.autograd.backward((scores, v), (grad_scores, grad_v))
-        results.append([scores.detach(), v.detach(), x.grad, layer.c_attn.weight.grad, layer.c_attn.bias.grad])
+    results = fast_and_model_py_qkv(layer, x, positional, grad_scores, grad_v)
     tolerance = 2e-2 if dtype == torch.bfloat16 else 1e-5
     for got, expected in zip(*results):
         assert (got is None) == (expected is None)
