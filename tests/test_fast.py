@@ -544,6 +544,8 @@ def test_positions_that_are_not_consecutive_take_the_gather_or_the_module_and_eq
         encoding = md.GPT(tiny(pe=pe)).pe
         torch.testing.assert_close(fast_encodings.bias(encoding, positions, positions), encoding(positions, positions))
         assert not fast_encodings._consecutive(positions) and fast_encodings._consecutive(torch.arange(4, 9))
+        no_query = fast_encodings.bias(encoding, torch.arange(0), torch.arange(5))  # an empty block: the module's
+        assert no_query.shape == (4, 0, 5) and not fast_encodings._consecutive(torch.arange(0))
 
 
 def test_t5_gathers_its_buckets_from_the_table_and_equals_its_forward():
