@@ -103,12 +103,13 @@ def _rotate_(heads: torch.Tensor, turns: torch.Tensor) -> None:
 class _RotatedProjection(torch.autograd.Function):
     """c_attn with its rows in ``pair_order`` and the rotation, in one step: x (batch, T, C) -> q and k rotated, v
     as it is, (batch, nh, T, hs) each, views of one (batch, T, 3C) buffer in nanoGPT's layout. The rotation runs in
-    place on the projection's output, which nothing else holds (a separate product cost 0.1 ms a layer more at
-    the demo shape), so the projection's backward is written here too: the gradients of q, k and v copied into one
-    buffer in the projection's layout (what autograd's cat does for nanoGPT's split), q's and k's turned back there
-    in place by the conjugates (a rotation's transpose is the rotation by minus the angles; one product in the
-    layout of the forward's, 0.08 ms a layer less than two into the buffer), then the linear layer's three
-    products, the weight's and bias's rows put back in their order."""
+    place on the projection's output, which nothing else holds (a product into a new tensor, with the weight's
+    row gather through autograd, cost 0.15 ms a layer more at the demo shape), so the projection's backward is
+    written here too: the gradients of q, k and v copied into one buffer in the projection's layout (what
+    autograd's cat does for nanoGPT's split), q's and k's turned back there in place by the conjugates (a
+    rotation's transpose is the rotation by minus the angles; one product in the layout of the forward's, 0.08 ms
+    a layer less than two into the buffer), then the linear layer's three products, the weight's and bias's rows
+    put back in their order."""
 
     @staticmethod
     def forward(ctx, x, weight, bias, turns, turns_back, order, n_head: int):
