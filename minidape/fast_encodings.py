@@ -158,15 +158,17 @@ def bias(encoding, q_pos, k_pos) -> torch.Tensor:
     """The bias (nh, Tq, Tk) of a position-only ``encoding`` (``model.GPT.fast_bias``): one that depends on the
     distance alone through ``distance_bias`` (consecutive positions, on the CPU), FIRE's through ``fire_bias``,
     T5's through ``t5_bias`` otherwise, where they agree with the module's own forward; any other its own."""
-    if _checked.get(encoding) is False:  # edited in model.py: its fast form computes something else
-        return encoding(q_pos, k_pos)
-    consecutive = q_pos.device.type == "cpu" and _consecutive(q_pos) and _consecutive(k_pos)
+    kind = type(encoding)
+    if (kind not in TRANSLATION_INVARIANT and kind is not FIREBias) or _checked.get(encoding) is False:
+        return encoding(q_pos, k_pos)  # no fast form, or edited in model.py: its fast form computes something else
+    on_cpu = q_pos.device.type == "cpu"
+    consecutive = on_cpu and _consecutive(q_pos) and _consecutive(k_pos)
     fast = None
-    if type(encoding) in TRANSLATION_INVARIANT and consecutive:
+    if kind is FIREBias:
+        fast = fire_bias(encoding, q_pos, k_pos, consecutive) if on_cpu else None
+    elif consecutive:
         fast = distance_bias(encoding, q_pos, k_pos)
-    elif type(encoding) is FIREBias and q_pos.device.type == "cpu":
-        fast = fire_bias(encoding, q_pos, k_pos, consecutive)
-    elif type(encoding) is T5Bias:
+    elif kind is T5Bias:
         fast = t5_bias(encoding, q_pos, k_pos)
     if fast is not None and _agrees(encoding, fast, q_pos, k_pos):
         return fast
