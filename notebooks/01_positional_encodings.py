@@ -442,7 +442,7 @@ plt.show()
 # flat) attend almost uniformly to a thousand keys; ALiBi's and Kerple's decaying biases already concentrate
 # attention on recent keys — the mechanism by which biases keep long inputs looking like short ones.
 
-# %%
+# %% tags=["reveals-prediction"]
 tokens = torch.randint(0, 256, (1, LONG), generator=generator).to(DEVICE)
 print(f"T = {LONG} = {LONG // TRAIN_LENGTH} x block_size;  ln T = {torch.log(torch.tensor(float(LONG))):.2f}")
 for name in md.PE_NAMES:

@@ -320,7 +320,7 @@ exercises.check("shift_growth", shift_prediction, shift_measured)
 # %% [markdown]
 # How large must $c$ be? It depends on the point set, and it grows with the span of the positions:
 
-# %%
+# %% tags=["reveals-prediction"]
 # NBVAL_CHECK_OUTPUT
 shift_examples = {"triangle -|m-n| (ALiBi)": triangle,
                   "power -|m-n|^0.5": kernels.power_kernel(p=0.5),

@@ -162,7 +162,7 @@ plt.show()
 # $\ge T - k$, far beyond $L$ once $T \gg L$: a rise from one length to the next is the model's, not the text's. `learned` cannot run beyond its table: the function reports NaN there
 # (with a warning, silenced here) and the plot leaves those points out.
 
-# %%
+# %% tags=["reveals-prediction"]
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")     # "length ... skipped (reported as NaN)" for pe="learned"
     last_k = {pe: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, protocol="last_k",
@@ -232,7 +232,7 @@ exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LON
 # this gives different, usually lower, numbers than its own `last_k`, and recommends `last_k`. We run both
 # on the same models.
 
-# %%
+# %% tags=["reveals-prediction"]
 nonoverlap = {}
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

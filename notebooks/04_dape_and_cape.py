@@ -429,7 +429,7 @@ def figure1(model, idx, layer):
 
 f_last_layer = figure1(dape_model, long_window, layer=1)
 
-# %%
+# %% tags=["reveals-prediction"]
 f_first_layer = figure1(dape_model, long_window, layer=0)
 bias_last_query = dape_model.attention_maps(long_window, layer=1)["bias"][:, -1].detach().cpu()
 print("correlation of f with B over the keys, layer 1, per head:",

@@ -486,7 +486,7 @@ for refiner in ("conv", "leaky_conv"):
 # Now train the leaky version with exactly the settings of the $k = 3$ run above and compare the validation
 # losses during training.
 
-# %%
+# %% tags=["reveals-prediction"]
 # md.train refuses a decoder that reads the future (it runs md.check_causal first): this experiment says so.
 models["leaky_conv k=3"], histories["leaky_conv k=3"], seconds["leaky_conv k=3"] = train(
     config(refiner="leaky_conv", refiner_kernel=3), allow_leakage=True)
@@ -541,7 +541,7 @@ exercises.check("leakage", leaky_is_lower, final_losses, histories)
 # honest one): it is not modelling the language, it is reading the answer through the scores of the next key.
 # The same cheat works at every evaluation length, since every row holds its own future:
 
-# %%
+# %% tags=["reveals-prediction"]
 leaky_curve = md.evaluate.perplexity_by_length(models["leaky_conv k=3"], val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
 print("leaky_conv k=3, last_k perplexity:", {T: round(p, 2) for T, p in leaky_curve.items()})
 

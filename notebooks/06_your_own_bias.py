@@ -335,7 +335,7 @@ for name, model in models.items():
 #
 # Extrapolation curves with DAPE's `last_k` protocol (notebook 03), from the training length to 16× it.
 
-# %%
+# %% tags=["reveals-prediction"]
 last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
           for name, model in models.items()}
 md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, title="Your bias vs Kerple, with and without DAPE (last_k)")

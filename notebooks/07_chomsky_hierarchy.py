@@ -314,7 +314,7 @@ exercises.check("shuffle_invariance", unchanged_prediction, unchanged_measured)
 # placeholders cannot change at all. A decoder's causal mask breaks the symmetry (token $t$ sees only tokens
 # before it), and ALiBi's and RoPE's positions break it too. The same comparison for NoPE and ALiBi:
 
-# %%
+# %% tags=["reveals-prediction"]
 # NBVAL_CHECK_OUTPUT
 task = md.tasks.get_task("parity_check")
 inputs, _ = task.sample(4, 30, torch.Generator().manual_seed(2))

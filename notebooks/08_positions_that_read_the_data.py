@@ -372,10 +372,28 @@ for name, seconds in step_seconds.items():
 # %% [markdown]
 # ## 5 · Where does FoX forget?
 #
-# A trained FoX model writes a gate at every byte. Below, its layers' gates on a stretch of validation text, one
-# row per head: dark cells are bytes where the head forgets (gate well below 1).
+# A trained FoX model writes a gate $f_t \in (0, 1]$ at every byte, one per head: the weight of everything
+# before byte $t$ is multiplied by it, so a low gate is a place where the head forgets.
+#
+# ### Exercise 8.3 (experiment) · Predict, then measure, where FoX forgets
+#
+# Group the bytes of the validation text into four kinds: letters, spaces, punctuation and newlines. **Before**
+# you run the measurement: on which kind will the trained FoX model forget most, i.e. have the lowest mean
+# forget gate (over every layer and head)? Write your prediction, one of `"letter"`, `"space"`, `"punctuation"`,
+# `"newline"`.
 
-# %%
+# %% tags=["prediction"]
+fox_prediction = None                    # your prediction: "letter", "space", "punctuation" or "newline"
+
+
+# %% tags=["solution", "prediction"]
+fox_prediction = "space"                 # words are the unit of text: after a space a new word starts afresh
+
+# %% [markdown]
+# Now look: the trained model's gates on a stretch of validation text, one row per layer and head; dark
+# cells are bytes where the head forgets (gate well below 1).
+
+# %% tags=["reveals-prediction"]
 model = fox_models["FoX"]
 snippet = val_tokens[1000:1080]
 idx = snippet[None].long().to(DEVICE)
@@ -396,25 +414,10 @@ fig.colorbar(image, ax=ax)
 plt.show()
 
 # %% [markdown]
-# ### Exercise 8.3 (experiment) · Predict, then measure, where FoX forgets
-#
-# Group the bytes of the validation text into four kinds: letters, spaces, punctuation and newlines. **Before**
-# you run the measurement: on which kind will the trained FoX model forget most, i.e. have the lowest mean
-# forget gate (over every layer and head)? Write your prediction, one of `"letter"`, `"space"`, `"punctuation"`,
-# `"newline"`.
-
-# %% tags=["prediction"]
-fox_prediction = None                    # your prediction: "letter", "space", "punctuation" or "newline"
-
-
-# %% tags=["solution", "prediction"]
-fox_prediction = "space"                 # words are the unit of text: after a space a new word starts afresh
-
-# %% [markdown]
 # The measurement: the mean gate of each kind over 4,096 bytes of validation text (computed below). Then write
 # `forgets_most`, the kind that forgets most, from `mean_gate`.
 
-# %%
+# %% tags=["reveals-prediction"]
 text = val_tokens[:4096]
 with torch.no_grad():
     x, layer_inputs = model.hidden_states(text[None].long().to(DEVICE), upto_layer=0)
