@@ -309,7 +309,7 @@ def visible_only(bias):
 for name, model in bias_models.items():
     with torch.no_grad():
         bias = model.pe(positions, positions)
-    md.plots.plot_bias(visible_only(bias), title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
+    md.plots.plot_bias(visible_only(bias), title=f"{name}: initial bias b_h(i, j), 32 positions")
     plt.show()
 
 # %% [markdown]
@@ -514,7 +514,7 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 with torch.no_grad():
-    md.plots.plot_bias(visible_only(model.pe(positions, positions)), title="learned_slopes: initial bias").tight_layout()
+    md.plots.plot_bias(visible_only(model.pe(positions, positions)), title="learned_slopes: initial bias")
 plt.show()
 
 # %% [markdown]
