@@ -168,15 +168,33 @@ with warnings.catch_warnings():
     last_k = {pe: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, protocol="last_k",
                                                    n_windows=EVAL_WINDOWS)
               for pe, model in models.items()}
-md.plots.plot_extrapolation(last_k, train_length=TRAIN_LENGTH,
-                            title=f"Perplexity of the same {SCORED} scored tokens at every length (last_k)")
+# Quick mode trains 8 steps: every curve is flat. The teacher's full-mode run is drawn beside it (stored with
+# minidape); the text below reads that one.
+reference_last_k = notebook.reference("03/last_k", last_k)
+notebook.beside_reference(md.plots.plot_extrapolation, last_k, reference_last_k, train_length=TRAIN_LENGTH,
+                          title=f"Perplexity of the same {SCORED} scored tokens at every length (last_k)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, train_length=TRAIN_LENGTH)))
-at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in last_k.items()}
-growth = {pe: curve[LONGEST] / curve[TRAIN_LENGTH] for pe, curve in last_k.items() if pe != "learned"}
-print(f"at the training length: best {min(at_train, key=at_train.get)}, worst {max(at_train, key=at_train.get)}")
-print(f"perplexity at {LONGEST} / at {TRAIN_LENGTH}: " + ", ".join(f"{pe} {g:.2f}x" for pe, g in growth.items()))
-if not QUICK:   # the claims of the text below, checked on this run (quick mode trains too little to show them)
+
+
+def growth_summary(curves, who):
+    """Each model's perplexity at the longest length over that at the training length, printed and returned."""
+    at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in curves.items()}
+    longest = max(next(iter(curves.values())))
+    growth = {pe: curve[longest] / curve[TRAIN_LENGTH] for pe, curve in curves.items() if pe != "learned"}
+    print(f"{who}: at the training length best {min(at_train, key=at_train.get)}, worst "
+          f"{max(at_train, key=at_train.get)}; perplexity at {longest} / at {TRAIN_LENGTH}: "
+          + ", ".join(f"{pe} {g:.2f}x" for pe, g in growth.items()))
+    return growth
+
+
+growth = growth_summary(last_k, "your run")
+shown = last_k if not QUICK else reference_last_k      # the run the text below describes
+if QUICK and shown is not None:
+    display(Markdown("**Teacher's reference** (full mode, 400 steps):\n\n"
+                     + md.plots.markdown_table(shown, train_length=TRAIN_LENGTH)))
+    growth = growth_summary(shown, "teacher's reference")
+if shown is not None:   # the claims of the text below, checked on the run it describes
     assert growth["rope"] > 2, "RoPE at 16x the training length should be more than twice its in-length perplexity"
     assert max(growth["alibi"], growth["kerple_log"]) < 1.25, "ALiBi and Kerple should stay nearly flat"
     assert growth["rope"] > max(growth["alibi"], growth["kerple_log"], growth["none"])
@@ -210,8 +228,9 @@ exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LON
 # mode (8 steps) no model has learned enough for the difference to show: all ratios are near 1.
 
 # %% [markdown]
-# **What to look for.** At the training length (dashed line) the models differ by how well they learned in
-# 400 steps (the line above the plot names the best and the worst). To the right:
+# **What to look for** (in quick mode, in the teacher's reference on the right: 8 steps teach no model enough to
+# show any of this). At the training length (dashed line) the models differ by how well they learned in
+# 400 steps (the line under the plot names the best and the worst). To the right:
 #
 # - `learned` stops: there is no embedding for position 64.
 # - `rope` is among the best models at $T = L$ and breaks at $16L$ (the printed ratio; in full mode the cell

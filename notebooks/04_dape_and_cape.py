@@ -278,31 +278,21 @@ else:
 # DAPE's relative cost. (The cell prints the percentages; they are exact arithmetic from your count.)
 # And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise passes over
 # $(\text{batch}, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick measurement of one
-# forward pass (timings on a shared machine are noisy):
+# forward pass: each model runs once untimed (a first pass pays one-time costs that would make whichever model runs
+# first look slow), then the models take turns, five rounds, and the median round counts; the ratio to the model
+# without a refiner is the number to read (absolute times depend on the machine and its load).
 
 # %%
-def forward_ms(refiner, T, batch=4 if QUICK else 8, repeats=3):
-    torch.manual_seed(0)
-    model = md.GPT(config(refiner=refiner)).to(DEVICE).eval()
-    x = torch.randint(256, (batch, T)).to(DEVICE)
-    with torch.no_grad():
-        model(x)                                                    # warm-up
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()                                # a GPU runs asynchronously: wait before timing
-        start = time.perf_counter()
-        for _ in range(repeats):
-            model(x)
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - start) / repeats
-
-
 timing_lengths = [64, 128] if QUICK else [64, 256, 1024]
+refiners = ("none", "dape_add", "dape", "conv")
+torch.manual_seed(0)
+timed = {refiner: md.GPT(config(refiner=refiner)).to(DEVICE).eval() for refiner in refiners}
 print(f"{'refiner':<12}" + "".join(f"{'T=' + str(T):>16}" for T in timing_lengths))
-baseline = {T: forward_ms("none", T) for T in timing_lengths}
-for refiner in ("none", "dape_add", "dape", "conv"):
-    times = baseline if refiner == "none" else {T: forward_ms(refiner, T) for T in timing_lengths}
-    print(f"{refiner:<12}" + "".join(f"{times[T]:>8.1f} ms {times[T] / baseline[T]:>4.1f}x" for T in timing_lengths))
+ms = {T: notebook.time_models(timed, torch.randint(256, (4 if QUICK else 8, T)).to(DEVICE)) for T in timing_lengths}
+for refiner in refiners:
+    print(f"{refiner:<12}" + "".join(f"{ms[T][refiner]:>8.1f} ms {ms[T][refiner] / ms[T]['none']:>4.1f}x"
+                                     for T in timing_lengths))
+print("(median of 5 forward passes per model after one warm-up pass each, the models' passes interleaved)")
 
 # %% [markdown]
 # ## 3. Training: Kerple vs DAPE-Kerple (and the other two variants)

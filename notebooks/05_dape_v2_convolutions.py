@@ -361,8 +361,15 @@ runs.update({f"conv k={k}": config(refiner="conv", refiner_kernel=k) for k in KE
 models, histories, seconds = {}, {}, {}
 for name, cfg in runs.items():
     models[name], histories[name], seconds[name] = train(cfg)
-    print(f"{name:<11} validation loss {histories[name][-1]['val_loss']:.3f}   "
-          f"{1000 * seconds[name] / STEPS:.0f} ms/step")
+# Step times measured apart from training: a training run's first steps pay one-time costs, which would make the
+# model trained first look slow (in quick mode, with 8 steps, several times slower).
+batch = val_tokens[: BATCH * TRAIN_LENGTH].long().view(BATCH, TRAIN_LENGTH).to(DEVICE)
+step_ms = notebook.time_models(models, batch, backward=True)
+for name in runs:
+    print(f"{name:<11} validation loss {histories[name][-1]['val_loss']:.3f}   {step_ms[name]:5.0f} ms/step "
+          f"({step_ms[name] / step_ms['kerple_log']:.2f}x Kerple's)")
+print("(ms/step: forward and backward on one batch, the median of 5 rounds after a warm-up step per model, "
+      "the models taking turns)")
 
 # %%
 last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
@@ -382,7 +389,7 @@ for k in KERNEL_SIZES:
 # of better intra-length perplexity), and whether their curves stay as flat as Kerple's beyond it. The lines
 # under the table say, for this run, at how many lengths each refiner is below Kerple and below the $1 \times 1$
 # kernel (DAPE). DAPE-V2's Figure 1 and Appendix F report the larger kernels ahead; one seed and 400 steps cannot
-# rank $k = 3$ against $k = 5$. The ms/step column shows the price, which grows with $k$.
+# rank $k = 3$ against $k = 5$. The ms/step column shows the price of each refiner against Kerple alone.
 #
 # ### The refined feature map
 #

@@ -151,3 +151,32 @@ def books_budget(quick: bool) -> BooksBudget:
         eval_windows=32,
         val_windows=32,
     )
+
+
+def time_models(models: dict, idx: torch.Tensor, repeats: int = 5, backward: bool = False) -> dict[str, float]:
+    """Milliseconds per forward pass (with `backward`: per forward and backward, as in one training step) of each
+    model on the batch `idx`: one warm-up pass each first (lazy set-up, caches), then `repeats` rounds in which
+    every model runs once, so that a change of the machine's load meanwhile hits all of them alike; the median
+    round. `{name: ms}`."""
+    import statistics
+
+    def one_pass(model):
+        if backward:
+            logits, loss = model(idx, targets=idx)
+            loss.backward()
+            model.zero_grad(set_to_none=True)
+        else:
+            with torch.no_grad():
+                model(idx)
+        if idx.device.type == "cuda":
+            torch.cuda.synchronize()  # a GPU runs asynchronously: wait before reading the clock
+
+    for model in models.values():
+        one_pass(model)  # warm-up, not timed
+    times = {name: [] for name in models}
+    for _ in range(repeats):
+        for name, model in models.items():
+            start = time.perf_counter()
+            one_pass(model)
+            times[name].append(1000 * (time.perf_counter() - start))
+    return {name: statistics.median(values) for name, values in times.items()}

@@ -3,7 +3,8 @@
 `figure_problems(fig)` lists what a figure breaks:
 
 - a legend with the same label twice;
-- two entries of different labels in colours a reader cannot tell apart (CIELAB distance below `MIN_COLOR_DISTANCE`);
+- two entries of one panel, different labels, in colours a reader cannot tell apart (CIELAB distance below
+  `MIN_COLOR_DISTANCE`), or one label in different colours in two panels;
 - a logarithmic axis with fewer than two labelled ticks in view (a lone "10¹" gives no scale);
 - heat maps of heads (panels titled "head ...") on different colour scales, or a figure that does not say in its
   title that they share one.
@@ -11,12 +12,14 @@
 `install()` (called by `notebook.start()`) makes every `plt.show()` of a notebook first label its log axes
 (`plots.label_log_axes`), then, when `MINIDAPE_CHECK_FIGURES=1` (set by `make test-notebooks`), raise
 `FigureProblem` on a figure that breaks a rule: the notebooks' own nbval run checks every figure they draw.
+`MINIDAPE_CHECK_FIGURES=report` prints the problems instead, so that one run lists every figure's.
 """
 
 from __future__ import annotations
 
 import os
 import re
+import sys
 
 import matplotlib.pyplot as plt
 from matplotlib.collections import Collection
@@ -91,18 +94,22 @@ def figure_problems(fig: Figure) -> list[str]:
         repeated = sorted({text for text in texts if texts.count(text) > 1})
         if repeated:
             problems.append(f"legend repeats {repeated}")
-    colors = {}  # label -> colour, over every panel: the same model may appear in several
+    seen = {}  # label -> colour over every panel: a model drawn in several panels keeps one colour
     for ax in fig.axes:
+        colors = {}  # label -> colour in this panel, whose legend a reader matches lines against
         for handle, label in zip(*ax.get_legend_handles_labels()):
             color = _entry_color(handle)
             if color is not None:
                 colors.setdefault(label, color)
-    labels = list(colors)
-    for i, first in enumerate(labels):
-        for second in labels[i + 1 :]:
-            distance = color_distance(colors[first], colors[second])
-            if distance < MIN_COLOR_DISTANCE:
-                problems.append(f"{first!r} and {second!r} have colours {distance:.1f} ΔE apart (too alike)")
+        labels = list(colors)
+        for i, first in enumerate(labels):
+            for second in labels[i + 1 :]:
+                distance = color_distance(colors[first], colors[second])
+                if distance < MIN_COLOR_DISTANCE:
+                    problems.append(f"{first!r} and {second!r} have colours {distance:.1f} ΔE apart (too alike)")
+        for label, color in colors.items():
+            if color_distance(seen.setdefault(label, color), color) >= MIN_COLOR_DISTANCE:
+                problems.append(f"{label!r} changes colour from one panel to the next")
     for ax in fig.axes:
         if not ax.axison:
             continue
@@ -136,8 +143,14 @@ def _prepare_open_figures():
     for number in plt.get_fignums():
         fig = plt.figure(number)
         label_log_axes(fig)
-        if os.environ.get(CHECK, "") == "1":
+        mode = os.environ.get(CHECK, "").strip()
+        if mode == "1":
             check_figure(fig)
+        elif mode == "report":
+            for problem in figure_problems(fig):
+                print(
+                    f"FIGURE PROBLEM in {fig.get_suptitle() or fig.axes[0].get_title()!r}: {problem}", file=sys.stderr
+                )
 
 
 def install() -> None:
