@@ -15,9 +15,10 @@
 # %% [markdown]
 # # 01 · Positional encodings: what each one adds, and where
 #
-# Self-attention on its own is blind to order: section 0 shuffles the keys and values of one query and gets the
-# same answer to the last digit. A *positional encoding* (PE) puts order back in. minidape has one of each family the DAPE,
-# CAPE, DAPE-V2 and Kerple papers compare against, and they act in three different places of a layer:
+# Self-attention on its own is blind to order: section 0 shuffles the keys and values of one query and gets
+# the same answer to the last digit. A *positional encoding* (PE) puts order back in. minidape has one of each
+# family the DAPE, CAPE, DAPE-V2 and Kerple papers compare against, and they act in three different places of
+# a layer:
 #
 # | where | formula | encodings |
 # |---|---|---|
@@ -78,7 +79,8 @@ words = ["the", "cat", "sat", "on", "a", "mat"]
 width = 8
 generator = torch.Generator().manual_seed(0)
 query = torch.randn(width, generator=generator)
-keys, values = torch.randn(len(words), width, generator=generator), torch.randn(len(words), width, generator=generator)
+keys = torch.randn(len(words), width, generator=generator)
+values = torch.randn(len(words), width, generator=generator)
 shuffle = torch.tensor([3, 5, 0, 4, 1, 2])                 # "on mat the a cat sat"
 
 
@@ -315,7 +317,8 @@ ax.axvspan(0, TRAIN_LENGTH - 1, color="#888888", alpha=0.25, label=f"positions i
 ax.axhspan(0, seen, color="#E69F00", alpha=0.2, label=f"angles pair {slow} reached in training")
 ax.plot(positions_long, angle[fast], linestyle="none", marker=".", markersize=3, color="#D55E00",
         label=f"fast pair {fast}: θ = {theta[fast]:.3g} rad")
-ax.plot(positions_long, angle[slow], linewidth=2, color="#0072B2", label=f"slow pair {slow}: θ = {theta[slow]:.3g} rad")
+ax.plot(positions_long, angle[slow], linewidth=2, color="#0072B2",
+        label=f"slow pair {slow}: θ = {theta[slow]:.3g} rad")
 ax.set(xlabel="position m", ylabel=r"angle $m\theta_i$ mod $2\pi$ (rad)", xlim=(0, LONG - 1), ylim=(0, 2 * math.pi),
        title="RoPE's rotation angles: the slow pair leaves the range it was trained on")
 ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")

@@ -87,8 +87,9 @@ axes[0].set_ylabel("attention weight")
 fig.suptitle("The same weights: a constant added to every logit changes nothing")
 plt.tight_layout()
 plt.show()
-print("logits     :", (logits_row).tolist(), "  weights", [round(w, 4) for w in torch.softmax(logits_row, 0).tolist()])
-print("logits + 5 :", (logits_row + 5).tolist(), "  weights", [round(w, 4) for w in torch.softmax(logits_row + 5, 0).tolist()])
+for shift in (0.0, 5.0):
+    print(f"logits + {shift:g}: {(logits_row + shift).tolist()}   weights",
+          [round(w, 4) for w in torch.softmax(logits_row + shift, 0).tolist()])
 assert torch.allclose(torch.softmax(logits_row, 0), torch.softmax(logits_row + 5, 0))
 
 # %% [markdown]
@@ -241,8 +242,8 @@ plt.show()
 # counterexamples (the `is_cpd` table below: `False` at $p = 2.5$), which is why `is_cpd` tries both.
 
 # %% [markdown]
-# What the scan shows is a theorem. Three facts build the families (§3.2): sums and positive multiples of CPD kernels are CPD (Fact 2); if
-# $k \le 0$ is CPD then so are $-(-k)^\alpha$ for $0 < \alpha \le 1$ and $-\ln(1 - k)$ (Fact 3); and
+# What the scan shows is a theorem. Three facts build the families (§3.2): sums and positive multiples of CPD
+# kernels are CPD (Fact 2); if $k \le 0$ is CPD then so are $-(-k)^\alpha$ for $0 < \alpha \le 1$ and $-\ln(1 - k)$ (Fact 3); and
 # $-\|x - x'\|^2$ is CPD (Fact 4). Starting from $-|m-n|^2$ and applying Fact 3 with $\alpha = p/2$:
 #
 # **Corollary 1.** (a) $k(m,n) = -a\,|m - n|^p$ and (b) $k(m, n) = -b\ln\big(1 + a\,|m-n|^p\big)$ are CPD for
@@ -265,23 +266,9 @@ for a, b in ((0.1, 1.0), (1.0, 2.0), (10.0, 0.5)):
 # %% [markdown]
 # ## 4. Lemma 1: the CPD shift lemma and the geometric search for $c$
 #
-# Kerple prints **Lemma 1** as "if $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD", and gives as its
-# example "$c - \|x - x'\|^2$ for large enough $c$". Both need care. What holds is:
-#
-# **Lemma 1 (precise).** Let $x_1, \dots, x_N$ be a **finite** set of points and $k$ **strictly** CPD on it
-# ($c^\top K c > 0$ for every non-zero $c$ with $\sum_i c_i = 0$). Then there is a finite $c$ such that
-# $c + K$ is positive semi-definite; $c$ depends on the point set.
-#
-# The paper's own example is the counterexample to the lemma as printed: $-\|x - x'\|^2$ is CPD but not
-# strictly (exercise 2.1: $c^\top K c = 0$ whenever $\sum_i c_i x_i = 0$), and on 3 or more points
-# $c - \|x - x'\|^2$ is PD for **no** $c$ — shown numerically below.
-#
-# Why: on $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
-# ($\mathbf{1}^\top v = 0$), so nothing changes there; along $\mathbf{1}$ it adds $cN^2$ to the quadratic
-# form, which eventually beats everything else — provided $K$ is *strictly* positive on the zero-sum
-# vectors. Since $c\,\mathbf{1}\mathbf{1}^\top$ is PSD, $\lambda_{\min}(c + K)$ only grows with $c$, so the paper
-# suggests a geometric search $c = 1, 2, 4, 8, \dots$ (footnote to §3.2). `kernels.pd_shift` does exactly
-# that; the plot shows $\lambda_{\min}(c + K)$ along the search for the triangle kernel on 32 points.
+# Section 0 lifted $-|m-n|$ on three points to a positive form by adding 4 to every entry. Does that always
+# work? Below, the triangle kernel $-|m-n|$ on 32 points: the smallest eigenvalue of $c + K$ as the constant $c$
+# doubles.
 
 # %%
 K = kernels.gram(triangle, 32)
@@ -297,6 +284,26 @@ ax.set(xlabel="shift c", ylabel="smallest eigenvalue",
        title="Triangle kernel −|m−n| on 32 points: c + K becomes PSD")
 ax.legend()
 plt.show()
+
+# %% [markdown]
+# It becomes non-negative at a finite $c$: a large enough constant made the CPD kernel PD. Kerple prints
+# **Lemma 1** as "if $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD", and gives as its example
+# "$c - \|x - x'\|^2$ for large enough $c$". Both need care. What holds is:
+#
+# **Lemma 1 (precise).** Let $x_1, \dots, x_N$ be a **finite** set of points and $k$ **strictly** CPD on it
+# ($c^\top K c > 0$ for every non-zero $c$ with $\sum_i c_i = 0$). Then there is a finite $c$ such that
+# $c + K$ is positive semi-definite; $c$ depends on the point set.
+#
+# The paper's own example is the counterexample to the lemma as printed: $-\|x - x'\|^2$ is CPD but not
+# strictly (exercise 2.1: $c^\top K c = 0$ whenever $\sum_i c_i x_i = 0$), and on 3 or more points
+# $c - \|x - x'\|^2$ is PD for **no** $c$ — shown numerically below.
+#
+# Why: on $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
+# ($\mathbf{1}^\top v = 0$), so nothing changes there; along $\mathbf{1}$ it adds $cN^2$ to the quadratic
+# form, which eventually beats everything else — provided $K$ is *strictly* positive on the zero-sum
+# vectors. Since $c\,\mathbf{1}\mathbf{1}^\top$ is PSD, $\lambda_{\min}(c + K)$ only grows with $c$, so the paper
+# suggests a geometric search $c = 1, 2, 4, 8, \dots$ (footnote to §3.2). `kernels.pd_shift` does exactly
+# that; the plot above is its search for the triangle kernel on 32 points.
 
 # %% [markdown]
 # ### Exercise 2.2 (implement) · The geometric search for $c$

@@ -136,7 +136,8 @@ for pe in PES:
 fig, ax = plt.subplots(figsize=(7, 4))
 for pe, history in histories.items():
     logged = [entry for entry in history if "val_loss" in entry]
-    ax.plot([e["step"] for e in logged], [e["val_loss"] for e in logged], marker="o", markersize=3, label=pe)
+    ax.plot([e["step"] for e in logged], [e["val_loss"] for e in logged], marker="o", markersize=3, label=pe,
+            **md.plots.model_style(pe))
 ax.set_xlabel("training step")
 ax.set_ylabel("validation loss at length 64 (nats)")
 ax.set_title("Learning curves: at the training length every encoding learns")
@@ -379,10 +380,20 @@ def running_mean(curve, width):
 
 # %%
 smoothed = exercises.check("running_mean", running_mean)
-md.plots.plot_loss_by_position({pe: running_mean(curve, 16) if smoothed else curve for pe, curve in position_loss.items()},
-                               train_length=TRAIN_LENGTH,
-                               title=f"Loss at each position of {LONGEST}-token windows"
-                                     + (" (running mean of 16)" if smoothed else " (raw: exercise 3.3 smooths it)"))
+# Quick mode trains 8 steps, too few for any curve to turn up: the teacher's full-mode curves are drawn beside it.
+reference_loss = notebook.reference("03/position_loss",
+                                    {pe: [round(x, 4) for x in curve.tolist()] for pe, curve in position_loss.items()})
+
+
+def smooth(curves):
+    return {pe: running_mean(torch.as_tensor(curve), 16) if smoothed else torch.as_tensor(curve)
+            for pe, curve in curves.items()}
+
+
+notebook.beside_reference(md.plots.plot_loss_by_position, smooth(position_loss),
+                          None if reference_loss is None else smooth(reference_loss), train_length=TRAIN_LENGTH,
+                          title="Loss at each position of the longest windows"
+                                + (" (running mean of 16)" if smoothed else " (raw: exercise 3.3 smooths it)"))
 plt.show()
 
 for pe, curve in position_loss.items():
@@ -395,8 +406,8 @@ for pe, curve in position_loss.items():
 # **Reading the plot.** Loss falls over the first few dozen positions as context accumulates: this is the
 # part of the curve that `nonoverlap` over-weights. Past the training length (dashed line), an encoding that
 # extrapolates keeps its curve flat (the model simply ignores what it cannot use), while one that does not
-# turns upward somewhere past $L$ (compare the two printed means of each model): the same model, the same
-# text, only more positions than it has seen.
+# turns upward somewhere past $L$ (compare the two printed means of each model; in quick mode, the teacher's
+# full-mode curves on the right): the same model, the same text, only more positions than it has seen.
 #
 # ### What breaking looks like: text at 16× the training length
 #

@@ -317,22 +317,29 @@ for name, overrides in MODELS.items():
           + f"   ({step_seconds[name] * 1000:.0f} ms per training step, validation included)")
 
 # %%
-fig, ax = plt.subplots(figsize=(8, 5))
-summary = {}
+def plot_bands(bands, ax, title):
+    """Mean perplexity against length with a band of ± one standard deviation over the seeds, per model."""
+    for name, band in bands.items():
+        lengths, mean, std = band["lengths"], torch.tensor(band["mean"]), torch.tensor(band["std"])
+        style = md.plots.model_style(name)
+        ax.plot(lengths, mean, marker="o", markersize=4, label=name, **style)
+        ax.fill_between(lengths, mean - std, mean + std, color=style["color"], alpha=0.15)
+    ax.axvline(TRAIN_LENGTH, color="#888888", linestyle="--", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity per byte (last_k)",
+           title=title)
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize="small")
+
+
+summary, bands = {}, {}
 for name, runs in curves.items():
     values = torch.tensor([[run[length] for length in LENGTHS] for run in runs])     # (seeds, lengths)
-    mean, std = values.mean(0), values.std(0)
-    summary[name] = mean
-    style = md.plots.model_style(name)
-    ax.plot(LENGTHS, mean, marker="o", markersize=4, label=name, **style)
-    ax.fill_between(LENGTHS, mean - std, mean + std, color=style["color"], alpha=0.15)
-ax.axvline(TRAIN_LENGTH, color="gray", linestyle="--", linewidth=1)
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("evaluation length (tokens)")
-ax.set_ylabel("perplexity per byte (last_k)")
-ax.set_title(f"Extrapolation, mean ± std over {SEEDS} seeds")
-ax.legend(fontsize="small")
+    summary[name] = values.mean(0)
+    bands[name] = {"lengths": list(LENGTHS), "mean": values.mean(0).tolist(), "std": values.std(0).tolist()}
+# Quick mode trains too little to separate the models: the teacher's full-mode run is drawn beside it.
+reference_bands = notebook.reference("08/bands", bands)
+notebook.beside_reference(plot_bands, bands, reference_bands, figsize=(8, 5),
+                          title="Extrapolation, mean ± std over the seeds")
 plt.show()
 
 longest = LENGTHS[-1]

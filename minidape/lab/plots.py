@@ -157,9 +157,9 @@ def use_style() -> None:
 
 
 def label_log_axes(fig: Figure) -> Figure:
-    """Give every logarithmic axis of `fig` at least two labelled ticks: an axis that spans less than a decade
-    (or two powers of its base) gets ticks at 1, 2 and 5 times the powers, or failing that four evenly spaced
-    ones, labelled as plain numbers."""
+    """Give every logarithmic axis of `fig` at least two labelled ticks: an axis that shows fewer gets ticks at
+    1, 2 and 5 times the powers, or failing that four evenly spaced ones, labelled as plain numbers; a base-10
+    axis within one decade is labelled with plain numbers too."""
     from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
 
     from .figure_rules import labelled_ticks
@@ -167,7 +167,15 @@ def label_log_axes(fig: Figure) -> Figure:
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     for ax in fig.axes:
         for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
-            if axis.get_scale() != "log" or len(labelled_ticks(ax, which)) >= 2:
+            if axis.get_scale() != "log":
+                continue
+            low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+            if (
+                axis.get_transform().base == 10 and 0 < low and high < 10 * low
+            ):  # within a decade: "62.5", not "6.25 × 10¹"
+                axis.set_major_formatter(plain)
+                axis.set_minor_formatter(plain)
+            if len(labelled_ticks(ax, which)) >= 2:
                 continue
             base = axis.get_transform().base
             axis.set_major_locator(LogLocator(base=base, subs=(1.0, 2.0, 5.0) if base == 10 else (1.0, 1.5)))
