@@ -95,3 +95,48 @@ def test_install_makes_show_raise_on_a_bad_figure_only_when_asked(monkeypatch):
     monkeypatch.setenv(figure_rules.CHECK, "1")
     with pytest.raises(figure_rules.FigureProblem, match="'a' and 'b'"):
         plt.show()
+
+
+def test_one_model_keeps_its_colour_across_panels():
+    fig, (left, right) = plt.subplots(1, 2)
+    left.plot([1, 2], [1, 2], color="#0072B2", label="ALiBi")
+    right.plot([1, 2], [1, 2], color="#D55E00", label="ALiBi")
+    assert any("changes colour" in p for p in figure_rules.figure_problems(fig))
+    right.get_lines()[0].set_color("#0072B2")
+    assert figure_rules.figure_problems(fig) == []
+
+
+def test_a_full_run_records_its_reference_and_a_quick_run_draws_it_beside_its_own(tmp_path, monkeypatch):
+    from minidape import notebook
+
+    stored = tmp_path / "reference_runs.json"
+    monkeypatch.setenv("MINIDAPE_QUICK", "0")
+    monkeypatch.setenv(notebook.RECORD_FIGURES, str(stored))
+    full_run = {"rope": {64: 3.1, 1024: 19.0}, "alibi": {64: 3.0, 1024: 3.2}}
+    assert notebook.reference("03/last_k", full_run) is full_run
+    assert notebook.stored_references(stored) == {"03/last_k": full_run}  # lengths come back as ints
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    monkeypatch.setattr(notebook, "stored_references", lambda: {"03/last_k": full_run})
+    quick_run = {"rope": {64: 62.0, 256: 62.1}, "alibi": {64: 61.9, 256: 62.0}}
+    shown = notebook.reference("03/last_k", quick_run)
+    assert shown == full_run
+    fig = notebook.beside_reference(plots.plot_extrapolation, quick_run, shown, train_length=64, title="last_k")
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 2 and "quick mode" in titles[0] and "teacher's reference" in titles[1]
+    assert figure_rules.figure_problems(fig) == []
+    assert len(notebook.beside_reference(plots.plot_extrapolation, quick_run, None, title="x").axes) == 1
+
+
+def test_time_models_warms_up_and_gives_every_model_a_median():
+    import minidape as md
+    from minidape import notebook
+
+    config = md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8)
+    models = {
+        "none": md.GPT(config),
+        "alibi": md.GPT(md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=8, pe="alibi")),
+    }
+    idx = torch.randint(256, (2, 8))
+    times = notebook.time_models(models, idx, repeats=3, backward=True)
+    assert set(times) == {"none", "alibi"} and all(t > 0 for t in times.values())
+    assert all(p.grad is None for model in models.values() for p in model.parameters())  # no gradient left behind

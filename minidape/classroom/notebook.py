@@ -75,9 +75,9 @@ def _int_keys(value):
     return value
 
 
-def stored_references() -> dict:
-    """Every reference stored with the package: {"NN/name": value}."""
-    path = resources.files(__package__) / REFERENCE_RUNS
+def stored_references(path=None) -> dict:
+    """Every reference stored with the package (or in the file `path`): {"NN/name": value}."""
+    path = resources.files(__package__) / REFERENCE_RUNS if path is None else Path(path)
     return _int_keys(json.loads(path.read_text())) if path.is_file() else {}
 
 
