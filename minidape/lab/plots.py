@@ -15,6 +15,14 @@ from pathlib import Path
 import matplotlib.pyplot as plt
 import torch
 from matplotlib.figure import Figure
+from matplotlib.ticker import (
+    Formatter,
+    FuncFormatter,
+    LogFormatter,
+    LogLocator,
+    MaxNLocator,
+    NullFormatter,
+)
 
 from ..utils import atomic_path, write_results
 
@@ -156,12 +164,23 @@ def use_style() -> None:
     )
 
 
+class _PlainLabels(Formatter):
+    """The ticks a log formatter labels, labelled as plain numbers ("62.5", not "6.25 × 10¹")."""
+
+    def __init__(self, log_formatter):
+        self.log_formatter = log_formatter
+
+    def set_locs(self, locs):
+        self.log_formatter.set_locs(locs)
+
+    def __call__(self, value, pos=None):
+        return f"{value:g}" if self.log_formatter(value, pos) else ""
+
+
 def label_log_axes(fig: Figure) -> Figure:
     """Give every logarithmic axis of `fig` at least two labelled ticks: an axis that shows fewer gets ticks at
     1, 2 and 5 times the powers, or failing that four evenly spaced ones, labelled as plain numbers; a base-10
-    axis within one decade is labelled with plain numbers too."""
-    from matplotlib.ticker import FuncFormatter, LogLocator, MaxNLocator, NullFormatter
-
+    axis within one decade keeps its ticks, labelled with plain numbers."""
     from .figure_rules import labelled_ticks
 
     plain = FuncFormatter(lambda value, _: f"{value:g}")
@@ -169,12 +188,16 @@ def label_log_axes(fig: Figure) -> Figure:
         for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):
             if axis.get_scale() != "log":
                 continue
+            if not isinstance(axis.get_major_formatter(), (LogFormatter, _PlainLabels)):
+                axis.set_minor_formatter(NullFormatter())  # the figure labelled its own ticks: no others labelled
             low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
-            if (
-                axis.get_transform().base == 10 and 0 < low and high < 10 * low
-            ):  # within a decade: "62.5", not "6.25 × 10¹"
-                axis.set_major_formatter(plain)
-                axis.set_minor_formatter(plain)
+            if axis.get_transform().base == 10 and 0 < low and high < 10 * low:
+                for formatter, use in (
+                    (axis.get_major_formatter(), axis.set_major_formatter),
+                    (axis.get_minor_formatter(), axis.set_minor_formatter),
+                ):
+                    if isinstance(formatter, LogFormatter):  # not the labels a figure set itself
+                        use(_PlainLabels(formatter))
             if len(labelled_ticks(ax, which)) >= 2:
                 continue
             base = axis.get_transform().base
