@@ -402,21 +402,21 @@ for k in KERNEL_SIZES:
 # %%
 maps = {name: value.detach().cpu() for name, value in models["conv k=3"].attention_maps(window, layer=0).items()}
 correction = (maps["refined"] - maps["scores"] - maps["bias"])[0]
-fig, axes = plt.subplots(1, 4, figsize=(14, 3.3))
+fig, axes = plt.subplots(1, 4, figsize=(14, 3.5), layout="constrained")
+limit = correction[:, causal].abs().max().item()      # one diverging scale centred on 0 for every head
 for head, ax in enumerate(axes):
     visible = correction[head].masked_fill(~causal, float("nan"))          # the future cells stay blank
-    limit = correction[head][causal].abs().max().item()                   # a diverging map centred on 0
     shown = ax.imshow(visible, cmap="coolwarm", vmin=-limit, vmax=limit)
     ax.set_title(f"head {head}")
     ax.set_xlabel("key j")
-    fig.colorbar(shown, ax=ax, fraction=0.046)
+fig.colorbar(shown, ax=list(axes), shrink=0.9)
 axes[0].set_ylabel("query i")
-fig.suptitle("Learned correction Conv(tril([S, B])) of layer 0, trained conv k=3 model")
-plt.tight_layout()
+fig.suptitle("Learned correction Conv(tril([S, B])) of layer 0, trained conv k=3 model (all heads on one colour scale)")
 plt.show()
 
 # %% [markdown]
-# Red cells are raised, blue cells lowered (white is no change; the colours are centred on 0). Read off the
+# Red cells are raised, blue cells lowered (white is no change; the colours are centred on 0 and shared by
+# the heads, so a pale head is one the refiner barely changes). Read off the
 # figure whether the correction lowers the cells away from the diagonal and raises those on and next to it —
 # the refiner then sharpens Kerple's locality — and look for vertical stripes: keys whose *content* the refiner
 # promotes or demotes for every query, the data-dependent part that a fixed bias cannot express.
