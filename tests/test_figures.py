@@ -70,7 +70,7 @@ def test_heads_on_their_own_colour_scales_are_caught_and_plot_bias_shares_one():
     bias = torch.stack([-torch.arange(16.0).expand(16, 16) * 2.0**-h for h in range(4)])  # ALiBi-like heads
     fig, axes = plt.subplots(1, 4)
     for head, ax in enumerate(axes):
-        ax.imshow(bias[head])  # each head scaled to its own range: the four look identical
+        ax.imshow(bias[head].numpy())  # each head scaled to its own range: the four look identical
         ax.set_title(f"head {head}")
     fig.suptitle("ALiBi's heads")
     problems = figure_rules.figure_problems(fig)
