@@ -156,7 +156,8 @@ def _prepare_open_figures():
 def install() -> None:
     """Every `plt.show()` first labels the log axes of the open figures and, under `MINIDAPE_CHECK_FIGURES=1`,
     checks them; so does the end of every notebook cell (Jupyter's inline backend shows a cell's open figures
-    then). Installing twice changes nothing."""
+    then), but IPython only prints what that hook raises, without failing the cell: the notebooks therefore
+    show every figure with `plt.show()`. Installing twice changes nothing."""
     show = plt.show
     if not getattr(show, "prepares_figures", False):
 
