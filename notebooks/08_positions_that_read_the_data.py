@@ -44,7 +44,6 @@
 
 # %%
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch
@@ -299,22 +298,18 @@ def config(**overrides):
     return md.GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=TRAIN_LENGTH, **overrides)
 
 
-curves, step_seconds, fox_models = {}, {}, {}
+curves, trained = {}, {}          # trained: each model's seed-0 run, for the step times and FoX's gates below
 for name, overrides in MODELS.items():
-    curves[name], seconds = [], []
+    curves[name] = []
     for seed in range(SEEDS):
-        start = time.perf_counter()
-        model, history = md.train(config(**overrides), train_tokens, val_data=val_tokens, steps=STEPS,
+        model, _ = md.train(config(**overrides), train_tokens, val_data=val_tokens, steps=STEPS,
                                   batch_size=BATCH, lr=LR, eval_every=STEPS, eval_windows=VAL_WINDOWS, seed=seed,
                                   progress=False, device=DEVICE)
-        seconds.append((time.perf_counter() - start) / STEPS)
         curves[name].append(md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS))
-        if name == "FoX" and seed == 0:
-            fox_models[name] = model
-    step_seconds[name] = sum(seconds) / len(seconds)
+        if seed == 0:
+            trained[name] = model
     at = {length: [curve[length] for curve in curves[name]] for length in LENGTHS}
-    print(f"{name:<17} " + "  ".join(f"{length}: {sum(v) / len(v):6.2f}" for length, v in at.items())
-          + f"   ({step_seconds[name] * 1000:.0f} ms per training step, validation included)")
+    print(f"{name:<17} " + "  ".join(f"{length}: {sum(v) / len(v):6.2f}" for length, v in at.items()))
 
 # %%
 def plot_bands(bands, ax, title):
@@ -366,15 +361,17 @@ print(f"DAPE on FoX at {longest}: {summary['DAPE-FoX'][-1].item():.2f} vs {summa
 # `python -m minidape compare --pe fox --against ALiBi DAPE-FoX CoPE ...`) asks the same with more seeds and
 # confidence intervals.
 #
-# The cost of reading the data: training step time per model (same machine, same run; the periodic validation
-# loss included). The models train one after another, so on a machine whose load changes meanwhile these ratios
-# can be off by tens of percent; `benchmarks/bench_new_encodings.py` interleaves each model's steps with ALiBi's
-# for a fair ratio (its results are in `benchmarks/RESULTS.md`).
+# The cost of reading the data: the time of one training step (forward and backward on one batch) of each
+# trained model, measured after a warm-up step each (a model's first step pays one-time costs), the models taking
+# turns for 5 rounds so that a change of the machine's load hits them alike, the median round counted.
+# `benchmarks/bench_new_encodings.py` measures the same with many more steps (its results are in
+# `benchmarks/RESULTS.md`).
 
 # %%
-base = step_seconds["ALiBi"]
-for name, seconds in step_seconds.items():
-    print(f"{name:<17} {seconds / base:5.2f}x ALiBi's step time")
+batch = val_tokens[: BATCH * TRAIN_LENGTH].long().view(BATCH, TRAIN_LENGTH).to(DEVICE)
+step_ms = notebook.time_models(trained, batch, backward=True)
+for name, ms in step_ms.items():
+    print(f"{name:<17} {ms:6.1f} ms per step, {ms / step_ms['ALiBi']:5.2f}x ALiBi's")
 
 # %% [markdown]
 # ## 5 · Where does FoX forget?
@@ -401,7 +398,7 @@ fox_prediction = "space"                 # words are the unit of text: after a s
 # cells are bytes where the head forgets (gate well below 1).
 
 # %% tags=["reveals-prediction"]
-model = fox_models["FoX"]
+model = trained["FoX"]
 snippet = val_tokens[1000:1080]
 idx = snippet[None].long().to(DEVICE)
 with torch.no_grad():
