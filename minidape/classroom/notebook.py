@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import statistics
 import time
 from importlib import resources
 from pathlib import Path
@@ -99,8 +100,8 @@ def reference(key: str, value):
 
 def beside_reference(draw, mine, shown, title: str = "", figsize=(7, 4.5), **kwargs):
     """Draw `mine` with `draw(data, ax=..., title=..., **kwargs)`; in quick mode with a stored reference `shown`,
-    the teacher's full-mode result beside it on the same axes' scales, each panel labelled for what it is. Returns
-    the figure."""
+    the teacher's full-mode result beside it, on a shared y axis (the quick run's values against the full run's),
+    each panel labelled for what it is. Returns the figure."""
     import matplotlib.pyplot as plt
 
     if not quick_mode() or shown is None:
@@ -158,11 +159,10 @@ def time_models(models: dict, idx: torch.Tensor, repeats: int = 5, backward: boo
     model on the batch `idx`: one warm-up pass each first (lazy set-up, caches), then `repeats` rounds in which
     every model runs once, so that a change of the machine's load meanwhile hits all of them alike; the median
     round. `{name: ms}`."""
-    import statistics
 
     def one_pass(model):
         if backward:
-            logits, loss = model(idx, targets=idx)
+            _, loss = model(idx, targets=idx)
             loss.backward()
             model.zero_grad(set_to_none=True)
         else:
