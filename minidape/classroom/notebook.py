@@ -109,6 +109,8 @@ def beside_reference(draw, mine, shown, title: str = "", figsize=(7, 4.5), **kwa
         note = " (quick mode: no teacher's reference stored)" if quick_mode() else ""
         draw(mine, ax=ax, title=title + note, **kwargs)
         return fig
+    if isinstance(mine, dict) and isinstance(shown, dict):  # the stored file sorts its keys: legends in mine's order
+        shown = {**{key: shown[key] for key in mine if key in shown}, **shown}
     fig, (left, right) = plt.subplots(1, 2, figsize=(2 * figsize[0], figsize[1]), sharey=True)
     draw(mine, ax=left, title=f"your run, quick mode: too short to show the effect\n{title}", **kwargs)
     draw(shown, ax=right, title=f"teacher's reference: the full-mode run\n{title}", **kwargs)
