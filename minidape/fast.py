@@ -56,6 +56,7 @@ from .model import (
     attention_mask,
     refiner_view,
 )
+from .model import decay_about as model_decay_about
 from .model import attention as reference_attention
 
 # The refiner's hidden activations of one query block are kept under this many elements (at least 16 query
@@ -77,6 +78,10 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
     """The attention of the ``model.SelfAttention`` ``layer``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
     dropout = layer.cfg.dropout if layer.training else 0.0
     T = q.shape[2]
+    if positional.log_decay is not None:
+        if not decay_fits_about_the_middle(positional.log_decay):
+            return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine_form(layer), dropout), dim=2)
+        q, k = positional.decayed(q, k)
     if layer.refiner is None and not positional.has_bias:
         # No bias, no refiner: PyTorch's fused kernel, memory-linear in T. A temperature scales each query row:
         # (tau_i q_i) . k_j = tau_i S_ij.
@@ -85,12 +90,38 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
         return F.scaled_dot_product_attention(q, k, v, is_causal=layer.cfg.causal, dropout_p=dropout)
     if uses_flex(layer, q, positional, dropout):
         return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
-    refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
+    refine = refine_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
         # A refiner that may read other query rows: the paper form, over the whole sequence.
         mask, temperature = attention_mask(T, layer.cfg.causal, q.device), layer.temperature_rows(0, T, T)
         return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout, temperature)[0]
     return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
+
+
+def refine_form(layer: SelfAttention, has_bias: bool = False) -> Callable | None:
+    """``block_form`` of the layer's refiner, or None without one."""
+    return None if layer.refiner is None else block_form(layer, has_bias)
+
+
+# xPos's factors about the middle of the sequence stay below e^DECAY_SPAN (float32 overflows at e^88.7): up to
+# about 58,000 tokens at xPos's fastest decay. Longer sequences recentre each block of queries (``recentred``).
+DECAY_SPAN = 70.0
+# Query rows per block when recentring: the block's own factors reach e^(rows |ln zeta_0| / gamma) = e^10.
+DECAY_BLOCK_ROWS = 4096
+
+
+def decay_fits_about_the_middle(log_decay) -> bool:
+    """Whether xPos's factors about the middle (``model.PositionalInputs.decayed``) stay finite in float32."""
+    return float((log_decay - log_decay.mean(0)).abs().max()) <= DECAY_SPAN
+
+
+def recentred(q_block, keys, log_decay, q0: int, q1: int):
+    r"""xPos's factors about the block's last query, $c = q_1 - 1$: $q_n e^{\ell(n) - \ell(c)}$ (at most
+    $e^{\text{rows}\,|\ln\zeta_0|/\gamma}$) and $k_m e^{\ell(c) - \ell(m)}$ (at most 1 for a decoder's keys $m \le c$;
+    a far key's factor underflows to 0, as its true product $\zeta^{(n - m)/\gamma}$ does). An encoder's keys after
+    $c$ grow instead, as xPos's factors do there."""
+    k1 = keys.shape[2]
+    return model_decay_about(q_block, keys, (log_decay[q0:q1], log_decay[:k1]), log_decay[q1 - 1])
 
 
 def runs_in_query_blocks(refiner_cls: type) -> bool:
@@ -226,6 +257,7 @@ def attend_in_query_blocks(
     # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step). Too large to
     # hold at once, or read from the data (a layer's own, and batch times larger), it is computed per block.
     has_bias = positional.has_bias
+    recentring = positional.log_decay is not None  # see ``attention``: too long for factors about the middle
     precomputed = positional.bias_between is not None and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
     biased = (  # a learnable bias that SDPA would take to its unfused kernel (see _BiasedAttention)
         precomputed
@@ -236,6 +268,8 @@ def attend_in_query_blocks(
         and positional.full_bias.requires_grad
     )
     rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device, biased)
+    if recentring:
+        rows = min(rows, DECAY_BLOCK_ROWS)
     k, v = k.contiguous(), v.contiguous()
     if biased:  # its blocks' matmuls want q with batch and heads mergeable: one copy, not one per block backward
         q = q.contiguous()
@@ -254,7 +288,12 @@ def attend_in_query_blocks(
         else:
             bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
         temperature = layer.temperature_rows(q0, q1, T)
-        if refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
+        query_block = query_blocks[i]
+        if recentring:
+            query_block, keys = recentred(query_block, keys, positional.log_decay, q0, q1)
+        if recentring and bias is None and refiner is None and temperature is None:
+            outputs[i] = F.scaled_dot_product_attention(query_block, keys, values, attn_mask=mask, dropout_p=dropout)
+        elif refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
             if precomputed:  # the same in every layer: made once per forward
                 attn_mask = per_forward(
                     positional,
@@ -264,16 +303,16 @@ def attend_in_query_blocks(
             else:
                 attn_mask = float_mask(bias, mask, q.dtype)
             if biased:
-                outputs[i] = _BiasedAttention.apply(query_blocks[i], keys, values, attn_mask)
+                outputs[i] = _BiasedAttention.apply(query_block, keys, values, attn_mask)
                 continue
             # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
             # keys) one the unfused math kernel (torch 2.13). A bias that reads the data has its batch axis already.
             outputs[i] = F.scaled_dot_product_attention(
-                query_blocks[i], keys, values, dropout_p=dropout, attn_mask=attn_mask.expand(batch, -1, -1, -1)
+                query_block, keys, values, dropout_p=dropout, attn_mask=attn_mask.expand(batch, -1, -1, -1)
             )
         else:
             outputs[i] = attend_query_block(
-                refiner, refine, query_blocks[i], keys, values, bias, mask, dropout, temperature
+                refiner, refine, query_block, keys, values, bias, mask, dropout, temperature
             )
     return outputs
 

@@ -54,6 +54,8 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
         or torch.compiler.is_compiling()  # it fuses model.py's products itself; it cannot trace complex views
         or x.device.type not in ("cpu", "cuda")  # complex products: tests on the CPU and in test_gpu.py, none on MPS
         or layer.data_bias is not None
+        or layer.reshapes_qk
+        or positional.log_decay is not None  # xPos's factors are applied in model.py's channel order (fast.py)
         or type(layer.c_attn) is not nn.Linear
         or layer.c_attn._forward_hooks
         or layer.c_attn._forward_pre_hooks

@@ -63,6 +63,12 @@ class GPTConfig:
     fast: bool = True  # the package's fast path when installed (see SelfAttention); False: forms below
     attn_chunk: int = 0  # for the fast path: query rows per attention block; 0 picks from a memory budget
     temperature: str = "none"  # one of TEMPERATURES: a softmax temperature that grows with the context
+    # The knobs the encodings' papers vary (each class's docstring says more); defaults are the authors'.
+    fox_gate: str = "data"  # FoX's forget gate, one of FOX_GATES: sigma(w.x + b), or data-independent sigma(b)
+    fox_gate_init: str = "zero"  # FoX's b at init: "zero" (the authors', gates 1/2), "alibi", or a gate in (0, 1)
+    cope_positions: int = 64  # CoPE's number of position slots P: positions are capped at P - 1
+    rope_scale: float = 0.0  # rope_pi/rope_ntk/yarn: 0 scales by T / block_size beyond it (dynamic); s >= 1 fixed
+    attention_extras: str = ""  # FoX's "Pro" block: names of ATTENTION_EXTRAS joined by commas, or "pro" (all)
 
     def __post_init__(self):
         self.validate()
@@ -73,6 +79,10 @@ class GPTConfig:
             "pe": str,
             "refiner": str,
             "temperature": str,
+            "fox_gate": str,
+            "fox_gate_init": str,
+            "attention_extras": str,
+            "rope_scale": float,
             "causal": bool,
             "tie_embeddings": bool,
             "fast": bool,
@@ -133,6 +143,17 @@ class GPTConfig:
             )
         if self.attn_chunk < 0:
             raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
+        if self.fox_gate not in FOX_GATES:
+            raise ValueError(f"unknown fox_gate {self.fox_gate!r}; valid choices: {', '.join(FOX_GATES)}")
+        fox_gate_start(self.fox_gate_init, self.n_head)  # raises on a bad value
+        if self.cope_positions < 2:
+            raise ValueError(f"cope_positions must be an integer >= 2 (position slots); got {self.cope_positions!r}")
+        if self.rope_scale != 0 and self.rope_scale < 1:
+            raise ValueError(
+                f"rope_scale must be 0 (s = T / block_size beyond the training length) or a fixed s >= 1; "
+                f"got {self.rope_scale!r}"
+            )
+        attention_extras(self)  # raises on an unknown name
 
 
 def layer_encodings(cfg: GPTConfig) -> list[str]:
@@ -159,6 +180,45 @@ def layer_encodings(cfg: GPTConfig) -> list[str]:
 
 # Softmax temperatures (``GPTConfig.temperature``), see ``LengthTemperature``.
 TEMPERATURES = ("none", "log_length", "learned")
+# FoX's forget gates (``GPTConfig.fox_gate``), see ``ForgetGateBias``.
+FOX_GATES = ("data", "constant", "fixed")
+# The parts of FoX's "Pro" block (``GPTConfig.attention_extras``), see ``SelfAttention``.
+ATTENTION_EXTRAS = ("output_gate", "output_norm", "qk_norm", "kv_shift")
+
+
+def attention_extras(cfg: GPTConfig) -> frozenset[str]:
+    """The parts of FoX's Pro block a config turns on: ``"pro"`` is all four."""
+    if cfg.attention_extras == "pro":
+        return frozenset(ATTENTION_EXTRAS)
+    names = frozenset(cfg.attention_extras.split(",")) - {""}
+    for name in sorted(names - set(ATTENTION_EXTRAS)):
+        raise ValueError(
+            f"unknown attention extra {name!r} in attention_extras={cfg.attention_extras!r}; valid choices: "
+            f"{', '.join(ATTENTION_EXTRAS)} joined by commas, or 'pro' (all four)"
+        )
+    return names
+
+
+def fox_gate_start(init: str, n_head: int) -> torch.Tensor:
+    r"""FoX's gate bias $b_h$ at init (n_head,): ``"zero"`` $b = 0$, every gate $\sigma(0) = 1/2$ (the authors'
+    code); ``"alibi"`` $b_h = -\ln(e^{m_h} - 1)$, so $\sigma(b_h) = e^{-m_h}$ with ALiBi's slopes $m_h$ (gates 0.78 to
+    0.996 for 8 heads: minidape's choice before it took the authors'); a number $g \in (0, 1)$ (a string such as
+    ``"0.993"``, x-transformers' start) $b = \ln(g / (1 - g))$ in every head."""
+    if init == "zero":
+        return torch.zeros(n_head)
+    if init == "alibi":
+        return -torch.log(torch.expm1(alibi_slopes(n_head)))
+    try:
+        gate = float(init)
+    except ValueError:
+        gate = math.nan
+    if not 0 < gate < 1:
+        raise ValueError(
+            f"fox_gate_init must be 'zero' (the authors': gates start at 1/2), 'alibi' (ALiBi's slopes) or a gate "
+            f"value strictly between 0 and 1 such as '0.993'; got {init!r}"
+        )
+    return torch.full((n_head,), math.log(gate / (1 - gate)))
+
 
 PE_REGISTRY: dict[str, type[nn.Module]] = {}
 REFINER_REGISTRY: dict[str, type[nn.Module] | None] = {"none": None}
@@ -317,10 +377,17 @@ class RotaryEmbedding(nn.Module):
         head_size = cfg.n_embd // cfg.n_head
         theta = cfg.rope_base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
         self.register_buffer("theta", theta, persistent=False)
-        self.block_size = cfg.block_size
+        self.block_size, self.fixed_scale = cfg.block_size, cfg.rope_scale
 
     def frequencies_and_scale(self, T: int) -> tuple[torch.Tensor, float]:
         return self.theta, 1.0
+
+    def context_scale(self, T: int) -> float:
+        r"""The scale $s$ of the RoPE scaling family (``rope_pi``, ``rope_ntk``, ``yarn``): by default *dynamic*,
+        $s = T / L$ from the window length $T$ beyond the training length $L$ (``block_size``), so a prefix's
+        outputs change when more tokens follow it; with ``GPTConfig.rope_scale`` $> 0$ a fixed $s$ at every
+        length (the papers' fine-tuned setting), so they do not. Scaling applies where $s > 1$."""
+        return self.fixed_scale if self.fixed_scale else T / self.block_size
 
     def forward(self, pos, T: int):
         theta, scale = self.frequencies_and_scale(T)
@@ -331,6 +398,13 @@ class RotaryEmbedding(nn.Module):
         """((cos, sin) for the queries, (cos, sin) for the keys): the same rotation for both."""
         rotation = self(pos, T)
         return rotation, rotation
+
+
+def shift_back(t, alpha):
+    r"""$\alpha_t t_{t-1} + (1 - \alpha_t) t_t$ along the positions of t (batch, nh, T, hs), $t_{-1} = 0$; alpha
+    (batch, nh, T, 1)."""
+    previous = F.pad(t, (0, 0, 1, 0))[:, :, :-1]
+    return alpha.to(t.dtype) * previous + (1 - alpha.to(t.dtype)) * t
 
 
 def apply_rotary(x, cos, sin):
@@ -408,7 +482,8 @@ class YaRNEmbedding(RotaryEmbedding):
     $\gamma_i = \mathrm{clamp}\big(\frac{i - \ell}{h - \ell}, 0, 1\big)$ between the correction dimensions
     $\ell = \lfloor d(\beta{=}32) \rfloor$, $h = \lceil d(\alpha{=}1) \rceil$,
     $d(r) = \frac{D \ln(L / 2\pi r)}{2 \ln \text{base}}$: fast pairs keep their frequency, slow ones are
-    interpolated. cos and sin are multiplied by $0.1 \ln s + 1$ (the logits by its square)."""
+    interpolated. cos and sin are multiplied by $0.1 \ln s + 1$ (the logits by its square). $s$ is
+    ``context_scale``: dynamic (from the window length $T$) unless ``GPTConfig.rope_scale`` fixes it."""
 
     def __init__(self, cfg: GPTConfig, beta: float = 32.0, alpha: float = 1.0):
         super().__init__(cfg)
@@ -425,7 +500,7 @@ class YaRNEmbedding(RotaryEmbedding):
         self.register_buffer("ramp", ramp, persistent=False)
 
     def frequencies_and_scale(self, T: int):
-        s = T / self.block_size
+        s = self.context_scale(T)
         if s <= 1:
             return self.theta, 1.0
         return self.theta / s * self.ramp + self.theta * (1 - self.ramp), 0.1 * math.log(s) + 1.0
@@ -435,10 +510,11 @@ class YaRNEmbedding(RotaryEmbedding):
 class PositionInterpolation(RotaryEmbedding):
     r"""Position interpolation (Chen et al., 2023): RoPE trained as usual; at $T > L$ (``block_size``) the
     positions are squeezed into the trained range, $m \to m L / T$, i.e. every frequency is divided by
-    $s = T / L$: $\theta'_i = \theta_i / s$."""
+    $s = T / L$: $\theta'_i = \theta_i / s$. $s$ is ``context_scale``: dynamic, from the window length $T$ (a
+    prefix's outputs change when more tokens follow), unless ``GPTConfig.rope_scale`` fixes it."""
 
     def frequencies_and_scale(self, T: int):
-        s = T / self.block_size
+        s = self.context_scale(T)
         return (self.theta / s, 1.0) if s > 1 else (self.theta, 1.0)
 
 
@@ -446,14 +522,18 @@ class PositionInterpolation(RotaryEmbedding):
 class NTKAwareRoPE(RotaryEmbedding):
     r"""NTK-aware scaling (bloc97, 2023): at $T > L$ the base grows instead, $\text{base}' = \text{base}\,
     s^{d/(d-2)}$ with $s = T/L$: $\theta'_i = \text{base}'^{-2i/d}$. The fastest pair ($i = 0$) keeps its
-    frequency and the slowest ($i = d/2 - 1$) is divided by exactly $s$, as in position interpolation."""
+    frequency and the slowest ($i = d/2 - 1$) is divided by exactly $s$, as in position interpolation.
+
+    This is the *dynamic* variant (dynamic NTK): $s = T/L$ from the window length $T$, so a prefix's outputs change
+    when more tokens follow it; ``GPTConfig.rope_scale`` $= s$ gives the fixed-scale NTK-aware variant
+    (``context_scale``)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__(cfg)
         self.base = cfg.rope_base
 
     def frequencies_and_scale(self, T: int):
-        s = T / self.block_size
+        s = self.context_scale(T)
         if s <= 1:
             return self.theta, 1.0
         d = 2 * len(self.theta)
@@ -465,9 +545,16 @@ class NTKAwareRoPE(RotaryEmbedding):
 class XPosEmbedding(RotaryEmbedding):
     r"""xPos (Sun et al., 2023): RoPE whose query at position $n$ is also scaled by $\zeta_i^{n/\gamma}$ and
     key at $m$ by $\zeta_i^{-m/\gamma}$, so that pair $i$ of $q_n^\top k_m$ is multiplied by
-    $\zeta_i^{(n - m)/\gamma}$: an exponential decay with distance, slowest for the fast pairs.
-    $\zeta_i = (2i/d + 0.4)/1.4 \in [0.29, 1)$, $\gamma = 512$ (the paper's scale base). Positions are counted
-    from the middle of the sequence, which leaves $n - m$ unchanged and keeps both factors near 1."""
+    $\zeta_i^{(n - m)/\gamma}$: an exponential decay with distance, fastest for the fast pairs (small $i$, high
+    frequency, $\zeta_0 = 0.29$) and slowest for the slow ones ($\zeta_i \to 1$).
+    $\zeta_i = (2i/d + 0.4)/1.4 \in [0.29, 1)$, $\gamma = 512$ (the paper's scale base).
+
+    The factors are kept as logarithms, $\ell_i(n) = n \ln\zeta_i / \gamma$ (``log_decay``, finite at any
+    position), and ``decay_about`` multiplies $q_n$ by $e^{\ell(n) - \ell(c)}$ and $k_m$ by $e^{\ell(c) - \ell(m)}$
+    about a centre $c$, which leaves $n - m$ unchanged. Here $c$ is the middle of the sequence (the authors'
+    choice: both factors stay near 1); in float32 those factors overflow beyond about 72,500 tokens, so the fast
+    path takes each block of queries' last row as its centre instead, where a decoder's factors stay at most
+    $e^{\text{rows}\,|\ln\zeta_0|/\gamma}$ at any length (``fast.py``). ``rotations`` is RoPE's."""
 
     scale_base = 512.0
 
@@ -477,12 +564,21 @@ class XPosEmbedding(RotaryEmbedding):
         zeta = (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size + 0.4) / 1.4
         self.register_buffer("zeta", zeta, persistent=False)
 
-    def rotations(self, pos, T: int):
-        cos, sin = self(pos, T)  # (T, d/2) each
-        centered = (pos.float() - pos.float().mean())[:, None] / self.scale_base
-        query_scale = self.zeta**centered  # zeta^(n / gamma)  (T, d/2)
-        key_scale = 1 / query_scale  # zeta^(-m / gamma)
-        return (cos * query_scale, sin * query_scale), (cos * key_scale, sin * key_scale)
+    def log_decay(self, pos):
+        r"""$\ell_i(n) = n \ln\zeta_i / \gamma$ (T, d/2): the logarithm of query $n$'s factor on pair $i$."""
+        return pos.float()[:, None] * (self.zeta.log() / self.scale_base)
+
+
+def decay_about(q, k, log_decay, centre):
+    r"""xPos's factors about a centre: $q_n e^{\ell(n) - \ell(c)}$ and $k_m e^{\ell(c) - \ell(m)}$, so pair $i$ of
+    $q_n^\top k_m$ is multiplied by $e^{\ell_i(n) - \ell_i(m)} = \zeta_i^{(n - m)/\gamma}$. q (batch, nh, Tq, hs) with
+    its rows' $\ell$ (Tq, hs/2) and k (batch, nh, Tk, hs) with its rows' $\ell$ (Tk, hs/2): ``log_decay`` is the
+    pair (queries' rows, keys' rows); ``centre`` $\ell(c)$ (hs/2,). Channels $i$ and $i + hs/2$ (one pair, see
+    ``apply_rotary``) share a factor."""
+    query_log, key_log = log_decay
+    query_scale = (query_log - centre).exp().repeat(1, 2)  # (Tq, hs)
+    key_scale = (centre - key_log).exp().repeat(1, 2)  # (Tk, hs)
+    return q * query_scale.to(q.dtype), k * key_scale.to(k.dtype)
 
 
 @register_pe("hope")
@@ -654,23 +750,35 @@ class FIREBias(AdditiveBias):
 @register_pe("fox")
 class ForgetGateBias(DataDependentBias):
     r"""FoX, the Forgetting Transformer (Lin et al., ICLR 2025): each token $t$ writes a forget gate per head,
-    $f_t^{(h)} = \sigma(w_h^\top x_t + b_h)$, and query $i$ discounts key $j$ by every gate in between:
-    $D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j$ with $c_i = \sum_{l \le i} \ln f_l$. With constant gates
-    $f = e^{-m}$ this is ALiBi's $-m (i - j)$: FoX is ALiBi whose slope each token sets. The gates start there:
-    $b_h = -\ln(e^{m_h} - 1)$ gives $\sigma(b_h) = e^{-m_h}$ with ALiBi's slopes $m_h$ (our choice; $w_h$ starts
-    at $N(0, 0.02)$). An encoder (``causal=False``) counts the gates between the two either way,
-    $D_{ij} = -|c_i - c_j|$."""
+    $f_t^{(h)} = \sigma(w_h^\top x_t + b_h)$ (eq. 6), and query $i$ discounts key $j$ by every gate in between:
+    $D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j$ with $c_i = \sum_{l \le i} \ln f_l$ (eq. 9). With constant gates
+    $f = e^{-m}$ this is ALiBi's $-m (i - j)$: FoX is ALiBi whose slope each token sets. An encoder
+    (``causal=False``) counts the gates between the two either way, $D_{ij} = -|c_i - c_j|$.
+
+    ``GPTConfig.fox_gate``: ``"data"`` the gate above; the paper's data-independent ablations ``"constant"``
+    $f^{(h)} = \sigma(b_h)$ learned (a learned ALiBi slope per head) and ``"fixed"`` $\sigma(b_h)$ kept at its
+    start. ``GPTConfig.fox_gate_init`` sets $b$'s start (``fox_gate_start``): the authors' $b = 0$ by default;
+    $w_h$ starts at $N(0, 0.02)$. The authors' Pro block (output gate, output norm, QK-norm, KV-shift) is
+    ``GPTConfig.attention_extras``."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.causal = cfg.causal
-        self.gate = _normal_linear(cfg.n_embd, cfg.n_head)
-        with torch.no_grad():
-            self.gate.bias.copy_(-torch.log(torch.expm1(alibi_slopes(cfg.n_head))))
+        self.causal, self.kind = cfg.causal, cfg.fox_gate
+        start = fox_gate_start(cfg.fox_gate_init, cfg.n_head)
+        if self.kind == "data":
+            self.gate = _normal_linear(cfg.n_embd, cfg.n_head)
+            with torch.no_grad():
+                self.gate.bias.copy_(start)
+        elif self.kind == "constant":
+            self.gate_bias = nn.Parameter(start)  # b_h, learned
+        else:
+            self.register_buffer("gate_bias", start)  # b_h, fixed
 
     def log_forget(self, x):
         r"""$\ln f_t$ (batch, n_head, T) from the layer input x (batch, T, C)."""
-        return F.logsigmoid(self.gate(x)).transpose(1, 2)
+        if self.kind == "data":
+            return F.logsigmoid(self.gate(x)).transpose(1, 2)
+        return F.logsigmoid(self.gate_bias).to(x.dtype)[None, :, None].expand(len(x), -1, x.shape[1])
 
     def forward(self, x, q, k, first_query: int = 0):
         Tq, Tk = q.shape[2], k.shape[2]
@@ -688,12 +796,15 @@ class ContextualPositionBias(DataDependentBias):
     position vectors $e[0..P-1]$ (``(head_size, P)``, shared by the heads, from zeros), with
     $\lfloor p \rfloor$, $\lceil p \rceil$ and $w = p - \lfloor p \rfloor$:
     $z_{ij} = (1 - w)\, q_i^\top e[\lfloor p_{ij} \rfloor] + w\, q_i^\top e[\lceil p_{ij} \rceil]$.
-    $P$ = ``block_size`` (the most keys a training query sees). An encoder counts from $i$ to $j$ either way."""
+    $P$ = ``GPTConfig.cope_positions``, 64 by default: the paper caps positions well below the context (its
+    Wikitext-103 runs: 64 slots for 1,024 tokens, as we read it; x-transformers defaults to 16), so a query counts
+    at most $P - 1$ keys back and every farther key shares the last slot, at any length. An encoder counts from
+    $i$ to $j$ either way."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.causal = cfg.causal
-        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.block_size))  # e (hs, P)
+        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.cope_positions))  # e (hs, P)
 
     def positions(self, q, k, first_query: int = 0):
         r"""$p_{ij}$ (batch, nh, Tq, Tk) in float32: the gates summed from key j to query i."""
@@ -929,9 +1040,10 @@ class PositionalInputs:
     """What every layer needs from the positions, computed once per forward and shared by all layers (of one
     encoding); a layer whose bias reads the data takes its own copy (``reading``)."""
 
-    def __init__(self, positions, rotary, bias_between, data_bias=None):
+    def __init__(self, positions, rotary, bias_between, data_bias=None, log_decay=None):
         self.positions = positions  # (T,)
         self.rotary = rotary  # ((cos, sin) for queries, (cos, sin) for keys), each (T, hs/2); or None
+        self.log_decay = log_decay  # xPos's logarithms of its factors (T, hs/2), see ``decay_about``; or None
         self.bias_between = bias_between  # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no such bias
         self.data_bias = data_bias  # (q0, q1, k1) -> B (batch, nh, q1 - q0, k1), checked; or None
 
@@ -953,10 +1065,27 @@ class PositionalInputs:
 
     def reading(self, data_bias: Callable) -> PositionalInputs:
         """A layer's own inputs, whose bias reads the layer's data: ``data_bias(q0, q1, k1)``."""
-        return PositionalInputs(self.positions, self.rotary, None, data_bias)
+        return PositionalInputs(self.positions, self.rotary, None, data_bias, self.log_decay)
+
+    def decayed(self, q, k):
+        """q and k with xPos's factors about the middle of the sequence (``decay_about``), when it has them."""
+        if self.log_decay is None:
+            return q, k
+        return decay_about(q, k, (self.log_decay, self.log_decay), self.log_decay.mean(0))
 
 
 class SelfAttention(nn.Module):
+    r"""One layer's attention. ``GPTConfig.attention_extras`` adds the parts of FoX's "Pro" block (Lin et al.,
+    ICLR 2025, section 3.2, as we read it), each usable alone and with any encoding:
+      - ``kv_shift``: a data-dependent token shift of keys and values, per head
+        $k_t \leftarrow \alpha_t k_{t-1} + (1 - \alpha_t) k_t$ with $\alpha_t = \sigma(w_\alpha^\top x_t)$ (and the same
+        for $v$ with its own $w$); $k_{-1} = 0$;
+      - ``qk_norm``: $q \leftarrow \mathrm{RMSNorm}(q)$, $k \leftarrow \mathrm{RMSNorm}(k)$ per head, after the shift and
+        before any rotation;
+      - ``output_norm``: each head's output $\mathrm{RMSNorm}(o^{(h)})$;
+      - ``output_gate``: $o \leftarrow o \odot \sigma(W_g x)$ before the output projection.
+    """
+
     # Another implementation of ``attention`` with the same parameters, installed by whoever has one (the
     # package's fast.py does when imported): a function (layer, q, k, v, positional) -> y, used when
     # cfg.fast is True. This file has none: copied alone, every layer runs the form below. ``fast_qkv`` (from
@@ -978,12 +1107,23 @@ class SelfAttention(nn.Module):
         refiner_cls = REFINER_REGISTRY[cfg.refiner]  # built for this layer's encoding (its B or none)
         refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
         self.refiner = refiner_cls(refiner_cfg) if refiner_cls is not None else None
+        extras = attention_extras(cfg)
+        self.shifts_kv = _normal_linear(cfg.n_embd, 2 * cfg.n_head) if "kv_shift" in extras else None  # w_alpha
+        self.q_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras else None
+        self.k_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras else None
+        self.output_norm = nn.RMSNorm(self.head_size) if "output_norm" in extras else None
+        self.output_gate = _normal_linear(cfg.n_embd, cfg.n_embd) if "output_gate" in extras else None  # W_g
 
     def qkv(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (batch, T, C) -> (batch, nh, T, hs) each
         q, k, v = (t.view(batch, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        if self.shifts_kv is not None:
+            alpha = torch.sigmoid(self.shifts_kv(x)).transpose(1, 2)[..., None]  # (batch, 2 nh, T, 1)
+            k, v = (shift_back(t, a) for t, a in zip((k, v), alpha.chunk(2, dim=1)))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if positional.rotary is not None:
             query_rotation, key_rotation = positional.rotary
             q, k = apply_rotary(q, *query_rotation), apply_rotary(k, *key_rotation)
@@ -1018,6 +1158,7 @@ class SelfAttention(nn.Module):
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
+            q, k = positional.decayed(q, k)
             y, _ = attention(
                 q,
                 k,
@@ -1028,8 +1169,17 @@ class SelfAttention(nn.Module):
                 dropout,
                 self.temperature_rows(0, T, T),
             )
+        if self.output_norm is not None:
+            y = self.output_norm(y)  # RMSNorm of each head's output
         y = y.transpose(1, 2).contiguous().view(batch, T, C)  # (batch, T, C)
+        if self.output_gate is not None:
+            y = y * torch.sigmoid(self.output_gate(x))  # o (.) sigma(W_g x)
         return self.resid_dropout(self.c_proj(y))
+
+    @property
+    def reshapes_qk(self) -> bool:
+        """Whether ``qkv`` does more than project and rotate (FoX's KV-shift or QK-norm)."""
+        return self.shifts_kv is not None or self.q_norm is not None
 
     def temperature_rows(self, q0: int, q1: int, T: int):
         r"""$\tau$ of query rows q0..q1-1 (1 or nh, rows, 1), or None without a temperature."""
@@ -1041,6 +1191,7 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x, positional)
         T = q.shape[2]
         positional = self.inputs(x, q, k, positional)
+        q, k = positional.decayed(q, k)
         return attention(
             q,
             k,
@@ -1158,7 +1309,8 @@ class GPT(nn.Module):
         """What the layers of one position-only ``encoding`` need: its rotations, or its bias."""
         rotary = encoding.rotations(pos, len(pos)) if isinstance(encoding, RotaryEmbedding) else None
         if not isinstance(encoding, AdditiveBias):
-            return PositionalInputs(pos, rotary, None)
+            log_decay = encoding.log_decay(pos) if isinstance(encoding, XPosEmbedding) else None
+            return PositionalInputs(pos, rotary, None, log_decay=log_decay)
         checked = set()  # every layer asks for the same query and key positions: check their values once
         fast = self.cfg.fast and GPT.fast_bias is not None
 
