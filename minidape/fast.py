@@ -54,9 +54,9 @@ from .model import (
     SelfAttention,
     attend,
     attention_mask,
+    decay_about,
     refiner_view,
 )
-from .model import decay_about as model_decay_about
 from .model import attention as reference_attention
 
 # The refiner's hidden activations of one query block are kept under this many elements (at least 16 query
@@ -121,7 +121,7 @@ def recentred(q_block, keys, log_decay, q0: int, q1: int):
     a far key's factor underflows to 0, as its true product $\zeta^{(n - m)/\gamma}$ does). An encoder's keys after
     $c$ grow instead, as xPos's factors do there."""
     k1 = keys.shape[2]
-    return model_decay_about(q_block, keys, (log_decay[q0:q1], log_decay[:k1]), log_decay[q1 - 1])
+    return decay_about(q_block, keys, (log_decay[q0:q1], log_decay[:k1]), log_decay[q1 - 1])
 
 
 def runs_in_query_blocks(refiner_cls: type) -> bool:

@@ -1080,8 +1080,8 @@ class SelfAttention(nn.Module):
       - ``kv_shift``: a data-dependent token shift of keys and values, per head
         $k_t \leftarrow \alpha_t k_{t-1} + (1 - \alpha_t) k_t$ with $\alpha_t = \sigma(w_\alpha^\top x_t)$ (and the same
         for $v$ with its own $w$); $k_{-1} = 0$;
-      - ``qk_norm``: $q \leftarrow \mathrm{RMSNorm}(q)$, $k \leftarrow \mathrm{RMSNorm}(k)$ per head, after the shift and
-        before any rotation;
+      - ``qk_norm``: $q \leftarrow \mathrm{RMSNorm}(q)$, $k \leftarrow \mathrm{RMSNorm}(k)$ per head, after the
+        shift and before any rotation;
       - ``output_norm``: each head's output $\mathrm{RMSNorm}(o^{(h)})$;
       - ``output_gate``: $o \leftarrow o \odot \sigma(W_g x)$ before the output projection.
     """
