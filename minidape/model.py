@@ -134,8 +134,15 @@ class GPTConfig:
                     f"random_positions must be 0 (off) or an integer L >= block_size="
                     f"{self.block_size}; got {self.random_positions!r}"
                 )
-            if all(name == "none" or issubclass(PE_REGISTRY[name], DataDependentBias) for name in layer_pes):
+            if all(name == "none" or issubclass(PE_REGISTRY[name], LAYER_OWN) for name in layer_pes):
                 raise ValueError(f"random_positions needs a pe that reads positions; pe={self.pe!r} reads none")
+        own_weights = sorted({name for name in layer_pes if issubclass(PE_REGISTRY[name], AttentionWeights)})
+        for field, off in (("refiner", "none"), ("temperature", "none"), ("causal", True)):
+            if own_weights and getattr(self, field) != off:
+                raise ValueError(
+                    f"pe={self.pe!r}: {', '.join(own_weights)} computes its own attention weights (a decoder's, "
+                    f"without softmax logits to refine or sharpen); {field} must be {off!r}, got {getattr(self, field)!r}"
+                )
         if self.temperature != "none" and self.block_size < 2:
             raise ValueError(
                 f"temperature={self.temperature!r} divides by ln(block_size) and needs block_size >= 2; "
@@ -284,13 +291,12 @@ def register_pe(name: str):
     Registering a name again with another class (a notebook cell re-run after an edit) replaces it and says so
     in one line on stderr, so editing a bias needs no kernel restart; minidape's own names stay refused.
     """
-    kinds = (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)
 
     def check(cls):
-        if not (isinstance(cls, type) and issubclass(cls, kinds)):
+        if not (isinstance(cls, type) and issubclass(cls, PE_KINDS)):
             raise TypeError(
                 f"register_pe({name!r}) expects a subclass of md.AdditiveBias or md.DataDependentBias "
-                f"(or AbsolutePositions / RotaryEmbedding); got {cls!r}"
+                f"(or AbsolutePositions / RotaryEmbedding / AttentionWeights); got {cls!r}"
             )
 
     return _register(PE_REGISTRY, "pe", name, check)
@@ -360,6 +366,18 @@ class DataDependentBias(nn.Module):
         super().__init__()
 
 
+class AttentionWeights(nn.Module):
+    r"""Base class of encodings that replace $\mathrm{softmax}(QK^\top/\sqrt{d})$ itself (PaTH, stick-breaking):
+    ``forward(x, q, k, v) -> (y, pieces)``, x (batch, T, C) the layer's input (after its LayerNorm), q, k, v
+    (batch, n_head, T, hs), y (batch, n_head, T, hs) and ``pieces`` the full-size ``scores`` and ``probs`` (the
+    weights) for plots, as ``attention`` gives them. One module per layer, built as ``cls(cfg)``; decoders only;
+    no refiner or temperature (they act on softmax logits these encodings do not have, or do differently). These
+    are the papers' $O(T^2)$ forms, meant for a CPU at T up to about 512; the fast path runs them as they are."""
+
+    def __init__(self):
+        super().__init__()
+
+
 def relative_distance(q_pos, k_pos, causal: bool = True):
     """(Tq, Tk) float distances: ``i - j`` clamped at 0 for a decoder (future keys are masked anyway),
     ``|i - j|`` for an encoder."""
@@ -405,6 +423,10 @@ def shift_back(t, alpha):
     (batch, nh, T, 1)."""
     previous = F.pad(t, (0, 0, 1, 0))[:, :, :-1]
     return alpha.to(t.dtype) * previous + (1 - alpha.to(t.dtype)) * t
+
+
+# The kinds of positional encoding ``register_pe`` takes.
+PE_KINDS = (AbsolutePositions, RotaryEmbedding, AdditiveBias, DataDependentBias, AttentionWeights)
 
 
 def apply_rotary(x, cos, sin):
@@ -828,6 +850,83 @@ class ContextualPositionBias(DataDependentBias):
         return (1 - w) * at_low + w * at_high  # z (batch, nh, Tq, Tk)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Encodings that compute the attention weights themselves (batch, n_head, T, T), one module per layer
+
+
+@register_pe("stick_breaking")
+class StickBreakingAttention(AttentionWeights):
+    r"""Stick-breaking attention (Tan et al., ICLR 2025): no softmax. Query $i$ breaks a stick of length 1, from
+    its nearest earlier key backwards: with $z_{ij} = q_i^\top k_j/\sqrt{d}$ and $\beta_{ij} = \sigma(z_{ij})$,
+    $$A_{ij} = \beta_{ij} \prod_{j < k < i} (1 - \beta_{ik}), \quad j < i, \qquad y_i = \sum_{j<i} A_{ij} v_j,$$
+    (the paper's eq. 4-5): key $j$ takes the share $\beta_{ij}$ of what the nearer keys left. The weights sum to at
+    most 1 and what is left attends to nothing (query 0 sees no key: $y_0 = 0$). Recency is built in, as in ALiBi,
+    but read from the data; no position enters. In log space (as the authors compute it):
+    $\ln A_{ij} = \ln\sigma(z_{ij}) + \sum_{j<k<i} \ln\sigma(-z_{ik})$."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+
+    def forward(self, x, q, k, v):
+        T = q.shape[2]
+        z = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])  # z_ij (batch, nh, T, T)
+        earlier = torch.ones(T, T, dtype=torch.bool, device=q.device).tril(-1)  # keys j < i
+        log_beta = F.logsigmoid(z).masked_fill(~earlier, float("-inf"))  # ln beta_ij
+        log_left = F.logsigmoid(-z).masked_fill(~earlier, 0.0)  # ln(1 - beta_ik)
+        nearer = log_left.flip(-1).cumsum(-1).flip(-1) - log_left  # sum over j < k < i of ln(1 - beta_ik)
+        probs = (log_beta + nearer).exp()  # A_ij, 0 where j >= i
+        return probs.to(v.dtype) @ v, {"scores": z, "probs": probs}
+
+
+@register_pe("path")
+class PaTHAttention(AttentionWeights):
+    r"""PaTH attention (Yang et al., NeurIPS 2025): between key $j$ and query $i$, a product of data-dependent
+    Householder-like transforms $H_t = I - \beta_t w_t w_t^\top$ of the tokens in between (eq. 2-3):
+    $$S_{ij} = q_i^\top H_i H_{i-1} \cdots H_{j+1}\, k_j / \sqrt{d}, \qquad y = \mathrm{softmax}(\mathrm{mask}(S))\,V.$$
+    Per head, $w_t = \mathrm{normalize}(\mathrm{conv}(W_w x)_t)$ (a causal depthwise convolution of width 3 over
+    the positions, then unit length) and $\beta_t = 2\sigma(u^\top x_t + b) \in (0, 2)$: $\beta = 2$ is a reflection,
+    smaller values shrink $k$ along $w_t$. RoPE is the special case of fixed rotations; here each token decides
+    how it transforms the keys that pass it, which the authors show lets attention track state (flip-flops,
+    permutations) that RoPE cannot. $w$'s low-rank factorisation in the authors' layer is left out.
+
+    The form below carries every earlier key through $H_i$ as the query position $i$ advances: $T$ steps of
+    $O(T d)$, $O(T^2 d)$ in all (the authors' kernels use a blockwise UT transform instead)."""
+
+    def __init__(self, cfg: GPTConfig, conv_width: int = 3):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.w_proj = _normal_linear(cfg.n_embd, cfg.n_embd)  # W_w
+        self.w_conv = nn.Conv1d(cfg.n_embd, cfg.n_embd, conv_width, groups=cfg.n_embd, padding=conv_width - 1)
+        self.beta_proj = _normal_linear(cfg.n_embd, cfg.n_head)  # u, b
+
+    def directions(self, x):
+        r"""$w_t$ (batch, nh, T, hs), unit length, and $\beta_t$ (batch, nh, T) from x (batch, T, C)."""
+        batch, T, C = x.shape
+        w = self.w_conv(self.w_proj(x).transpose(1, 2))[..., :T]  # causal: position t reads t-2..t
+        w = F.normalize(w.transpose(1, 2).reshape(batch, T, self.n_head, -1).float(), dim=-1).transpose(1, 2)
+        beta = 2 * torch.sigmoid(self.beta_proj(x).float()).transpose(1, 2)
+        return w, beta
+
+    def forward(self, x, q, k, v):
+        T = q.shape[2]
+        w, beta = self.directions(x)
+        q, k = q.float(), k.float()
+        rows = []
+        carried = k[:, :, :0]  # keys j < i carried to position i: H_i ... H_{j+1} k_j
+        for i in range(T):
+            w_i, beta_i = w[:, :, i, None, :], beta[:, :, i, None, None]  # (batch, nh, 1, hs), (batch, nh, 1, 1)
+            carried = carried - beta_i * (carried @ w_i.transpose(-2, -1)) * w_i  # H_i k = k - beta_i (w_i . k) w_i
+            carried = torch.cat([carried, k[:, :, i : i + 1]], dim=2)  # k_i joins untransformed
+            rows.append(F.pad(q[:, :, i : i + 1] @ carried.transpose(-2, -1), (0, T - i - 1)))  # S_ij, j <= i
+        scores = torch.cat(rows, dim=2) / math.sqrt(q.shape[-1])  # S (batch, nh, T, T)
+        y, probs = attend(scores, attention_mask(T, True, q.device), v)
+        return y, {"scores": scores, "probs": probs}
+
+
+# Encodings built once per layer (they read the layer's data), not shared by the layers.
+LAYER_OWN = (DataDependentBias, AttentionWeights)
+
+
 def pe_has_bias(pe: str) -> bool:
     """True when ``pe`` (one encoding's name) produces an additive bias B, from positions or from the data
     (refiners then see ``[S, B]``)."""
@@ -1103,6 +1202,7 @@ class SelfAttention(nn.Module):
         self.resid_dropout = nn.Dropout(cfg.dropout)
         encoding = PE_REGISTRY[self.pe]
         self.data_bias = encoding(cfg) if issubclass(encoding, DataDependentBias) else None  # this layer's own
+        self.weights = encoding(cfg) if issubclass(encoding, AttentionWeights) else None  # PaTH, stick-breaking
         self.temperature = LengthTemperature(cfg) if cfg.temperature != "none" else None
         refiner_cls = REFINER_REGISTRY[cfg.refiner]  # built for this layer's encoding (its B or none)
         refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
@@ -1148,13 +1248,15 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
-        fast = self.cfg.fast and SelfAttention.fast_attention is not None
+        fast = self.cfg.fast and SelfAttention.fast_attention is not None and self.weights is None
         if fast and SelfAttention.fast_qkv is not None:
             q, k, v = SelfAttention.fast_qkv(self, x, positional)
         else:
             q, k, v = self.qkv(x, positional)
         positional = self.inputs(x, q, k, positional)
-        if fast:
+        if self.weights is not None:  # PaTH, stick-breaking: their own weights, in their papers' form
+            y, _ = self.weights(x, q, k, v)
+        elif fast:
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
@@ -1192,6 +1294,9 @@ class SelfAttention(nn.Module):
         T = q.shape[2]
         positional = self.inputs(x, q, k, positional)
         q, k = positional.decayed(q, k)
+        if self.weights is not None:
+            pieces = self.weights(x, q, k, v)[1]
+            return {"scores": pieces["scores"], "bias": None, "refined": pieces["scores"], "probs": pieces["probs"]}
         return attention(
             q,
             k,
@@ -1250,7 +1355,7 @@ class GPT(nn.Module):
         shared = {
             name: PE_REGISTRY[name]
             for name in dict.fromkeys(self.layer_pes)
-            if not issubclass(PE_REGISTRY[name], DataDependentBias)
+            if not issubclass(PE_REGISTRY[name], LAYER_OWN)
         }
         if len(set(self.layer_pes)) == 1:  # shared by all layers
             self.pe = shared.get(cfg.pe, NoPositions)(cfg)
