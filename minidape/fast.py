@@ -78,9 +78,10 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
     """The attention of the ``model.SelfAttention`` ``layer``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
     dropout = layer.cfg.dropout if layer.training else 0.0
     T = q.shape[2]
-    if positional.log_decay is not None:
+    if positional.log_decay is not None:  # xPos: its factors about the middle, or about each query block
         if not decay_fits_about_the_middle(positional.log_decay):
-            return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine_form(layer), dropout), dim=2)
+            blocks = attend_in_query_blocks(layer, q, k, v, positional, refine_form(layer), dropout, recentre=True)
+            return torch.cat(blocks, dim=2)
         q, k = positional.decayed(q, k)
     if layer.refiner is None and not positional.has_bias:
         # No bias, no refiner: PyTorch's fused kernel, memory-linear in T. A temperature scales each query row:
@@ -240,7 +241,14 @@ def query_block_mask(q0: int, q1: int, k1: int, causal: bool, device) -> torch.T
 
 
 def attend_in_query_blocks(
-    layer: SelfAttention, q, k, v, positional: PositionalInputs, refine: Callable | None, dropout: float
+    layer: SelfAttention,
+    q,
+    k,
+    v,
+    positional: PositionalInputs,
+    refine: Callable | None,
+    dropout: float,
+    recentre: bool = False,
 ) -> list[torch.Tensor]:
     """Attention in blocks of query rows, each against the keys it can see: (batch, nh, rows, hs) per block.
 
@@ -249,7 +257,8 @@ def attend_in_query_blocks(
     the backward pass cheap: each receives only its own gradient, instead of a zero-filled full-length one per
     query block. The last (widest) query block runs first, so the memory allocator can reuse its buffers for
     every narrower one: in the other order each block needs slightly more than the last freed, and a 16k-token
-    evaluation's peak memory grew several-fold from fragmentation alone.
+    evaluation's peak memory grew several-fold from fragmentation alone. ``recentre``: q and k have no xPos
+    factors yet; each block applies them about its own last query (``recentred``).
     """
     cfg, refiner = layer.cfg, layer.refiner
     batch, _, T, _ = q.shape
@@ -257,7 +266,6 @@ def attend_in_query_blocks(
     # made each block's backward zero-fill a full-size gradient (at T = 1024 most of a DAPE step). Too large to
     # hold at once, or read from the data (a layer's own, and batch times larger), it is computed per block.
     has_bias = positional.has_bias
-    recentring = positional.log_decay is not None  # see ``attention``: too long for factors about the middle
     precomputed = positional.bias_between is not None and cfg.n_head * T * T <= FULL_BIAS_ELEMENTS
     biased = (  # a learnable bias that SDPA would take to its unfused kernel (see _BiasedAttention)
         precomputed
@@ -268,7 +276,7 @@ def attend_in_query_blocks(
         and positional.full_bias.requires_grad
     )
     rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device, biased)
-    if recentring:
+    if recentre:
         rows = min(rows, DECAY_BLOCK_ROWS)
     k, v = k.contiguous(), v.contiguous()
     if biased:  # its blocks' matmuls want q with batch and heads mergeable: one copy, not one per block backward
@@ -289,9 +297,9 @@ def attend_in_query_blocks(
             bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
         temperature = layer.temperature_rows(q0, q1, T)
         query_block = query_blocks[i]
-        if recentring:
+        if recentre:
             query_block, keys = recentred(query_block, keys, positional.log_decay, q0, q1)
-        if recentring and bias is None and refiner is None and temperature is None:
+        if recentre and bias is None and refiner is None and temperature is None:
             outputs[i] = F.scaled_dot_product_attention(query_block, keys, values, attn_mask=mask, dropout_p=dropout)
         elif refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
             if precomputed:  # the same in every layer: made once per forward

@@ -139,9 +139,10 @@ class GPTConfig:
         own_weights = sorted({name for name in layer_pes if issubclass(PE_REGISTRY[name], AttentionWeights)})
         for field, off in (("refiner", "none"), ("temperature", "none"), ("causal", True)):
             if own_weights and getattr(self, field) != off:
+                got = getattr(self, field)
                 raise ValueError(
                     f"pe={self.pe!r}: {', '.join(own_weights)} computes its own attention weights (a decoder's, "
-                    f"without softmax logits to refine or sharpen); {field} must be {off!r}, got {getattr(self, field)!r}"
+                    f"without softmax logits to refine or sharpen); {field} must be {off!r}, got {got!r}"
                 )
         if self.temperature != "none" and self.block_size < 2:
             raise ValueError(
