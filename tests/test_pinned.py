@@ -143,7 +143,8 @@ def xpos_zeta(head_size):
 
 
 def test_xpos_is_sun_et_al_eq_9():
-    r"""xPos (Sun et al. 2023, eq. 9): pair $i$ of $q_n^\top k_m$ is RoPE's times $\zeta_i^{(n-m)/\gamma}$, $\gamma = 512$."""
+    r"""xPos (Sun et al. 2023, eq. 9): pair $i$ of $q_n^\top k_m$ is RoPE's times $\zeta_i^{(n-m)/\gamma}$,
+    $\gamma = 512$."""
     T = 40
     encoding = md.GPT(tiny(pe="xpos")).pe
     q, k, _ = random_heads(2, 2, T, 8, seed=1)
@@ -263,8 +264,8 @@ def test_fox_data_independent_gates_are_alibi_with_learned_or_fixed_slopes():
 def test_cope_is_golovneva_et_al_eqs_3_to_5():
     r"""CoPE (Golovneva et al. 2024): gates $g_{ij} = \sigma(q_i^\top k_j)$ on the scaled logits (the authors'
     code), $p_{ij} = \sum_{t=j}^{i} g_{it}$ (eq. 3-4) capped at $P - 1$, and the interpolation
-    $z_{ij} = (p - \lfloor p\rfloor)\,q_i^\top e[\lceil p\rceil] + (1 - p + \lfloor p\rfloor)\,q_i^\top e[\lfloor p\rfloor]$
-    (eq. 5), with $P$ = ``cope_positions``."""
+    $z_{ij} = (p - \lfloor p\rfloor)\,q_i^\top e[\lceil p\rceil]
+    + (1 - p + \lfloor p\rfloor)\,q_i^\top e[\lfloor p\rfloor]$ (eq. 5), with $P$ = ``cope_positions``."""
     cfg = tiny(pe="cope", cope_positions=5)
     cope = M.ContextualPositionBias(cfg)
     with torch.no_grad():
@@ -344,8 +345,9 @@ def test_stick_breaking_is_tan_et_al_eq_4():
 
 def test_path_is_yang_et_al_eq_3():
     r"""PaTH (Yang et al. 2025, eq. 3): $S_{ij} = q_i^\top H_i H_{i-1}\cdots H_{j+1} k_j/\sqrt d$ with
-    $H_t = I - \beta_t w_t w_t^\top$, $w_t$ the unit-length causal short convolution of $W_w x$, $\beta_t = 2\sigma(u^\top
-    x_t + b)$; $y = \mathrm{softmax}(S)V$. The product of the explicit $d \times d$ matrices, in float64."""
+    $H_t = I - \beta_t w_t w_t^\top$, $w_t$ the unit-length causal short convolution of $W_w x$,
+    $\beta_t = 2\sigma(u^\top x_t + b)$; $y = \mathrm{softmax}(S)V$. The product of the
+    explicit $d \times d$ matrices, in float64."""
     cfg = tiny(pe="path")
     path = M.PaTHAttention(cfg)
     T, hs, h = 9, cfg.n_embd // cfg.n_head, cfg.n_head
