@@ -31,7 +31,7 @@ from .lab.evaluate import PROTOCOLS
 from .lab.tasks import TASK_NAMES
 from .lab.train import DEFAULT_SETTINGS
 from .lab.user_code import import_file, register_class
-from .model import PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig
+from .model import FOX_GATES, PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .study.claims import FLAT_MARGIN, LEAKY_REFINER, MODELS
 from .study.comparison import DEFAULT_BASELINES
@@ -119,7 +119,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default. `--pe` and
     `--refiner` take a registered name or FILE.py:ClassName."""
     hints = typing.get_type_hints(GPTConfig)
-    choices = {"temperature": TEMPERATURES}
+    choices = {"temperature": TEMPERATURES, "fox_gate": FOX_GATES}
     group = parser.add_argument_group("model (GPTConfig fields)")
     for field in dataclasses.fields(GPTConfig):
         kind = hints[field.name]

@@ -69,6 +69,11 @@ MODELS = {
     "DAPE-FoX": {"pe": "fox", "refiner": "dape"},
     "CoPE": {"pe": "cope"},
     "RoPE/NoPE hybrid": {"pe": "rope,none", "temperature": "learned"},
+    # issue 48: FoX as its authors build it and as minidape started it, and the two families that replace softmax
+    "FoX (ALiBi init)": {"pe": "fox", "fox_gate_init": "alibi"},
+    "FoX Pro": {"pe": "fox", "attention_extras": "pro"},
+    "PaTH": {"pe": "path"},
+    "Stick-breaking": {"pe": "stick_breaking"},
 }
 CHE_MODELS = {"Kerple-log": {"pe": "kerple_log"}, "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"}}
 CHE_TASKS = ("missing_duplicate_string", "even_pairs", "reverse_string", "bucket_sort")
