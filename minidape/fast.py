@@ -56,6 +56,7 @@ from .model import (
     attention_mask,
     decay_about,
     refiner_view,
+    window_mask,
 )
 from .model import attention as reference_attention
 
@@ -78,6 +79,8 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
     """The attention of the ``model.SelfAttention`` ``layer``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
     dropout = layer.cfg.dropout if layer.training else 0.0
     T = q.shape[2]
+    if layer.window:
+        return windowed_attention(layer, q, k, v, positional, dropout)
     if positional.log_decay is not None:  # xPos: its factors about the middle, or about each query block
         if not decay_fits_about_the_middle(positional.log_decay):
             blocks = attend_in_query_blocks(layer, q, k, v, positional, refine_form(layer), dropout, recentre=True)
@@ -123,6 +126,42 @@ def recentred(q_block, keys, log_decay, q0: int, q1: int):
     $c$ grow instead, as xPos's factors do there."""
     k1 = keys.shape[2]
     return decay_about(q_block, keys, (log_decay[q0:q1], log_decay[:k1]), log_decay[q1 - 1])
+
+
+def windowed_attention(layer: SelfAttention, q, k, v, positional: PositionalInputs, dropout: float):
+    r"""A layer with a sliding or chunked window (``model.window_mask``): blocks of at most $W$ query rows, each
+    against only the keys its rows may see (at most $2W$, plus a refiner's ``key_margin`` on each side), so the
+    cost grows as $T W$, not $T^2$. A bias from positions is computed for those keys only; one that reads the data
+    for the keys up to the block's last (its own blocks, as elsewhere in this file). xPos's factors are taken about
+    each block's last query. A refiner that is not row-local runs the reference form over the whole sequence."""
+    cfg, refiner = layer.cfg, layer.refiner
+    T, window = q.shape[2], layer.window
+    refine = refine_form(layer, positional.has_bias)
+    if refiner is not None and refine is None:
+        q, k = positional.decayed(q, k)
+        temperature = layer.temperature_rows(0, T, T)
+        return reference_attention(
+            q, k, v, positional.full_bias, layer.mask(T, q.device), refiner, dropout, temperature
+        )[0]
+    rows, margin = min(cfg.attn_chunk or window, window, T), key_margin(refiner) if refiner is not None else 0
+    outputs = []
+    for q0 in range(0, T, rows):
+        q1 = min(T, q0 + rows)
+        first_key = (q0 // window) * window if layer.chunked else max(0, q0 - window + 1)
+        k0, k1 = max(0, first_key - margin), min(T, q1 + margin)
+        mask = window_mask(q0, q1, k0, k1, cfg.causal, window, layer.chunked, q.device)
+        bias = None
+        if positional.bias_between is not None:
+            bias = positional.bias_between(positional.positions[q0:q1], positional.positions[k0:k1])
+        elif positional.data_bias is not None:
+            bias = positional.bias_rows(q0, q1, k1)[..., k0:]
+        query_block, keys, values = q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1]
+        if positional.log_decay is not None:
+            log = positional.log_decay
+            query_block, keys = decay_about(query_block, keys, (log[q0:q1], log[k0:k1]), log[q1 - 1])
+        temperature = layer.temperature_rows(q0, q1, T)
+        outputs.append(attend_query_block(refiner, refine, query_block, keys, values, bias, mask, dropout, temperature))
+    return torch.cat(outputs, dim=2)
 
 
 def runs_in_query_blocks(refiner_cls: type) -> bool:
@@ -388,7 +427,7 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is None:
-        refined = scores + seen_bias  # A = S + B
+        refined = scores if seen_bias is None else scores + seen_bias  # A = S + B
     else:
         refined = refine(refiner, scores, seen_bias, mask)
     if temperature is not None:

@@ -100,7 +100,7 @@ class GPTConfig:
                 raise TypeError(
                     f"GPTConfig.{field.name} must be {expected[kind]}; got {value!r} ({type(value).__name__})"
                 )
-        layer_pes = layer_encodings(self)  # checks each name of a per-layer spec
+        layer_pes = layer_encodings(self)  # checks each name and option of a per-layer spec
         if self.temperature not in TEMPERATURES:
             raise ValueError(f"unknown temperature {self.temperature!r}; valid choices: {', '.join(TEMPERATURES)}")
         if self.refiner not in REFINER_REGISTRY:
@@ -137,6 +137,12 @@ class GPTConfig:
             if all(name == "none" or issubclass(PE_REGISTRY[name], LAYER_OWN) for name in layer_pes):
                 raise ValueError(f"random_positions needs a pe that reads positions; pe={self.pe!r} reads none")
         own_weights = sorted({name for name in layer_pes if issubclass(PE_REGISTRY[name], AttentionWeights)})
+        for spec in layer_specs(self):
+            if spec.pe in own_weights and (spec.window or spec.temperature not in (None, "none")):
+                raise ValueError(
+                    f"pe={self.pe!r}: {spec.pe} computes its own attention weights; it takes no window or "
+                    f"temperature ('@' options)"
+                )
         for field, off in (("refiner", "none"), ("temperature", "none"), ("causal", True)):
             if own_weights and getattr(self, field) != off:
                 got = getattr(self, field)
@@ -144,7 +150,10 @@ class GPTConfig:
                     f"pe={self.pe!r}: {', '.join(own_weights)} computes its own attention weights (a decoder's, "
                     f"without softmax logits to refine or sharpen); {field} must be {off!r}, got {got!r}"
                 )
-        if self.temperature != "none" and self.block_size < 2:
+        tempered = self.temperature != "none" or any(
+            spec.temperature not in (None, "none") for spec in layer_specs(self)
+        )
+        if tempered and self.block_size < 2:
             raise ValueError(
                 f"temperature={self.temperature!r} divides by ln(block_size) and needs block_size >= 2; "
                 f"got {self.block_size}"
@@ -164,30 +173,93 @@ class GPTConfig:
         attention_extras(self)  # raises on an unknown name
 
 
-def layer_encodings(cfg: GPTConfig) -> list[str]:
-    """The encoding of each layer. ``pe`` names one encoding for every layer, or several joined by commas,
-    cycled over the layers: ``pe="rope,rope,rope,none"`` gives layers 0-2 RoPE and layer 3 NoPE, then again
-    (Llama 4's iRoPE; ``"rope,none"`` alternates, as in Cohere's RoPE-NoPE hybrid). Absolute encodings are added
-    once to the token embeddings, below every layer, so they cannot be one layer's choice."""
-    names = cfg.pe.split(",")
-    for name in names:
-        if name not in PE_REGISTRY:
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a per-layer spec (``layer_specs``): its encoding's name and the options written after it."""
+
+    pe: str
+    window: int = 0  # keys a query may see, itself included; 0: every earlier key
+    chunked: bool = False  # the window as fixed chunks of ``window`` tokens (Llama 4) instead of sliding
+    temperature: str | None = None  # this layer's temperature (one of TEMPERATURES); None: GPTConfig.temperature
+    qk_norm: bool = False  # RMSNorm of this layer's queries and keys (as ``attention_extras="qk_norm"``)
+
+
+LAYER_OPTIONS = ("sliding=W", "chunk=W", "temp=NAME", "qk_norm")
+
+
+def parse_layer(entry: str, pe: str) -> LayerSpec:
+    """``name[@option...]``, options from LAYER_OPTIONS: ``rope@sliding=64`` (a sliding window of 64 keys),
+    ``rope@chunk=64`` (attention within chunks of 64 tokens), ``none@temp=llama4``, ``rope@qk_norm``."""
+    name, *options = entry.split("@")
+    spec = LayerSpec(name)
+    for option in options:
+        key, _, value = option.partition("=")
+        if key in ("sliding", "chunk") and value.isdigit() and int(value) >= 1:
+            spec = replace(spec, window=int(value), chunked=key == "chunk")
+        elif key == "temp" and value in TEMPERATURES:
+            spec = replace(spec, temperature=value)
+        elif option == "qk_norm":
+            spec = replace(spec, qk_norm=True)
+        else:
             raise ValueError(
-                f"unknown pe {name!r}"
-                + (f" in pe={cfg.pe!r}" if len(names) > 1 else "")
-                + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
-                f"(cycled over the layers, e.g. 'rope,none')"
+                f"unknown layer option {option!r} in pe={pe!r}; valid options after a name and '@': "
+                f"{', '.join(LAYER_OPTIONS)} (W a positive integer, NAME one of {', '.join(TEMPERATURES)}), "
+                f"e.g. 'rope@sliding=64,rope@sliding=64,rope@sliding=64,none'"
             )
-    if len(names) > 1 and any(issubclass(PE_REGISTRY[name], AbsolutePositions) for name in names):
+    return spec
+
+
+def layer_specs(cfg: GPTConfig) -> list[LayerSpec]:
+    """Each layer's encoding and options. ``pe`` names one encoding for every layer, or several joined by commas,
+    cycled over the layers: ``pe="rope,rope,rope,none"`` gives layers 0-2 RoPE and layer 3 NoPE, then again
+    (``"rope,none"`` alternates). After a name, ``@`` options (``parse_layer``) give that layer an attention window
+    and its own temperature, so the published hybrids are one string each (block_size 128, windows of 32):
+
+      - RNoPE-SWA (Cohere, Yang et al. 2025): ``"rope@sliding=32,rope@sliding=32,rope@sliding=32,none"``: three
+        RoPE layers with a sliding window, one NoPE layer with full attention;
+      - Llama 4's iRoPE: ``"rope@chunk=32@qk_norm,rope@chunk=32@qk_norm,rope@chunk=32@qk_norm,none@temp=llama4"``:
+        chunked attention on the RoPE layers (optionally QK-norm), full attention on the NoPE layer, which alone
+        scales its logits (``LengthTemperature``'s ``llama4``);
+      - SWAN-GPT (Puvvada et al. 2025) style: ``"none@temp=log_length,rope@sliding=32,rope@sliding=32,rope@sliding=32"``
+        (full NoPE layers with log-length logit scaling interleaved with sliding-window RoPE layers).
+
+    Absolute encodings are added once to the token embeddings, below every layer, so they cannot be one layer's
+    choice."""
+    entries = cfg.pe.split(",")
+    specs = [parse_layer(entry, cfg.pe) for entry in entries]
+    for spec in specs:
+        if spec.pe not in PE_REGISTRY:
+            raise ValueError(
+                f"unknown pe {spec.pe!r}"
+                + (f" in pe={cfg.pe!r}" if len(entries) > 1 or spec.pe != cfg.pe else "")
+                + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
+                f"(cycled over the layers, e.g. 'rope,none'), each with '@' options ({', '.join(LAYER_OPTIONS)})"
+            )
+    names = [spec.pe for spec in specs]
+    if (len(names) > 1 or cfg.pe != names[0]) and any(
+        issubclass(PE_REGISTRY[name], AbsolutePositions) for name in names
+    ):
         raise ValueError(
             f"pe={cfg.pe!r}: an absolute encoding is added to the token embeddings, not chosen per "
             f"layer; a per-layer spec may name rotary encodings, biases and 'none'"
         )
-    return [names[layer % len(names)] for layer in range(cfg.n_layer)]
+    if not cfg.causal and any(spec.window for spec in specs):
+        raise ValueError(f"pe={cfg.pe!r}: attention windows are for decoders; this config has causal=False")
+    return [specs[layer % len(specs)] for layer in range(cfg.n_layer)]
+
+
+def layer_encodings(cfg: GPTConfig) -> list[str]:
+    """The encoding's name of each layer (``layer_specs`` without the options)."""
+    return [spec.pe for spec in layer_specs(cfg)]
+
+
+def pe_names(pe: str) -> list[str]:
+    """The encodings a ``pe`` string names, without their ``@`` options: ``"rope@sliding=8,none"`` -> rope, none."""
+    return [entry.split("@")[0] for entry in pe.split(",")]
 
 
 # Softmax temperatures (``GPTConfig.temperature``), see ``LengthTemperature``.
-TEMPERATURES = ("none", "log_length", "learned")
+TEMPERATURES = ("none", "log_length", "learned", "llama4")
 # FoX's forget gates (``GPTConfig.fox_gate``), see ``ForgetGateBias``.
 FOX_GATES = ("data", "constant", "fixed")
 # The parts of FoX's "Pro" block (``GPTConfig.attention_extras``), see ``SelfAttention``.
@@ -946,11 +1018,20 @@ class LengthTemperature(nn.Module):
         flattening towards uniform as $n$ grows (its entropy would otherwise grow like $\ln n$).
       - ``learned``: $\tau_{h,i} = s_h \ln n_i$, $s_h$ learned per head from $1/\ln L$ (Scalable-Softmax,
         SSMax: $s \ln n$; a learned per-head temperature is also Wang et al.'s (ACL 2024) fix for NoPE).
+      - ``llama4``: $\tau_i = 1 + \beta \ln(\lfloor n_i / F \rfloor + 1)$, $\beta = 0.1$ (Llama 4's attention
+        temperature tuning, which scales the queries of its NoPE layers only; a per-layer spec's ``@temp=llama4``
+        does the same here). Llama 4 has $F = 8192$, its chunk length; here $F$ = ``block_size`` (our choice: the
+        length trained at), so $\tau = 1$ within it and grows in steps of $F$ beyond.
+    A layer with an attention window (``LayerSpec``) counts the keys in its window: $n_i = \min(i + 1, W)$ sliding,
+    $(i \bmod W) + 1$ chunked.
     ``forward(q0, q1, T)`` gives the factors of query rows q0..q1-1 of T tokens: (1 or n_head, q1 - q0, 1)."""
 
-    def __init__(self, cfg: GPTConfig):
+    llama4_beta = 0.1
+
+    def __init__(self, cfg: GPTConfig, kind: str | None = None, window: int = 0, chunked: bool = False):
         super().__init__()
-        self.kind, self.causal = cfg.temperature, cfg.causal
+        self.kind, self.causal = cfg.temperature if kind is None else kind, cfg.causal
+        self.window, self.chunked, self.train_length = window, chunked, cfg.block_size
         self.register_buffer("log_train_length", torch.tensor(math.log(cfg.block_size)), persistent=False)
         if self.kind == "learned":
             self.scale = nn.Parameter(torch.full((cfg.n_head,), 1 / math.log(cfg.block_size)))  # s_h
@@ -960,6 +1041,11 @@ class LengthTemperature(nn.Module):
         keys_seen = (
             torch.arange(q0 + 1, q1 + 1, device=device) if self.causal else torch.full((q1 - q0,), T, device=device)
         )
+        if self.window:  # a decoder's window: the keys in it
+            keys_seen = (keys_seen - 1) % self.window + 1 if self.chunked else keys_seen.clamp(max=self.window)
+        if self.kind == "llama4":  # 1 + beta ln(floor(n / F) + 1)  (1, Tq, 1)
+            steps = torch.div(keys_seen, self.train_length, rounding_mode="floor")
+            return (1 + self.llama4_beta * torch.log1p(steps.float()))[None, :, None]
         log_n = keys_seen.float().log()[None, :, None]  # ln n_i (1, Tq, 1)
         if self.kind == "log_length":
             return (log_n / self.log_train_length).clamp(min=1)
@@ -1093,6 +1179,25 @@ def attention_mask(T: int, causal: bool, device=None) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
+def window_mask(
+    q0: int, q1: int, k0: int, k1: int, causal: bool, window: int = 0, chunked: bool = False, device=None
+) -> torch.Tensor:
+    r"""Queries q0..q1-1 against keys k0..k1-1, (q1 - q0, k1 - k0) bool: ``attention_mask``'s cells, and with a
+        ``window`` $W$ only the keys in it: sliding, $i - W < j \le i$ (the $W$ latest keys, the query's own
+        included; Mistral, Cohere's RNoPE-SWA); chunked, $\lfloor j/W
+    floor = \lfloor i/W
+    floor$, $j \le i$ (the
+        sequence cut into chunks of $W$ tokens, each attending within itself; Llama 4)."""
+    i = torch.arange(q0, q1, device=device)[:, None]
+    j = torch.arange(k0, k1, device=device)[None, :]
+    allowed = j <= i if causal else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=device)
+    if window and chunked:
+        allowed = allowed & (torch.div(j, window, rounding_mode="floor") == torch.div(i, window, rounding_mode="floor"))
+    elif window:
+        allowed = allowed & (j > i - window)
+    return allowed
+
+
 def refiner_view(bias, mask):
     r"""What a refiner sees of the bias $B$ (h, Tq, Tk), and where attention is allowed (h, Tq, Tk) bool.
 
@@ -1193,10 +1298,12 @@ class SelfAttention(nn.Module):
     fast_attention: Callable | None = None
     fast_qkv: Callable | None = None
 
-    def __init__(self, cfg: GPTConfig, pe: str | None = None):
+    def __init__(self, cfg: GPTConfig, spec: LayerSpec | None = None):
         super().__init__()
         self.cfg = cfg
-        self.pe = cfg.pe if pe is None else pe  # this layer's encoding (a name)
+        spec = layer_specs(cfg)[0] if spec is None else spec
+        self.pe = spec.pe  # this layer's encoding (a name)
+        self.window, self.chunked = spec.window, spec.chunked  # its attention window (0: none), see attention_mask
         self.n_head, self.head_size = cfg.n_head, cfg.n_embd // cfg.n_head
         self.c_attn = _normal_linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = _normal_linear(cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
@@ -1204,14 +1311,17 @@ class SelfAttention(nn.Module):
         encoding = PE_REGISTRY[self.pe]
         self.data_bias = encoding(cfg) if issubclass(encoding, DataDependentBias) else None  # this layer's own
         self.weights = encoding(cfg) if issubclass(encoding, AttentionWeights) else None  # PaTH, stick-breaking
-        self.temperature = LengthTemperature(cfg) if cfg.temperature != "none" else None
+        temperature = cfg.temperature if spec.temperature is None else spec.temperature
+        self.temperature = (
+            LengthTemperature(cfg, temperature, self.window, self.chunked) if temperature != "none" else None
+        )
         refiner_cls = REFINER_REGISTRY[cfg.refiner]  # built for this layer's encoding (its B or none)
-        refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
+        refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)  # the refiner sees one encoding
         self.refiner = refiner_cls(refiner_cfg) if refiner_cls is not None else None
         extras = attention_extras(cfg)
         self.shifts_kv = _normal_linear(cfg.n_embd, 2 * cfg.n_head) if "kv_shift" in extras else None  # w_alpha
-        self.q_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras else None
-        self.k_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras else None
+        self.q_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras or spec.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras or spec.qk_norm else None
         self.output_norm = nn.RMSNorm(self.head_size) if "output_norm" in extras else None
         self.output_gate = _normal_linear(cfg.n_embd, cfg.n_embd) if "output_gate" in extras else None  # W_g
 
@@ -1267,7 +1377,7 @@ class SelfAttention(nn.Module):
                 k,
                 v,
                 positional.full_bias,
-                attention_mask(T, self.cfg.causal, x.device),
+                self.mask(T, x.device),
                 self.refiner,
                 dropout,
                 self.temperature_rows(0, T, T),
@@ -1278,6 +1388,10 @@ class SelfAttention(nn.Module):
         if self.output_gate is not None:
             y = y * torch.sigmoid(self.output_gate(x))  # o (.) sigma(W_g x)
         return self.resid_dropout(self.c_proj(y))
+
+    def mask(self, T: int, device=None) -> torch.Tensor:
+        """(T, T) bool, True where query i may attend to key j: ``attention_mask`` cut to this layer's window."""
+        return window_mask(0, T, 0, T, self.cfg.causal, self.window, self.chunked, device)
 
     @property
     def reshapes_qk(self) -> bool:
@@ -1303,7 +1417,7 @@ class SelfAttention(nn.Module):
             k,
             v,
             positional.full_bias,
-            attention_mask(T, self.cfg.causal, x.device),
+            self.mask(T, x.device),
             self.refiner,
             temperature=self.temperature_rows(0, T, T),
         )[1]
@@ -1323,9 +1437,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig, pe: str | None = None):
+    def __init__(self, cfg: GPTConfig, spec: LayerSpec | None = None):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg, pe)
+        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg, spec)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.n_embd), MLP(cfg)
 
     def forward(self, x, positional: PositionalInputs):
@@ -1359,11 +1473,11 @@ class GPT(nn.Module):
             if not issubclass(PE_REGISTRY[name], LAYER_OWN)
         }
         if len(set(self.layer_pes)) == 1:  # shared by all layers
-            self.pe = shared.get(cfg.pe, NoPositions)(cfg)
+            self.pe = shared.get(self.layer_pes[0], NoPositions)(cfg)
         else:
             self.pe = nn.ModuleDict({name: encoding(cfg) for name, encoding in shared.items()})
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, pe) for pe in self.layer_pes)
+        self.blocks = nn.ModuleList(Block(cfg, spec) for spec in layer_specs(cfg))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
