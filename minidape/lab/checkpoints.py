@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig
+from ..model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, pe_names
 from ..utils import atomic_path, resolve_device, user_path
 from .user_code import source_file
 
@@ -49,7 +49,7 @@ def save_checkpoint(
     which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
     cfg = model.cfg
-    pe_sources = [source_file(PE_REGISTRY[name]) for name in cfg.pe.split(",")]  # a per-layer spec names several
+    pe_sources = [source_file(PE_REGISTRY[name]) for name in pe_names(cfg.pe)]  # a per-layer spec names several
     sources = {
         "pe": next((path for path in pe_sources if path), None),
         "refiner": source_file(REFINER_REGISTRY[cfg.refiner]),
