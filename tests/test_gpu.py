@@ -226,7 +226,7 @@ def test_flex_attention_trains_like_sdpa(tokens, monkeypatch):
 @requires_cuda
 def test_the_bias_benchmark_times_every_encoding_both_ways():
     table = bench.bias_table("tiny", md.fast.FLEX_MIN_LENGTH, 2, torch.device("cuda"), repeats=1, warmup=1)
-    for pe in bench.BIAS_PES:
+    for pe in bench.bias_pes():
         assert f"| {pe} (FlexAttention) |" in table and f"| {pe} (SDPA, dense mask) |" in table
 
 
