@@ -390,3 +390,100 @@ def test_path_and_stick_breaking_train_and_are_causal_at_4x_the_training_length(
         optimizer.step()
         losses.append(loss.item())
     assert losses[-1] < losses[0]
+
+
+# ---------------------------------------------------------------------------------------------- the first generation
+
+
+def bias_of(pe, T=12, **kw):
+    encoding = md.GPT(tiny(pe=pe, n_head=4, **kw)).pe
+    positions = torch.arange(T)
+    return encoding, encoding(positions, positions).double(), positions.double()
+
+
+def test_rope_is_su_et_al_eq_34():
+    r"""RoPE (Su et al. 2021, eq. 34): $q_m^\top k_n$ after rotating pair $i$ by $m\theta_i$ and $n\theta_i$."""
+    T = 20
+    encoding = md.GPT(tiny(pe="rope")).pe
+    q, k, _ = random_heads(2, 2, T, 8, seed=8)
+    pos = torch.arange(T).double()
+    torch.testing.assert_close(
+        minidape_rotary_scores(encoding, q, k, T), rotary_scores(q, k, pos, pos, rope_frequencies(8)), **TOLERANCE
+    )
+
+
+def test_hope_is_chen_et_al_section_3():
+    r"""HoPE (Chen et al. 2025): RoPE with every pair whose period $2\pi/\theta_i$ exceeds the training length set
+    to $\theta_i = 0$ (position-independent)."""
+    T = 40
+    cfg = tiny(pe="hope", n_embd=64)  # head size 32: 16 pairs, some slow
+    encoding = md.GPT(cfg).pe
+    q, k, _ = random_heads(1, 2, T, 32, seed=9)
+    theta = rope_frequencies(32)
+    theta = torch.where(2 * math.pi / theta <= cfg.block_size, theta, 0.0)
+    pos = torch.arange(T).double()
+    expected = rotary_scores(q, k, pos, pos, theta)
+    torch.testing.assert_close(minidape_rotary_scores(encoding, q, k, T), expected, **TOLERANCE)
+
+
+def test_sinusoidal_is_vaswani_et_al_section_3_5():
+    r"""$PE_{(p, 2i)} = \sin(p / 10000^{2i/d})$, $PE_{(p, 2i+1)} = \cos(p / 10000^{2i/d})$."""
+    encoding = md.GPT(tiny(pe="sinusoidal")).pe
+    p, i = torch.arange(30).double()[:, None], torch.arange(8).double()[None, :]
+    expected = torch.zeros(30, 16, dtype=torch.float64)
+    expected[:, 0::2] = torch.sin(p / 10000 ** (2 * i / 16))
+    expected[:, 1::2] = torch.cos(p / 10000 ** (2 * i / 16))
+    torch.testing.assert_close(encoding(torch.arange(30)).double(), expected, **TOLERANCE)
+
+
+def test_learned_and_none_are_a_table_and_nothing():
+    """GPT-2's learned table: x_p = e_t + P_p; NoPE: no positional input (a token's embedding alone)."""
+    model = md.GPT(tiny(pe="learned"))
+    torch.testing.assert_close(model.pe(torch.arange(5)), model.pe.table.weight[:5])
+    assert not list(md.GPT(tiny(pe="none")).pe.parameters())
+
+
+def test_alibi_is_press_et_al_section_3():
+    r"""ALiBi (Press et al. 2022): $-m_h (i - j)$, $m_h = 2^{-8h/n}$ for $n$ heads, $h = 1..n$."""
+    _, got, pos = bias_of("alibi")
+    slopes = torch.tensor([2.0 ** (-8 * h / 4) for h in range(1, 5)], dtype=torch.float64)
+    expected = -slopes[:, None, None] * (pos[:, None] - pos[None, :])
+    visible = torch.ones(12, 12, dtype=torch.bool).tril()
+    torch.testing.assert_close(got[:, visible], expected[:, visible], **TOLERANCE)
+
+
+def test_t5_is_raffel_et_al_bucketing():
+    r"""T5's causal buckets (Raffel et al. 2020; its code): $n = i - j$; $n < 16$ exact, else
+    $16 + \lfloor \ln(n/16)/\ln(128/16) \cdot 16\rfloor$ capped at 31; the bias is the table's entry."""
+    encoding, got, _ = bias_of("t5", T=300)
+    for i, j in [(0, 0), (15, 0), (16, 0), (40, 3), (299, 0), (200, 190)]:
+        n = i - j
+        bucket = n if n < 16 else min(31, 16 + int(math.log(n / 16) / math.log(8) * 16))
+        torch.testing.assert_close(got[:, i, j], encoding.table.weight[bucket].double(), **TOLERANCE)
+
+
+def test_kerple_is_chi_et_al_eq_9_and_10():
+    r"""KERPLE (Chi et al. 2022): log $-r_1\ln(1 + r_2|i - j|)$, power $-a|i - j|^p$, per head."""
+    encoding, got, pos = bias_of("kerple_log")
+    distance = (pos[:, None] - pos[None, :]).clamp(min=0)
+    r1, r2 = encoding.r1.double()[:, None, None], encoding.r2.double()[:, None, None]
+    torch.testing.assert_close(got, -r1 * torch.log(1 + r2 * distance), **TOLERANCE)
+    encoding, got, _ = bias_of("kerple_power")
+    a, p = encoding.a.double()[:, None, None], encoding.p.double()[:, None, None]
+    torch.testing.assert_close(got, -a * distance**p, **TOLERANCE)
+
+
+def test_fire_is_li_et_al_eq_4():
+    r"""FIRE (Li et al. 2024): $f_\theta(\psi(i - j)/\psi(\max(L, i)))$, $\psi(x) = \ln(c|x| + 1)$."""
+    encoding, got, pos = bias_of("fire", T=40)
+    c, L = encoding.c.double(), abs(encoding.threshold_scale.double() * 16)
+
+    def psi(x):
+        return torch.log(torch.abs(c * x) + 1)
+
+    distance = (pos[:, None] - pos[None, :]).clamp(min=0)
+    normalized = psi(distance) / (psi(torch.maximum(pos, L))[:, None] + 1e-6)
+    first, last = encoding.mlp[0], encoding.mlp[2]
+    hidden = torch.relu(normalized[..., None] * first.weight.double()[:, 0] + first.bias.double())
+    expected = (hidden @ last.weight.double().t() + last.bias.double()).permute(2, 0, 1)
+    torch.testing.assert_close(got, expected, **TOLERANCE)
