@@ -484,6 +484,7 @@ def bias_pes() -> list[str]:
         if cls.__module__.split(".")[0] == "minidape" and issubclass(cls, AdditiveBias)
     ]
 
+
 BIAS_GOAL = 1.15  # on CUDA: a bias encoding's step within this multiple of plain SDPA's without a bias
 
 
