@@ -487,3 +487,46 @@ def test_fire_is_li_et_al_eq_4():
     hidden = torch.relu(normalized[..., None] * first.weight.double()[:, 0] + first.bias.double())
     expected = (hidden @ last.weight.double().t() + last.bias.double()).permute(2, 0, 1)
     torch.testing.assert_close(got, expected, **TOLERANCE)
+
+
+# ---------------------------------------------------------------------------------------------- FoX's Pro block
+
+
+def test_fox_pro_block_is_lin_et_al_section_3_2():
+    r"""FoX's Pro block (Lin et al. 2025, section 3.2, as the docstring reads it), from the layer's weights: KV-shift
+    $k_t \leftarrow \alpha_t k_{t-1} + (1-\alpha_t) k_t$, $\alpha = \sigma(w_\alpha^\top x)$ per head (and $v$);
+    QK-norm (RMSNorm per head); output norm (RMSNorm per head) and output gate $o \odot \sigma(W_g x)$. The layer's
+    output is recomputed here with FoX's bias and softmax, and compared on both paths."""
+    for fast_path in (True, False):
+        torch.manual_seed(0)
+        cfg = tiny(pe="fox", attention_extras="pro", fast=fast_path)
+        layer = md.GPT(cfg).blocks[0].attn
+        with torch.no_grad():
+            for norm in (layer.q_norm, layer.k_norm, layer.output_norm):
+                norm.weight.uniform_(0.5, 1.5)
+        T, h, hs = 10, cfg.n_head, cfg.n_embd // cfg.n_head
+        x = torch.randn(2, T, cfg.n_embd)
+        positional = M.PositionalInputs(torch.arange(T), None, None)
+        with torch.no_grad():
+            got = layer(x, positional).double()
+        xd = x.double()
+        q, k, v = (xd @ layer.c_attn.weight.double().t() + layer.c_attn.bias.double()).split(cfg.n_embd, dim=2)
+        q, k, v = (t.view(2, T, h, hs).transpose(1, 2) for t in (q, k, v))
+        alpha = torch.sigmoid(xd @ layer.shifts_kv.weight.double().t() + layer.shifts_kv.bias.double())  # (2, T, 2h)
+        alpha_k, alpha_v = alpha[..., :h].transpose(1, 2)[..., None], alpha[..., h:].transpose(1, 2)[..., None]
+        shifted = lambda t, a: a * torch.cat([torch.zeros_like(t[:, :, :1]), t[:, :, :-1]], 2) + (1 - a) * t  # noqa: E731
+        k, v = shifted(k, alpha_k), shifted(v, alpha_v)
+
+        def rms(t, weight):
+            return t / torch.sqrt((t * t).mean(-1, keepdim=True) + torch.finfo(torch.float32).eps) * weight.double()
+
+        q, k = rms(q, layer.q_norm.weight), rms(k, layer.k_norm.weight)
+        gates = torch.sigmoid(xd @ layer.data_bias.gate.weight.double().t() + layer.data_bias.gate.bias.double())
+        c = gates.log().cumsum(1).transpose(1, 2)  # (2, h, T)
+        scores = q @ k.transpose(-2, -1) / math.sqrt(hs) + c[..., :, None] - c[..., None, :]
+        scores = scores.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+        o = rms(scores.softmax(-1) @ v, layer.output_norm.weight).transpose(1, 2).reshape(2, T, cfg.n_embd)
+        o = o * torch.sigmoid(xd @ layer.output_gate.weight.double().t() + layer.output_gate.bias.double())
+        expected = o @ layer.c_proj.weight.double().t() + layer.c_proj.bias.double()
+        torch.testing.assert_close(got, expected, **TOLERANCE)
+    assert md.check_causal(tiny(pe="fox", attention_extras="pro", n_layer=2), length=64)
