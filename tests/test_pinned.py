@@ -288,6 +288,18 @@ def test_cope_is_golovneva_et_al_eqs_3_to_5():
     assert md.GPTConfig().cope_positions == 64  # the default the docstring and README give
 
 
+def test_a_cope_checkpoint_from_before_cope_positions_loads_with_its_block_size_slots():
+    import dataclasses
+
+    from minidape.lab.checkpoints import checkpoint_config
+
+    cfg = tiny(pe="cope", block_size=32, cope_positions=32)  # what CoPE was before the field existed
+    written = {name: value for name, value in dataclasses.asdict(cfg).items() if name != "cope_positions"}
+    loaded = md.GPT(checkpoint_config({"config": written}))
+    loaded.load_state_dict(md.GPT(cfg).state_dict())
+    assert loaded.cfg.cope_positions == 32
+
+
 # ---------------------------------------------------------------------------------------------- temperatures
 
 

@@ -109,7 +109,7 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
             f"known fields: {', '.join(sorted(known))}"
         )
     for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY)):
-        names = str(config.get(kind)).split(",") if kind == "pe" else [config.get(kind)]  # pe: per-layer spec
+        names = pe_names(str(config.get(kind))) if kind == "pe" else [config.get(kind)]  # pe: per-layer spec
         missing = [name for name in names if name is not None and name not in registry]
         if missing:
             source = checkpoint.get("sources", {}).get(kind)
@@ -121,6 +121,11 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
                 else "import the file that registers it first (CLI: --import FILE.py)"
             )
             raise ValueError(f"{where} uses {kind} {missing[0]!r}, which is not registered here; {where_from}")
+    # Fields added since the checkpoint was written, whose defaults changed what the model holds: the values that
+    # model was built with (issue 48). fox_gate_init only sets the start, which loaded weights replace.
+    config = {**config}
+    if "cope_positions" not in config and "block_size" in config:
+        config["cope_positions"] = config["block_size"]  # CoPE had block_size position slots
     try:
         return GPTConfig(**config)
     except (TypeError, ValueError) as err:
