@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from test_pinned import learns
 
 import minidape as md
