@@ -2,14 +2,15 @@ r"""The minidape GPT in the papers' own form: one file, every positional encodin
 
 Read top to bottom:
   1. ``GPTConfig`` and the two registries (positional encodings, refiners).
-  2. Positional encodings, in four kinds:
+  2. Positional encodings, in five kinds:
      - absolute: added to the token embeddings (``learned``, ``sinusoidal``);
      - rotary: rotate queries and keys (``rope``, ``yarn``, ``rope_pi``, ``rope_ntk``, ``xpos``, ``hope``);
      - additive biases $B$ of shape ``(n_head, Tq, Tk)`` added to the scores
        (``t5``, ``alibi``, ``kerple_log``, ``kerple_power``, ``fire`` and user biases);
      - biases that read the data, ``(batch, n_head, Tq, Tk)``, one module per layer (``fox``, ``cope``);
-     a per-layer spec (``pe="rope,none"``) picks one per layer, and a softmax temperature may grow with the
-     context (``LengthTemperature``).
+     - attention weights computed by the encoding itself, one module per layer (``stick_breaking``, ``path``);
+     a per-layer spec (``pe="rope@sliding=32,none"``, ``layer_specs``) picks one per layer with its attention
+     window and temperature, and a softmax temperature may grow with the context (``LengthTemperature``).
   3. Refiners, which rewrite the pre-softmax scores $S = QK^\top/\sqrt{d}$ of every layer using $B$
      (DAPE/CAPE MLPs across heads, DAPE-V2 ``1 x kernel`` convolutions).
   4. Attention, one plain function: $\mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$; then the
