@@ -123,3 +123,13 @@ def test_hybrids_train_through_compare_labels_and_the_cli_spec():
         assert overrides["n_layer"] == 4 and sorted(windows) == [0, 32, 32, 32], (label, windows)
     assert parse_model("rope@sliding=8,none+dape")[1] == {"pe": "rope@sliding=8,none", "refiner": "dape"}
     assert learns(md.GPT(tiny(pe=HYBRIDS["RNoPE-SWA"])))
+
+
+def test_the_cli_takes_a_windowed_spec_and_names_a_bad_option(capsys):
+    from minidape import __main__ as cli
+
+    parsed = cli.build_parser().parse_args(["train", "--pe", HYBRIDS["iRoPE"], "--out", "x"])
+    assert parsed.pe == HYBRIDS["iRoPE"]
+    with pytest.raises(SystemExit) as exit_:
+        cli.build_parser().parse_args(["train", "--pe", "rope@window=4,none", "--out", "x"])
+    assert exit_.value.code == 2 and "unknown layer option 'window=4'" in capsys.readouterr().err
