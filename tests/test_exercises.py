@@ -632,7 +632,7 @@ MISTAKES = [
     ("kerple_log_bias", (lambda r1, r2, q, k: -r1[:, None, None] * torch.log1p(distance(q, k)),), "r2 is missing"),
     ("kerple_log_bias", (lambda r1, r2, q, k: kerple_log_bias(r1, r2, q, k)[:, :, :-1],), "has shape"),
     ("rope_ratio", (True, 1 / 3.1, LAST_K, 64, 1024), "upside down"),
-    ("rope_ratio", (True, 2.0, LAST_K, 64, 1024), "is not last_k"),
+    ("rope_ratio", (True, 2.0, LAST_K, 64, 1024), "is not RoPE's last_k perplexity"),
     ("rope_ratio", ("yes", 3.1, LAST_K, 64, 1024), "True or False"),
     ("protocols_from_curve", (lambda curve, T, k: protocols_from_curve(curve, T, k)[::-1],), "swapped"),
     (
@@ -791,7 +791,7 @@ MISTAKES = [
     ("addition_sample", (addition_with(big_endian_operands),), "operands big-endian"),
     ("addition_sample", (addition_with(zero_first_operand),), "operand equal to 0"),
     ("addition_sample", (addition_with(lambda x, y, n: (x, y.float())),), "LongTensors"),
-    ("output_length", (lambda name, n: n // 2 if name == "compute_sqrt" else output_length(name, n),), "round up"),
+    ("output_length", (lambda name, n: n // 2 if name == "compute_sqrt" else output_length(name, n),), "root of 7"),
     ("output_length", (lambda name, n: n - 1 if name == "binary_multiplication" else output_length(name, n),), "END"),
     ("output_length", (lambda name, n: n,), "input twice"),
     (
@@ -807,7 +807,7 @@ MISTAKES = [
     ("shuffle_invariance", (dict(UNCHANGED), {**UNCHANGED, "alibi, encoder": True}), "not what the models do"),
     ("shuffle_invariance", ({"none": True}, dict(UNCHANGED)), "should map each of"),
     ("fox_bias", (lambda g: fox_bias(g) + g[..., None, :],), "l = j .. i:"),
-    ("fox_bias", (lambda g: (fox_bias(g) - g[..., :, None]).tril(-1),), "l = j+1 .. i-1"),
+    ("fox_bias", (lambda g: (fox_bias(g) - g[..., :, None]).tril(-1),), "ends one gate before the query"),
     ("fox_bias", (lambda g: fox_bias(torch.cat([torch.zeros_like(g[..., :1]), g[..., :-1]], -1)),), "l = j .. i-1"),
     ("fox_bias", (lambda g: -fox_bias(g),), "is positive"),
     ("fox_bias", (lambda g: fox_bias(g).transpose(-1, -2),), "transposed"),
@@ -882,13 +882,14 @@ def test_a_correct_answer_written_differently_passes(name, answer, capsys):
 
 
 @pytest.mark.parametrize("name, answer, words", MISTAKES, ids=[f"{m[0]}-{m[2][:24]}" for m in MISTAKES])
-def test_a_known_mistake_fails_with_a_message_naming_it(name, answer, words, capsys):
-    """Failed, or (one wrong part of an exercise with parts) partly right: either way the mistake is named."""
-    status = verdict(name, *resolved(answer))
-    out = capsys.readouterr().out
-    assert words in out and "hint:" in out, out
+def test_a_known_mistake_fails_with_a_message_naming_it(name, answer, words):
+    """Failed, or (one wrong part of an exercise with parts) partly right: either way the mistake is named, with
+    both hints (the grader's verdict; a notebook shows the second from the second failed check on)."""
+    status, message, earned = exercises.verdict(name, *resolved(answer))
+    assert words in message, message
+    assert "hint 1:" in message and "hint 2:" in message if status == FAILED else "(hint:" in message, message
     full = exercises.EXERCISES[name].points
-    assert status == FAILED and points(name) == 0 or status == PARTLY and points(name) < full
+    assert status == FAILED and earned == 0 or status == PARTLY and earned < full
 
 
 @pytest.mark.parametrize("name", sorted(CORRECT))

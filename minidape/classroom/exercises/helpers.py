@@ -223,6 +223,16 @@ def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]
     return ways
 
 
+def _distinct(yours: float, theirs: float, digits: int = 6) -> tuple[str, str]:
+    """Both numbers with at least ``digits`` significant digits, and as many more as it takes for two different
+    numbers to read differently (a failure never shows "yours 0.655539, minidape's 0.655539")."""
+    for shown in range(digits, 18):
+        written = f"{yours:.{shown}g}", f"{theirs:.{shown}g}"
+        if written[0] != written[1] or yours == theirs:
+            return written
+    return repr(yours), repr(theirs)
+
+
 def _where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
     return ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
 
@@ -262,10 +272,8 @@ def _compare(
         if output.shape == got.shape and _first_difference(got, output, visible, atol, rtol) is None:
             raise Wrong(f"{what}: {description}", hint=hint)
     index = _first_difference(got, want, visible, atol, rtol)
-    raise Wrong(
-        f"{what} differs from minidape's at {_where(index, axes)}: yours {got[index].item():.6g}, "
-        f"minidape's {want[index].item():.6g}"
-    )
+    yours, theirs = _distinct(got[index].item(), want[index].item())
+    raise Wrong(f"{what} differs from minidape's at {_where(index, axes)}: yours {yours}, minidape's {theirs}")
 
 
 def _choice(value, choices, what: str):
@@ -280,6 +288,22 @@ def _prediction_credit(points: int, held: bool, note: str) -> Credit:
     """An experiment's credit: a right measurement earns ``points - 1``, a prediction that held one more."""
     missed = "did not hold (no point for it): what did you expect, and why did it not happen?"
     return Credit(points if held else points - 1, f"{note}; your prediction {'held' if held else missed}")
+
+
+def _told_apart(first: float, second: float) -> bool:
+    """Whether two measurements differ by more than two honest runs of one of them may (:data:`AGREE`, the
+    tolerance a check grants a run against the teacher's): only then does a run say which one is lower."""
+    return abs(first - second) > AGREE * max(abs(first), abs(second)) + 0.01
+
+
+def _undecided_credit(points: int, note: str) -> Credit:
+    """An experiment's credit when its run cannot tell the two measurements apart: the measurement's points; the
+    prediction is neither held nor missed, and earns nothing."""
+    return Credit(
+        points - 1,
+        f"{note}: closer than two runs of the same notebook may differ ({AGREE:.0%} + 0.01), so this run "
+        f"cannot say which is lower, and your prediction is not judged on it (no point for it)",
+    )
 
 
 def _mlp(linear1: nn.Module, linear2: nn.Module, x: torch.Tensor, activation=None) -> torch.Tensor:
@@ -330,7 +354,7 @@ def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
     return {
         "your convolution reads the future: the masked cells of [S, B] are not zeroed before it (no tril)": (
             scores + B + conv(SB),
-            "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)",
+            "zero the masked cells of [S, B] before the first convolution",
         ),
         "your refined scores are S + Conv(tril([S, B])): the residual + B is missing": (
             scores + conv(lower),
