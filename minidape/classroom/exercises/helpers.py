@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -423,9 +424,12 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
 # `make notebooks` runs the teacher's edition with RECORD set, in full mode and in quick mode, and each such check
 # writes its measurement to notebooks/references.json. The grader loads that file into framework.references: the
 # tables a submission hands in must agree with the reference of the mode it was re-run in (an invented table does
-# not), and its prediction is judged against the full-mode reference, whatever the grading mode.
+# not), and its prediction is judged against the full-mode reference, whatever the grading mode. A notebook run in
+# quick mode judges itself the same way, from the same file (see _references); in full mode it uses its own run.
 
 RECORD = "MINIDAPE_RECORD_REFERENCES"  # a path: the teacher's edition records its measurements there
+# The teacher's reference measurements in a checkout (`make notebooks` writes them; the grader loads this file)
+TEACHER_REFERENCES = Path(__file__).resolve().parents[3] / "notebooks" / "references.json"
 AGREE = 0.25  # relative difference between two honest runs' tables (other CPUs),
 # with 0.01 more for shares near 0
 
@@ -441,13 +445,28 @@ def _mode() -> str:
     return "quick" if quick_mode() else "full"
 
 
+def _references() -> dict | None:
+    """The reference measurements a verdict judges against: the grader's; in a notebook run in quick mode, the
+    teacher's file the grader loads (a checkout's notebooks/references.json), so that the notebook's own feedback
+    judges a quick run's prediction exactly as the grader does (quick mode trains too little to show the effects
+    the predictions are about); None (the run's own measurement) in full mode, in the grader's worker, and where
+    no teacher's file is at hand (an installed wheel)."""
+    import json
+
+    if framework.references is not None or framework.answers is not None or _mode() != "quick":
+        return framework.references
+    try:
+        return json.loads(TEACHER_REFERENCES.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _record(path: str, name: str, measured: dict) -> None:
     """Merge this run's measurement of ``name`` into the references file (written whole or not at all)."""
     import json
     import os
     import platform
     import tempfile
-    from pathlib import Path
 
     target = Path(path)
     recorded = json.loads(target.read_text()) if target.exists() else {}
@@ -478,10 +497,11 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
 
     if os.environ.get(RECORD):
         _record(os.environ[RECORD], name, measured)
-    if framework.references is None:
+    references = _references()
+    if references is None:
         return measured, "your run"
     mode = _mode()
-    same_mode, full = (framework.references.get(m, {}).get(name) for m in (mode, "full"))
+    same_mode, full = (references.get(m, {}).get(name) for m in (mode, "full"))
     if same_mode is None or full is None:
         raise framework.NeedsFullMode(
             f"the teacher's edition holds no reference measurement of {name} in "
