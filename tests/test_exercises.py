@@ -1286,9 +1286,11 @@ def test_3_3_accepts_a_float32_running_mean():
 
 
 def test_a_failure_never_prints_two_equal_looking_numbers():
-    """A difference beyond the tolerance but below the sixth digit is shown with the digits that tell it."""
-    status, message, _ = exercises.verdict("running_mean", lambda curve, width: running_mean(curve, width) + 1e-4)
-    shown = re.search(r"yours (\S+), minidape's (\S+)", message)
+    """A difference beyond the check's tolerance (1e-6) but below the fourth decimal is shown with the digits that
+    tell it (it read "your accuracy is 0.6124; md.tasks.accuracy gives 0.6124")."""
+    off = lambda logits, targets, end: masked_accuracy(logits, targets, end) + 2e-6  # noqa: E731
+    status, message, _ = exercises.verdict("masked_accuracy", off)
+    shown = re.search(r"your accuracy is (\S+); md.tasks.accuracy gives (\S+)\n", message)
     assert status == FAILED and shown and shown.group(1) != shown.group(2), message
     assert exercises.helpers._distinct(0.6555391, 0.6555392) == ("0.6555391", "0.6555392")
     assert exercises.helpers._distinct(2.5, 2.5) == ("2.5", "2.5")
@@ -1366,7 +1368,7 @@ def test_in_quick_mode_the_notebooks_own_feedback_judges_predictions_as_the_grad
 
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
     assert exercises.framework.references is None  # the notebook's process, not the grader's
-    quick = json.loads(exercises.helpers.TEACHER_REFERENCES.read_text())["quick"]
+    quick = json.loads((NOTEBOOKS / "references.json").read_text())["quick"]
     budget = notebook.books_budget(quick=True)
     train_length, longest = budget.train_length, budget.lengths[-1]
     rope = {"rope": {train_length: quick["rope_ratio"]["train_length"], longest: quick["rope_ratio"]["longest"]}}

@@ -152,3 +152,30 @@ def leaks(said, answers) -> list[str]:
 def test_no_hint_or_message_holds_a_worked_answers_formula_or_code():
     found = leaks(feedback(), answer_grams())
     assert not found, "\n".join(found)
+
+
+# The hints issue 42 found stating the answer, as they read before it: the search flags every one.
+OFFENDERS = {
+    "8.2's closed form": "p = e^(tau g) / (e^(tau g) + n - 1) for one key ahead by the gap g of n - 1 others; solve "
+    "for tau: tau = ln((n - 1) p / (1 - p)) / g",
+    "5.1's answer": "each 1×k layer reaches k // 2 keys to each side, two layers reach 2·(k // 2); tril removes "
+    "keys > i",
+    "8.1's solution code": "D[..., i, j] = sum of log_forget[..., l] for l = j+1 .. i: a cumulative sum c = "
+    "log_forget.cumsum(-1), then c[..., i] - c[..., j] (c[..., :, None] - c[..., None, :])",
+    "6.5's solution line": "best_run = min(last_k, key=lambda name: last_k[name][LENGTHS[-1]]): the run with the "
+    "lowest perplexity at the longest length",
+    "8.3's solution line": "the forget gate f is the share of the past a token keeps: the kind with the LOWEST mean "
+    "gate forgets most; forgets_most = min(mean_gate, key=mean_gate.get)",
+    "4.2, nearly": "per cell f maps n_in -> W -> h with biases (n_in = 2h, or h for dape_add); it runs on every one "
+    "of the batch·T² cells, masked ones too",
+    "6.2, nearly": "with zero content scores the last query's attention is softmax of its bias row: p_d ∝ exp(b(d)) "
+    "over the distances d = 0 .. T - 1; add up the p_d with d >= L",
+    "7.2, nearly": "what does each task compute? an n-bit number's square root has ceil(n/2) bits; a product of an "
+    "a-bit and a b-bit number has at most a + b bits, and the answer ends with END",
+}
+
+
+def test_the_search_flags_the_hints_that_stated_the_answer():
+    answers = answer_grams()
+    missed = [name for name, text in OFFENDERS.items() if not leaks([(name, text)], answers)]
+    assert not missed, missed
