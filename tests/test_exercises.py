@@ -1335,7 +1335,7 @@ def test_a_notebook_shows_the_second_hint_from_the_second_failed_check(capsys):
     idea, step = exercises.EXERCISES["output_length"].hint
     exercises.check("output_length", wrong)
     first = capsys.readouterr().out
-    assert f"hint 1: {idea}" in first and "hint 2:" not in first and "check again" in first
+    assert f"hint 1: {idea}" in first and "hint 2:" not in first and "adds hint 2" in first
     exercises.check("output_length", wrong)
     second = capsys.readouterr().out
     assert f"hint 1: {idea}" in second and "hint 2: the answer is the input twice" in second  # the mistake's own

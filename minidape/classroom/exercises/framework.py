@@ -249,7 +249,9 @@ def _hints(exercise: Exercise, mistake, rungs: int) -> str:
     ladder = _ladder(exercise.hint)
     ladder = _ladder(mistake) if isinstance(mistake, tuple) else ladder[:1] + ((mistake,) if mistake else ladder[1:])
     shown = "".join(f"\n    hint {rung}: {text}" for rung, text in enumerate(ladder[:rungs], 1))
-    return shown + ("\n    (check again after a change: hint 2 names the step)" if rungs < len(ladder) else "")
+    return shown + (
+        "\n    (a second failed check of this exercise adds hint 2, the step)" if rungs < len(ladder) else ""
+    )
 
 
 def verdict(name: str, *answer, **options) -> Verdict:
