@@ -183,10 +183,9 @@ def locality(prediction, shares):
         )
     truth, source = _measurement("locality", values, {name: f"far attention share of {name}" for name in values})
     local = min(truth, key=truth.get)
+    shares = _distinct(100 * truth[local], 100 * max(truth.values()), digits=3)
     return _prediction_credit(
         2,
         predicted == local,
-        f"in {source}, {local} puts less attention beyond one training "
-        f"length ({100 * truth[local]:.1f}% against "
-        f"{100 * max(truth.values()):.1f}%)",
+        f"in {source}, {local} puts less attention beyond one training length ({shares[0]}% against {shares[1]}%)",
     )
