@@ -11,6 +11,7 @@ normalised token n-grams, so that a formula written in other spacing, with ``·`
 """
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -92,6 +93,7 @@ def cells(solutions: bool) -> list[tuple[str, str]]:
     return found
 
 
+@functools.cache  # both tests read the notebooks once
 def answer_grams() -> dict[tuple[str, ...], str]:
     """Each n-gram of a worked answer -> the notebook it comes from; not those the student edition shows anyway
     (a stub's signature, the formula an exercise states, the notation of its text)."""
