@@ -1379,3 +1379,12 @@ def test_in_quick_mode_the_notebooks_own_feedback_judges_predictions_as_the_grad
     shares = {name: quick["locality"][name] for name in ("kerple_log", "dape-kerple")}
     assert verdict("locality", worked_predictions("04")["more_local"], shares) == PASSED
     assert points("locality") == 2 and "your prediction held" in capsys.readouterr().out
+
+
+def test_in_quick_mode_without_the_teachers_file_the_feedback_says_what_it_judged_on(monkeypatch, capsys, tmp_path):
+    """An installed wheel has no notebooks/references.json: the quick run's own numbers judge the prediction, and
+    the feedback says that a quick run is too short to show the effect."""
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    monkeypatch.setattr(exercises.helpers, "TEACHER_REFERENCES", tmp_path / "references.json")
+    assert verdict("rope_ratio", True, 1.0, {"rope": {64: 62.0, 1024: 62.0}}, 64, 1024) == PASSED
+    assert "your quick run, which trains too little to show this effect" in capsys.readouterr().out
