@@ -48,6 +48,8 @@ PE_COLORS = {
     "rope_ntk": "#AA4499",
     "xpos": "#44AA99",
     "hope": "#88CCEE",
+    "stick_breaking": "#77AADD",  # Paul Tol's "light" set, for the encodings beyond the two palettes above
+    "path": "#BBCC33",
 }
 # A refined variant's own colour: (pe, refiner) -> colour; a pair not listed keeps its encoding's colour.
 VARIANT_COLORS = {
@@ -102,6 +104,14 @@ MODEL_STYLES = {
     "FoX": ("fox", "none"),
     "DAPE-FoX": ("fox", "dape"),
     "CoPE": ("cope", "none"),
+    # FoX's variants and the per-layer hybrids: each its own colour, its family's line style kept
+    "FoX (ALiBi init)": {"color": "#44AA99", "linestyle": (0, (1, 1))},
+    "FoX Pro": {"color": "#882255", "linestyle": (0, (6, 2, 1, 2))},
+    "PaTH": ("path", "none"),
+    "Stick-breaking": ("stick_breaking", "none"),
+    "RNoPE-SWA": {"color": "#CC6677", "linestyle": "--"},
+    "iRoPE": {"color": "#661100", "linestyle": ":"},
+    "SWAN": {"color": "#DDCC77", "linestyle": "-."},
     "RoPE/NoPE hybrid": {"color": "#D55E00", "linestyle": (0, (4, 1, 1, 1))},
     # notebook 06: a student's bias and the same with DAPE
     "my_bias": {"color": "#AA4499", "linestyle": "-"},
