@@ -80,15 +80,16 @@ print("device:", DEVICE)
 #
 # $$D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j, \qquad c_i = \sum_{l \le i} \ln f_l .$$
 #
-# With every gate equal, $f_l = e^{-m}$, this is exactly ALiBi: minidape's `fox` starts there ($w = 0$ would give
-# ALiBi's slopes; $w$ starts small). Below: ALiBi's bias, and FoX's with gates that drop at the spaces of a real
+# With every gate equal, $f_l = e^{-m}$, this is exactly ALiBi: minidape's `fox` can start there
+# (`fox_gate_init="alibi"`: $w = 0$ would give ALiBi's slopes; its default, the authors' init, starts every gate
+# at $\tfrac12$ instead). Below: ALiBi's bias, and FoX's with gates that drop at the spaces of a real
 # sentence (set by hand: $e^{-0.001}$ inside a word, $e^{-1}$ at a space), one head each.
 
 # %%
 text = b"It is a truth universally acknowledged, that a single man"
 idx = torch.tensor(list(text))[None]                           # (1, T) bytes
 T = idx.shape[1]
-cfg = md.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=64, pe="fox")
+cfg = md.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=64, pe="fox", fox_gate_init="alibi")
 fox = ForgetGateBias(cfg)
 alibi = ALiBiBias(cfg)(torch.arange(T), torch.arange(T))      # (h, T, T)
 
