@@ -54,6 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model import GPT, GPTConfig, check_causal
+from ..threads import api_entry, choose_for_api
 from ..utils import (
     autocast_for,
     check_number,
@@ -395,6 +396,7 @@ def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
 
 
 @holds_out_folder()
+@api_entry(choose=False)  # chosen below, from the batch's size as the CLI's `train` does
 def train(
     model_or_cfg: GPTConfig | nn.Module | None,
     data=None,
@@ -484,6 +486,7 @@ def train(
         settings[name] for name in RUN_SETTINGS
     )
     cfg = _resolve_config(model_or_cfg, checkpoint, resume_from)
+    choose_for_api(batch_size * cfg.block_size * cfg.n_embd)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
     _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage, built=isinstance(model_or_cfg, nn.Module))
     seed_everything(seed)

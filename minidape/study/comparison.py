@@ -22,6 +22,7 @@ from ..lab.evaluate import PROTOCOLS
 from ..lab.train import decoder_leaks
 from ..lab.user_code import register_class, source_file
 from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY
+from ..threads import api_entry
 from ..utils import atomic_path, holds_out_folder, resolve_device
 from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, eval_lengths, lm_config, resolve_budget
 from .claims import FLAT_MARGIN, LEAKY_REFINER, MATCHED_WIDTH, MODELS, UNIGRAM_SHARE
@@ -255,6 +256,7 @@ def _degradation_verdict(test: dict, margin: float, longest: int, train_length: 
 
 
 @holds_out_folder()
+@api_entry()
 def compare(
     pe: str,
     against=DEFAULT_BASELINES,

@@ -10,6 +10,7 @@ import torch
 
 from ..lab.evaluate import PROTOCOLS
 from ..lab.train import decoder_leaks
+from ..threads import api_entry
 from ..utils import file_lock, holds_out_folder, resolve_device
 from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_config, resolve_budget
 from .claims import CHE_MODELS, CHE_TASKS, LEAKY_REFINER, MODELS, register_leaky_refiner
@@ -34,6 +35,7 @@ from .runs import (
 
 
 @holds_out_folder(shared=True)  # two `reproduce` into one folder share its runs; anything else is refused
+@api_entry()
 def reproduce(
     budget: str = "default",
     seeds: int = DEFAULT_SEEDS,
