@@ -512,10 +512,7 @@ class _CellMLP(torch.autograd.Function):
     ($W_B B + b_1$): computed once and broadcast. Batched matmuls over a broadcast weight keep X and the hidden
     activation in their channels-first layout: no copies.
 
-    On the CPU the cells go through in slices whose hidden activation fits the core's cache (``cell_slices``):
-    each pass over it (matmul, activation, the next matmul, and backward's five) then reads the cache, not main
-    memory. With the whole block's hidden layer at once (8 MB at T = 512, batch 8) the MLP ran 3-5x slower per
-    cell than on 2,048 cells.
+    On the CPU in slices of cells whose 8 passes over the hidden layer stay in cache (``cell_slices``; issue 45).
     """
 
     @classmethod
@@ -535,36 +532,29 @@ class _CellMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, hidden_offset, w_in, w_out):
         ctx.save_for_backward(x, hidden_offset, w_in, w_out)
-        batch = len(x)
-        w_in_b, w_out_b = _CellMLP.batched(w_in, batch), _CellMLP.batched(w_out, batch)
-        out = x.new_empty(batch, w_out.shape[0], x.shape[-1])
+        w_in_b, w_out_b = (_CellMLP.batched(w, len(x)) for w in (w_in, w_out))
+        offset, out = hidden_offset.expand(-1, x.shape[-1]), x.new_empty(len(x), w_out.shape[0], x.shape[-1])
         for cells in cell_slices(x, w_in.shape[0]):
-            hidden = _CellMLP.hidden(x[..., cells], _offset_slice(hidden_offset, cells), w_in_b)
+            hidden = F.leaky_relu_(torch.baddbmm(offset[:, cells], w_in_b, x[..., cells]), LEAKY_SLOPE)
             torch.bmm(w_out_b, hidden, out=out[..., cells])
         return out
-
-    @staticmethod
-    def hidden(x, hidden_offset, w_in_b):
-        pre_activation = torch.baddbmm(hidden_offset, w_in_b, x)  # (batch, W, cells)
-        return F.leaky_relu_(pre_activation, LEAKY_SLOPE)
 
     @staticmethod
     def backward(ctx, grad_out):
         x, hidden_offset, w_in, w_out = ctx.saved_tensors
         batch = len(x)
         w_in_b, w_in_t, w_out_t = (_CellMLP.batched(w, batch) for w in (w_in, w_in.t(), w_out.t()))
-        grad_x, grad_offset = torch.empty_like(x), torch.empty_like(hidden_offset.expand(-1, x.shape[-1]))
+        offset = hidden_offset.expand(-1, x.shape[-1])
+        grad_x, grad_offset = torch.empty_like(x), torch.empty_like(offset)
         # Per-sequence sums of the weights' gradients, accumulated over the slices, summed over the batch last.
         grad_w_in_t = x.new_zeros(batch, *w_in_t.shape[1:])  # (C, W): its matmul 1.6-2x faster than as (W, C)
         grad_w_out = x.new_zeros(batch, *w_out.shape)
         for cells in cell_slices(x, w_in.shape[0]):
             xs, grad_outs = x[..., cells], grad_out[..., cells]
-            hidden = _CellMLP.hidden(xs, _offset_slice(hidden_offset, cells), w_in_b)  # recomputed; its sign is
-            grad_w_out.baddbmm_(grad_outs, hidden.transpose(1, 2))  # all LeakyReLU's backward needs
+            hidden = F.leaky_relu_(torch.baddbmm(offset[:, cells], w_in_b, xs), LEAKY_SLOPE)  # recomputed; its
+            grad_w_out.baddbmm_(grad_outs, hidden.transpose(1, 2))  # sign is all LeakyReLU's backward needs
             grad_hidden = torch.bmm(w_out_t, grad_outs)
-            torch.ops.aten.leaky_relu_backward.grad_input(
-                grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden
-            )
+            leaky_relu_backward(grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden)
             grad_w_in_t.baddbmm_(xs, grad_hidden.transpose(1, 2))
             torch.sum(grad_hidden, 0, out=grad_offset[:, cells])
             torch.bmm(w_in_t, grad_hidden, out=grad_x[..., cells])
@@ -573,25 +563,18 @@ class _CellMLP(torch.autograd.Function):
         return grad_x, grad_offset, grad_w_in_t.sum(0).t(), grad_w_out.sum(0)
 
 
-# On the CPU the cell MLP's hidden activation goes through in slices of about this many elements (1 MB in
-# float32: the L2 cache of one core of the machines measured), each of at least MIN_SLICE_CELLS cells: with the
-# batch of 32 sequences that budget gives 256 cells, and the slices' extra matmul calls cost more than they save.
-HIDDEN_SLICE_ELEMENTS = 2**18
-MIN_SLICE_CELLS = 1024
+leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
+# The cell MLP's slices on the CPU: about this many hidden elements (1 MB, one core's L2), and at least this many
+# cells (with 32 sequences the budget gives 256 cells, whose extra matmul calls cost more than they save).
+HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 1024
 
 
 def cell_slices(x, width: int) -> list[slice]:
     """Slices of x's cells (last axis) for the cell MLP: one on an accelerator (few, large kernels), on the CPU
-    slices whose hidden activation (batch, width, cells) holds about HIDDEN_SLICE_ELEMENTS (at least MIN_SLICE_CELLS
-    cells)."""
+    slices whose hidden activation (batch, width, cells) holds about HIDDEN_SLICE_ELEMENTS."""
     n = x.shape[-1]
     step = n if x.device.type != "cpu" else max(MIN_SLICE_CELLS, HIDDEN_SLICE_ELEMENTS // (len(x) * width))
     return [slice(start, min(n, start + step)) for start in range(0, n, step)]
-
-
-def _offset_slice(hidden_offset, cells: slice):
-    """The hidden offset's columns for these cells: (W, cells), or (W, 1) broadcast to every cell."""
-    return hidden_offset if hidden_offset.shape[-1] == 1 else hidden_offset[:, cells]
 
 
 def _hidden_offset(b_in, w_bias=None, bias=None):

@@ -178,48 +178,45 @@ def remember_torch_default() -> None:
 def choose_for_api(work: int | None = None) -> ThreadChoice | None:
     """The CLI's choice (``choose_threads``) in the Python API, set and said on stderr (once: again only when it
     changes), unless the count is someone else's: a CLI command chose it (the functions it calls keep it), an
-    outer API function chose it (``reproduce`` for the ``train`` calls inside), or the user set it with
-    ``torch.set_num_threads`` (a count that is neither torch's own nor the one minidape set last).
+    API function running chose it (``api_entry``: ``reproduce`` for the ``train`` calls inside), or the user set
+    it with ``torch.set_num_threads`` (a count that is neither torch's own nor the one minidape set last).
     ``OMP_NUM_THREADS`` is torch's own setting: honoured, not said. Returns the choice, or None where the count
     was left alone."""
+    return None if _api_depth else _choose(work)
+
+
+def _choose(work: int | None) -> ThreadChoice | None:
     import torch
 
     global _api_choice
-    if _command_choice is not None or _api_depth > 1:
-        return None
     current = torch.get_num_threads()
-    if current != _torch_default and (_api_choice is None or current != _api_choice.threads):
+    if _command_choice is not None or current not in (_torch_default, getattr(_api_choice, "threads", None)):
         return None
     choice = choose_threads(None, work)
     torch.set_num_threads(choice.threads)
-    said = _api_choice.threads if _api_choice is not None else None
-    if choice.threads != said and not choice.reason.startswith("OMP_NUM_THREADS"):
+    if choice.threads != getattr(_api_choice, "threads", None) and not choice.reason.startswith("OMP_NUM_THREADS"):
         print(f"minidape: {choice}", file=sys.stderr, flush=True)
     _api_choice = choice
     return choice
 
 
-def api_entry(choose: bool = True):
+def api_entry(function):
     """Decorate a function of the API that trains or evaluates: the outermost such call chooses the threads
     (``choose_for_api``, with no size of work, as the CLI's ``eval``, ``compare`` and ``reproduce`` do); the calls
-    inside it keep them. ``choose=False``: the function calls ``choose_for_api`` itself, knowing its work
-    (``train``)."""
+    inside it keep them (``md.train`` calls ``choose_for_api`` with its work: it chooses only outside them)."""
 
-    def decorate(function):
-        @functools.wraps(function)
-        def entry(*args, **kwargs):
-            global _api_depth
-            _api_depth += 1
-            try:
-                if choose:
-                    choose_for_api()
-                return function(*args, **kwargs)
-            finally:
-                _api_depth -= 1
+    @functools.wraps(function)
+    def entry(*args, **kwargs):
+        global _api_depth
+        if not _api_depth:
+            _choose(None)
+        _api_depth += 1
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _api_depth -= 1
 
-        return entry
-
-    return decorate
+    return entry
 
 
 # On import: minidape/__init__.py imports this module before anything of the package loads torch.

@@ -296,11 +296,10 @@ def test_functions_inside_an_api_function_keep_its_choice(api_state, monkeypatch
     # the study's functions choose as the CLI's reproduce does (no size of work); the train calls inside keep it
     api_state["load"] = 2.0
 
-    @threads.api_entry(choose=False)
-    def train():  # as md.train: it chooses from its work, unless called inside another API function
+    def train():  # as md.train: it chooses from its work, unless called inside an API function
         return threads.choose_for_api(work=10**9)
 
-    @threads.api_entry()
+    @threads.api_entry
     def study():
         api_state["load"] = 0.0
         return train(), torch.get_num_threads()

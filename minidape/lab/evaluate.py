@@ -139,7 +139,7 @@ def scored_ends(n_tokens: int, longest: int, scored: int, n_windows: int, seed: 
     return longest + chosen * scored
 
 
-@api_entry()
+@api_entry
 def perplexity_by_length(
     model: nn.Module,
     tokens: torch.Tensor,
@@ -226,7 +226,7 @@ def perplexity_by_length(
     return results
 
 
-@api_entry()
+@api_entry
 def loss_by_position(
     model: nn.Module,
     tokens: torch.Tensor,

@@ -54,7 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model import GPT, GPTConfig, check_causal
-from ..threads import api_entry, choose_for_api
+from ..threads import choose_for_api
 from ..utils import (
     autocast_for,
     check_number,
@@ -396,7 +396,6 @@ def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
 
 
 @holds_out_folder()
-@api_entry(choose=False)  # chosen below, from the batch's size as the CLI's `train` does
 def train(
     model_or_cfg: GPTConfig | nn.Module | None,
     data=None,

@@ -257,7 +257,7 @@ def _degradation_verdict(test: dict, margin: float, longest: int, train_length: 
 
 
 @holds_out_folder()
-@api_entry()
+@api_entry
 def compare(
     pe: str,
     against=DEFAULT_BASELINES,

@@ -44,7 +44,7 @@ def demo_budget(device: torch.device) -> Budget:
     return CUDA_BUDGET if device.type == "cuda" else CPU_BUDGET
 
 
-@api_entry()
+@api_entry
 def run_demo(
     corpus: str = "austen",
     out="runs/demo",

@@ -37,7 +37,7 @@ from .runs import (
 
 
 @holds_out_folder(shared=True)  # two `reproduce` into one folder share its runs; anything else is refused
-@api_entry()
+@api_entry
 def reproduce(
     budget: str = "default",
     seeds: int = DEFAULT_SEEDS,
