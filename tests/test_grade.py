@@ -224,7 +224,7 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
 def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(tmp_path):
     copy = sandbox.censored_copy(set(exercises.LIBRARY["my_kernel"]) | set(exercises.LIBRARY["my_bias"]))
     try:
-        with sandbox.Worker(sandbox.isolation(), 201, [], grade.worker_env(), censored=copy) as judged:
+        with sandbox.Worker(sandbox.isolation(), 201, grade.worker_env(), censored=copy) as judged:
             judged.wait_ready(grade.START_TIMEOUT)
             [output] = judged.request(
                 "run",

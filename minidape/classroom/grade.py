@@ -50,7 +50,18 @@ from pathlib import Path
 from ..threads import THREADS_VARIABLE
 from ..utils import quick_mode
 from . import exercises, gradebook, sandbox
-from .collect import TEACHER, NotANotebook, Row, Submission, Written, printable, read_cells, submissions
+from .collect import (
+    MAX_WRITTEN,
+    TEACHER,
+    NotANotebook,
+    Row,
+    Submission,
+    Written,
+    printable,
+    read_cells,
+    submissions,
+    too_large,
+)
 from .edition import (  # noqa: F401  (re-exported: what the tests and tools read as grade.NAME)
     Edition,
     _names_passed_to_check,
@@ -80,13 +91,12 @@ class Grader:
 
     known: dict[str, Edition]
     level: str
-    hide: list[str]
     env: dict[str, str]
     timeout: float
-    censored: dict[frozenset, Path] = field(default_factory=dict)  # forbidden names -> censored package copy
+    # (notebook or None for a first run, forbidden names) -> the package copy its workers see
+    censored: dict[tuple, Path] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     cgroups: str | None = None  # "v1", "v2" or None (per-process limits only)
-    writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
     def start(self, slot: int, censored: Path | None = None, box=None) -> sandbox.Worker:
         """A worker (with a cgroup of its own for its submission where there are cgroups, ``worker.box``)."""
@@ -96,20 +106,19 @@ class Grader:
         return sandbox.Worker(
             self.level,
             slot,
-            self.hide,
             self.env,
             cpu_seconds=2 * self.timeout + START_TIMEOUT,
-            censored=censored,
+            censored=censored or self.censored_copy(),
             box=box,
-            writable=self.writable,
         )
 
-    def censored_copy(self, forbidden: frozenset) -> Path:
-        """The copy of minidape in which ``forbidden`` refuses, made the first time a submission needs it."""
+    def censored_copy(self, forbidden: frozenset = frozenset(), notebook: str | None = None) -> Path:
+        """The package copy of a first run (``notebook`` None) or of notebook's judged run in which ``forbidden``
+        refuses (:func:`sandbox.censored_copy`), made the first time a submission needs it."""
         with self.lock:
-            if forbidden not in self.censored:
-                self.censored[forbidden] = sandbox.censored_copy(forbidden)
-            return self.censored[forbidden]
+            if (notebook, forbidden) not in self.censored:
+                self.censored[notebook, forbidden] = sandbox.censored_copy(forbidden, notebook)
+            return self.censored[notebook, forbidden]
 
     def stop(self, worker: sandbox.Worker) -> None:
         """End a worker started by :meth:`start` and remove its submission's cgroup (with any worker left in it)."""
@@ -196,7 +205,8 @@ class Grader:
         for number, (forbidden, judged) in enumerate(groups.items()):
             # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
             # what they forbid. Its outputs are not kept (the feedback shows the first run's).
-            started.append(self.start(judged_slot + number, self.censored_copy(forbidden), worker.box))
+            copy = self.censored_copy(forbidden, edition.stem[:2])
+            started.append(self.start(judged_slot + number, copy, worker.box))
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[: last + 1]]
             run = Submission(submission.student, submission.path)
@@ -328,15 +338,18 @@ def written_answers(edition: Edition, cells: list[dict]) -> list[Written]:
         if "written" in cell["tags"] and "solution" not in cell["tags"]:
             prompts.update({rubric: _same(cell["source"]) for rubric in _rubrics(cell)})
     return [
-        (
-            Written(
-                rubric, found[rubric], gradebook.NOT_ANSWERED if _same(found[rubric]) == prompts.get(rubric) else ""
-            )
-            if rubric in found
-            else Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
-        )
+        _written(rubric, found[rubric], prompts.get(rubric))
+        if rubric in found
+        else Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
         for rubric in edition.rubrics
     ]
+
+
+def _written(rubric: str, answer: str, prompt: str | None) -> Written:
+    """One written answer; one over :data:`collect.MAX_WRITTEN` is kept only up to it, and the row says so."""
+    if len(answer) > MAX_WRITTEN:
+        return Written(rubric, answer[:MAX_WRITTEN], f"{too_large(len(answer), MAX_WRITTEN, 'characters')}: cut there")
+    return Written(rubric, answer, gradebook.NOT_ANSWERED if _same(answer) == prompt else "")
 
 
 def _outputs(outputs) -> list[dict]:
@@ -459,26 +472,6 @@ def check_output_paths(csv_path, feedback) -> None:
         raise ValueError(f"--feedback {feedback} is a file; give a folder")
 
 
-def _hidden(paths, csv_path, feedback) -> list[str]:
-    """What the workers must not see: the submissions, the teacher's edition and tests, the outputs."""
-    root = TEACHER.parent
-    package = Path(__file__).resolve().parents[1]  # minidape/, above classroom/
-    needed = [package, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
-    candidates = [
-        *(Path(p).resolve() for p in paths),
-        TEACHER,
-        root / "tests",
-        root / "student",
-        root / ".git",
-        *([Path(feedback).resolve()] if feedback else []),
-        *([Path(csv_path).resolve().parent] if csv_path else []),
-    ]
-    # A folder that holds the package or the interpreter cannot be hidden; its submissions still are, file by file.
-    hidden = [p for p in candidates if not any(n == p or p in n.parents for n in needed)]
-    files = [s.path.resolve() for s in submissions(paths) if not s.rows and s.path.is_file()]
-    return [str(p) for p in hidden] + [str(f) for f in files if not any(h in f.parents for h in hidden)]
-
-
 def worker_env() -> dict[str, str]:
     """The worker's environment: nothing of the grader's but what running the notebooks needs."""
     threads = os.environ.get(THREADS_VARIABLE, "1")  # one each by default: the workers fill the cores
@@ -540,16 +533,9 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
     known = editions()
     measured = references()
     todo = submissions(paths)
+    gradebook.refuse_collisions(s.student for s in todo)  # before anything runs: its exports would collide
     level = sandbox.isolation()
-    grader = Grader(
-        known,
-        level,
-        _hidden(paths, csv_path, feedback),
-        worker_env(),
-        timeout,
-        cgroups=sandbox.cgroup_version(),
-        writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"],
-    )
+    grader = Grader(known, level, worker_env(), timeout, cgroups=sandbox.cgroup_version())
     for warning in sandbox.warnings(level, grader.cgroups):
         print(f"warning: {warning}", file=sys.stderr)
     try:

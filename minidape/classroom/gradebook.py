@@ -228,11 +228,25 @@ def gradebook(csv_path) -> list[Path]:
     write_atomically(sibling(path, "totals"), totals(rows, written))
     write_atomically(sibling(path, "summary"), summary(rows, written))
     folder = sibling(path, "gradescope")
+    refuse_collisions(row["student"] for row in rows)
     for (student, notebook), results in gradescope(rows, written).items():
         target = folder / _file_name(notebook) / _file_name(student) / "results.json"
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomically(target, json.dumps(results, indent=1, ensure_ascii=False))
     return [sibling(path, "totals"), sibling(path, "summary"), folder]
+
+
+def refuse_collisions(students) -> None:
+    """A ValueError naming both ids where two student ids map to one export folder name (``h~a`` and ``h_a``):
+    one's export would overwrite the other's."""
+    seen: dict[str, str] = {}
+    for student in dict.fromkeys(students):
+        other = seen.setdefault(_file_name(student), student)
+        if other != student:
+            raise ValueError(
+                f"student ids {other!r} and {student!r} map to one export name {_file_name(student)!r}; rename "
+                f"one of the two folders"
+            )
 
 
 def _file_name(text: str) -> str:

@@ -197,6 +197,8 @@ LIBRARY: dict[str, tuple[str, ...]] = {
         "minidape.model.KerpleLogBias",
         "minidape.model.KerplePowerBias",
         "minidape.model.FIREBias",
+        "minidape.kernels.log_kernel",  # the same biases, written as kernels
+        "minidape.kernels.power_kernel",
     ),
     "my_runs": (),
     "best_run": (),
@@ -216,6 +218,21 @@ LIBRARY: dict[str, tuple[str, ...]] = {
     "fox_bias": ("minidape.model.ForgetGateBias",),
     "focus_temperature": (),
     "where_fox_forgets": (),
+}
+
+
+# Per notebook, the optional parts of minidape (``sandbox.censor.OPTIONAL``) that its judged runs may import: what
+# its cells up to its checks use. Every other one is absent from a judged run's package copy (not refusing: not
+# there), with the command line and the checks themselves; the core and the lab's training are always there.
+JUDGED_IMPORTS: dict[str, tuple[str, ...]] = {
+    "01": ("lab.plots",),
+    "02": ("kernels", "lab.plots"),
+    "03": ("lab.plots",),
+    "04": ("lab.plots",),
+    "05": ("lab.che", "lab.tasks", "lab.plots"),
+    "06": ("kernels", "lab.che", "lab.tasks", "lab.plots", "study"),
+    "07": ("lab.che", "lab.tasks", "lab.plots"),
+    "08": ("lab.plots", "study"),
 }
 
 

@@ -9,6 +9,7 @@ import secrets
 import torch
 from torch import nn
 
+from .. import answering
 from . import framework  # framework.CHECK_DEVICE is read at call time (the grader sets it)
 from .framework import Credit, NotDone, RemoteAnswer, Wrong
 
@@ -144,32 +145,18 @@ def _gradients_of_sum(module, *inputs) -> list[torch.Tensor | None]:
 
 
 def _built(your_class, cfg, state: torch.Tensor) -> tuple:
-    """``your_class(cfg)`` built from the random state ``state``, as ``md.train`` builds a model after seeding:
-    (the module, its parameters' values, whether each one trains, the random state its ``__init__`` left)."""
+    """``your_class(cfg)`` built from the random state ``state`` (see :func:`answering.built`), in the worker
+    when ``your_class`` lives there."""
     if _remote(your_class):
         return your_class._session.request("built", your_class._ref, cfg, state)
-    torch.set_rng_state(state)
-    module = your_class(cfg)
-    parameters = list(module.parameters())
-    values = [p.detach().clone() for p in parameters]
-    return module, values, [p.requires_grad for p in parameters], torch.get_rng_state()
+    return answering.built(your_class, cfg, state)
 
 
 def _bias_with(module, values, q_pos, k_pos, weights=None):
-    """``module(q_pos, k_pos)`` with its parameters set to ``values``; given ``weights`` (the shape of that
-    bias), the gradients of ``(module(q_pos, k_pos) * weights).sum()`` for each parameter instead (None where
-    none reached it)."""
+    """:func:`answering.bias_with`, in the worker when ``module`` lives there."""
     if _remote(module):
         return module._session.request("bias_with", module._ref, values, q_pos, k_pos, weights)
-    with torch.no_grad():
-        for parameter, value in zip(module.parameters(), values):
-            parameter.copy_(value)
-        if weights is None:
-            return module(q_pos, k_pos).detach()
-    module.zero_grad(set_to_none=True)
-    with torch.enable_grad():  # also when asked from an autograd backward, which runs without
-        (module(q_pos, k_pos) * weights).sum().backward()
-    return [None if p.grad is None else p.grad.detach().clone() for p in module.parameters()]
+    return answering.bias_with(module, values, q_pos, k_pos, weights)
 
 
 def _as_shape(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:

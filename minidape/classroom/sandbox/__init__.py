@@ -39,7 +39,7 @@ their memory, CPU share and processes (:data:`limits.LIMITS`); elsewhere per-pro
 
 from ..exercises import NotDone, StudentError, WorkerGone, Wrong
 from .censor import censored_copy
-from .confine import UID_BASE, UIDS_PER_GRADER, WARNINGS, isolation, kill_user, processes_of, world_writable
+from .confine import UID_BASE, UIDS_PER_GRADER, WARNINGS, isolation, kill_user, processes_of
 from .host import Worker, needed_trees
 from .limits import LIMITS, MAX_CELL_OUTPUT, MAX_NOTEBOOK_OUTPUT, Box, cap_outputs, cgroup_version, warnings
 from .protocol import (
@@ -65,7 +65,6 @@ __all__ = [
     "isolation",
     "kill_user",
     "processes_of",
-    "world_writable",
     "LIMITS",
     "MAX_CELL_OUTPUT",
     "MAX_NOTEBOOK_OUTPUT",

@@ -51,19 +51,17 @@ PACKAGE = Path(__file__).resolve().parents[2]
 
 class Worker:
     """One sandboxed worker process (see the package doc); a context manager. ``censored``: the package copy
-    (:func:`censor.censored_copy`) it sees instead of minidape; ``box``: the submission's cgroup, which it joins
-    (whoever made it removes it); ``writable``: the world-writable folders it gets private ones of."""
+    (:func:`censor.censored_copy`) it sees instead of minidape (the grader always gives one; without, the real
+    package is in its view); ``box``: the submission's cgroup, which it joins (whoever made it removes it)."""
 
     def __init__(
         self,
         level: str,
         slot: int,
-        hide: list[str],
         env: dict[str, str],
         cpu_seconds: int = 3600,
         censored: Path | None = None,
         box: Box | None = None,
-        writable: list[str] = ("/tmp",),
     ):
         self.level, self.box = level, box
         self.uid = UID_BASE + (os.getpid() % 1_000_000) * UIDS_PER_GRADER + slot
@@ -108,14 +106,12 @@ class Worker:
         setup = {
             "level": level,
             "uid": self.uid,
-            "hide": hide,
             "limits": limits,
             "scratch": self.scratch,
             "env": env,
             "needed": needed_trees(),
-            "writable": list(writable),
             "package": str(PACKAGE),
-            "censored": str(censored) if censored is not None and level in ("root", "userns") else None,
+            "package_copy": str(censored if censored is not None else PACKAGE),
             "cgroups": box.procs if box is not None else [],
         }
         os.write(self._requests, json.dumps(setup).encode() + b"\n")
