@@ -125,7 +125,7 @@ def test_unreadable_files_are_described_in_words(tmp_path, content, message):
 
 def test_a_file_deleted_before_its_turn_gets_its_rows(tmp_path):
     submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb")
-    grader = grade.Grader(EDITIONS, "none", [], {}, timeout=10)
+    grader = grade.Grader(EDITIONS, "none", {}, timeout=10)
     grader._grade(submission, worker=None)
     assert [(r.exercise, r.status, r.message) for r in submission.rows] == [
         (name, "failed", "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks
@@ -157,7 +157,7 @@ def test_student_folders_name_the_students(tmp_path):
 
 @pytest.fixture(scope="module")
 def worker():
-    with sandbox.Worker(sandbox.isolation(), 200, [], grade.worker_env()) as started:
+    with sandbox.Worker(sandbox.isolation(), 200, grade.worker_env()) as started:
         started.wait_ready(grade.START_TIMEOUT)
         yield started
 
@@ -369,7 +369,7 @@ def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_
         alive = True
 
     channel = sandbox.Channel(Alive(), time.monotonic() + 60)
-    judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
+    judge = grade.Grader(EDITIONS, "none", {}, timeout=10)._judge
     exercise = exercises.EXERCISES["shift_growth"]
     measured = {"triangle": 256.0, "log": 8.0}
     answers = {"shift_growth": ((measured, measured), {})}  # the prediction overwritten by the measurement
@@ -492,7 +492,7 @@ def test_a_submissions_cgroup_bounds_all_its_processes_together():
     box = sandbox.Box(version, f"test-{os.getpid()}")
     box._write("memory.max" if version == "v2" else "memory.limit_in_bytes", 1 << 30)
     try:
-        with sandbox.Worker(sandbox.isolation(), 202, [], grade.worker_env(), box=box) as worker:
+        with sandbox.Worker(sandbox.isolation(), 202, grade.worker_env(), box=box) as worker:
             worker.wait_ready(grade.START_TIMEOUT)
             [output] = worker.request(
                 "run",
