@@ -22,25 +22,24 @@ from .protocol import TimeLimit, from_bytes, receive, request_bytes, send
 
 
 def needed_trees() -> list[str]:
-    """The folders a worker reads its code and data from: the interpreter, sys.path, minidape and its corpora
-    (an editable install maps the package to the checkout, outside sys.path). A sys.path folder that holds the
-    package (the checkout's root, on the path as the grader's working folder) is left out: the package and the
-    corpora are bound on their own, and the rest of the checkout stays out of reach (bound whole, a checkout
-    closed to others, as `mktemp -d` makes it, also closed the worker out of its own venv inside it)."""
+    """The folders a worker reads its code and data from: the Python installation (the interpreter, its prefixes,
+    the site-packages folders on sys.path), minidape and its corpora (an editable install maps the package to the
+    checkout, outside sys.path). Nothing else of sys.path: the grader's working folder, a test folder or any
+    folder a .pth file adds beside them stay out of the view (the checkout's root above all: the package and the
+    corpora are bound on their own)."""
     from ...lab import data
 
-    path = [folder for folder in sys.path if folder and not PACKAGE.parent.is_relative_to(os.path.realpath(folder))]
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    path = [
+        folder
+        for folder in map(os.path.realpath, filter(None, sys.path))
+        if any(Path(folder).is_relative_to(prefix) for prefix in prefixes)
+        or Path(folder).name in ("site-packages", "dist-packages")
+    ]
     return sorted(
         {
             os.path.realpath(p)
-            for p in (
-                sys.prefix,
-                sys.base_prefix,
-                os.path.dirname(sys.executable),
-                *path,
-                str(PACKAGE),
-                str(data.DATA_DIR),
-            )
+            for p in (*prefixes, os.path.dirname(sys.executable), *path, str(PACKAGE), str(data.DATA_DIR))
             if p and os.path.isdir(p)
         }
     )
