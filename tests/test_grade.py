@@ -542,3 +542,39 @@ def test_a_worker_is_given_the_package_and_corpora_not_the_checkout_around_them(
     needed = host.needed_trees()
     assert str(host.PACKAGE) in needed and os.path.realpath(data.DATA_DIR) in needed
     assert not any(Path(tree) in (checkout, *checkout.parents) for tree in needed), needed
+
+
+# ------------------------------------------------------------------------- bounded before parsing (issue 47)
+
+
+def test_a_giant_notebook_or_cell_is_refused_before_it_is_parsed(tmp_path):
+    """A 10 MB code cell (a 5-million-element literal) took the grader to 5 GB while it parsed it: refused with
+    its size and the limit, from the file's bytes, before any JSON or Python of it is parsed."""
+    from minidape.classroom import collect
+
+    cell = "x = [" + "1," * 5_000_000 + "]"
+    notebook_file(tmp_path / "02_giant_cell.ipynb", cells(cell))
+    with pytest.raises(grade.NotANotebook, match=r"cell 1 is too large: 1e\+07 characters, limit 200000 characters"):
+        grade.read_cells(tmp_path / "02_giant_cell.ipynb")
+    big = tmp_path / "02_giant_file.ipynb"
+    big.write_bytes(b" " * (collect.MAX_SUBMISSION_BYTES + 1))  # not even JSON: never read past the limit
+    with pytest.raises(grade.NotANotebook, match=r"^refused, too large: 32 MB, limit 32 MB$"):
+        grade.read_cells(big)
+    submission = grade.Submission("ann", tmp_path / "02_giant_cell.ipynb")
+    grade.Grader(EDITIONS, "none", {}, timeout=10)._grade(submission, worker=None)
+    assert {r.message for r in submission.rows} == {
+        "refused, cell 1 is too large: 1e+07 characters, limit 200000 characters"
+    }
+
+
+def test_a_giant_written_answer_is_kept_only_up_to_its_limit():
+    from minidape.classroom import collect
+
+    edition = EDITIONS["02"]
+    rubric = edition.rubrics[0]
+    answer = "c grows. " * 3_400_000  # 30 MB
+    [written, *_] = grade.written_answers(
+        edition, [{"cell_type": "markdown", "source": answer, "tags": ["written", f"rubric:{rubric}"]}]
+    )
+    assert written.answer == answer[: collect.MAX_WRITTEN]
+    assert written.problem == "too large: 3.06e+07 characters, limit 20000 characters: cut there"

@@ -327,3 +327,19 @@ def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path
         assert rows[student, "receptive_keys"].status == exercises.PASSED, rows[student, "receptive_keys"].message
     assert rows["zoe", "receptive_keys"].code == "answer-in-check-cell"
     assert "Move it into a cell of its own" in rows["zoe", "receptive_keys"].message
+
+
+def test_student_ids_that_map_to_one_export_name_are_refused_naming_both(tmp_path):
+    """h~honest~02 and h_honest_02 map to one Gradescope folder: the 0-point one overwrote the 9-point one."""
+    for student in ("h~honest~02", "h_honest_02"):
+        notebook_file(tmp_path / "class" / student / "02_kerple_cpd_kernels.ipynb", [])
+    with pytest.raises(ValueError, match="'h_honest_02' and 'h~honest~02' map to one export name 'h_honest_02'"):
+        grade.grade([tmp_path / "class"], csv_path=tmp_path / "grades.csv")
+    assert not (tmp_path / "grades.csv").exists()  # refused before anything ran or was written
+    graded = [
+        submission(s, "02_kerple_cpd_kernels", [grade.Row("find_shift", p, 2, exercises.PASSED, "passed")])
+        for s, p in (("h~honest~02", 2), ("h_honest_02", 0))
+    ]
+    gradebook.write_csv(graded, tmp_path / "other.csv")
+    with pytest.raises(ValueError, match="'h~honest~02' and 'h_honest_02' map to one export name"):
+        gradebook.gradebook(tmp_path / "other.csv")
