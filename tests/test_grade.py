@@ -578,3 +578,19 @@ def test_a_giant_written_answer_is_kept_only_up_to_its_limit():
     )
     assert written.answer == answer[: collect.MAX_WRITTEN]
     assert written.problem == "too large: 3.06e+07 characters, limit 20000 characters: cut there"
+
+
+def test_experiments_are_judged_on_the_reference_run_whole(monkeypatch):
+    """8.3 has a reference like 3.1, 4.4 and 5.3: a typed mean_gate with nothing trained earns nothing, and a
+    table cut to fewer entries than the notebook's run (LONGEST = TRAIN_LENGTH) is not that run's measurement."""
+    gates = {"letter": 0.93, "space": 0.71, "punctuation": 0.80, "newline": 0.75}
+    references = {mode: {"where_fox_forgets": {**gates, "_machine": "x"}} for mode in ("quick", "full")}
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    monkeypatch.setattr(exercises.framework, "references", references)
+    verdict = lambda table: exercises.verdict("where_fox_forgets", "space", min(table, key=table.get), table)
+    assert verdict(gates)[::2] == ("passed", 2)
+    typed = {"letter": 0.9, "space": 0.5, "punctuation": 0.8, "newline": 0.8}  # the right kind, invented gates
+    assert verdict(typed)[0] == "failed" and "reference run (quick mode" in verdict(typed)[1]
+    assert verdict({"letter": 0.93, "space": 0.71})[1].startswith("not yet right: your run's table holds")
+    monkeypatch.setattr(exercises.framework, "references", {"quick": {}, "full": {}})
+    assert verdict(gates)[0] == exercises.NEEDS_FULL

@@ -72,6 +72,7 @@ from .edition import (  # noqa: F401  (re-exported: what the tests and tools rea
     editions,
     exercise_names,
     identify,
+    in_execution_order,
     literal_assignments,
     restore,
 )
@@ -179,18 +180,22 @@ class Grader:
             submission.problem = unreadable
             submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
             return
+        cells = in_execution_order(cells)
         submission.cells = restore(edition, cells)
         submission.written = written_answers(edition, cells)
         lost = defined_in_check_cells(edition, cells)
-        predictions = literal_assignments(
-            [c for c in cells if c["cell_type"] == "code" and "prediction" in c.get("tags", ())]
-        )
         # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
         # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
         # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
         answers, channel = self._answers(worker, submission.cells, submission)
 
         def predicted(exercise) -> dict:
+            """Its prediction, read from the prediction cells that run before its check: one written after the
+            check (after the result was there to see) does not count."""
+            check = next(i for i, c in enumerate(submission.cells) if c.get("checks") == exercise.name)
+            predictions = literal_assignments(
+                [c for c in submission.cells[:check] if c["cell_type"] == "code" and "prediction" in c.get("tags", ())]
+            )
             return {
                 at: (variable, predictions.get(variable, NOT_RECORDED))
                 for at, variable in edition.predictions.get(exercise.name, {}).items()
