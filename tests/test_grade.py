@@ -594,3 +594,43 @@ def test_experiments_are_judged_on_the_reference_run_whole(monkeypatch):
     assert verdict({"letter": 0.93, "space": 0.71})[1].startswith("not yet right: your run's table holds")
     monkeypatch.setattr(exercises.framework, "references", {"quick": {}, "full": {}})
     assert verdict(gates)[0] == exercises.NEEDS_FULL
+
+
+def test_far_mass_in_float32_passes_every_time_and_an_off_by_one_never():
+    def far_mass_float32(a, s, L, T):
+        d = torch.arange(T, dtype=torch.float32)
+        weights = torch.softmax(a / (1 + (d / s) ** 2), 0)
+        return 1 - weights[:L].sum().item()
+
+    def one_too_far(a, s, L, T):
+        d = torch.arange(T, dtype=torch.float64)
+        weights = (a / (1 + (d / s) ** 2)).exp()
+        return (weights[L + 1 :].sum() / weights.sum()).item()
+
+    assert {exercises.verdict("far_mass", far_mass_float32)[0] for _ in range(25)} == {"passed"}
+    assert {exercises.verdict("far_mass", one_too_far)[0] for _ in range(25)} == {"failed"}
+
+
+def test_samples_must_come_from_the_given_generator():
+    """7.1: an answer that keeps its first sample and ignores the generator it is given (round 2's memo) earns
+    nothing; the worked solution earns its points."""
+    solution = {}
+    exec(
+        next(
+            c["source"]
+            for c in EDITIONS["07"].cells
+            if "def addition_sample" in c["source"] and "solution" in c["tags"]
+        ),
+        {"torch": torch, "exercises": exercises},
+        solution,
+    )
+    kept = {}
+
+    def memoised(batch_size, n, generator):
+        if (batch_size, n) not in kept:
+            kept[batch_size, n] = solution["addition_sample"](batch_size, n, torch.Generator().manual_seed(0))
+        return kept[batch_size, n]
+
+    assert exercises.verdict("addition_sample", solution["addition_sample"])[::2] == ("passed", 3)
+    status, message, _ = exercises.verdict("addition_sample", memoised)
+    assert status == "failed" and "generators seeded differently gave the same inputs" in message

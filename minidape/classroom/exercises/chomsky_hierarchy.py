@@ -100,11 +100,19 @@ def addition_sample(your_function):
                     raise Wrong(f"{shown}: {description}", hint=hint)
             raise Wrong(f"{shown}: the targets are not the sum of the two operands, little-endian, then END")
         again = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed))
-        if not torch.equal(again[0], inputs):
+        if not torch.equal(_tensor(again[0], "inputs"), inputs):
             raise Wrong(
                 "two calls with equally seeded generators gave different inputs: the sample does not come "
                 "from the generator you are given",
                 hint="pass generator=generator to every torch.randint",
+            )
+        other = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed + 1))
+        if torch.equal(_tensor(other[0], "inputs"), inputs):  # 64 random rows: equal only if the seed is ignored
+            raise Wrong(
+                "two calls with generators seeded differently gave the same inputs: the sample does not come "
+                "from the generator you are given (a sample kept from an earlier call?)",
+                hint="draw every row anew from the generator you are given: pass generator=generator to every "
+                "torch.randint",
             )
     if len(splits) < 4:
         raise Wrong(
