@@ -634,3 +634,25 @@ def test_samples_must_come_from_the_given_generator():
     assert exercises.verdict("addition_sample", solution["addition_sample"])[::2] == ("passed", 3)
     status, message, _ = exercises.verdict("addition_sample", memoised)
     assert status == "failed" and "generators seeded differently gave the same inputs" in message
+
+
+def test_a_refiner_whose_first_layer_is_split_into_its_s_and_b_halves_earns_full_marks():
+    """The same function as DAPE's f([S, B]) = W2·LeakyReLU(W1·[S; B] + b1) + b2 with W1·[S; B] written as
+    W_S·S + W_B·B (two layers, each with a bias): matched by behaviour, it passes; a wrong residual still fails."""
+
+    class SplitDAPE(torch.nn.Module):
+        def __init__(self, cfg, residual=True):
+            super().__init__()
+            h, width = cfg.n_head, cfg.refiner_width
+            self.from_scores, self.from_bias = torch.nn.Linear(h, width), torch.nn.Linear(h, width)
+            self.out, self.residual = torch.nn.Linear(width, h), residual
+
+        def forward(self, scores, bias, mask):
+            cells = lambda x: x.movedim(-3, -1)  # (..., h, Tq, Tk) -> (..., Tq, Tk, h)
+            hidden = self.from_scores(cells(scores)) + self.from_bias(cells(bias).expand_as(cells(scores)))
+            refined = scores + self.out(torch.nn.functional.leaky_relu(hidden, 0.01)).movedim(-1, -3)
+            return refined + bias if self.residual else refined
+
+    assert exercises.verdict("dape_refiner", SplitDAPE)[::2] == ("passed", 3)
+    no_residual = type("NoResidual", (SplitDAPE,), {"__init__": lambda self, cfg: SplitDAPE.__init__(self, cfg, False)})
+    assert exercises.verdict("dape_refiner", no_residual)[0] == "failed"

@@ -173,34 +173,59 @@ def _as_shape(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | No
 def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]:
     """Every way to give ``target`` the weights of ``source``, by role rather than by name or order: each
     parameter of ``target`` takes a distinct parameter of ``source`` holding the same weights up to size-1 axes
-    or a transpose (see :func:`_as_shape`). A check tries each and keeps the one that behaves like ``source``,
-    so layers declared in another order, a 1×1 convolution for a linear map or a transposed weight all pass."""
+    or a transpose (see :func:`_as_shape`), or one of its halves (a layer split in two: ``Linear(2h, W)`` as
+    one ``Linear(h, W)`` for S and one for B, both halves then taken), or zeros (the second bias of such a split
+    layer). A check tries each and keeps the one that behaves like ``source``, so layers declared in another
+    order, a 1×1 convolution for a linear map, a transposed weight or a split layer all pass."""
     theirs, yours = [p.detach().to(framework.CHECK_DEVICE) for p in source.parameters()], _parameter_shapes(target)
-    if len(yours) != len(theirs):
-        hint = (
-            "a layer without its bias (bias=False)?"
-            if len(yours) < len(theirs)
-            else "an extra layer or parameter? f has two layers, each with a weight and a bias"
-        )
+    if len(yours) < len(theirs):
         raise Wrong(
             f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
             f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over",
-            hint=hint,
+            hint="a layer without its bias (bias=False)?",
         )
+    # (source index or None for zeros, which half (axis, i) or None for whole, the tensor)
+    pieces = [(k, None, t) for k, t in enumerate(theirs)]
+    for k, tensor in enumerate(theirs):
+        for axis in range(tensor.dim() if tensor.dim() == 2 else 0):
+            if tensor.shape[axis] % 2 == 0:
+                pieces += [(k, (axis, i), half) for i, half in enumerate(tensor.chunk(2, axis))]
+    zeros = {tuple(t.shape): torch.zeros_like(t) for t in theirs if t.dim() == 1}
+    pieces += [(None, None, zero) for zero in zeros.values()]
     ways: list[list[torch.Tensor]] = []
 
-    def assign(index: int, chosen: list[torch.Tensor], used: set[int]) -> None:
-        if len(ways) >= 24:
+    def complete(used: dict) -> bool:  # every parameter of theirs handed over whole, or both halves of one axis
+        return all(used.get(k) in ("whole", *((a, frozenset({0, 1})) for a in (0, 1))) for k in range(len(theirs)))
+
+    def assign(index: int, chosen: list[torch.Tensor], used: dict) -> None:
+        if len(ways) >= 48:
             return
         if index == len(yours):
-            ways.append(list(chosen))
+            if complete(used):
+                ways.append(list(chosen))
             return
-        for k, tensor in enumerate(theirs):
-            shaped = None if k in used else _as_shape(tensor, yours[index])
-            if shaped is not None:
-                assign(index + 1, chosen + [shaped], used | {k})
+        for k, half, tensor in pieces:
+            if k is not None and (
+                used.get(k) == "whole"
+                or (half is None and k in used)
+                or (half is not None and k in used and (used[k][0] != half[0] or half[1] in used[k][1]))
+            ):
+                continue
+            shaped = _as_shape(tensor, yours[index])
+            if shaped is None:
+                continue
+            now = dict(used)
+            if k is not None:
+                now[k] = "whole" if half is None else (half[0], used.get(k, (half[0], frozenset()))[1] | {half[1]})
+            assign(index + 1, chosen + [shaped], now)
 
-    assign(0, [], set())
+    assign(0, [], {})
+    if not ways and len(yours) > len(theirs):
+        raise Wrong(
+            f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
+            f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over",
+            hint="an extra layer or parameter? f has two layers, each with a weight and a bias",
+        )
     if not ways:
         raise Wrong(
             f"{what}'s parameters have shapes {yours}; minidape's are {[tuple(p.shape) for p in theirs]} "
