@@ -568,9 +568,7 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
     """The student edition of 02 without its slow demonstration cells, answered as case ``name`` says."""
     spec, cells, first = CASES[name], [], True
     extra = lambda after: [
-        (source.replace("{SPY}", spy(targets)), *tags)
-        for at, source, *tags in spec["extra"]
-        if at == after
+        (source.replace("{SPY}", spy(targets)), *tags) for at, source, *tags in spec["extra"] if at == after
     ]
     for cell in TEACHER:
         tags = cell.metadata.get("tags", [])

@@ -143,9 +143,8 @@ def test_a_judged_run_holds_only_what_its_notebook_declares(grader):
         finally:
             grader.stop(worker)
     judged_03, judged_06 = printed
-    assert judged_03.splitlines() == [f"no {n} ModuleNotFoundError" for n in ("kernels", "lab.tasks", "study", "lab.che")] + [
-        "ModuleNotFoundError"
-    ]
+    absent = [f"no {name} ModuleNotFoundError" for name in ("kernels", "lab.tasks", "study", "lab.che")]
+    assert judged_03.splitlines() == [*absent, "ModuleNotFoundError"]
     assert "has kernels" in judged_06 and "has study" in judged_06 and judged_06.endswith("RuntimeError\n")
 
 

@@ -39,6 +39,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -184,10 +185,6 @@ class Grader:
         submission.cells = restore(edition, cells)
         submission.written = written_answers(edition, cells)
         lost = defined_in_check_cells(edition, cells)
-        # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
-        # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
-        # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
-        answers, channel = self._answers(worker, submission.cells, submission)
 
         def predicted(exercise) -> dict:
             """Its prediction, read from the prediction cells that run before its check: one written after the
@@ -201,6 +198,26 @@ class Grader:
                 for at, variable in edition.predictions.get(exercise.name, {}).items()
             }
 
+        # The exercises the notebook branches on (``exercises.passed("name")`` in the teacher's edition): a check of
+        # them asks for the verdict during the run, so the run takes the path the student's own run takes.
+        branched = set(
+            re.findall(r"exercises\.passed\(\s*[\"'](\w+)[\"']", "\n".join(c["source"] for c in edition.cells))
+        )
+        roster = {e.name: e for e in edition.roster}
+
+        def ask(name: str, channel) -> bool:
+            if name not in branched or name not in roster:
+                return False
+            answers = channel.request("answers")
+            row = self._judge(
+                roster[name], answers if isinstance(answers, dict) else None, channel, "", predicted(roster[name])
+            )
+            return row.status == exercises.PASSED
+
+        answers, channel = self._answers(worker, submission.cells, submission, ask)
+        # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
+        # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
+        # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
         rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e)) for e in edition.roster}
         worker.close()
         groups: dict[frozenset, list] = {}
@@ -215,7 +232,7 @@ class Grader:
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[: last + 1]]
             run = Submission(submission.student, submission.path)
-            judged_answers, judged_channel = self._answers(started[-1], copies, run)
+            judged_answers, judged_channel = self._answers(started[-1], copies, run, ask)
             rows.update(
                 {e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e)) for e in judged}
             )
@@ -230,13 +247,14 @@ class Grader:
                     f"run. Move it into a cell of its own above the check cell."
                 )
 
-    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission):
-        """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``); the answers their check
-        cells recorded (None when there are none to be had) and the channel the checks reach them through."""
+    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission, ask=None):
+        """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``; ``ask``: see
+        :meth:`_cell_outputs`); the answers their check cells recorded (None when there are none to be had) and
+        the channel the checks reach them through."""
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
-            submission.problem = self._run(cells, worker)
+            submission.problem = self._run(cells, worker, ask)
             channel = sandbox.Channel(worker, time.monotonic() + self.timeout)  # the checks' time starts
             if worker.alive:
                 answers = channel.request("answers")
@@ -247,7 +265,18 @@ class Grader:
             submission.problem = submission.problem or "the worker broke the protocol"
         return (answers if isinstance(answers, dict) else None), channel
 
-    def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
+    def _cell_outputs(self, worker: sandbox.Worker, deadline: float, ask) -> list:
+        """A cell's outputs, answering on the way each ``exercises.check`` of it that asks whether its answer
+        passes (``ask(name, channel)``: the grader's verdict, judged here; the cell's time runs meanwhile)."""
+        while True:
+            message = worker.read(max(0.0, deadline - time.monotonic()))
+            if isinstance(message, dict) and set(message) == {"ask"} and isinstance(message["ask"], str):
+                passed = ask(message["ask"], sandbox.Channel(worker, deadline)) if ask is not None else False
+                worker.send_only("verdict", passed is True, deadline=deadline)
+                continue
+            return worker.unpack(message)
+
+    def _run(self, cells: list[dict], worker: sandbox.Worker, ask=None) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
         deadline, errors, room = time.monotonic() + self.timeout, [], sandbox.MAX_NOTEBOOK_OUTPUT
         for index, cell in enumerate(cells):
@@ -256,11 +285,11 @@ class Grader:
             try:
                 worker.send_only("run", index, cell["source"], deadline=deadline)
                 try:
-                    outputs = worker.unpack(worker.read(max(0.0, deadline - time.monotonic())))
+                    outputs = self._cell_outputs(worker, deadline, ask)
                     stopped = ""
                 except sandbox.TimeLimit:
                     worker.interrupt()  # a KeyboardInterrupt in the cell, so the answers survive
-                    outputs = worker.unpack(worker.read(10))
+                    outputs = self._cell_outputs(worker, time.monotonic() + 10, ask)
                     stopped = f"stopped at the time limit of {self.timeout:g} s"
             except Exception as gone:  # WorkerGone, or an error where the protocol has none
                 worker.close()

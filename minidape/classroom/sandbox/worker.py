@@ -244,6 +244,8 @@ def _start() -> _Session:
 
 
 def _serve(session: _Session, requests: int, answers: int) -> None:
+    session.ask = lambda name: _ask(session, requests, answers, name)
+    session.exercises.framework.ask = session.ask
     while True:
         try:
             message = receive(requests)
@@ -251,20 +253,37 @@ def _serve(session: _Session, requests: int, answers: int) -> None:
             os._exit(0)
         except KeyboardInterrupt:  # the grader's time limit struck just after a cell ended
             continue
+        send(answers, _answer(session, message))
+
+
+def _ask(session: _Session, requests: int, answers: int, name: str) -> bool:
+    """Inside a cell's ``exercises.check``: ask the grader whether the answer to ``name`` passes (a notebook
+    that branches on ``exercises.passed`` takes the path the student's own run takes), serving the grader's
+    requests about the answers until its verdict comes."""
+    send(answers, to_bytes({"ask": str(name)}))
+    while True:
         try:
-            op, *args = pickle.loads(message)
-            answer = {"error": None, "value": session.serve(op, *args)}
-        except BaseException as error:  # the student's code raised (or exited): the grader says which
-            kind = "NotImplementedError" if isinstance(error, NotImplementedError) else "error"
-            message = f"{type(error).__name__}: {error}"
-            answer = {"error": (kind, message[:4000]), "value": None}
-        try:
-            payload = to_bytes(answer)
-        except Exception as error:
-            payload = to_bytes(
-                {"error": ("TypeError", f"the answer cannot be sent back: {error}"[:4000]), "value": None}
-            )
-        send(answers, payload)
+            message = receive(requests)
+        except WorkerGone:
+            os._exit(0)
+        op, *args = pickle.loads(message)
+        if op == "verdict":
+            return args[0] is True
+        send(answers, _answer(session, message))
+
+
+def _answer(session: _Session, message: bytes) -> bytes:
+    """One request's answer, as bytes: the value, or the error it raised in words."""
+    try:
+        op, *args = pickle.loads(message)
+        answer = {"error": None, "value": session.serve(op, *args)}
+    except BaseException as error:  # the student's code raised (or exited): the grader says which
+        kind = "NotImplementedError" if isinstance(error, NotImplementedError) else "error"
+        answer = {"error": (kind, f"{type(error).__name__}: {error}"[:4000]), "value": None}
+    try:
+        return to_bytes(answer)
+    except Exception as error:
+        return to_bytes({"error": ("TypeError", f"the answer cannot be sent back: {error}"[:4000]), "value": None})
 
 
 if __name__ == "__main__":
