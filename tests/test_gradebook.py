@@ -343,3 +343,69 @@ def test_student_ids_that_map_to_one_export_name_are_refused_naming_both(tmp_pat
     gradebook.write_csv(graded, tmp_path / "other.csv")
     with pytest.raises(ValueError, match="'h~honest~02' and 'h_honest_02' map to one export name"):
         gradebook.gradebook(tmp_path / "other.csv")
+
+
+# ------------------------------------------------------------------------ one gradebook per course (issue 47)
+# The columns the platforms document for their imports: Canvas's gradebook CSV (Instructure's guide "How do I
+# import grades in the Gradebook?": Student, ID, SIS User ID, SIS Login ID, Section, then one column per
+# assignment, a "Points Possible" row allowed under the header) and Moodle's CSV grade import (a column mapped to
+# a user field -- username here -- then one column per grade item).
+CANVAS_HEADER = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+
+
+def test_a_class_of_30_graded_quick_and_06_in_full_makes_one_gradebook(tmp_path):
+    """Quick mode grades 02 and 06 (6.5 reported `needs full mode`, no mark), full mode grades 06 again: the
+    merged gradebook has every student's points once, 6.5 counted only as graded, and Canvas and Moodle CSVs a
+    teacher imports as they are."""
+    roster = {n: {e.name: e.points for e in exercises.exercises_of(n)} for n in ("02", "06")}
+    stems = {n: EDITIONS[n].stem for n in roster}
+    students = [f"s{i:02d}" for i in range(30)]
+    earned = lambda i, name, most: most if (i + len(name)) % 3 else 0  # a spread of right and wrong answers
+
+    def batch(number: str, full: bool, i: int):
+        rows = []
+        for name, most in roster[number].items():
+            if name == "best_run" and not full:
+                rows.append(grade.Row(name, 0, most, exercises.NEEDS_FULL, "not judged in quick mode", "needs-full"))
+            else:
+                points = earned(i, name, most)
+                rows.append(grade.Row(name, points, most, exercises.PASSED if points else exercises.FAILED, "x"))
+        return submission(students[i], stems[number], rows)
+
+    quick = [batch(n, False, i) for i in range(30) for n in ("02", "06")]
+    gradebook.write_csv(quick, tmp_path / "quick.csv")
+    gradebook.write_written([], gradebook.written_path(tmp_path / "quick.csv"))
+    gradebook.gradebook(tmp_path / "quick.csv")
+    before = {row["student"]: row for row in rows_of(tmp_path / "quick-totals.csv")}
+    most_quick = sum(roster["02"].values()) + sum(roster["06"].values()) - roster["06"]["best_run"]
+    assert {row["max_total"] for row in before.values()} == {f"{most_quick:g}"}  # 6.5 not in the maximum yet
+    gradebook.write_csv([batch("06", True, i) for i in range(30)], tmp_path / "full06.csv")
+    out = tmp_path / "course.csv"
+    merged = subprocess.run(
+        [sys.executable, "-m", "minidape", "grade", "--merge", "quick.csv", "full06.csv", "--csv", out.name],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+    )
+    assert merged.returncode == 0, merged.stderr
+    totals = {row["student"]: row for row in rows_of(tmp_path / "course-totals.csv")}
+    most = sum(roster["02"].values()) + sum(roster["06"].values())
+    for i, student in enumerate(students):
+        want = {n: sum(earned(i, name, p) for name, p in roster[n].items()) for n in roster}
+        row = totals[student]
+        assert (row[stems["02"]], row[stems["06"]]) == (f"{want['02']:g}", f"{want['06']:g}")
+        assert (row["total"], row["max_total"], row["not_judged"]) == (f"{sum(want.values()):g}", f"{most:g}", "0")
+    assert len(rows_of(out)) == 30 * (len(roster["02"]) + len(roster["06"]))  # each exercise once
+    with open(tmp_path / "course-canvas.csv", newline="") as file:
+        canvas = list(csv.reader(file))
+    assert canvas[0] == [*CANVAS_HEADER, stems["02"], stems["06"]]
+    assert canvas[1][0] == "Points Possible" and canvas[1][5:] == [
+        f"{sum(roster['02'].values()):g}",
+        f"{sum(roster['06'].values()):g}",
+    ]
+    assert [row[3] for row in canvas[2:]] == students  # matched by SIS Login ID
+    assert [float(row[5]) + float(row[6]) for row in canvas[2:]] == [float(totals[s]["total"]) for s in students]
+    with open(tmp_path / "course-moodle.csv", newline="") as file:
+        moodle = list(csv.reader(file))
+    assert moodle[0] == ["username", stems["02"], stems["06"]] and [row[0] for row in moodle[1:]] == students
+    assert moodle[1][1:] == canvas[2][5:]
