@@ -656,3 +656,14 @@ def test_a_refiner_whose_first_layer_is_split_into_its_s_and_b_halves_earns_full
     assert exercises.verdict("dape_refiner", SplitDAPE)[::2] == ("passed", 3)
     no_residual = type("NoResidual", (SplitDAPE,), {"__init__": lambda self, cfg: SplitDAPE.__init__(self, cfg, False)})
     assert exercises.verdict("dape_refiner", no_residual)[0] == "failed"
+
+
+def test_mistake_codes_are_short_and_stable():
+    """The documented form (docs/teaching.md): `one-doubling-too-many`, whatever kernel and sizes were drawn."""
+    from minidape import kernels
+
+    codes = {exercises.verdict("find_shift", lambda kernel, n: 2 * kernels.pd_shift(kernel, n)).code for _ in range(3)}
+    assert codes == {"one-doubling-too-many"}
+    assert exercises.mistake_code(
+        "for 3 random points your form gives 2.1, which is minus cᵀKc: the sign is wrong"
+    ) == ("the-sign-is-wrong")
