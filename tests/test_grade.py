@@ -667,3 +667,39 @@ def test_mistake_codes_are_short_and_stable():
     assert exercises.mistake_code(
         "for 3 random points your form gives 2.1, which is minus cᵀKc: the sign is wrong"
     ) == ("the-sign-is-wrong")
+
+
+def test_feedback_shows_the_graders_verdicts_only_and_the_marks_and_the_teacher_reads_it(tmp_path):
+    """13 of 30 feedback notebooks contradicted the grade (the re-run's own "✓ passed" above the grader's ✗): the
+    re-run's check and summary outputs are gone; a written mark shows once entered; the files belong to the
+    owner of the folder above the feedback folder (the teacher), not 0600 root."""
+    printed = [{"output_type": "stream", "name": "stdout", "text": "✓ passed, 2 of 2"}]
+    cells = [
+        {
+            "cell_type": "code",
+            "source": "def f():\n    pass",
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": "mine"}],
+        },
+        {"cell_type": "code", "source": 'exercises.check("find_shift", f)', "checks": "find_shift", "outputs": printed},
+        {"cell_type": "markdown", "source": "c grows", "tags": ["written", "rubric:shift_growth"]},
+        {"cell_type": "code", "source": 'exercises.summary("02")', "outputs": printed},
+    ]
+    submission = grade.Submission(
+        "ann",
+        tmp_path / "02_kerple_cpd_kernels.ipynb",
+        "02_kerple_cpd_kernels",
+        [grade.Row("find_shift", 0, 2, "failed", "x")],
+        cells=cells,
+    )
+    entered = {("ann", "02_kerple_cpd_kernels", "shift_growth", "c grows"): "1.5"}
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    os.chown(teacher, 4242, 4242) if os.geteuid() == 0 else None
+    path = grade.write_feedback(submission, teacher / "feedback", entered)
+    notebook = json.loads(path.read_text())
+    outputs = [c.get("outputs") for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert outputs == [cells[0]["outputs"], [], []]
+    assert any("marked by your teacher: 1.5 / 2" in c["source"] for c in notebook["cells"])
+    assert path.stat().st_mode & 0o777 == 0o640 and path.parent.stat().st_mode & 0o777 == 0o750
+    if os.geteuid() == 0:
+        assert (path.stat().st_uid, path.parent.stat().st_uid) == (4242, 4242)

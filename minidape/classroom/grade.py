@@ -435,9 +435,12 @@ def table(graded: list[Submission]) -> str:
     return "\n".join(lines)
 
 
-def write_feedback(submission: Submission, folder: Path) -> Path:
+def write_feedback(submission: Submission, folder: Path, entered: dict | None = None) -> Path:
     """The executed notebook with the grader's verdict (a markdown cell) under each exercise's check cell,
-    after a first cell with the total and what stopped the run (alone when the file could not be run)."""
+    after a first cell with the total and what stopped the run (alone when the file could not be run). The
+    re-run's own check and summary outputs are left out (only the grader's verdicts speak); a written answer's
+    mark is shown once the teacher entered it (``entered``: see ``gradebook.held``). Readable by the owner of
+    the folder above ``folder`` (the teacher's account, also when the grader runs as root), by no one else."""
     rows = {row.exercise: row for row in submission.rows}
     summary = f"**Grader · {submission.notebook}: {submission.points:g} / {submission.max_points:g} points**"
     if submission.problem:
@@ -450,7 +453,9 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
                     "cell_type": "code",
                     "execution_count": None,
                     "metadata": {},
-                    "outputs": cell.get("outputs", []),
+                    "outputs": []
+                    if cell.get("checks") or "exercises.summary(" in cell["source"]
+                    else cell.get("outputs", []),
                     "source": cell["source"],
                 }
             )
@@ -468,12 +473,27 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
                 }
             )
         if "written" in cell.get("tags", ()) and _rubrics(cell):
+            marked = [
+                (
+                    rubric,
+                    (entered or {}).get(
+                        (
+                            gradebook.spreadsheet_safe(submission.student),
+                            submission.notebook,
+                            rubric,
+                            gradebook.spreadsheet_safe(cell["source"].strip()),
+                        )
+                    ),
+                )
+                for rubric in _rubrics(cell)
+            ]
+            marks = "; ".join(f"{mark} / {gradebook.WRITTEN_POINTS}" for _, mark in marked if mark)
             cells.append(
                 {
                     "cell_type": "markdown",
                     "metadata": {"tags": ["grader"]},
-                    "source": f"**Grader · written answer ({', '.join(f'rubric:{r}' for r in _rubrics(cell))})**: "
-                    f"marked by your teacher, not by the grader",
+                    "source": f"**Grader · written answer ({', '.join(f'rubric:{r}' for r, _ in marked)})**: "
+                    + (f"marked by your teacher: {marks}" if marks else "marked by your teacher, not by the grader"),
                 }
             )
     notebook = {
@@ -487,8 +507,13 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
         / submission.student
         / (submission.path.name if submission.path.suffix == ".ipynb" else f"{submission.path.name}.ipynb")
     )
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     gradebook.write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
+    teacher = Path(folder).resolve().parent.stat()
+    for path, mode in ((target.parent, 0o750), (target, 0o640)):
+        if os.geteuid() == 0:
+            os.chown(path, teacher.st_uid, teacher.st_gid)
+        os.chmod(path, mode)
     return target
 
 
@@ -593,7 +618,10 @@ def _grade_all(
     finally:
         grader.stop(probe)
     if feedback is not None:
-        Path(feedback).mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(feedback).mkdir(mode=0o750, parents=True, exist_ok=True)
+        if os.geteuid() == 0:  # the teacher's account (the owner of the folder above it) reads it
+            above = Path(feedback).resolve().parent.stat()
+            os.chown(feedback, above.st_uid, above.st_gid)
     done: dict[int, Submission] = {}
     lock = threading.Lock()
     queue = iter(enumerate(todo))
@@ -618,7 +646,7 @@ def _grade_all(
                         write_csv([done[i] for i in sorted(done)], csv_path)
                         write_written([done[i] for i in sorted(done)], written_path(csv_path), entered)
                     if feedback is not None:
-                        write_feedback(submission, Path(feedback))
+                        write_feedback(submission, Path(feedback), entered)
         finally:
             grader.stop(ready)
 
