@@ -41,7 +41,11 @@ def notebook_file(path, cell_list):
                         "cell_type": c["cell_type"],
                         "source": c["source"],
                         "metadata": {"tags": c.get("tags", [])},
-                        **({"outputs": [], "execution_count": None} if c["cell_type"] == "code" else {}),
+                        **(
+                            {"outputs": [], "execution_count": c.get("execution_count")}
+                            if c["cell_type"] == "code"
+                            else {}
+                        ),
                     }
                     for c in cell_list
                 ],

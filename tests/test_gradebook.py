@@ -321,10 +321,26 @@ def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path
             source = f"def receptive_keys(i, j, k):\n    return list(range({reach}))\n\n" + source
         inside.append({**cell, "source": source})
     notebook_file(tmp_path / "work" / "zoe" / f"{edition.stem}.ipynb", inside)
+    # eve saved her definition below its check but ran it first, as the execution counts show: judged in the
+    # order she ran her cells, it counts (issue 47: 0 / 2 before)
+    below = []
+    for cell in edition.cells:
+        if "solution" not in cell["tags"] and "def receptive_keys" not in cell["source"]:
+            below.append({**cell})
+            if grade.checked(cell["source"]) == ["receptive_keys"]:
+                definition = f"def receptive_keys(i, j, k):\n    return list(range({reach}))\n"
+                below.append({"cell_type": "code", "source": definition, "tags": []})
+    ran = [c for c in below if c["cell_type"] == "code" and c["source"].strip()]
+    for count, cell in enumerate(ran, 1):
+        cell["execution_count"] = count
+    at = next(i for i, c in enumerate(ran) if grade.checked(c["source"]) == ["receptive_keys"])
+    ran[at]["execution_count"], ran[at + 1]["execution_count"] = at + 2, at + 1  # the definition ran first
+    notebook_file(tmp_path / "work" / "eve" / f"{edition.stem}.ipynb", below)
     graded = grade.grade([tmp_path / "work"], timeout=300, jobs=2)
     rows = {(s.student, r.exercise): r for s in graded for r in s.rows}
     for student in returns:
         assert rows[student, "receptive_keys"].status == exercises.PASSED, rows[student, "receptive_keys"].message
+    assert rows["eve", "receptive_keys"].status == exercises.PASSED, rows["eve", "receptive_keys"].message
     assert rows["zoe", "receptive_keys"].code == "answer-in-check-cell"
     assert "Move it into a cell of its own" in rows["zoe", "receptive_keys"].message
 
@@ -381,13 +397,9 @@ def test_a_class_of_30_graded_quick_and_06_in_full_makes_one_gradebook(tmp_path)
     assert {row["max_total"] for row in before.values()} == {f"{most_quick:g}"}  # 6.5 not in the maximum yet
     gradebook.write_csv([batch("06", True, i) for i in range(30)], tmp_path / "full06.csv")
     out = tmp_path / "course.csv"
-    merged = subprocess.run(
-        [sys.executable, "-m", "minidape", "grade", "--merge", "quick.csv", "full06.csv", "--csv", out.name],
-        cwd=tmp_path,
-        capture_output=True,
-        text=True,
-    )
-    assert merged.returncode == 0, merged.stderr
+    from minidape import __main__ as cli
+
+    cli.main(["grade", "--merge", str(tmp_path / "quick.csv"), str(tmp_path / "full06.csv"), "--csv", str(out)])
     totals = {row["student"]: row for row in rows_of(tmp_path / "course-totals.csv")}
     most = sum(roster["02"].values()) + sum(roster["06"].values())
     for i, student in enumerate(students):
