@@ -198,10 +198,14 @@ class Grader:
                 for at, variable in edition.predictions.get(exercise.name, {}).items()
             }
 
-        # The exercises the notebook branches on (``exercises.passed("name")`` in the teacher's edition): a check of
-        # them asks for the verdict during the run, so the run takes the path the student's own run takes.
+        # The exercises the notebook branches on (``exercises.passed("name")``, or a check's value kept, in the
+        # teacher's edition): a check of them asks for the verdict during the run, so the run takes the path the
+        # student's own run takes.
         branched = set(
-            re.findall(r"exercises\.passed\(\s*[\"'](\w+)[\"']", "\n".join(c["source"] for c in edition.cells))
+            re.findall(
+                r"(?:exercises\.passed\(|(?:=|if)\s*exercises\.check\()\s*[\"'](\w+)[\"']",
+                "\n".join(c["source"] for c in edition.cells),
+            )
         )
         roster = {e.name: e for e in edition.roster}
 
