@@ -90,6 +90,7 @@ def test_no_check_reference_or_hint_is_in_a_graded_run(grader):
             from minidape import exercises
             import minidape.classroom as classroom
             found = sorted(m.name for m in pkgutil.walk_packages(classroom.__path__, "minidape.classroom."))
+            exercises.ask = None  # no grader here to ask for a verdict
             exercises.check("fox_bias", lambda x: x)
             print(found, hasattr(exercises, "EXERCISES"), hasattr(exercises, "LIBRARY"), list(exercises.answers))
             for name in ("minidape.classroom.exercises.positions_that_read_the_data", "minidape.classroom.grade",

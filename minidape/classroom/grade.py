@@ -187,17 +187,18 @@ class Grader:
         lost = defined_in_check_cells(edition, cells)
 
         def predicted(exercise) -> dict:
-            """Its prediction: each variable as the first prediction cell that assigns it a value (not None), of
-            those that run before its check (the submission's own check cell, else the teacher's where it was
-            put back); a prediction cell after the check (after the result was there to see) does not count."""
+            """Its prediction: each variable as the first prediction cell that assigns it a value (not None: the
+            hand-out's stub; None when that is all there is), of those that run before its check (the
+            submission's own check cell, else the teacher's where it was put back); a prediction cell after the
+            check (after the result was there to see) does not count."""
             own = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and exercise.name in checked(c["source"])]
             restored = next(i for i, c in enumerate(submission.cells) if c.get("checks") == exercise.name)
             predictions: dict = {}
             for cell in cells[: own[0]] if own else submission.cells[:restored]:
                 if cell["cell_type"] == "code" and "prediction" in cell.get("tags", ()):
                     for variable, value in literal_assignments([cell]).items():
-                        if value is not None:
-                            predictions.setdefault(variable, value)
+                        if predictions.get(variable) is None:
+                            predictions[variable] = value
             return {
                 at: (variable, predictions.get(variable, NOT_RECORDED))
                 for at, variable in edition.predictions.get(exercise.name, {}).items()
