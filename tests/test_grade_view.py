@@ -32,6 +32,17 @@ def grader():
         shutil.rmtree(copy.parent, ignore_errors=True)
 
 
+@pytest.fixture(scope="module")
+def first_run(grader):
+    """A worker of a notebook's first run, as the grader starts it (one for the tests that only look around)."""
+    worker = grader.start(0)
+    try:
+        worker.wait_ready(grade.START_TIMEOUT)
+        yield worker
+    finally:
+        grader.stop(worker)
+
+
 def run(worker, source: str) -> str:
     """What a cell printed in ``worker`` (its error's name and text appended)."""
     outputs = worker.request("run", 0, textwrap.dedent(source), timeout=60)
@@ -39,7 +50,7 @@ def run(worker, source: str) -> str:
 
 
 @VIEW_LEVELS
-def test_a_submission_reaches_nothing_of_the_checkout_but_the_package_copy(grader):
+def test_a_submission_reaches_nothing_of_the_checkout_but_the_package_copy(first_run):
     """A teacher's notebook, a hand-out wheel and an executed .nbtest copy lie in and beside a checkout in an
     ordinary folder (not under /tmp): a submission sees none of them, nor the checkout's notebooks or tests."""
     assert not ROOT.is_relative_to("/tmp"), "this test is about a checkout in an ordinary folder"
@@ -52,11 +63,9 @@ def test_a_submission_reaches_nothing_of_the_checkout_but_the_package_copy(grade
     for path in planted:
         path.parent.mkdir(exist_ok=True)
         path.write_text("the teacher's")
-    worker = grader.start(0)
     try:
-        worker.wait_ready(grade.START_TIMEOUT)
         printed = run(
-            worker,
+            first_run,
             f"""
             import json, os, minidape
             found = [p for p in {[str(p) for p in planted]!r} + {[str(ROOT / "notebooks"), str(ROOT / "tests")]!r}
@@ -66,7 +75,6 @@ def test_a_submission_reaches_nothing_of_the_checkout_but_the_package_copy(grade
             """,
         )
     finally:
-        grader.stop(worker)
         for path in planted:
             path.unlink()
         for folder in made:
@@ -77,15 +85,12 @@ def test_a_submission_reaches_nothing_of_the_checkout_but_the_package_copy(grade
     assert beside == [ROOT.name]
 
 
-def test_no_check_reference_or_hint_is_in_a_graded_run(grader):
+def test_no_check_reference_or_hint_is_in_a_graded_run(first_run):
     """In a graded run ``exercises.check`` only records: the checks' modules, their reference helpers (FoX's
     cumulative gates), references and hints are not in the package copy at all."""
-    worker = grader.start(1)
-    try:
-        worker.wait_ready(grade.START_TIMEOUT)
-        printed = run(
-            worker,
-            """
+    printed = run(
+        first_run,
+        """
             import importlib, pkgutil
             from minidape import exercises
             import minidape.classroom as classroom
@@ -101,9 +106,7 @@ def test_no_check_reference_or_hint_is_in_a_graded_run(grader):
                 except ImportError:
                     pass
             """,
-        )
-    finally:
-        grader.stop(worker)
+    )
     assert "imported" not in printed
     assert "False False ['fox_bias']" in printed
     assert "exercises.framework" not in printed and "minidape.classroom.grade" not in printed
