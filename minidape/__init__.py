@@ -8,35 +8,39 @@ The package is four rooms on floors, each importing only those below it (tests/t
 - `study/`: the claims study and `compare`;  `classroom/`: the exercises' checks, the grader and the hand-out;
 - on top, the CLI: `__main__.py` and `commands.py`.
 
-The model, the corpora and the training loop are imported here; every other module is reached as `md.NAME`
-(`md.evaluate`, `md.plots`, `md.tasks`, `md.exercises`, ...) and imported on first use (PEP 562 `__getattr__`),
-so that `import minidape.model` stays quick and loads neither matplotlib nor tqdm.
+Nothing heavy is imported here: every public name (`md.GPT`, `md.train`, ...) and every module reached as
+`md.NAME` (`md.evaluate`, `md.plots`, `md.tasks`, `md.exercises`, ...) loads on first use (PEP 562 `__getattr__`),
+so `python -m minidape --help` and a mistaken flag answer without loading torch, and `import minidape.model` loads
+neither matplotlib nor tqdm. The model installs its fast path (fast.py, fast_encodings.py) itself when it loads.
 """
 
 import importlib
 
 from . import threads  # first, before torch loads: OpenMP's idle threads spin briefly, then sleep
 
-# isort: split
-from . import fast, fast_encodings  # install the fast path into model.py's classes (model.py imports neither)
-from .lab.data import load_corpus
-from .lab.train import train  # md.train is the function; `from minidape.lab.train import ...` reaches the module
-from .model import (
-    GPT,
-    PE_NAMES,
-    REFINER_NAMES,
-    AbsolutePositions,
-    AdditiveBias,
-    DataDependentBias,
-    GPTConfig,
-    RotaryEmbedding,
-    check_causal,
-    register_pe,
-    register_refiner,
-)
+# The public names and the module each comes from. `md.train` is the function (the module is minidape.lab.train).
+NAMES = {
+    **dict.fromkeys(
+        (
+            "GPT",
+            "PE_NAMES",
+            "REFINER_NAMES",
+            "AbsolutePositions",
+            "AdditiveBias",
+            "DataDependentBias",
+            "GPTConfig",
+            "RotaryEmbedding",
+            "check_causal",
+            "register_pe",
+            "register_refiner",
+        ),
+        ".model",
+    ),
+    "load_corpus": ".lab.data",
+    "train": ".lab.train",
+}
 
-# Modules reached as md.NAME, loaded on first access, and the room each lives in. `train` is imported above so
-# that md.train stays the function (the module is minidape.lab.train).
+# Modules reached as md.NAME, and the room each lives in.
 LAZY_MODULES = {
     "che": ".lab.che",
     "data": ".lab.data",
@@ -46,6 +50,8 @@ LAZY_MODULES = {
     "exercises": ".classroom.exercises",
     "grade": ".classroom.grade",
     "notebook": ".classroom.notebook",
+    "fast": ".fast",
+    "fast_encodings": ".fast_encodings",
     "kernels": ".kernels",
     "study": ".study",
     "utils": ".utils",
@@ -53,13 +59,17 @@ LAZY_MODULES = {
 
 
 def __getattr__(name: str):
+    if name in NAMES:
+        value = getattr(importlib.import_module(NAMES[name], __name__), name)
+        globals()[name] = value  # found directly from now on
+        return value
     if name in LAZY_MODULES:
         return importlib.import_module(LAZY_MODULES[name], __name__)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(LAZY_MODULES))
+    return sorted(set(globals()) | set(NAMES) | set(LAZY_MODULES))
 
 
 __all__ = [

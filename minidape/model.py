@@ -1369,3 +1369,11 @@ def check_causal(model_or_cfg: GPT | GPTConfig, length: int | None = None, seed:
             if (other[:, : t + 1] - logits[:, : t + 1]).abs().max().item() > tolerance:
                 return False
     return True
+
+
+# Inside the package the fast path (fast.py, fast_encodings.py) installs itself as soon as this file loads, however
+# it was reached (`import minidape` loads nothing until first use); copied alone, this file has none.
+if __package__:
+    import importlib
+
+    importlib.import_module(".fast_encodings", __package__)
