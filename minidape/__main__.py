@@ -9,7 +9,7 @@
     python -m minidape compare --pe my_bias.py:MyBias --against alibi kerple_log+conv:5
 
 Every `GPTConfig` field is a `train` flag (`--n-layer`, `--pe`, `--refiner`, ...), read from the dataclass
-itself, so a field added to the model is a flag without touching this file. Every command but `bench` takes
+itself, so a field added to the model is a flag without touching this file. Every command takes
 `--import FILE.py` (repeatable): the file runs first, so the PEs and refiners it registers are valid choices;
 `--import FILE.py:ClassName`, and `--pe` / `--refiner` / compare's models given as `FILE.py:ClassName`, also
 register that class (as ``STEM:ClassName``).

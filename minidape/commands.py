@@ -330,6 +330,7 @@ def compare_command(args: argparse.Namespace) -> None:
 
 
 def handout_command(args: argparse.Namespace) -> None:
+    require("handing out", ("jupytext", "nbformat"), "grade")
     from .classroom.handout import handout
 
     out = handout(args.out, args.notebooks)
@@ -344,19 +345,25 @@ def handout_command(args: argparse.Namespace) -> None:
 GRADE_NEEDS = ("jupytext", "IPython")
 
 
-def grade_command(args: argparse.Namespace) -> None:
+def require(doing: str, modules: tuple[str, ...], extra: str) -> None:
+    """A one-line error naming the modules `doing` needs that are not installed, and the extra that installs them
+    (not the traceback of the first import that fails)."""
     missing = []
-    for name in GRADE_NEEDS:
+    for name in modules:
         try:
             importlib.import_module(name)
         except ImportError:
             missing.append(name)
     if missing:
         raise ValueError(
-            f"grading needs {' and '.join(missing)}, not installed here: pip install 'minidape[grade]' "
+            f"{doing} needs {' and '.join(missing)}, not installed here: pip install 'minidape[{extra}]' "
             f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
-            f"'.[grade]')"
+            f"'.[{extra}]')"
         )
+
+
+def grade_command(args: argparse.Namespace) -> None:
+    require("grading", GRADE_NEEDS, "grade")
     from .classroom import gradebook
     from .classroom.grade import grade
 

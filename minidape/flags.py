@@ -124,17 +124,16 @@ THREADS_HELP = (
 
 def _add_common_flags(command: argparse.ArgumentParser, name: str) -> None:
     """The flags every command takes: `--import FILE.py` (repeatable) and `--threads N`; bench takes `--threads`
-    alone too (it runs the thread benchmark), and no `--import`."""
-    if name != "bench":
-        command.add_argument(
-            "--import",
-            dest="imports",
-            action="append",
-            default=[],
-            metavar="FILE.py[:CLASS]",
-            help="run this Python file first, so the PEs/refiners it registers can be used; with "
-            ":CLASS also register that class as STEM:CLASS (repeatable)",
-        )
+    alone too (it runs the thread benchmark)."""
+    command.add_argument(
+        "--import",
+        dest="imports",
+        action="append",
+        default=[],
+        metavar="FILE.py[:CLASS]",
+        help="run this Python file first, so the PEs/refiners it registers can be used; with "
+        ":CLASS also register that class as STEM:CLASS (repeatable)",
+    )
     command.add_argument(
         "--threads",
         type=positive_int,
