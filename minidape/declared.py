@@ -75,17 +75,26 @@ def config_fields() -> list[tuple[str, type, object]]:
 
 def registered_names(kind: str) -> list[str]:
     """model.py's own names of positional encodings (`kind` "pe") or refiners ("refiner"), in the order model.py
-    registers them: `register_pe("alibi")` calls, and the registry's entries written directly."""
+    registers them at its top level: the registry's first entries, `@register_pe("alibi")` on a class,
+    `register_pe("rope")(RotaryEmbedding)`, and an entry written directly (`PE_REGISTRY["none"] = ...`)."""
+    return list(_registered_names(kind))
+
+
+@functools.cache
+def _registered_names(kind: str) -> tuple[str, ...]:
     registry = "PE_REGISTRY" if kind == "pe" else "REFINER_REGISTRY"
-    found = []
-    for node in ast.walk(_module("model.py")):
-        if isinstance(node, ast.Call) and getattr(node.func, "id", None) == f"register_{kind}" and node.args:
-            found.append((node.lineno, _value(node.args[0], "model.py")))
-        elif isinstance(node, ast.Subscript) and getattr(node.value, "id", None) == registry:
-            if isinstance(node.ctx, ast.Store):
-                found.append((node.lineno, _value(node.slice, "model.py")))
-    initial = list(constant("model.py", registry))  # `{"none": None}`: entries the registry starts with
-    return initial + [name for _, name in sorted(found)]
+    names = list(constant("model.py", registry))  # `{"none": None}`: the entries the registry starts with
+    for statement in _module("model.py").body:
+        calls = [*getattr(statement, "decorator_list", ())]
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            calls.append(statement.value.func)  # register_pe("rope")(RotaryEmbedding): the inner call
+        for call in calls:
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == f"register_{kind}" and call.args:
+                names.append(_value(call.args[0], "model.py"))
+        for target in getattr(statement, "targets", ()):
+            if isinstance(target, ast.Subscript) and getattr(target.value, "id", None) == registry:
+                names.append(_value(target.slice, "model.py"))
+    return tuple(names)
 
 
 def task_names() -> tuple[str, ...]:
