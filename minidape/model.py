@@ -154,6 +154,11 @@ def layer_encodings(cfg: GPTConfig) -> list[str]:
             f"pe={cfg.pe!r}: an absolute encoding is added to the token embeddings, not chosen per "
             f"layer; a per-layer spec may name rotary encodings, biases and 'none'"
         )
+    if len(names) > cfg.n_layer:  # the encodings past the last layer would be dropped unseen
+        raise ValueError(
+            f"pe={cfg.pe!r} names {len(names)} encodings for n_layer={cfg.n_layer}: give one per layer (a shorter "
+            f"list is cycled over the layers), or more layers"
+        )
     return [names[layer % len(names)] for layer in range(cfg.n_layer)]
 
 
@@ -978,6 +983,7 @@ class SelfAttention(nn.Module):
         refiner_cls = REFINER_REGISTRY[cfg.refiner]  # built for this layer's encoding (its B or none)
         refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
         self.refiner = refiner_cls(refiner_cfg) if refiner_cls is not None else None
+        self._values_checked = set()  # the blocks of rows whose data-dependent bias was checked in training
 
     def qkv(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
@@ -996,12 +1002,13 @@ class SelfAttention(nn.Module):
 
         def bias_rows(q0, q1, k1):
             bias = self.data_bias(x, q[:, :, q0:q1], k[:, :, :k1], first_query=q0)  # B (batch, nh, Tq, Tk)
-            expected = (len(x), self.n_head, q1 - q0, k1)
-            if tuple(bias.shape) != expected:
-                raise ValueError(
-                    f"pe={self.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
-                    f"(batch, n_head, Tq, Tk) = {expected}"
-                )
+            # the checks of a position-only bias (GPT.positional_inputs), on every block of rows either path asks
+            check_bias(self.pe, bias, ("batch", "n_head", "Tq", "Tk"), (len(x), self.n_head, q1 - q0, k1), x)
+            if not (self.training and (q0, q1, k1) in self._values_checked):  # a host read: once in training
+                rows = torch.arange(q0, q1, device=x.device)
+                check_bias_values(self.cfg, self.pe, bias, rows, torch.arange(k1, device=x.device))
+                if self.training:
+                    self._values_checked.add((q0, q1, k1))
             return bias
 
         return positional.reading(bias_rows)
@@ -1166,8 +1173,10 @@ class GPT(nn.Module):
             bias = GPT.fast_bias(encoding, q_pos, k_pos) if fast else encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
             shape = (len(pos), len(q_pos), len(k_pos))
             if shape not in checked:
-                check_bias_shape(self, bias, shape[1:])
-                self.check_values(("bias", *shape), lambda: check_bias_values(self, bias, q_pos, k_pos))
+                check_bias(self.cfg.pe, bias, ("n_head", "Tq", "Tk"), (self.cfg.n_head, *shape[1:]), self.wte.weight)
+                self.check_values(
+                    ("bias", *shape), lambda: check_bias_values(self.cfg, self.cfg.pe, bias, q_pos, k_pos)
+                )
                 checked.add(shape)
             return bias.to(self.wte.weight.dtype)
 
@@ -1279,37 +1288,49 @@ def check_targets(model: GPT, targets, idx) -> None:
     model.check_values(("targets", *targets.shape), in_range)
 
 
-def check_bias_shape(model: GPT, bias, query_and_keys: tuple[int, int]) -> None:
-    expected = (model.cfg.n_head, *query_and_keys)
+def check_bias(pe: str, bias, dims: tuple[str, ...], expected: tuple[int, ...], like: torch.Tensor) -> None:
+    """A user's bias is a floating tensor of the `expected` shape on the model's device (a list, a NumPy array, a
+    bool or int64 tensor was read differently by the two paths, or failed deep inside them)."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"pe={pe!r} returned a {type(bias).__name__}; a bias must be a torch.Tensor {expected}")
+    if not bias.is_floating_point():
+        raise TypeError(
+            f"pe={pe!r} returned a bias of dtype {bias.dtype}; a bias must be a floating tensor (e.g. "
+            f"torch.float32: 0 where attention is free, -inf for 'never attend here'), not a mask"
+        )
+    if bias.device != like.device:
+        raise ValueError(f"pe={pe!r} returned a bias on {bias.device}; the model runs on {like.device}")
     if tuple(bias.shape) != expected:
         raise ValueError(
-            f"pe={model.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected (n_head, Tq, Tk) = {expected}"
+            f"pe={pe!r} returned a bias of shape {tuple(bias.shape)}; expected ({', '.join(dims)}) = {expected}"
         )
 
 
 @torch.no_grad()
-def check_bias_values(model: GPT, bias, q_pos, k_pos) -> None:
-    """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here")."""
+def check_bias_values(cfg: GPTConfig, pe: str, bias, q_pos, k_pos) -> None:
+    """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here").
+    `bias` is (n_head, Tq, Tk), or (batch, n_head, Tq, Tk) for a bias that reads the data."""
     may_attend = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk): a decoder's query sees no later key
-    if not model.cfg.causal:
+    if not cfg.causal:
         may_attend = torch.ones_like(may_attend)
     # One pass for the usual case: each row's largest visible value is finite unless the row holds a NaN or
     # +inf (both propagate through amax) or nothing but -inf. Only then look for the culprit.
     if torch.isfinite(bias.masked_fill(~may_attend, float("-inf")).amax(dim=-1)).all():
         return
-    pe = model.cfg.pe
     bad = may_attend & (bias.isnan() | (bias == float("inf")))
     if bad.any():
-        head, i, j = bad.nonzero()[0].tolist()
+        *where, i, j = bad.nonzero()[0].tolist()
+        in_batch = f"batch row {where[0]}, " if len(where) == 2 else ""
         raise ValueError(
-            f"pe={pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, query "
+            f"pe={pe!r} returned a bias of {bias[(*where, i, j)].item()} at {in_batch}head {where[-1]}, query "
             f"{int(q_pos[i])}, key {int(k_pos[j])}, a cell the query may attend to; a bias must be "
             f"finite there, or -inf for 'never attend here' (a hard window)"
         )
-    head, i = (~may_attend | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
+    *where, i = (~may_attend | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
+    in_batch = f"batch row {where[0]}, " if len(where) == 2 else ""
     raise ValueError(
-        f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to (head "
-        f"{head}): its attention would be undefined; leave at least one key finite (e.g. the query's "
+        f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to ({in_batch}head "
+        f"{where[-1]}): its attention would be undefined; leave at least one key finite (e.g. the query's "
         f"own position)"
     )
 
