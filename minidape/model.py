@@ -118,6 +118,11 @@ class GPTConfig:
             raise ValueError(
                 f"rope_base must be > 1 (RoPE's frequencies base^(-2i/d) must fall with i); got {self.rope_base!r}"
             )
+        if self.rope_base > torch.finfo(torch.float32).max:  # inf in float32: every pair but the first stops turning
+            raise ValueError(
+                f"rope_base must be at most float32's largest number, {torch.finfo(torch.float32).max:.4g} (RoPE's "
+                f"frequencies are float32); got {self.rope_base!r}"
+            )
         if self.random_positions:
             if self.random_positions < self.block_size:
                 raise ValueError(

@@ -130,7 +130,9 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
     for variable in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
         if os.environ.get(variable):
             value = os.environ[variable]
-            return ThreadChoice(positive_threads(value, variable), f"{variable}={value}")
+            # OpenMP's list of nested levels ("4,2"): torch's threads are its outer level's
+            outer = value.split(",")[0] if variable == "OMP_NUM_THREADS" else value
+            return ThreadChoice(positive_threads(outer, variable), f"{variable}={value}")
     size = "" if work is None else f", {work:,} elements per activation"
     if work is not None and work < 2 * WORK_PER_THREAD:
         return ThreadChoice(1, "small work" + size)

@@ -5,9 +5,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import subprocess
-import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +13,6 @@ import torch
 
 import minidape as md
 from minidape import study
-from minidape.__main__ import main
 from minidape.study import comparison
 
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 60
@@ -225,3 +222,125 @@ def test_a_rerun_without_keep_checkpoints_leaves_no_old_checkpoint_beside_the_ne
     corpus_file.write_text(TEXT.upper())  # another text: every run is trained again
     study.compare("rope", corpus=str(corpus_file), rerun=True, **options)
     assert not list((tmp_path / "out" / "runs").rglob("checkpoint.pt")), "the old text's models are still there"
+
+
+# ----------------------------------------------------------------------------- settings
+
+
+def test_a_rope_base_infinite_in_float32_is_refused():
+    """Before: `--rope-base 1e39` trained with 7 of 8 channel pairs never turning (their frequency 0)."""
+    with pytest.raises(ValueError, match=r"rope_base must be at most float32's largest number, 3\.403e\+38"):
+        tiny_config(rope_base=1e39)
+    tiny_config(rope_base=1e38)  # large, and finite in float32
+
+
+def test_openmps_list_of_nested_levels_is_a_thread_count(monkeypatch):
+    """Before: `OMP_NUM_THREADS=4,2` (valid OpenMP: 4 threads, 2 in each nested region) was refused."""
+    from minidape.threads import choose_threads
+
+    monkeypatch.delenv("MINIDAPE_THREADS", raising=False)
+    monkeypatch.setenv("OMP_NUM_THREADS", "4,2")
+    assert choose_threads().threads == 4
+    monkeypatch.setenv("OMP_NUM_THREADS", "four")
+    with pytest.raises(ValueError, match="OMP_NUM_THREADS must be a positive integer"):
+        choose_threads()
+
+
+def test_an_encoder_on_next_byte_prediction_needs_allow_leakage(corpus_file):
+    """Before: `train --no-causal` on a text trained and reported perplexities of a model that sees its answers."""
+    data = md.load_corpus(str(corpus_file))
+    with pytest.raises(ValueError, match="causal=False on next-token prediction.*or pass allow_leakage=True"):
+        md.train(tiny_config(vocab_size=256, causal=False), data, steps=1, batch_size=2, progress=False)
+    with pytest.warns(UserWarning, match="causal=False on next-token prediction"):
+        md.train(
+            tiny_config(vocab_size=256, causal=False), data, steps=1, batch_size=2, progress=False, allow_leakage=True
+        )
+
+
+def test_the_leak_refusal_names_the_encoding_when_there_is_no_refiner(corpus_file):
+    """Before: "fix the refiner" for a leaking encoding and refiner none."""
+
+    class ReadsTheNextKey(md.DataDependentBias):
+        def __init__(self, cfg):
+            super().__init__()
+
+        def forward(self, x, q, k, first_query=0):
+            nxt = torch.roll(k, -1, dims=2)  # key j+1 read at cell j: the future
+            return torch.einsum("bhid,bhjd->bhij", q, nxt) * 0.0 + nxt.sum(-1)[:, :, None, :]
+
+    md.register_pe("round5_leaks")(ReadsTheNextKey)
+    with pytest.raises(ValueError, match="reads the future.*; fix the encoding, or pass allow_leakage"):
+        md.train(
+            tiny_config(vocab_size=256, pe="round5_leaks"),
+            md.load_corpus(str(corpus_file)),
+            steps=1,
+            batch_size=2,
+            progress=False,
+        )
+
+
+# ----------------------------------------------------------------------------- the gradebook's CSVs
+
+
+def graded_batch(folder) -> Path:
+    from minidape.classroom import gradebook
+
+    grades = folder / "grades.csv"
+    rows = [
+        ["ada", "03_rope", "3.1", "2", "2", "True", "", ""],
+        ["ada", "03_rope", "3.2", "1", "3", "False", "", ""],
+    ]
+    grades.write_text(gradebook._csv_text(gradebook.COLUMNS, rows), encoding="utf-8")
+    written = [["ada", "03_rope", "3.3 why", "because", "", "1", "2"]]
+    gradebook.written_path(grades).write_text(gradebook._csv_text(gradebook.WRITTEN_COLUMNS, written), encoding="utf-8")
+    return grades
+
+
+def test_a_nan_in_the_grades_is_refused_naming_the_line(tmp_path):
+    """Before: `nan` totals and exit code 0."""
+    from minidape.classroom import gradebook
+
+    grades = graded_batch(tmp_path)
+    grades.write_text(grades.read_text().replace("ada,03_rope,3.2,1,", "ada,03_rope,3.2,nan,"))
+    with pytest.raises(ValueError, match=r"grades.csv line 3: points 'nan' is not a number"):
+        gradebook.gradebook(grades)
+    assert not gradebook.sibling(grades, "totals").exists()
+
+
+@pytest.mark.parametrize("save", ["utf-8-sig", "semicolons"])
+def test_a_written_answers_csv_saved_by_a_spreadsheet_is_read(tmp_path, save):
+    """Before: `KeyError: 'student'` (the byte-order mark glued to the first column's name; `;` one column)."""
+    from minidape.classroom import gradebook
+
+    grades = graded_batch(tmp_path)
+    written = gradebook.written_path(grades)
+    text = written.read_text()
+    if save == "semicolons":  # a spreadsheet where ',' is the decimal comma
+        text = text.replace(",", ";").replace(";1;2", ";1,5;2")
+    written.write_text(text, encoding="utf-8-sig" if save == "utf-8-sig" else "utf-8")
+    gradebook.gradebook(grades)
+    totals = gradebook.sibling(grades, "totals").read_text()
+    assert ("4.5" if save == "semicolons" else "4") in totals, totals
+
+
+def test_a_windows_1252_csv_is_refused_naming_the_file(tmp_path):
+    from minidape.classroom import gradebook
+
+    grades = graded_batch(tmp_path)
+    written = gradebook.written_path(grades)
+    written.write_bytes(written.read_text().replace("because", "parce que c'était").encode("cp1252"))
+    with pytest.raises(ValueError, match=r"grades-written.csv is not UTF-8 text .*save it .* as 'CSV UTF-8'"):
+        gradebook.gradebook(grades)
+
+
+def test_a_full_disk_under_the_gradebook_names_the_file(tmp_path, monkeypatch):
+    from minidape.classroom import gradebook
+
+    grades = graded_batch(tmp_path)
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(gradebook.os, "fsync", full)
+    with pytest.raises(OSError, match=r"grades-totals.csv not written: No space left on device"):
+        gradebook.gradebook(grades)
