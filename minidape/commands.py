@@ -171,6 +171,15 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
     device = resolve_device(args.device)
     runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
     corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
+    texts = {corpus: load_corpus(corpus, "val") for corpus in set(corpora.values())}
+    for path, model, _ in runs:  # before any evaluation: a model that cannot read its corpus, both named
+        tokens = texts[corpora[path]]
+        if len(tokens) and int(tokens.max()) >= model.cfg.vocab_size:
+            raise ValueError(
+                f"{path} reads tokens below vocab_size={model.cfg.vocab_size}, but corpus {corpora[path]}'s "
+                f"validation split holds tokens up to {int(tokens.max())}: evaluate it on a corpus within its "
+                f"vocabulary (the one it was trained on: leave out --corpus)"
+            )
     results, train_lengths = {}, set()
     labels = run_labels([path for path, _, _ in runs], [model for _, model, _ in runs])
     for (path, model, _), label in zip(runs, labels):
@@ -178,7 +187,7 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
         results[label] = perplexity_by_length(
             model,
-            load_corpus(corpora[path], "val"),
+            texts[corpora[path]],
             lengths,
             last_k=args.last_k,
             protocol=args.protocol,

@@ -720,6 +720,10 @@ class ContextualPositionBias(DataDependentBias):
 
     def forward(self, x, q, k, first_query: int = 0):
         p = self.positions(q, k, first_query).clamp(max=self.embeddings.shape[1] - 1)
+        if p.isnan().any():  # NaN queries or keys: no position to read (gather would take an index of -2^63)
+            raise FloatingPointError(
+                "pe='cope': its positions are NaN, from NaN queries or keys (a NaN in the input or in a weight)"
+            )
         low, high = p.floor(), p.ceil()
         w = (p - low).to(q.dtype)
         read = q @ self.embeddings.to(q.dtype)  # q_i^T e[n] (batch, nh, Tq, P)

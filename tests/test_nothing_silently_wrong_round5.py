@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ import torch
 
 import minidape as md
 from minidape import study
+from minidape.__main__ import main
 from minidape.study import comparison
 
 TEXT = "It is a truth universally acknowledged, that a single man in possession of a good fortune. " * 60
@@ -344,3 +346,62 @@ def test_a_full_disk_under_the_gradebook_names_the_file(tmp_path, monkeypatch):
     monkeypatch.setattr(gradebook.os, "fsync", full)
     with pytest.raises(OSError, match=r"grades-totals.csv not written: No space left on device"):
         gradebook.gradebook(grades)
+
+
+# ----------------------------------------------------------------------------- NaN weights, broken files
+
+
+def test_cope_with_a_nan_weight_is_one_clear_error():
+    """Before: "index -9223372036854775808 is out of bounds" from CoPE's gather."""
+    model = md.GPT(tiny_config(pe="cope"))
+    with torch.no_grad():
+        model.blocks[0].attn.c_attn.weight[0, 0] = float("nan")
+    with pytest.raises(FloatingPointError, match="pe='cope': its positions are NaN"):
+        model(torch.zeros(1, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("pe", ["cope", "fox"])
+def test_a_checkpoint_with_a_nan_weight_is_refused_naming_the_file_and_tensor(tmp_path, pe):
+    """Before: CoPE's out-of-bounds index; FoX evaluated to `n/a` with no reason."""
+    from minidape.lab.checkpoints import load_checkpoint, save_checkpoint
+
+    model = md.GPT(tiny_config(pe=pe))
+    with torch.no_grad():
+        model.blocks[0].mlp.c_fc.weight[1, 1] = float("nan")
+    path = tmp_path / "checkpoint.pt"
+    save_checkpoint(path, model, step=1, history=[])
+    with pytest.raises(ValueError, match=r"checkpoint.pt: 1 of its weight tensors hold NaN or inf \(first: blocks"):
+        load_checkpoint(path)
+
+
+def test_a_truncated_references_file_is_named(tmp_path):
+    from minidape.classroom import grade
+
+    path = tmp_path / "references.json"
+    path.write_text('{"quick": {"4.4": {"ratio": 2.5')
+    with pytest.raises(ValueError, match=r"references.json is not whole JSON .*run `make notebooks` again"):
+        grade.references(path)
+
+
+def test_eval_on_a_corpus_outside_the_models_vocabulary_names_both(tmp_path, corpus_file, capsys):
+    """Before: "tokens must lie in [0, vocab_size=64)", naming neither the checkpoint nor the corpus."""
+    digits = tmp_path / "digits.txt"  # bytes 32 and 48-57: within a vocabulary of 64
+    digits.write_text("0123456789 " * 200)
+    run = tmp_path / "run"
+    flags = ["--vocab-size", "64", "--n-layer", "1", "--n-embd", "8", "--n-head", "2", "--block-size", "8"]
+    main(["train", *flags, "--steps", "1", "--batch-size", "2", "--corpus", str(digits), "--out", str(run)])
+    with pytest.raises(SystemExit) as stopped:
+        main(["eval", str(run), "--corpus", str(corpus_file), "--lengths", "8"])
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert stopped.value.code == 2
+    assert f"{run} reads tokens below vocab_size=64, but corpus {corpus_file}'s validation split" in error, error
+
+
+def test_a_full_disk_under_handout_says_so(tmp_path, monkeypatch):
+    """Before: pip's last line, "Failed to build one or more wheels"."""
+    from minidape.classroom import handout
+
+    said = "ERROR: [Errno 28] No space left on device\nerror: Failed to build one or more wheels\n"
+    monkeypatch.setattr(handout.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", said))
+    with pytest.raises(OSError, match="building the wheel failed: no space left on device"):
+        handout.build_wheel(tmp_path)
