@@ -453,7 +453,8 @@ COMMAND_PARSERS = {
         "train 7 PEs/refiners at length 128 and compare their extrapolation",
         "Train NoPE, RoPE, ALiBi, Kerple-log, FIRE, DAPE-Kerple and DAPE1x3-Kerple (the study's models of those "
         "names) at length 128, evaluate each up to 16x that length (last-256-tokens protocol), write results.md, "
-        "results.json and extrapolation.png. Budget: CPU ~10 min; larger on CUDA; tiny with MINIDAPE_QUICK=1.",
+        "results.json and extrapolation.png. Budget: 2 min 5 s on an idle 2-core CPU (README); larger on CUDA; "
+        "tiny with MINIDAPE_QUICK=1.",
         _demo,
     ),
     "train": (
