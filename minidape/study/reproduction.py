@@ -61,9 +61,11 @@ def reproduce(
     for corpus in corpora:
         check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
     out = Path(out)
-    for overrides in MODELS.values():  # C4's leaky model reads the future on purpose: the report says it does
-        if overrides.get("refiner") != LEAKY_REFINER:
-            decoder_leaks(lm_config(budget_settings, budget_settings.train_lengths[0], overrides))
+    plan = study_plan(corpora, budget_settings)
+    # every model the study trains (C4's leaky one reads the future on purpose: the report says it does)
+    for label in {label for labels in plan.values() for label in labels}:
+        if MODELS[label].get("refiner") != LEAKY_REFINER:
+            decoder_leaks(lm_config(budget_settings, budget_settings.train_lengths[0], MODELS[label]))
     check_settings(
         out,
         {
@@ -74,7 +76,6 @@ def reproduce(
             "device": device.type,
         },
     )
-    plan = study_plan(corpora, budget_settings)
     fingerprints = {corpus: corpus_fingerprint(corpus) for corpus in corpora}
     # Seeds outermost: a study stopped early has every model (and task) at its first seeds, not some at all.
     runs = [
