@@ -54,6 +54,7 @@ from .model import (
     SelfAttention,
     attend,
     attention_mask,
+    check_refined,
     refiner_view,
 )
 from .model import attention as reference_attention
@@ -104,8 +105,8 @@ def runs_in_query_blocks(refiner_cls: type) -> bool:
 
 
 def own_forward(refiner, scores, bias, mask):
-    """A row-local refiner's own ``forward``, run on each query block."""
-    return refiner(scores, bias, mask)
+    """A row-local refiner's own ``forward``, run on each query block (its output checked like model.py's)."""
+    return check_refined(refiner, refiner(scores, bias, mask), scores)
 
 
 _checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # refiner module -> its checked form

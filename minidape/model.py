@@ -922,7 +922,7 @@ def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0, temperatu
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S (batch, nh, Tq, Tk)
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is not None:
-        refined = refiner(scores, seen_bias, mask)  # A = refine(S, B)
+        refined = check_refined(refiner, refiner(scores, seen_bias, mask), scores)  # A = refine(S, B)
     else:
         refined = scores if bias is None else scores + seen_bias  # A = S + B
     if temperature is not None:
@@ -1313,6 +1313,18 @@ def check_bias(pe: str, bias, dims: tuple[str, ...], expected: tuple[int, ...], 
         raise ValueError(
             f"pe={pe!r} returned a bias of shape {tuple(bias.shape)}; expected ({', '.join(dims)}) = {expected}"
         )
+
+
+def check_refined(refiner: nn.Module, refined, scores: torch.Tensor) -> torch.Tensor:
+    """A refiner's output is scores: a floating tensor of the scores' shape (one that broadcasts, (..., 1) say,
+    would run and attend wrongly)."""
+    if not isinstance(refined, torch.Tensor) or not refined.is_floating_point() or refined.shape != scores.shape:
+        got = f"shape {tuple(refined.shape)}, {refined.dtype}" if isinstance(refined, torch.Tensor) else type(refined)
+        raise ValueError(
+            f"refiner {type(refiner).__name__} returned {got}; a refiner returns refined scores of the scores' "
+            f"shape {tuple(scores.shape)}, floating"
+        )
+    return refined
 
 
 @torch.no_grad()

@@ -405,3 +405,24 @@ def test_a_full_disk_under_handout_says_so(tmp_path, monkeypatch):
     monkeypatch.setattr(handout.subprocess, "run", lambda *a, **k: subprocess.CompletedProcess(a, 1, "", said))
     with pytest.raises(OSError, match="building the wheel failed: no space left on device"):
         handout.build_wheel(tmp_path)
+
+
+class ReturnsOneColumn(torch.nn.Module):
+    """A refiner whose output broadcasts over the keys: (batch, nh, Tq, 1)."""
+
+    row_local = True  # the fast path runs it in query blocks: its own forward, checked there too
+
+    def __init__(self, cfg):
+        super().__init__()
+
+    def forward(self, scores, bias, mask):
+        return scores[..., :1]
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["fast path", "model.py's form"])
+def test_a_refiner_returning_another_shape_is_refused_not_broadcast(fast):
+    """Before: the (..., 1) scores broadcast over every key and the model trained on them."""
+    md.register_refiner("round5_one_column")(ReturnsOneColumn)
+    model = md.GPT(tiny_config(pe="alibi", refiner="round5_one_column", fast=fast))
+    with pytest.raises(ValueError, match=r"refiner ReturnsOneColumn returned shape \(1, 2, 8, 1\), torch.float32"):
+        model(torch.zeros(1, 8, dtype=torch.long))
