@@ -426,3 +426,18 @@ def test_a_refiner_returning_another_shape_is_refused_not_broadcast(fast):
     model = md.GPT(tiny_config(pe="alibi", refiner="round5_one_column", fast=fast))
     with pytest.raises(ValueError, match=r"refiner ReturnsOneColumn returned shape \(1, 2, 8, 1\), torch.float32"):
         model(torch.zeros(1, 8, dtype=torch.long))
+
+
+def test_a_fox_training_step_too_large_for_memory_is_refused_before_it_starts(corpus_file, monkeypatch):
+    """Before: FoX's (batch, n_head, T, T) bias was not counted: the allocator's error in the middle of the step."""
+    from minidape.lab import memory
+
+    monkeypatch.setattr(memory, "available_memory", lambda device: 2**30)
+    cfg = md.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=4096, pe="fox")
+    with pytest.raises(MemoryError, match=r"a training step of 16 x 4096 tokens \(fox, 1 layers, 4 heads\) needs"):
+        md.train(cfg, md.load_corpus("austen"), steps=1, batch_size=16, progress=False)
+    assert memory.memory_estimate(cfg, 16, 4096, True, torch.device("cpu")) > 2**30
+    assert (
+        memory.memory_estimate(md.GPTConfig(**{**vars(cfg), "pe": "alibi"}), 16, 4096, True, torch.device("cpu"))
+        < 2**30
+    )
