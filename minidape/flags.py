@@ -265,7 +265,7 @@ def _rerun_flag(command: argparse.ArgumentParser) -> None:
         "--rerun",
         action="store_true",
         help="train again the runs in --out whose files record another corpus or configuration (refused "
-        "otherwise); the old run's files and checkpoint are replaced, never left beside the new run",
+        "otherwise); the old run's file is replaced, and a checkpoint kept of it removed",
     )
 
 
