@@ -180,6 +180,13 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
                 f"validation split holds tokens up to {int(tokens.max())}: evaluate it on a corpus within its "
                 f"vocabulary (the one it was trained on: leave out --corpus)"
             )
+    for path, model, _ in runs:  # trained with --no-causal --allow-leakage: flagged wherever it is evaluated
+        if not model.cfg.causal:
+            print(
+                f"warning: {path} is an encoder (causal=False): each position sees the token it predicts, so its "
+                f"perplexities do not measure language modelling (a leakage experiment)",
+                file=sys.stderr,
+            )
     results, train_lengths = {}, set()
     labels = run_labels([path for path, _, _ in runs], [model for _, model, _ in runs])
     for (path, model, _), label in zip(runs, labels):

@@ -259,6 +259,31 @@ def test_an_encoder_on_next_byte_prediction_needs_allow_leakage(corpus_file):
         )
 
 
+def test_an_encoders_perplexity_is_flagged_by_eval(tmp_path, corpus_file, capsys):
+    run = tmp_path / "leaky"
+    flags = ["--n-layer", "1", "--n-embd", "8", "--n-head", "2", "--block-size", "8", "--no-causal"]
+    with pytest.raises(SystemExit):  # refused without --allow-leakage
+        main(["train", *flags, "--steps", "1", "--batch-size", "2", "--corpus", str(corpus_file), "--out", str(run)])
+    assert "--no-causal" in capsys.readouterr().err
+    main(
+        [
+            "train",
+            *flags,
+            "--steps",
+            "1",
+            "--batch-size",
+            "2",
+            "--corpus",
+            str(corpus_file),
+            "--out",
+            str(run),
+            "--allow-leakage",
+        ]
+    )
+    main(["eval", str(run), "--lengths", "8", "16", "--n-windows", "2", "--last-k", "8"])
+    assert f"warning: {run} is an encoder (causal=False)" in capsys.readouterr().err
+
+
 def test_the_leak_refusal_names_the_encoding_when_there_is_no_refiner(corpus_file):
     """Before: "fix the refiner" for a leaking encoding and refiner none."""
 
@@ -441,3 +466,13 @@ def test_a_fox_training_step_too_large_for_memory_is_refused_before_it_starts(co
         memory.memory_estimate(md.GPTConfig(**{**vars(cfg), "pe": "alibi"}), 16, 4096, True, torch.device("cpu"))
         < 2**30
     )
+
+
+def test_a_model_with_a_nan_weight_is_not_evaluated_to_a_silent_nan():
+    """Before: FoX with a NaN weight evaluated to NaN ("n/a" in the table) with no reason."""
+    model = md.GPT(tiny_config(pe="fox"))
+    with torch.no_grad():
+        model.blocks[0].mlp.c_fc.weight[1, 1] = float("nan")
+    tokens = torch.randint(0, 32, (400,), generator=torch.Generator().manual_seed(0))
+    with pytest.warns(UserWarning, match="length 8: perplexity nan: the model's outputs are not finite"):
+        md.evaluate.perplexity_by_length(model, tokens, [8], last_k=4, n_windows=2)
