@@ -251,9 +251,11 @@ def test_openmps_list_of_nested_levels_is_a_thread_count(monkeypatch):
 def test_an_encoder_on_next_byte_prediction_needs_allow_leakage(corpus_file):
     """Before: `train --no-causal` on a text trained and reported perplexities of a model that sees its answers."""
     data = md.load_corpus(str(corpus_file))
-    with pytest.raises(ValueError, match="causal=False on next-token prediction.*or pass allow_leakage=True"):
+    with pytest.raises(
+        ValueError, match=r"an encoder \(causal False\) on next-token prediction.*or pass allow_leakage=True"
+    ):
         md.train(tiny_config(vocab_size=256, causal=False), data, steps=1, batch_size=2, progress=False)
-    with pytest.warns(UserWarning, match="causal=False on next-token prediction"):
+    with pytest.warns(UserWarning, match=r"an encoder \(causal False\) on next-token prediction"):
         md.train(
             tiny_config(vocab_size=256, causal=False), data, steps=1, batch_size=2, progress=False, allow_leakage=True
         )

@@ -708,9 +708,9 @@ def _check_run(
     decoder_leaks(cfg, allow_leakage)  # after the memory check: it builds a one-layer model of this width
     if not cfg.causal and not callable(train_data):  # next-token prediction on a text, by an encoder
         _leaks(
-            "causal=False on next-token prediction: every position attends to the token it is to predict, so its "
-            "losses and perplexities mean nothing",
-            "train a decoder (drop causal=False; CLI: drop --no-causal)",
+            "an encoder (causal False) on next-token prediction: every position attends to the token it is to "
+            "predict, so its losses and perplexities mean nothing",
+            "train a decoder (the default; CLI: without --no-causal)",
             allow_leakage,
             stacklevel=4,
         )
