@@ -478,3 +478,16 @@ def test_a_model_with_a_nan_weight_is_not_evaluated_to_a_silent_nan():
     tokens = torch.randint(0, 32, (400,), generator=torch.Generator().manual_seed(0))
     with pytest.warns(UserWarning, match="length 8: perplexity nan: the model's outputs are not finite"):
         md.evaluate.perplexity_by_length(model, tokens, [8], last_k=4, n_windows=2)
+
+
+def test_training_after_an_evaluation_in_inference_mode_runs():
+    """Before: RoPE's fast path kept a table made under `torch.inference_mode` (an evaluation), and every training
+    step after it in the process failed ("Inference tensors cannot be saved for backward")."""
+    from minidape import fast_encodings
+
+    fast_encodings.pair_order.cache_clear()
+    cfg = tiny_config(pe="rope", n_head=2, n_embd=16)
+    with torch.inference_mode():
+        md.GPT(cfg)(torch.zeros(1, 8, dtype=torch.long))
+    _, loss = md.GPT(cfg)(torch.zeros(1, 8, dtype=torch.long), torch.zeros(1, 8, dtype=torch.long))
+    loss.backward()
