@@ -57,8 +57,10 @@ def registered(kind: str):
 
     def check(text: str) -> str:
         names = known_names(kind)
-        if text in names or (kind == "pe" and all(name in names for name in text.split(","))):
-            return text  # a name, or a per-layer spec of names (rope,none)
+        # a name, or a per-layer spec of names with their '@' options (rope@sliding=32,none), which the config
+        # checks when the command builds it
+        if text in names or (kind == "pe" and all(entry.split("@")[0] in names for entry in text.split(","))):
+            return text
         if ":" not in text:
             per_layer = ", several joined by commas (one per layer, e.g. rope,none)" if kind == "pe" else ""
             raise argparse.ArgumentTypeError(
@@ -81,11 +83,15 @@ def registered(kind: str):
     return check
 
 
+# GPTConfig's fields of a few values, and model.py's tuple of them.
+CONFIG_CHOICES = {"temperature": "TEMPERATURES", "fox_gate": "FOX_GATES"}
+
+
 def _add_config_flags(parser: argparse.ArgumentParser, set_by_task: tuple[str, ...] = ()) -> None:
     """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default. `--pe` and
     `--refiner` take a registered name or FILE.py:ClassName. The fields in `set_by_task` are hidden from `--help`
     (che refuses them, naming the task that sets them)."""
-    choices = {"temperature": declared.constant("model.py", "TEMPERATURES")}
+    choices = {name: declared.constant("model.py", constant) for name, constant in CONFIG_CHOICES.items()}
     group = parser.add_argument_group("model (GPTConfig fields)")
     for name, kind, default in declared.config_fields():
         flags = [f"--{name.replace('_', '-')}"] + ([f"--{name}"] if "_" in name else [])
