@@ -20,7 +20,7 @@ import torch
 
 from ..lab.checkpoints import CHECKPOINT_NAME
 from ..lab.evaluate import PROTOCOLS
-from ..lab.train import decoder_leaks
+from ..lab.leakage import decoder_leaks
 from ..lab.user_code import register_class, source_file
 from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY, layer_encodings, pe_names
 from ..utils import atomic_path, holds_out_folder, resolve_device

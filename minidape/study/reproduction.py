@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from ..lab.evaluate import PROTOCOLS
-from ..lab.train import decoder_leaks
+from ..lab.leakage import decoder_leaks
 from ..utils import file_lock, holds_out_folder, resolve_device
 from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_config, resolve_budget
 from .claims import CHE_MODELS, CHE_TASKS, LEAKY_REFINER, MODELS, register_leaky_refiner
