@@ -383,6 +383,16 @@ def grade_command(args: argparse.Namespace) -> None:
     from .classroom import gradebook
     from .classroom.grade import grade
 
+    if args.merge:  # one gradebook for the course from its batches, nothing graded again
+        if args.paths or not args.csv or args.gradebook:
+            raise ValueError("--merge FILE... writes one gradebook: give --csv COURSE, and no notebooks or --gradebook")
+        missing = [path for path in args.merge if not Path(path).is_file()]
+        if missing:
+            raise FileNotFoundError(f"--merge {missing[0]}: no such grades file (write it with grade --csv FILE)")
+        with gradebook.held(args.csv, args.overwrite) as entered:
+            gradebook.merge(args.merge, args.csv, entered)
+        print(f"wrote {args.csv}, {gradebook.written_path(args.csv)} and its gradebook from {', '.join(args.merge)}")
+        return
     if args.gradebook is not None:  # the teacher's marks folded in, nothing graded again
         if args.paths or args.csv:
             raise ValueError(

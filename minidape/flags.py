@@ -429,6 +429,13 @@ def _grade(grade: argparse.ArgumentParser) -> None:
         "FILE-written.csv, with the points you entered for written answers",
     )
     grade.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        help="grade nothing: merge the batches FILE... (each an earlier --csv FILE, e.g. notebooks graded in "
+        "quick mode and 06 in full mode) into one gradebook, --csv COURSE",
+    )
+    grade.add_argument(
         "--timeout",
         type=positive_float,
         default=600,
