@@ -84,6 +84,9 @@ MAPPED = {
     "MINIDAPE_QUICK=1 python -m minidape grade student_work/ --csv grades.csv --feedback feedback/": (
         "tests/test_grade_own_bias.py::test_an_honest_submission_earns_6_5_on_the_graders_own_measurement"
     ),
+    "python -m minidape grade --merge grades.csv grades-06.csv --csv course.csv": (
+        "tests/test_gradebook.py::test_a_class_of_30_graded_quick_and_06_in_full_makes_one_gradebook"
+    ),
     "python -m minidape grade --gradebook grades.csv": (
         "tests/test_gradebook.py::test_totals_summary_and_written_marks_folded_in_without_grading"
     ),
