@@ -36,7 +36,7 @@ lint: $(STAMP)
 # hostile submissions graded once, are computed once). The grader's workers of two processes never meet: user
 # ids and cgroups are per grader process.
 test-unit: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -n auto --dist loadfile tests
 
 # On a machine with a CUDA GPU (and a CUDA build of torch: make test-gpu TORCH=torch): tests/test_gpu.py, which
 # MINIDAPE_EXPECT_GPU=1 makes fail instead of skip without a GPU (it also trains the demo in quick mode), then every

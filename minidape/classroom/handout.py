@@ -167,8 +167,15 @@ def build_wheel(into: Path) -> Path:
             text=True,
             timeout=600,
         )
-        if built.returncode != 0:
-            raise OSError(f"building the wheel failed: {built.stderr.strip().splitlines()[-1:]}")
+        if built.returncode != 0:  # pip's last line is "Failed to build one or more wheels": find the cause
+            if "No space left on device" in built.stderr:
+                raise OSError(
+                    f"building the wheel failed: no space left on device (it is built in {scratch} and written "
+                    f"to {into}); free some space, or set TMPDIR to a folder on a disk with room"
+                )
+            cause = [line for line in built.stderr.splitlines() if "error" in line.lower()][:1]
+            said = cause or built.stderr.strip().splitlines()[-1:] or [f"pip exited with {built.returncode}"]
+            raise OSError(f"building the wheel failed: {said[0]}")
     return next(into.glob("minidape-*.whl"))
 
 
