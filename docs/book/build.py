@@ -9,7 +9,7 @@ sphinx-book-theme into OUT/teacher/ or OUT/student/: a folder of static files th
 with the maths typeset by a MathJax served from the folder itself and Sphinx's search running in the browser.
 
 * teacher: every worked solution folded behind a click (code cells by MyST-NB's ``hide-cell`` tag, markdown
-  ones inside a dropdown admonition);
+  ones by the ``worked-solution`` directive of conf.py: both an HTML ``<details>``);
 * student: the solution cells removed, the outputs of check, summary and prediction cells emptied, and the
   outputs of the cells tagged ``reveals-prediction`` (what a prediction cell asks the student to foresee)
   removed too.
@@ -100,7 +100,8 @@ def downloadable(notebook):
 
 def page_notebook(notebook, edition: str):
     """The notebook the book renders: the Colab cell off the page (it is in the download), and in the teacher's
-    edition each worked solution folded: code cells by MyST-NB's ``hide-cell`` tag, markdown ones in a dropdown."""
+    edition each worked solution folded: code cells by MyST-NB's ``hide-cell`` tag, markdown ones by conf.py's
+    ``worked-solution`` directive."""
     notebook = copy.deepcopy(notebook)
     for cell in notebook.cells:
         cell_tags = tags(cell)
@@ -111,7 +112,7 @@ def page_notebook(notebook, edition: str):
                 cell_tags.append("hide-cell")
             else:
                 fence = ":" * max(3, 1 + max((len(m) for m in re.findall(r"^:+", cell.source, re.M)), default=0))
-                cell.source = f"{fence}{{admonition}} Worked solution\n:class: dropdown\n\n{cell.source}\n{fence}"
+                cell.source = f"{fence}{{worked-solution}}\n{cell.source}\n{fence}"
         cell.setdefault("metadata", {})["tags"] = cell_tags
     return notebook
 
@@ -169,6 +170,8 @@ def build(edition: str, out: Path, repository: str, branch: str, install_from: s
             raise RuntimeError(f"sphinx-build failed on the {edition} edition (exit status {status})")
         shutil.rmtree(site / ".doctrees", ignore_errors=True)
         (site / ".buildinfo").unlink(missing_ok=True)
+        for template in site.glob("_static/*webpack-macros.html"):  # the themes' Jinja macros, copied as they are
+            template.unlink()
         if out.exists():
             shutil.rmtree(out)
         site.rename(out)

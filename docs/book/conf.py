@@ -5,6 +5,9 @@ import os
 import shutil
 from pathlib import Path
 
+from docutils import nodes
+from sphinx.util.docutils import SphinxDirective
+
 EDITION = os.environ.get("BOOK_EDITION", "teacher")
 
 project = "minidape: positional encodings and length extrapolation"
@@ -31,6 +34,8 @@ html_theme = "sphinx_book_theme"
 html_static_path = ["_static"]
 html_css_files = ["book.css"]
 html_last_updated_fmt = None
+# Light, always: the figures are drawn on white. (Left unset, the theme's script logs an error on every page.)
+html_context = {"default_mode": "light"}
 html_theme_options = {
     # "Open in Colab" on every page: the page's own notebook (its download, _sources/NN.ipynb) in the GitHub
     # repository and branch the site is published from.
@@ -53,5 +58,21 @@ def replace_downloads(app, exception):
             shutil.copy(notebook, Path(app.outdir) / "_sources" / notebook.name)
 
 
+class WorkedSolution(SphinxDirective):
+    """``worked-solution``: its content (markdown) folded in an HTML <details>, like MyST-NB's hidden code cells.
+    Raw HTML around the parsed content, not a node class of its own, which the pickled doctrees could not hold."""
+
+    has_content = True
+
+    def run(self):
+        opening = '<details class="worked-solution"><summary>Show the worked solution</summary>'
+        return [
+            nodes.raw("", opening, format="html"),
+            *self.parse_content_to_nodes(),
+            nodes.raw("", "</details>", format="html"),
+        ]
+
+
 def setup(app):
+    app.add_directive("worked-solution", WorkedSolution)
     app.connect("build-finished", replace_downloads)
