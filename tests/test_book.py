@@ -20,7 +20,7 @@ import threading
 from functools import partial
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import urldefrag, urljoin, urlparse
+from urllib.parse import urldefrag, urlparse
 
 import nbformat
 import pytest
@@ -35,7 +35,11 @@ REPOSITORY, BRANCH = "https://github.com/example-school/minidape-course", "pages
 WHEEL = "https://example.org/wheels/minidape-0.1.0-py3-none-any.whl"
 # The browser: Debian's `chromium` package puts the binary in /usr/lib/chromium (/usr/bin/chromium is a script).
 CHROMIUM = next(
-    (path for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "") if path and os.access(path, os.X_OK)),
+    (
+        path
+        for path in ("/usr/lib/chromium/chromium", shutil.which("chromium") or "")
+        if path and os.access(path, os.X_OK)
+    ),
     None,
 )
 VERDICT = re.compile(r"exercise \d\d·\w+ \((?:implement|derive|experiment)\)|\d+ of \d+ exercises passed")
@@ -183,7 +187,9 @@ def test_every_formula_is_typeset_every_image_loaded_and_every_table_a_table(rea
         notebook = nbformat.read(sites[edition] / "_sources" / f"{stem}.ipynb", as_version=4)
         page = pages[f"{stem}.html"]
         assert page["tables"] == expected_tables(notebook), f"{edition}/{stem}: tables rendered"
-        figures = sum("image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", []))
+        figures = sum(
+            "image/png" in output.get("data", {}) for cell in notebook.cells for output in cell.get("outputs", [])
+        )
         assert len([image for image in page["images"] if "/_images/" in image["src"]]) == figures, stem
     assert formulas > 300, f"{edition}: only {formulas} formulas"  # the series' prose is full of them
     assert pages["search.html"]["search hits"] >= 3

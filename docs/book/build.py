@@ -81,11 +81,7 @@ def student_notebook(notebook):
     for cell in edition.cells:
         if cell.cell_type != "code":
             continue
-        if (
-            "prediction" in tags(cell)
-            or "reveals-prediction" in tags(cell)
-            or calls_check_or_summary(cell.source)
-        ):
+        if "prediction" in tags(cell) or "reveals-prediction" in tags(cell) or calls_check_or_summary(cell.source):
             cell.outputs = []
     return edition
 
