@@ -75,10 +75,12 @@ test-notebooks: $(STAMP)
 # The student edition: every notebook without its solution cells (cell tag `solution`) and without outputs,
 # made by jupytext and nbconvert's preprocessors. The stub cell before each solution stays; checks say "not
 # done yet" until the student replaces it.
+# Unpaired (the teacher's notebooks are paired with their .py): a student's save writes no .py beside it.
 REMOVE_SOLUTIONS := --TagRemovePreprocessor.enabled=True --TagRemovePreprocessor.remove_cell_tags=solution
 student: $(STAMP)
 	rm -rf student && mkdir -p student/.full
-	for f in $(NOTEBOOKS); do $(BIN)/jupytext --quiet --to ipynb -o student/.full/$$(basename $${f%.py}).ipynb $$f || exit 1; done
+	for f in $(NOTEBOOKS); do $(BIN)/jupytext --quiet --to ipynb --update-metadata '{"jupytext":null}' \
+	  -o student/.full/$$(basename $${f%.py}).ipynb $$f || exit 1; done
 	$(BIN)/jupyter-nbconvert --to notebook --log-level WARN $(REMOVE_SOLUTIONS) --ClearOutputPreprocessor.enabled=True \
 	  --output-dir student student/.full/*.ipynb
 	rm -rf student/.full

@@ -192,3 +192,13 @@ def test_the_colab_cell_installs_minidape_only_where_missing_and_keeps_torch(mon
     assert os.environ["MINIDAPE_QUICK"] == "1"
     (command,) = run_colab_cell(monkeypatch, set())
     assert command[-1] == "minidape"  # no torch yet: minidape's own requirement brings one
+
+
+def test_the_handouts_student_edition_is_unpaired():
+    """The teacher's notebooks are paired with their .py; the hand-out's are not (a student's save makes no .py)."""
+    from minidape.classroom import handout
+
+    teachers = jupytext.read(SOURCES[0])
+    assert teachers.metadata["jupytext"]["formats"] == "ipynb,py:percent"
+    assert "jupytext" not in handout.student_notebook(teachers).metadata
+    assert handout.student_notebook(teachers).metadata["kernelspec"] == teachers.metadata["kernelspec"]
