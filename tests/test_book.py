@@ -94,7 +94,7 @@ PAGE_CHECKS = """async () => {
     formulas: formulas.length,
     untypeset: formulas.filter((f) => !f.querySelector('mjx-container')).map((f) => f.textContent.slice(0, 80)),
     errors: [...document.querySelectorAll('mjx-merror')].map((e) => e.getAttribute('data-mjx-error') || e.textContent),
-    images: [...document.images].map((i) => ({src: i.src, ok: i.complete && i.naturalWidth > 0 && i.naturalHeight > 0})),
+    images: [...document.images].map((i) => ({src: i.src, ok: i.complete && i.naturalWidth * i.naturalHeight > 0})),
     tables: document.querySelectorAll('article table').length,
     prose: text.join(''),
     links: [...document.querySelectorAll('a[href]')].map((a) => a.href),
