@@ -376,8 +376,10 @@ print("refined == scores + bias:", torch.allclose(maps["refined"], maps["scores"
 # keys it really reads: $\ln 1024 = 6.93$ for uniform attention over all keys, 0 for a single key.
 #
 # **Predict first**: the entropy averaged over the 4 heads, as a number, in the cell below, *before* you run
-# the measurement. (Reason with the slopes $2^{-2}, 2^{-4}, 2^{-6}, 2^{-8}$: over how many keys does each head
-# spread its weight?) A prediction within ±0.5 nats of the measurement earns its point.
+# the measurement. (Reason with the slopes $2^{-2}, 2^{-4}, 2^{-6}, 2^{-8}$: a head with slope $s$ lets its
+# weights fall by a factor $e$ every $n = 1/s$ keys. Such weights are about as spread out as $e \cdot n$ equally
+# weighted keys, not $n$: more than a third of the weight lies beyond the first $n$ keys. And $N$ equally weighted
+# keys have entropy $\ln N$.) A prediction within ±0.5 nats of the measurement earns its point.
 
 # %% tags=["prediction"]
 entropy_prediction = None                 # your prediction (nats), written before the measurement

@@ -299,7 +299,8 @@ for pe in PES:
 # Write `protocols_from_curve(curve, T, k)`: from a position-wise loss curve (a 1-D tensor, entry $t$ = loss
 # $\ell_t$) return the pair `(last_k perplexity, nonoverlap perplexity)` at length $T$: derive from the two
 # protocols' definitions (sections 3 and 4) which entries of the curve each one averages, and how. The check
-# draws new random curves, lengths and $k$ (sometimes $k > T$) each time it runs.
+# draws new random curves, lengths $T$ up to the curve's length and $k$ from 1 to $T$ (as in this notebook, where
+# $k$ is at most the shortest length) each time it runs.
 
 # %%
 def protocols_from_curve(curve, T, k):

@@ -193,8 +193,10 @@ exercises.check("dape_refiner", MyDAPE)
 # of one layer's $f$ in a forward pass over a batch of `batch` sequences of length $T$), for `variant` one of
 # `"dape"`, `"dape_concat"` and `"dape_add"` (the table above says what each one feeds $f$), from your own
 # count: weights and biases of both `Linear` layers; one multiply-accumulate (MAC) per weight per cell it is
-# applied to. Each part earns a point; the check draws new $h$, $W$, `batch` and $T$ each time it runs. (Section 2 then
-# puts your count into context.)
+# applied to. $f$ is applied to **all** $T^2$ cells of each sequence's $T \times T$ score grid, the masked cells
+# above the diagonal included: the mask is applied after $f$ (so do not count the causal triangle only). Each
+# part earns a point; the check draws new $h$, $W$, `batch` and $T$ each time it runs. (Section 2 then puts your
+# count into context.)
 
 # %%
 def dape_cost(variant, h, W, batch, T):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .framework import Wrong, _exercise
-from .helpers import _fresh_generator, _given, _number, _prediction_credit, _tensor
+from .helpers import _distinct, _fresh_generator, _given, _number, _prediction_credit, _tensor
 
 
 def _little_endian(bits) -> int:
@@ -24,9 +24,12 @@ def _addition_answer(a: int, b: int, length: int, end: int, *, big_endian=False,
     "07",
     "implement",
     "a CHE task generator: binary_addition",
-    "little-endian: bit i of an operand is worth 2^i; a random split puts the operator '+' (id 2) between "
-    "two non-zero operands; the answer is the sum's bits, little-endian without trailing zeros, then END "
-    "(id 2), then 0s up to n + 1 tokens",
+    (
+        "a sample is two non-zero binary numbers, least significant bit first, with '+' (id 2) between them at "
+        "a random place; its answer is their sum written the same way, then END (id 2), then padding 0s",
+        "per row: draw where '+' goes, draw bits until both operands are non-zero, compute the sum as Python "
+        "integers, and write its bits least significant first; every draw uses the generator you are given",
+    ),
     points=3,
 )
 def addition_sample(your_function):
@@ -120,8 +123,11 @@ OUTPUT_LENGTH_TASKS = ("reverse_string", "duplicate_string", "compute_sqrt", "bi
     "07",
     "derive",
     "the answer length of five tasks",
-    "what does each task compute? an n-bit number's square root has ceil(n/2) bits; a product of an a-bit "
-    "and a b-bit number has at most a + b bits, and the answer ends with END",
+    (
+        "what does each task compute, and how long can that answer be for an input of n tokens?",
+        "for the numbers, count bits: try small inputs (n = 3, 4) and see how many bits the root or the "
+        "product can need; a classification answers with one token",
+    ),
     points=2,
 )
 def output_length(your_function):
@@ -139,10 +145,10 @@ def output_length(your_function):
                 continue
             where = f"output_length({name!r}, {n}) = {got!r}"
             known = {
-                ("compute_sqrt", n // 2): "the root of an n-bit number with n odd needs (n + 1) / 2 bits: round up",
-                ("binary_multiplication", n - 1): "the product's bits are n - 1 at most, and then comes END",
+                ("compute_sqrt", n // 2): "try n = 3: how many bits has the square root of 7 (binary 111)?",
+                ("binary_multiplication", n - 1): "count every token of the answer: it ends with END",
                 ("duplicate_string", n): "the answer is the input twice",
-                ("parity_check", n): "parity is a classification: one answer token",
+                ("parity_check", n): "parity is a classification: how many tokens does its answer need?",
             }
             if (name, got) in known:
                 raise Wrong(where, hint=known[name, got])
@@ -153,8 +159,10 @@ def output_length(your_function):
     "07",
     "implement",
     "per-token accuracy with the END mask",
-    "score position t of a row when no END occurs before t (the first END itself is scored); accuracy is "
-    "(correct and scored) summed over the batch / scored summed over the batch",
+    (
+        "a row's answer ends at its first END, which is scored; the positions after it are padding",
+        "mark which positions are scored, then pool the whole batch: its correct scored tokens over its scored tokens",
+    ),
     points=2,
 )
 def masked_accuracy(your_function):
@@ -200,7 +208,8 @@ def masked_accuracy(your_function):
     for description, (value, hint) in mistakes.items():
         if abs(got - value) <= 1e-6:
             raise Wrong(f"your accuracy is {got:.4f}: {description}", hint=hint)
-    raise Wrong(f"your accuracy is {got:.4f}; md.tasks.accuracy gives {want:.4f}")
+    yours, theirs = _distinct(got, want, digits=4)
+    raise Wrong(f"your accuracy is {yours}; md.tasks.accuracy gives {theirs}")
 
 
 SHUFFLE_CASES = {
@@ -235,7 +244,11 @@ def _shuffle_unchanged(pe: str, causal: bool, seed: int = 0) -> bool:
     "07",
     "experiment",
     "predict, then measure, which models cannot see the order of the input",
-    "answer_unchanged(pe, causal) for each case of SHUFFLE_CASES",
+    (
+        "attention without positions cannot see order: only a mask or a positional encoding can tell a "
+        "shuffled input from the original",
+        "measure every case of SHUFFLE_CASES with answer_unchanged, passing the case's encoding and causality",
+    ),
     points=2,
 )
 def shuffle_invariance(prediction, measured):
@@ -251,7 +264,7 @@ def shuffle_invariance(prediction, measured):
     if measured != want:
         raise Wrong(
             f"your measurement {measured} is not what the models do",
-            hint="call answer_unchanged(pe, causal) for each case of SHUFFLE_CASES",
+            hint="measure every case of SHUFFLE_CASES with answer_unchanged",
         )
     wrong = [case for case in want if prediction[case] != want[case]]
     return _prediction_credit(

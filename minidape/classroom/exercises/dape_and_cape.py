@@ -12,6 +12,7 @@ from .helpers import (
     _choice,
     _compare_refiners,
     _config,
+    _distinct,
     _draw,
     _fresh_generator,
     _given,
@@ -25,8 +26,12 @@ from .helpers import (
     "04",
     "implement",
     "DAPE's refiner, eq. (3): A = S + B + f([S, B])",
-    "f is Linear(2h, W) -> LeakyReLU(0.01) -> Linear(W, h), applied at every cell over the head axis: "
-    "move the heads last with permute(0, 2, 3, 1), apply f, move them back; expand B to S's shape first",
+    (
+        "f is a small MLP applied to every cell (i, j) on its own: it reads that cell's scores and biases of "
+        "all heads (2h channels) and writes one correction per head",
+        "bring B to the shape of S, concatenate them along the head axis, move that axis last so that the "
+        "Linear layers act on each cell's channels, move it back, and add both residuals",
+    ),
     points=3,
 )
 def dape_refiner(your_class):
@@ -37,8 +42,12 @@ def dape_refiner(your_class):
     "04",
     "derive",
     "parameters and multiply-accumulates of f, for the three DAPE variants",
-    "per cell f maps n_in -> W -> h with biases (n_in = 2h, or h for dape_add); it runs on every one of "
-    "the batch·T² cells, masked ones too",
+    (
+        "f is one MLP applied to every cell: count what one application costs, then how many cells it is "
+        "applied to; a Linear layer holds a weight per (input, output) pair and a bias per output",
+        "parameters do not depend on batch or T; multiply-accumulates are one application's (one per weight) "
+        "times the number of cells f runs on, which the exercise states",
+    ),
     points=2,
 )
 def dape_cost(your_function):
@@ -64,7 +73,7 @@ def dape_cost(your_function):
             known = {
                 n_in * W + W * h: (
                     "counts the weights but not the biases",
-                    "each Linear has a bias of its output size: + W and + h",
+                    "each Linear also has one bias per output",
                 ),
                 2 * h * W + W + W * h + h: ("gives dape_add 2h inputs", "dape_add feeds f the sum S + B: h channels"),
                 h * W + W + W * h + h: ("gives f h inputs", "dape and dape_concat feed f [S, B]: 2h channels"),
@@ -79,7 +88,7 @@ def dape_cost(your_function):
                 ),
                 batch * T * (T + 1) // 2 * (n_in * W + W * h): (
                     "counts the causal triangle only",
-                    "f runs on all T² cells; the mask is applied after it",
+                    "f runs on every cell of the grid, above the diagonal too: the mask comes after it",
                 ),
                 batch * T * T * (n_in * W + W * h + W + h): (
                     "counts the biases as multiply-accumulates",
@@ -102,8 +111,12 @@ def dape_cost(your_function):
     "04",
     "implement",
     "attention mass beyond one training length",
-    "model.attention_maps(idx, layer)['probs'] is (batch, heads, queries, keys); take the last query, keys "
-    "0 .. T - train_length - 1, sum over keys, then average over heads and layers",
+    (
+        "the far attention is the share of the last query's attention that lands on keys more than one "
+        "training length back",
+        "model.attention_maps(idx, layer)['probs'] is (batch, heads, queries, keys): for each layer take the "
+        "last query's row, add up its far keys, and average over heads and layers",
+    ),
     points=2,
 )
 def far_attention(your_function):
@@ -125,9 +138,12 @@ def far_attention(your_function):
         ),
         "one key too many: keys 0 .. T - train_length": (
             probs[..., : 48 - L + 1].sum(-1).mean().item(),
-            "the slice is [:T - train_length]",
+            "count the far keys: the last train_length keys are the near ones, every key before them is far",
         ),
-        "one key too few": (probs[..., : 48 - L - 1].sum(-1).mean().item(), "the slice is [:T - train_length]"),
+        "one key too few": (
+            probs[..., : 48 - L - 1].sum(-1).mean().item(),
+            "count the far keys: the last train_length keys are the near ones, every key before them is far",
+        ),
         "the first query's attention, not the last one's": (1.0, "the last query is index -1 of the query axis"),
         "summed over heads instead of averaged": (
             probs[..., : 48 - L].sum(-1).mean(0).sum().item(),
@@ -139,15 +155,19 @@ def far_attention(your_function):
     for description, (value, hint) in mistakes.items():
         if abs(got - value) <= 1e-5:
             raise Wrong(f"on a small random model you measured {got:.5f}: {description}", hint=hint)
-    raise Wrong(f"on a small random model your far attention is {got:.5f}, minidape's attention maps give {want:.5f}")
+    yours, theirs = _distinct(got, want, digits=5)
+    raise Wrong(f"on a small random model your far attention is {yours}, minidape's attention maps give {theirs}")
 
 
 @_exercise(
     "04",
     "experiment",
     "predict, then measure, which model keeps its attention more local at 16×",
-    "far_shares = {name: far_attention(models[name], window, TRAIN_LENGTH)} for 'kerple_log' and "
-    "'dape-kerple', averaged over the two windows",
+    (
+        "the more local model puts less of its attention beyond one training length: compare the two trained "
+        "models' far shares",
+        "measure each model with far_attention on both windows, and average the two windows per model",
+    ),
     points=2,
 )
 def locality(prediction, shares):
@@ -163,10 +183,9 @@ def locality(prediction, shares):
         )
     truth, source = _measurement("locality", values, {name: f"far attention share of {name}" for name in values})
     local = min(truth, key=truth.get)
+    shares = _distinct(100 * truth[local], 100 * max(truth.values()), digits=3)
     return _prediction_credit(
         2,
         predicted == local,
-        f"in {source}, {local} puts less attention beyond one training "
-        f"length ({100 * truth[local]:.1f}% against "
-        f"{100 * max(truth.values()):.1f}%)",
+        f"in {source}, {local} puts less attention beyond one training length ({shares[0]}% against {shares[1]}%)",
     )

@@ -9,6 +9,7 @@ from .framework import Wrong, _exercise
 from .helpers import (
     _compare_refiners,
     _config,
+    _distinct,
     _draw,
     _fresh_generator,
     _given,
@@ -18,6 +19,8 @@ from .helpers import (
     _prediction_credit,
     _refiner_inputs,
     _remote,
+    _told_apart,
+    _undecided_credit,
 )
 
 
@@ -45,7 +48,12 @@ def _keys(answer, query: int) -> list[int]:
     "05",
     "derive",
     "which keys a refined cell A[i, j] reads",
-    "each 1×k layer reaches k // 2 keys to each side, two layers reach 2·(k // 2); tril removes keys > i",
+    (
+        "a 1×k convolution mixes each cell with its neighbours along the key axis, and a second layer mixes "
+        "those mixtures: stacked layers widen what a cell reads; tril has zeroed every key after the query",
+        "work out how far one layer reaches to each side, then two layers; then cut the range at key 0 and at "
+        "the query's own key",
+    ),
     points=2,
 )
 def receptive_keys(your_function):
@@ -86,7 +94,7 @@ def receptive_keys(your_function):
         if got == list(range(max(0, j - one), min(i, j + one) + 1)):
             raise Wrong(
                 f"{where} is what one layer reads; there are two",
-                hint="two stacked 1×k layers reach k // 2 keys per layer to each side",
+                hint="the second layer reads the first layer's outputs, each of which already mixes a range",
             )
         if got == list(range(j - reach, min(i, j + reach) + 1)):
             raise Wrong(f"{where} has negative keys", hint="keys start at 0: the padding is zeros, not scores")
@@ -105,8 +113,12 @@ def receptive_keys(your_function):
     "05",
     "implement",
     "DAPE-V2's conv refiner: A = S + B + Conv(tril([S, B]))",
-    "nn.Conv2d(2h, W, (1, k), padding=(0, k // 2)), LeakyReLU(0.01), nn.Conv2d(W, h, (1, k), same padding); "
-    "zero the masked cells of [S, B] (masked_fill(~mask, 0)) before the first convolution",
+    (
+        "the conv refiner is DAPE's f with 1×k convolutions along the key axis instead of a per-cell MLP; "
+        "it must not read the future, so the masked cells are zeroed before it",
+        "zero the masked cells of [S, B], apply the two convolutions with the activation between (padded so "
+        "the T × T grid keeps its size), then add both residuals",
+    ),
     points=3,
 )
 def conv_refiner(your_class):
@@ -118,7 +130,10 @@ def conv_refiner(your_class):
     "05",
     "experiment",
     "predict, then measure, what the leaky conv does to the validation loss",
-    "read the last 'val_loss' of each history",
+    (
+        "a model's final validation loss is the last one its training logged",
+        "take the last entry of each of the two histories",
+    ),
     points=2,
 )
 def leakage(prediction, measured, histories):
@@ -132,16 +147,23 @@ def leakage(prediction, measured, histories):
         if abs(got - histories[name][0].get("val_loss", math.nan)) <= 1e-9 and abs(got - value) > 1e-9:
             raise Wrong(
                 f"final_losses[{name!r}] is the first val_loss of its history",
-                hint="the final loss is the last entry: histories[name][-1]['val_loss']",
+                hint="the final loss is the last entry of the history, not the first",
             )
         if abs(got - value) > 1e-9:
             raise Wrong(f"final_losses[{name!r}] is not the last val_loss of histories[{name!r}]")
     truth, source = _measurement("leakage", want, {name: f"final validation loss of {name!r}" for name in want})
-    lower = truth["leaky_conv k=3"] < truth["conv k=3"]
+    leaky, honest = truth["leaky_conv k=3"], truth["conv k=3"]
+    shown = _distinct(leaky, honest, digits=4)
+    if not _told_apart(leaky, honest):
+        return _undecided_credit(
+            2,
+            f"in {source} the leaky model's final loss ({shown[0]}) and the honest one's ({shown[1]}) differ "
+            f"by {abs(leaky - honest):.2g}",
+        )
+    lower = leaky < honest
     return _prediction_credit(
         2,
         predicted == lower,
-        f"in {source} the leaky model's final loss "
-        f"({truth['leaky_conv k=3']:.3f}) is {'lower' if lower else 'not lower'} "
-        f"than the honest one's ({truth['conv k=3']:.3f})",
+        f"in {source} the leaky model's final loss ({shown[0]}) is {'lower' if lower else 'not lower'} than the "
+        f"honest one's ({shown[1]})",
     )

@@ -9,7 +9,11 @@ which prints one verdict:
 * ``passed`` — the answer behaves like minidape's own implementation (or like the maths) on random inputs
   (derive exercises: drawn afresh at every check, so a table of answers cannot pass); an experiment whose
   measurement is right passes even when its recorded prediction missed, without the prediction's point;
-* ``failed`` — which mistake the check recognises (or where the answer differs), and a hint for that mistake;
+* ``failed`` — which mistake the check recognises (or where the answer differs), and hints as a ladder: hint 1
+  points to the idea the exercise rests on, hint 2 to the step that goes wrong (the recognised mistake's own hint
+  when there is one). In a notebook a failed check shows hint 1, and hint 2 from the next failed check of the same
+  exercise on; the grader's verdict shows both. No hint gives the formula or the code of the answer
+  (tests/test_hints.py searches them all for the worked solutions' tokens);
 * ``partly right`` — some parts of an exercise with parts earned their points, others did not;
 * ``not done yet`` — the answer is still the stub (it calls :func:`todo` or is ``None``). A check never passes
   on a stub, and a stub never stops the notebook, so the student edition runs from top to bottom.
@@ -52,11 +56,12 @@ class NotDone(NotImplementedError):
 
 class Wrong(Exception):
     """Raised by a check: the answer runs, but does not do what the exercise asks. The message says how; ``hint``
-    (when the check recognised a known mistake) replaces the exercise's general hint. ``code`` names the mistake
-    the same way whatever the random inputs (the class summary counts mistakes by it): given, or made from the
-    message's words without its numbers, quoted values and bracketed parts."""
+    (when the check recognised a known mistake) is the second rung of the hint ladder, in place of the exercise's
+    step (a pair replaces both rungs). ``code`` names the mistake the same way whatever the random inputs (the
+    class summary counts mistakes by it): given, or made from the message's words without its numbers, quoted
+    values and bracketed parts."""
 
-    def __init__(self, message: str, hint: str | None = None, code: str | None = None):
+    def __init__(self, message: str, hint: str | tuple[str, str] | None = None, code: str | None = None):
         super().__init__(message)
         self.hint = hint
         self.code = code or mistake_code(message)
@@ -120,13 +125,14 @@ class Exercise:
     notebook: str  # "01" .. "08"
     kind: str  # "derive", "implement" or "experiment"
     title: str
-    hint: str
+    hint: tuple[str, str]  # the ladder: (hint 1, the idea; hint 2, the step), never the answer's formula or code
     checker: Callable
     points: int = 1  # what a fully right answer earns; a checker may return a Credit for less
 
 
 EXERCISES: dict[str, Exercise] = {}
 results: dict[str, str] = {}  # this session's verdicts, by exercise name
+failures: dict[str, int] = {}  # this session's failed checks, by exercise name: the second shows hint 2 too
 earned: dict[str, float] = {}  # this session's points, by exercise name
 answers: dict | None = None  # the grader's worker sets {}: check() then records (answer, options) by name
 # The grader sets the teacher's reference measurements (notebooks/references.json, see helpers._measurement):
@@ -140,7 +146,7 @@ CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where answers' 
 MEASURED_BY_GRADER: dict[str, Callable] = {}
 
 
-def _exercise(notebook: str, kind: str, title: str, hint: str, points: int = 1):
+def _exercise(notebook: str, kind: str, title: str, hint: tuple[str, str], points: int = 1):
     def register(checker):
         EXERCISES[checker.__name__] = Exercise(checker.__name__, notebook, kind, title, hint, checker, points)
         return checker
@@ -233,10 +239,29 @@ class Verdict(tuple):
         return made
 
 
+def _ladder(hint) -> tuple[str, ...]:
+    return (hint,) if isinstance(hint, str) else tuple(hint)
+
+
+def _hints(exercise: Exercise, mistake, rungs: int) -> str:
+    """The first ``rungs`` hints for a failed answer: the exercise's idea, then the recognised mistake's hint (or
+    the exercise's step); with one rung shown, a line saying that the next failed check adds the second."""
+    ladder = _ladder(exercise.hint)
+    ladder = _ladder(mistake) if isinstance(mistake, tuple) else ladder[:1] + ((mistake,) if mistake else ladder[1:])
+    shown = "".join(f"\n    hint {rung}: {text}" for rung, text in enumerate(ladder[:rungs], 1))
+    return shown + (
+        "\n    (a second failed check of this exercise adds hint 2, the step)" if rungs < len(ladder) else ""
+    )
+
+
 def verdict(name: str, *answer, **options) -> Verdict:
-    """Run exercise ``name``'s check on an answer: (status, message, points earned) and its mistake code. Random
-    inputs are drawn afresh on every call (a seed nobody chose), and the caller's random stream is left as it
-    was."""
+    """Run exercise ``name``'s check on an answer: (status, message, points earned) and its mistake code, with
+    both hints of a failure. Random inputs are drawn afresh on every call (a seed nobody chose), and the caller's
+    random stream is left as it was."""
+    return _verdict(name, answer, options, rungs=2)
+
+
+def _verdict(name: str, answer: tuple, options: dict, rungs: int) -> Verdict:
     exercise = EXERCISES[name]
     code = ""
     try:
@@ -252,7 +277,7 @@ def verdict(name: str, *answer, **options) -> Verdict:
     except NeedsFullMode as needs:
         status, points, message, code = NEEDS_FULL, 0, f"not judged in quick mode: {needs}", "needs-full-mode"
     except Wrong as wrong:
-        status, points, message = FAILED, 0, f"not yet right: {wrong}\n    hint: {wrong.hint or exercise.hint}"
+        status, points, message = FAILED, 0, f"not yet right: {wrong}{_hints(exercise, wrong.hint, rungs)}"
         code = wrong.code
     except Exception as error:  # the student's code itself failed: say where, never stop the notebook
         raised = (
@@ -260,7 +285,7 @@ def verdict(name: str, *answer, **options) -> Verdict:
             if isinstance(error, WorkerGone)
             else f"your code raised {error if isinstance(error, StudentError) else f'{type(error).__name__}: {error}'}"
         )
-        status, points, message = FAILED, 0, f"{raised}\n    hint: {exercise.hint}"
+        status, points, message = FAILED, 0, f"{raised}{_hints(exercise, None, rungs)}"
         kind = re.match(r"\w*", str(error)).group() if isinstance(error, StudentError) else type(error).__name__
         code = "worker-gone" if isinstance(error, WorkerGone) else f"raised-{kind or 'error'}"
     return Verdict(status, message, points, code)
@@ -273,8 +298,9 @@ def check(name: str, *answer, **options) -> bool:
     if answers is not None:  # graded: the grader judges this answer in its own process
         answers[name] = (answer, options)
     exercise = EXERCISES[name]
-    status, message, points = verdict(name, *answer, **options)
+    status, message, points = _verdict(name, answer, options, rungs=1 + failures.get(name, 0))
     results[name], earned[name] = status, points
+    failures[name] = failures.get(name, 0) + 1 if status == FAILED else 0
     mark = {PASSED: "✓", PARTLY: "±", FAILED: "✗", NOT_DONE: "…", NEEDS_FULL: "?"}[status]
     print(f"{mark} exercise {exercise.notebook}·{name} ({exercise.kind}): {message}")
     return status == PASSED

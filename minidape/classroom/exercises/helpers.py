@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import secrets
+from pathlib import Path
 
 import torch
 from torch import nn
@@ -223,6 +224,16 @@ def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]
     return ways
 
 
+def _distinct(yours: float, theirs: float, digits: int = 6) -> tuple[str, str]:
+    """Both numbers with at least ``digits`` significant digits, and as many more as it takes for two different
+    numbers to read differently (a failure never shows "yours 0.655539, minidape's 0.655539")."""
+    for shown in range(digits, 18):
+        written = f"{yours:.{shown}g}", f"{theirs:.{shown}g}"
+        if written[0] != written[1] or yours == theirs:
+            return written
+    return repr(yours), repr(theirs)
+
+
 def _where(index: tuple[int, ...], axes: tuple[str, ...]) -> str:
     return ", ".join(f"{axis} {i}" for axis, i in zip(axes, index))
 
@@ -262,10 +273,8 @@ def _compare(
         if output.shape == got.shape and _first_difference(got, output, visible, atol, rtol) is None:
             raise Wrong(f"{what}: {description}", hint=hint)
     index = _first_difference(got, want, visible, atol, rtol)
-    raise Wrong(
-        f"{what} differs from minidape's at {_where(index, axes)}: yours {got[index].item():.6g}, "
-        f"minidape's {want[index].item():.6g}"
-    )
+    yours, theirs = _distinct(got[index].item(), want[index].item())
+    raise Wrong(f"{what} differs from minidape's at {_where(index, axes)}: yours {yours}, minidape's {theirs}")
 
 
 def _choice(value, choices, what: str):
@@ -280,6 +289,22 @@ def _prediction_credit(points: int, held: bool, note: str) -> Credit:
     """An experiment's credit: a right measurement earns ``points - 1``, a prediction that held one more."""
     missed = "did not hold (no point for it): what did you expect, and why did it not happen?"
     return Credit(points if held else points - 1, f"{note}; your prediction {'held' if held else missed}")
+
+
+def _told_apart(first: float, second: float) -> bool:
+    """Whether two measurements differ by more than two honest runs of one of them may (:data:`AGREE`, the
+    tolerance a check grants a run against the teacher's): only then does a run say which one is lower."""
+    return abs(first - second) > AGREE * max(abs(first), abs(second)) + 0.01
+
+
+def _undecided_credit(points: int, note: str) -> Credit:
+    """An experiment's credit when its run cannot tell the two measurements apart: the measurement's points; the
+    prediction is neither held nor missed, and earns nothing."""
+    return Credit(
+        points - 1,
+        f"{note}: closer than two runs of the same notebook may differ ({AGREE:.0%} + 0.01), so this run "
+        f"cannot say which is lower, and your prediction is not judged on it (no point for it)",
+    )
 
 
 def _mlp(linear1: nn.Module, linear2: nn.Module, x: torch.Tensor, activation=None) -> torch.Tensor:
@@ -330,7 +355,7 @@ def _refiner_mistakes(name: str, theirs: nn.Module, scores, bias, mask) -> dict:
     return {
         "your convolution reads the future: the masked cells of [S, B] are not zeroed before it (no tril)": (
             scores + B + conv(SB),
-            "zero the masked cells first: torch.cat([S, B], 1).masked_fill(~mask, 0)",
+            "zero the masked cells of [S, B] before the first convolution",
         ),
         "your refined scores are S + Conv(tril([S, B])): the residual + B is missing": (
             scores + conv(lower),
@@ -399,9 +424,12 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
 # `make notebooks` runs the teacher's edition with RECORD set, in full mode and in quick mode, and each such check
 # writes its measurement to notebooks/references.json. The grader loads that file into framework.references: the
 # tables a submission hands in must agree with the reference of the mode it was re-run in (an invented table does
-# not), and its prediction is judged against the full-mode reference, whatever the grading mode.
+# not), and its prediction is judged against the full-mode reference, whatever the grading mode. A notebook run in
+# quick mode judges itself the same way, from the same file (see _references); in full mode it uses its own run.
 
 RECORD = "MINIDAPE_RECORD_REFERENCES"  # a path: the teacher's edition records its measurements there
+# The teacher's reference measurements in a checkout (`make notebooks` writes them; the grader loads this file)
+TEACHER_REFERENCES = Path(__file__).resolve().parents[3] / "notebooks" / "references.json"
 AGREE = 0.25  # relative difference between two honest runs' tables (other CPUs),
 # with 0.01 more for shares near 0
 
@@ -417,13 +445,28 @@ def _mode() -> str:
     return "quick" if quick_mode() else "full"
 
 
+def _references() -> dict | None:
+    """The reference measurements a verdict judges against: the grader's; in a notebook run in quick mode, the
+    teacher's file the grader loads (a checkout's notebooks/references.json), so that the notebook's own feedback
+    judges a quick run's prediction exactly as the grader does (quick mode trains too little to show the effects
+    the predictions are about); None (the run's own measurement) in full mode, in the grader's worker, and where
+    no teacher's file is at hand (an installed wheel)."""
+    import json
+
+    if framework.references is not None or framework.answers is not None or _mode() != "quick":
+        return framework.references
+    try:
+        return json.loads(TEACHER_REFERENCES.read_text())
+    except (OSError, ValueError):
+        return None
+
+
 def _record(path: str, name: str, measured: dict) -> None:
     """Merge this run's measurement of ``name`` into the references file (written whole or not at all)."""
     import json
     import os
     import platform
     import tempfile
-    from pathlib import Path
 
     target = Path(path)
     recorded = json.loads(target.read_text()) if target.exists() else {}
@@ -454,10 +497,14 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
 
     if os.environ.get(RECORD):
         _record(os.environ[RECORD], name, measured)
-    if framework.references is None:
-        return measured, "your run"
+    references = _references()
     mode = _mode()
-    same_mode, full = (framework.references.get(m, {}).get(name) for m in (mode, "full"))
+    if references is None:  # a notebook in full mode, or in quick mode without the teacher's file (a wheel)
+        return measured, "your run" if mode == "full" else (
+            "your quick run, which trains too little to show this effect (the grader judges your prediction "
+            "against the teacher's full-mode run)"
+        )
+    same_mode, full = (references.get(m, {}).get(name) for m in (mode, "full"))
     if same_mode is None or full is None:
         raise framework.NeedsFullMode(
             f"the teacher's edition holds no reference measurement of {name} in "

@@ -15,7 +15,12 @@ from .helpers import _compare, _draw, _fresh_generator, _given, _number, _pe_mod
     "02",
     "derive",
     "cᵀKc for the kernel -|m-n|² and zero-sum c, in closed form",
-    "expand (x_i - x_j)² = x_i² - 2x_i x_j + x_j²; which sums vanish when Σ_j c_j = 0?",
+    (
+        "expand the square: cᵀKc splits into double sums, and a double sum whose term is a product of "
+        "something of i and something of j is a product of two single sums",
+        "write each double sum as such a product; every factor that is the sum of the c's is 0 here, so only "
+        "one of the terms survives",
+    ),
     points=2,
 )
 def square_quadratic_form(your_function):
@@ -85,8 +90,12 @@ def _gaussian_kernel(m, n):
     "02",
     "implement",
     "the geometric search for Kerple's shift c",
-    "start at c = 1 and double until the smallest eigenvalue of c + K is >= -1e-10·max|c + K|; "
-    "md.kernels.gram and md.kernels.smallest_eigenvalue do the linear algebra",
+    (
+        "c + K is positive semi-definite once c outweighs the most negative directions of K; the search tries "
+        "the powers of 2 from 1 upwards and returns the first that works",
+        "test a candidate by the smallest eigenvalue of c + K, allowing the rounding tolerance the notebook "
+        "states; md.kernels.gram and md.kernels.smallest_eigenvalue do the linear algebra",
+    ),
     points=2,
 )
 def find_shift(your_function):
@@ -146,7 +155,11 @@ SHIFT_POINTS = 512
     "02",
     "experiment",
     "predict, then measure, how Kerple's shift c grows with the number of points",
-    "measured = {'triangle': find_shift(triangle, 512), 'log': find_shift(md.kernels.log_kernel(), 512)}",
+    (
+        "c must outweigh the most negative entries of K on n points: how fast do the two kernels' entries fall "
+        "as n grows?",
+        "measure with your find_shift (or md.kernels.pd_shift) on 512 points, once per kernel",
+    ),
     points=3,
 )
 def shift_growth(prediction, measured):
@@ -184,8 +197,11 @@ def shift_growth(prediction, measured):
     "02",
     "implement",
     "Kerple-log's bias -r1·log(1 + r2·(i - j))",
-    "r1 and r2 are per-head tensors (shape (h,)): index them as r1[:, None, None]; distances i - j are "
-    "q_pos[:, None] - k_pos[None, :]",
+    (
+        "Kerple-log penalises distance logarithmically, each head with its own scale r1 and rate r2",
+        "give the per-head parameters (shape (h,)) two new trailing axes and compute the (queries, keys) "
+        "distances by broadcasting: the result is (heads, queries, keys)",
+    ),
     points=2,
 )
 def kerple_log_bias(your_function):

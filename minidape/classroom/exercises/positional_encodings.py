@@ -7,14 +7,19 @@ import math
 import torch
 
 from .framework import Wrong, _exercise
-from .helpers import _compare, _fresh_generator, _given, _number, _pe_module, _prediction_credit
+from .helpers import _compare, _distinct, _fresh_generator, _given, _number, _pe_module, _prediction_credit
 
 
 @_exercise(
     "01",
     "implement",
     "the sinusoidal table P (Vaswani et al.)",
-    "column 2i is sin(p·ω_i) and column 2i+1 is cos(p·ω_i), interleaved, with ω_i = 10000^(-2i/d)",
+    (
+        "each position gets, for every frequency, the sine and the cosine of one angle (position times "
+        "frequency); the frequencies fall geometrically from 1 for the first pair to nearly 1/10000 for the last",
+        "build the table of angles (positions × frequencies) by broadcasting, then put its sines in the even "
+        "columns and its cosines in the odd ones",
+    ),
     points=2,
 )
 def sinusoidal_table(your_function):
@@ -34,15 +39,16 @@ def sinusoidal_table(your_function):
         mistakes = {
             "all the sines come first and all the cosines after; minidape interleaves them": (
                 table(-2, interleave=False),
-                "interleave: table[:, 0::2] = sin, table[:, 1::2] = cos",
+                "minidape interleaves: the sine and the cosine of one frequency sit side by side, sine first",
             ),
             "sin and cos are swapped: your even columns hold cosines": (
                 table(-2, torch.cos, torch.sin),
-                "column 2i is sin(p·ω_i), column 2i + 1 is cos(p·ω_i)",
+                "the even column of each pair holds the sine, the odd one the cosine",
             ),
             "your frequencies are ω_i = 10000^(-i/d), too slow": (
                 table(-1),
-                "the exponent is -2i/d for pair i = 0 .. d/2 - 1 (torch.arange(0, d, 2) / d)",
+                "the exponent grows by 2/d from one pair to the next: the last pair's frequency is close to "
+                "1/10000, not 1/100",
             ),
             "your frequencies grow with i (ω_i = 10000^(+2i/d))": (
                 table(2),
@@ -56,8 +62,12 @@ def sinusoidal_table(your_function):
     "01",
     "derive",
     "RoPE's score <R_t q, R_0 k> of any q and k, in closed form",
-    "in pair i (channels i and i + d/2), rotating (q1, q2) by α and dotting with (k1, k2) gives "
-    "cos α (q1k1 + q2k2) plus a sin α term; work out which",
+    (
+        "a rotation acts on each pair of channels (i, i + d/2) on its own, so the score is a sum over pairs of "
+        "2-D dot products, each between a rotated q-pair and an unrotated k-pair",
+        "write out one pair: rotate (q1, q2) by the angle α, dot it with (k1, k2), and collect the terms that "
+        "carry cos α and those that carry sin α; then sum over the pairs with the angles t·θ_i",
+    ),
     points=2,
 )
 def rope_score(your_function):
@@ -85,7 +95,8 @@ def rope_score(your_function):
             tolerance = (1e-6 + 2 * max(t, 1) * 2.0**-24) * (1 + q.abs().sum().item() * k.abs().max().item())
             if abs(got - want) <= tolerance:
                 continue
-            where = f"rope_score(q, k, t={t}) for random q, k of size {head_size} is {got:.6g}"
+            yours, theirs = _distinct(got, want)
+            where = f"rope_score(q, k, t={t}) for random q, k of size {head_size} is {yours}"
             half = head_size // 2
             no_sin = (
                 (
@@ -102,8 +113,8 @@ def rope_score(your_function):
                 ),
                 "it has only the cos term": (
                     no_sin,
-                    "the rotation mixes the two channels of a pair: a sin(tθ_i) "
-                    "term remains; write R_α (q1, q2) out and collect it",
+                    "the rotation mixes the two channels of a pair, so a term with the sine of the angle "
+                    "remains: write the rotated pair out and collect it",
                 ),
                 "it pairs channels (2i, 2i+1); minidape (apply_rotary) pairs channel i with channel i + d/2": (
                     score(q, k, t, pairs="interleaved"),
@@ -119,14 +130,19 @@ def rope_score(your_function):
                     f"{where}, but at t = 0 nothing is rotated: the score is q·k",
                     hint="check your sum at t = 0 first: it must be the plain dot product",
                 )
-            raise Wrong(f"{where}, which is not <R_t q, R_0 k> ({want:.6g}, with float32's rounding allowed)")
+            raise Wrong(f"{where}, which is not <R_t q, R_0 k> ({theirs}, with float32's rounding allowed)")
 
 
 @_exercise(
     "01",
     "implement",
     "ALiBi's bias for any query and key positions",
-    "slope of head h (1-based) is 2^(-8h/H) for H heads; the bias is -slope·(i - j) on keys j <= i",
+    (
+        "each head subtracts a penalty proportional to the distance i - j, with a slope of its own; the "
+        "slopes fall geometrically from head to head (the notebook gives them)",
+        "make the slopes a (heads, 1, 1) tensor and the distances a (queries, keys) one by broadcasting, "
+        "and combine them; what the masked cells (j > i) hold does not matter",
+    ),
     points=2,
 )
 def alibi_bias(your_function):
@@ -179,8 +195,13 @@ def _alibi_entropies(T: int = ENTROPY_LENGTH) -> torch.Tensor:
     "01",
     "experiment",
     "predict, then measure, how spread out ALiBi's attention is at T = 1024",
-    "attention of the last query = softmax over keys of its bias row (content scores 0); entropy "
-    "-Σ p ln p in nats, averaged over the 4 heads",
+    (
+        "with content scores 0, a head's attention is the softmax of its bias row, and its entropy (in nats) "
+        "says how many keys it reads: weights that fall by a factor e every n keys are about as spread out "
+        "as e·n equally weighted keys",
+        "measure per head on the last query's row of 1024 keys (softmax, then the entropy with the natural "
+        "log), and average the 4 heads",
+    ),
     points=2,
 )
 def alibi_entropy(prediction, measured):

@@ -27,8 +27,12 @@ def _cumulative_gates(log_forget: torch.Tensor, first: int, last_offset: int) ->
     "08",
     "implement",
     "FoX's bias from the forget gates",
-    "D[..., i, j] = sum of log_forget[..., l] for l = j+1 .. i: a cumulative sum c = log_forget.cumsum(-1), "
-    "then c[..., i] - c[..., j] (c[..., :, None] - c[..., None, :])",
+    (
+        "FoX's bias adds up the log forget gates of the steps between key and query: how much of the past "
+        "survives every gate on the way",
+        "a cumulative sum along the positions holds every such sum at once, as the difference of two of its "
+        "entries; broadcasting makes all (query, key) pairs",
+    ),
     points=2,
 )
 def fox_bias(your_function):
@@ -47,7 +51,7 @@ def fox_bias(your_function):
             _cumulative_gates(log_forget, 0, 0),
             "the gates strictly after key j, up to and including the query i",
         ),
-        "you sum l = j+1 .. i-1: the query's own gate is left out": (
+        "your sum ends one gate before the query: the query's own gate is left out": (
             _cumulative_gates(log_forget, 1, -1),
             "l runs up to and including i",
         ),
@@ -57,7 +61,7 @@ def fox_bias(your_function):
         ),
         "your bias is positive (or transposed: D[j, i] = -D[i, j]): the sum of log-gates is <= 0": (
             -want,
-            "use log f (given), not -log f, and put the query on the rows: c[..., :, None] - c[..., None, :]",
+            "sum log f as given (it is <= 0), and put the query on the rows, the key on the columns",
         ),
         "you summed the gates f, not their logarithms": (
             _cumulative_gates(gate, 1, 0),
@@ -71,8 +75,12 @@ def fox_bias(your_function):
     "08",
     "derive",
     "the temperature that keeps attention on one key as the context grows",
-    "p = e^(tau g) / (e^(tau g) + n - 1) for one key ahead by the gap g of n - 1 others; solve for tau: "
-    "tau = ln((n - 1) p / (1 - p)) / g",
+    (
+        "the key ahead takes a softmax share that grows with tau·gap against the n - 1 others: set that share "
+        "to p and solve for tau",
+        "write the share with the other keys' weight as the unit, bring the exponential to one side, and take "
+        "the logarithm",
+    ),
     points=2,
 )
 def focus_temperature(your_function):
@@ -98,13 +106,13 @@ def focus_temperature(your_function):
                 math.log((n - 1) * p / (1 - p)),
                 "the logit gap after the temperature is tau * gap",
             ),
-            "p / (1 - p) is upside down": (
+            "the odds of the key ahead are upside down": (
                 math.log((n - 1) * (1 - p) / p) / gap,
                 "the key ahead holds p, the others 1 - p together",
             ),
             "you multiplied by the gap instead of dividing": (
                 math.log((n - 1) * p / (1 - p)) * gap,
-                "tau * gap = ln(...): tau = ln(...) / gap",
+                "tau multiplies the gap inside the exponential: isolate tau last",
             ),
         }
         for description, (value, hint) in mistakes.items():
@@ -119,8 +127,10 @@ def focus_temperature(your_function):
     "08",
     "experiment",
     "predict, then measure, on which kind of byte FoX forgets most",
-    "the forget gate f is the share of the past a token keeps: the kind with the LOWEST mean gate forgets "
-    "most; forgets_most = min(mean_gate, key=mean_gate.get)",
+    (
+        "the forget gate is the share of the past a token keeps: near 1 it keeps, near 0 it forgets",
+        "compare the mean gates of the kinds of byte: which kind keeps least?",
+    ),
     points=2,
 )
 def where_fox_forgets(prediction, measured, mean_gate):

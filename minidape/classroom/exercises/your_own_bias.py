@@ -43,7 +43,7 @@ def _decreasing(row: torch.Tensor, what: str) -> None:
         raise Wrong(
             f"{what} is the same at every distance ({row[0].item():.4g}): softmax ignores a constant, so "
             f"it carries no position",
-            hint="make it larger for near tokens than for far ones, e.g. a / (1 + (d / s)²) with a, s > 0",
+            hint="make it larger for near tokens than for far ones: a CPD kernel of notebook 02 that falls with d",
         )
     if (steps > tolerance).any():
         d = int((steps > tolerance).nonzero()[0])
@@ -59,8 +59,12 @@ def _decreasing(row: torch.Tensor, what: str) -> None:
     "06",
     "implement",
     "a kernel of your own, CPD, decreasing with distance",
-    "a function of |m - n| only that falls with distance, e.g. a / (1 + ((m - n) / s)²) with a, s > 0 "
-    "(PD, hence CPD), or -a·log(1 + |m - n|) (Kerple's); test it with md.kernels.is_cpd",
+    (
+        "notebook 02's Corollary 1 and its PD kernels give you CPD kernels to start from; a bias must also "
+        "fall as the distance grows",
+        "write it as a function of the distance |m - n| only, check that it falls with distance, and test it "
+        "with md.kernels.is_cpd before the check does",
+    ),
     points=2,
 )
 def my_kernel(your_kernel):
@@ -97,8 +101,12 @@ def my_kernel(your_kernel):
     "06",
     "derive",
     "how much attention a bounded bias leaves on far keys",
-    "with zero content scores the last query's attention is softmax of its bias row: p_d ∝ exp(b(d)) "
-    "over the distances d = 0 .. T - 1; add up the p_d with d >= L",
+    (
+        "with zero content scores the last query's attention is the softmax of its bias row: each key's weight "
+        "is proportional to the exponential of its bias",
+        "weigh every distance of the window, from the query's own key to the first, then take the share of "
+        "the total that falls on distances of at least L",
+    ),
     points=2,
 )
 def far_mass(your_function):
@@ -124,7 +132,7 @@ def far_mass(your_function):
             "the near keys' share (d < L), not the far keys'": (1 - want, "far keys are d >= L"),
             "your weights are the bias itself, not exp(bias): softmax exponentiates": (
                 mass(bias),
-                "p_d = exp(b(d)) / Σ_d' exp(b(d'))",
+                "softmax exponentiates the bias before it normalises",
             ),
             "you start the far keys at d = L + 1": (mass(bias.exp(), L + 1), "d >= L: keys 0 .. T - 1 - L"),
             "you start the far keys at d = L - 1": (mass(bias.exp(), L - 1), "d >= L: keys 0 .. T - 1 - L"),
@@ -142,9 +150,12 @@ def far_mass(your_function):
     "06",
     "implement",
     "your kernel as a bias module (md.AdditiveBias)",
-    "forward(q_pos, k_pos) returns (n_head, len(q_pos), len(k_pos)); use d = (q_pos[:, None] - "
-    "k_pos[None, :]).clamp(min=0) for a decoder; keep per-head parameters in nn.Parameter; create new "
-    "tensors on q_pos.device",
+    (
+        "a relative bias depends on the distance between query and key only: your kernel of 6.1, evaluated "
+        "per head with parameters the model learns",
+        "forward(q_pos, k_pos) returns (n_head, len(q_pos), len(k_pos)): distances by broadcasting (not below "
+        "0 in a decoder), per-head nn.Parameter shaped to broadcast over them, new tensors on q_pos.device",
+    ),
     points=3,
 )
 def my_bias(your_class):
@@ -201,8 +212,11 @@ def my_bias(your_class):
     "06",
     "experiment",
     "the runs that answer 'does my bias extrapolate, and does DAPE help it?'",
-    "three configs equal in everything but pe and refiner: a built-in reference (e.g. kerple_log), "
-    "pe='my_bias', and pe='my_bias' with refiner='dape'",
+    (
+        "a fair comparison changes one thing at a time: the runs may differ in pe and refiner only",
+        "a reference with a built-in encoding, your bias alone and your bias with DAPE, each built by "
+        "config(pe, refiner)",
+    ),
     points=2,
 )
 def my_runs(runs):
@@ -239,8 +253,10 @@ def my_runs(runs):
     "06",
     "experiment",
     "predict, then measure, which of your runs extrapolates best",
-    "best_run = min(last_k, key=lambda name: last_k[name][LENGTHS[-1]]): the run with the lowest "
-    "perplexity at the longest length",
+    (
+        "the run that extrapolates best is the one whose perplexity stays lowest far beyond the training length",
+        "compare the runs' last_k perplexities at the longest length",
+    ),
     points=2,
 )
 def best_run(prediction, measured, last_k, longest, recomputed=None):
