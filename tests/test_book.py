@@ -83,7 +83,11 @@ def serve(folder: Path):
         def log_message(self, *args):
             pass
 
-    server = ThreadingHTTPServer(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
+    class Server(ThreadingHTTPServer):
+        def handle_error(self, request, client_address):
+            pass  # a connection the browser closed early (the next page asked for): the browser reports real failures
+
+    server = Server(("127.0.0.1", 0), partial(Quiet, directory=str(folder)))
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return f"http://127.0.0.1:{server.server_address[1]}/", server
 

@@ -53,10 +53,16 @@ def teachers():
             cell("code", 'ok = check("g", g)', outputs=[printed("✓ exercise 99·g (derive): passed\n")]),
             cell("code", 'exercises.summary("99")', outputs=[printed("notebook 99: 2 of 2 exercises passed\n")]),
             cell("code", "# exercises.check( is only named here\nplot()", outputs=[figure]),
+            cell(
+                "code",
+                "train()",
+                outputs=[new_output("display_data", data={book.WIDGET: {"model_id": "1"}, "text/plain": "100%"})],
+            ),
         ],
         metadata={
             "jupytext": {"formats": "ipynb,py:percent"},
             "kernelspec": {"name": "python3", "display_name": "Python 3"},
+            "widgets": {"application/vnd.jupyter.widget-state+json": {"state": {}}},
         },
     )
     nbformat.validate(notebook)
@@ -84,6 +90,7 @@ def test_the_teachers_pages_fold_every_solution_and_the_colab_cell_stays_off_the
     assert (
         wrapped.startswith(":::{worked-solution}\n") and wrapped.endswith("\n:::") and "**Worked answer.**" in wrapped
     )
+    assert page.cells[-1].outputs[0]["data"] == {"text/plain": "100%"} and "widgets" not in page.metadata
     student_page = book.page_notebook(book.student_notebook(teachers), "student")
     assert not any("hide-cell" in book.tags(c) or "worked-solution" in c.source for c in student_page.cells)
     fenced = cell("markdown", "::::{note}\ninside\n::::", ["solution"])

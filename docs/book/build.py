@@ -38,6 +38,7 @@ NOTEBOOKS = ROOT / "notebooks"
 EDITIONS = ("teacher", "student")
 REPOSITORY = "https://github.com/OWNER/minidape"  # `make book BOOK_REPOSITORY=...` sets the real one
 # The line of the first cell (the Colab cell) that names what pip installs; --install-from rewrites its value.
+WIDGET = "application/vnd.jupyter.widget-view+json"
 INSTALL_LINE = re.compile(r'^(MINIDAPE_SOURCE = )"[^"\n]*"', re.MULTILINE)
 
 
@@ -95,11 +96,15 @@ def downloadable(notebook):
 
 
 def page_notebook(notebook, edition: str):
-    """The notebook the book renders: the Colab cell off the page (it is in the download), and in the teacher's
+    """The notebook the book renders: no widget (a static page cannot run one), the Colab cell off the page (it is
+    in the download), and in the teacher's
     edition each worked solution folded: code cells by MyST-NB's ``hide-cell`` tag, markdown ones by conf.py's
     ``worked-solution`` directive."""
     notebook = copy.deepcopy(notebook)
+    notebook.metadata.pop("widgets", None)  # a progress bar's widget state: its scripts would come from a CDN
     for cell in notebook.cells:
+        for output in cell.get("outputs", []):
+            output.get("data", {}).pop(WIDGET, None)  # its text stands in for it
         cell_tags = tags(cell)
         if "colab" in cell_tags:
             cell_tags.append("remove-cell")

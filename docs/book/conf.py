@@ -18,6 +18,8 @@ exclude_patterns = ["_build", "**.ipynb_checkpoints"]
 
 # The notebooks are executed already (`make notebooks`): their outputs are shown as they are.
 nb_execution_mode = "off"
+# No script for widgets (it would come from a CDN): build.py leaves their text in their place.
+nb_ipywidgets_js = {}
 # Tables a cell prints as markdown (IPython.display.Markdown) are GitHub-flavoured: with MyST-NB's default,
 # CommonMark, their rows showed as raw `|` text.
 nb_render_markdown_format = "gfm"
