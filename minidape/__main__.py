@@ -31,7 +31,7 @@ from .lab.evaluate import PROTOCOLS
 from .lab.tasks import TASK_NAMES
 from .lab.train import DEFAULT_SETTINGS
 from .lab.user_code import import_file, register_class
-from .model import PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig
+from .model import FOX_GATES, PE_NAMES, REFINER_NAMES, TEMPERATURES, GPTConfig, parse_layer, pe_names
 from .study.budgets import BUDGET_NAMES, BUDGETS, DEFAULT_CORPORA, DEFAULT_SEEDS
 from .study.claims import FLAT_MARGIN, LEAKY_REFINER, MODELS
 from .study.comparison import DEFAULT_BASELINES
@@ -93,8 +93,15 @@ def registered(kind: str):
     names = PE_NAMES if kind == "pe" else REFINER_NAMES
 
     def check(text: str) -> str:
-        if text in names or (kind == "pe" and all(name in names for name in text.split(","))):
-            return text  # a name, or a per-layer spec of names (rope,none)
+        if text in names:
+            return text
+        if kind == "pe" and all(name in names for name in pe_names(text)):  # a per-layer spec (rope@sliding=32,none)
+            try:
+                for entry in text.split(","):
+                    parse_layer(entry, text)  # its '@' options
+            except ValueError as err:
+                raise argparse.ArgumentTypeError(str(err)) from err
+            return text
         if ":" not in text:
             per_layer = ", several joined by commas (cycled over the layers, e.g. rope,none)" if kind == "pe" else ""
             raise argparse.ArgumentTypeError(
@@ -119,7 +126,7 @@ def _add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per GPTConfig field, typed from its annotation; unset flags keep the config's default. `--pe` and
     `--refiner` take a registered name or FILE.py:ClassName."""
     hints = typing.get_type_hints(GPTConfig)
-    choices = {"temperature": TEMPERATURES}
+    choices = {"temperature": TEMPERATURES, "fox_gate": FOX_GATES}
     group = parser.add_argument_group("model (GPTConfig fields)")
     for field in dataclasses.fields(GPTConfig):
         kind = hints[field.name]

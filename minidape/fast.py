@@ -54,7 +54,9 @@ from .model import (
     SelfAttention,
     attend,
     attention_mask,
+    decay_about,
     refiner_view,
+    window_mask,
 )
 from .model import attention as reference_attention
 
@@ -77,6 +79,13 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
     """The attention of the ``model.SelfAttention`` ``layer``: q, k, v (batch, nh, T, hs) -> (batch, nh, T, hs)."""
     dropout = layer.cfg.dropout if layer.training else 0.0
     T = q.shape[2]
+    if layer.window:
+        return windowed_attention(layer, q, k, v, positional, dropout)
+    if positional.log_decay is not None:  # xPos: its factors about the middle, or about each query block
+        if not decay_fits_about_the_middle(positional.log_decay):
+            blocks = attend_in_query_blocks(layer, q, k, v, positional, refine_form(layer), dropout, recentre=True)
+            return torch.cat(blocks, dim=2)
+        q, k = positional.decayed(q, k)
     if layer.refiner is None and not positional.has_bias:
         # No bias, no refiner: PyTorch's fused kernel, memory-linear in T. A temperature scales each query row:
         # (tau_i q_i) . k_j = tau_i S_ij.
@@ -85,12 +94,74 @@ def attention(layer: SelfAttention, q, k, v, positional: PositionalInputs):
         return F.scaled_dot_product_attention(q, k, v, is_causal=layer.cfg.causal, dropout_p=dropout)
     if uses_flex(layer, q, positional, dropout):
         return flex_bias_attention(q, k, v, positional.full_bias, layer.cfg.causal)
-    refine = None if layer.refiner is None else block_form(layer, positional.has_bias)
+    refine = refine_form(layer, positional.has_bias)
     if layer.refiner is not None and refine is None:
         # A refiner that may read other query rows: the paper form, over the whole sequence.
         mask, temperature = attention_mask(T, layer.cfg.causal, q.device), layer.temperature_rows(0, T, T)
         return reference_attention(q, k, v, positional.full_bias, mask, layer.refiner, dropout, temperature)[0]
     return torch.cat(attend_in_query_blocks(layer, q, k, v, positional, refine, dropout), dim=2)
+
+
+def refine_form(layer: SelfAttention, has_bias: bool = False) -> Callable | None:
+    """``block_form`` of the layer's refiner, or None without one."""
+    return None if layer.refiner is None else block_form(layer, has_bias)
+
+
+# xPos's factors about the middle of the sequence stay below e^DECAY_SPAN (float32 overflows at e^88.7): up to
+# about 58,000 tokens at xPos's fastest decay. Longer sequences recentre each block of queries (``recentred``).
+DECAY_SPAN = 70.0
+# Query rows per block when recentring: the block's own factors reach e^(rows |ln zeta_0| / gamma) = e^10.
+DECAY_BLOCK_ROWS = 4096
+
+
+def decay_fits_about_the_middle(log_decay) -> bool:
+    """Whether xPos's factors about the middle (``model.PositionalInputs.decayed``) stay finite in float32."""
+    return float((log_decay - log_decay.mean(0)).abs().max()) <= DECAY_SPAN
+
+
+def recentred(q_block, keys, log_decay, q0: int, q1: int):
+    r"""xPos's factors about the block's last query, $c = q_1 - 1$: $q_n e^{\ell(n) - \ell(c)}$ (at most
+    $e^{\text{rows}\,|\ln\zeta_0|/\gamma}$) and $k_m e^{\ell(c) - \ell(m)}$ (at most 1 for a decoder's keys $m \le c$;
+    a far key's factor underflows to 0, as its true product $\zeta^{(n - m)/\gamma}$ does). An encoder's keys after
+    $c$ grow instead, as xPos's factors do there."""
+    k1 = keys.shape[2]
+    return decay_about(q_block, keys, (log_decay[q0:q1], log_decay[:k1]), log_decay[q1 - 1])
+
+
+def windowed_attention(layer: SelfAttention, q, k, v, positional: PositionalInputs, dropout: float):
+    r"""A layer with a sliding or chunked window (``model.window_mask``): blocks of at most $W$ query rows, each
+    against only the keys its rows may see (at most $2W$, plus a refiner's ``key_margin`` on each side), so the
+    cost grows as $T W$, not $T^2$. A bias from positions is computed for those keys only; one that reads the data
+    for the keys up to the block's last (its own blocks, as elsewhere in this file). xPos's factors are taken about
+    each block's last query. A refiner that is not row-local runs the reference form over the whole sequence."""
+    cfg, refiner = layer.cfg, layer.refiner
+    T, window = q.shape[2], layer.window
+    refine = refine_form(layer, positional.has_bias)
+    if refiner is not None and refine is None:
+        q, k = positional.decayed(q, k)
+        temperature = layer.temperature_rows(0, T, T)
+        return reference_attention(
+            q, k, v, positional.full_bias, layer.mask(T, q.device), refiner, dropout, temperature
+        )[0]
+    rows, margin = min(cfg.attn_chunk or window, window, T), key_margin(refiner) if refiner is not None else 0
+    outputs = []
+    for q0 in range(0, T, rows):
+        q1 = min(T, q0 + rows)
+        first_key = (q0 // window) * window if layer.chunked else max(0, q0 - window + 1)
+        k0, k1 = max(0, first_key - margin), min(T, q1 + margin)
+        mask = window_mask(q0, q1, k0, k1, cfg.causal, window, layer.chunked, q.device)
+        bias = None
+        if positional.bias_between is not None:
+            bias = positional.bias_between(positional.positions[q0:q1], positional.positions[k0:k1])
+        elif positional.data_bias is not None:
+            bias = positional.bias_rows(q0, q1, k1)[..., k0:]
+        query_block, keys, values = q[:, :, q0:q1], k[:, :, k0:k1], v[:, :, k0:k1]
+        if positional.log_decay is not None:
+            log = positional.log_decay
+            query_block, keys = decay_about(query_block, keys, (log[q0:q1], log[k0:k1]), log[q1 - 1])
+        temperature = layer.temperature_rows(q0, q1, T)
+        outputs.append(attend_query_block(refiner, refine, query_block, keys, values, bias, mask, dropout, temperature))
+    return torch.cat(outputs, dim=2)
 
 
 def runs_in_query_blocks(refiner_cls: type) -> bool:
@@ -209,7 +280,14 @@ def query_block_mask(q0: int, q1: int, k1: int, causal: bool, device) -> torch.T
 
 
 def attend_in_query_blocks(
-    layer: SelfAttention, q, k, v, positional: PositionalInputs, refine: Callable | None, dropout: float
+    layer: SelfAttention,
+    q,
+    k,
+    v,
+    positional: PositionalInputs,
+    refine: Callable | None,
+    dropout: float,
+    recentre: bool = False,
 ) -> list[torch.Tensor]:
     """Attention in blocks of query rows, each against the keys it can see: (batch, nh, rows, hs) per block.
 
@@ -218,7 +296,8 @@ def attend_in_query_blocks(
     the backward pass cheap: each receives only its own gradient, instead of a zero-filled full-length one per
     query block. The last (widest) query block runs first, so the memory allocator can reuse its buffers for
     every narrower one: in the other order each block needs slightly more than the last freed, and a 16k-token
-    evaluation's peak memory grew several-fold from fragmentation alone.
+    evaluation's peak memory grew several-fold from fragmentation alone. ``recentre``: q and k have no xPos
+    factors yet; each block applies them about its own last query (``recentred``).
     """
     cfg, refiner = layer.cfg, layer.refiner
     batch, _, T, _ = q.shape
@@ -236,6 +315,8 @@ def attend_in_query_blocks(
         and positional.full_bias.requires_grad
     )
     rows = rows_per_query_block(cfg, refiner is not None, batch, T, q.device, biased)
+    if recentre:
+        rows = min(rows, DECAY_BLOCK_ROWS)
     k, v = k.contiguous(), v.contiguous()
     if biased:  # its blocks' matmuls want q with batch and heads mergeable: one copy, not one per block backward
         q = q.contiguous()
@@ -254,7 +335,12 @@ def attend_in_query_blocks(
         else:
             bias = bias_rows[i][:, :, :k1] if precomputed else positional.bias_rows(q0, q1, k1)
         temperature = layer.temperature_rows(q0, q1, T)
-        if refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
+        query_block = query_blocks[i]
+        if recentre:
+            query_block, keys = recentred(query_block, keys, positional.log_decay, q0, q1)
+        if recentre and bias is None and refiner is None and temperature is None:
+            outputs[i] = F.scaled_dot_product_attention(query_block, keys, values, attn_mask=mask, dropout_p=dropout)
+        elif refiner is None and temperature is None:  # S + B through the fused kernel, bias and mask as one float mask
             if precomputed:  # the same in every layer: made once per forward
                 attn_mask = per_forward(
                     positional,
@@ -264,16 +350,16 @@ def attend_in_query_blocks(
             else:
                 attn_mask = float_mask(bias, mask, q.dtype)
             if biased:
-                outputs[i] = _BiasedAttention.apply(query_blocks[i], keys, values, attn_mask)
+                outputs[i] = _BiasedAttention.apply(query_block, keys, values, attn_mask)
                 continue
             # (batch, nh, rows, keys): on the CPU a mask with a batch axis takes the fused kernel, an (nh, rows,
             # keys) one the unfused math kernel (torch 2.13). A bias that reads the data has its batch axis already.
             outputs[i] = F.scaled_dot_product_attention(
-                query_blocks[i], keys, values, dropout_p=dropout, attn_mask=attn_mask.expand(batch, -1, -1, -1)
+                query_block, keys, values, dropout_p=dropout, attn_mask=attn_mask.expand(batch, -1, -1, -1)
             )
         else:
             outputs[i] = attend_query_block(
-                refiner, refine, query_blocks[i], keys, values, bias, mask, dropout, temperature
+                refiner, refine, query_block, keys, values, bias, mask, dropout, temperature
             )
     return outputs
 
@@ -341,7 +427,7 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
     scores = (q * (1.0 / math.sqrt(q.shape[-1]))) @ k.transpose(-2, -1)  # S, scaling the smaller operand
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is None:
-        refined = scores + seen_bias  # A = S + B
+        refined = scores if seen_bias is None else scores + seen_bias  # A = S + B
     else:
         refined = refine(refiner, scores, seen_bias, mask)
     if temperature is not None:

@@ -54,6 +54,8 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
         or torch.compiler.is_compiling()  # it fuses model.py's products itself; it cannot trace complex views
         or x.device.type not in ("cpu", "cuda")  # complex products: tests on the CPU and in test_gpu.py, none on MPS
         or layer.data_bias is not None
+        or layer.reshapes_qk
+        or positional.log_decay is not None  # xPos's factors are applied in model.py's channel order (fast.py)
         or type(layer.c_attn) is not nn.Linear
         or layer.c_attn._forward_hooks
         or layer.c_attn._forward_pre_hooks
@@ -152,6 +154,9 @@ def _put_rows(order: torch.Tensor, gathered: torch.Tensor) -> torch.Tensor:
 
 # b(i, j) = g(i - j) in these modules' equations (an edit that breaks it is caught by ``_agrees``).
 TRANSLATION_INVARIANT = (ALiBiBias, KerpleLogBias, KerplePowerBias, T5Bias)
+# Every built-in bias from positions has a fast form below, or is named here with the reason it has none (then it
+# runs its own forward); ``tests/test_new_encoding.py`` fails naming this place for a built-in that is in neither.
+NO_FAST_FORM: dict[type, str] = {}
 
 
 def bias(encoding, q_pos, k_pos) -> torch.Tensor:

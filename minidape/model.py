@@ -2,14 +2,15 @@ r"""The minidape GPT in the papers' own form: one file, every positional encodin
 
 Read top to bottom:
   1. ``GPTConfig`` and the two registries (positional encodings, refiners).
-  2. Positional encodings, in four kinds:
+  2. Positional encodings, in five kinds:
      - absolute: added to the token embeddings (``learned``, ``sinusoidal``);
      - rotary: rotate queries and keys (``rope``, ``yarn``, ``rope_pi``, ``rope_ntk``, ``xpos``, ``hope``);
      - additive biases $B$ of shape ``(n_head, Tq, Tk)`` added to the scores
        (``t5``, ``alibi``, ``kerple_log``, ``kerple_power``, ``fire`` and user biases);
      - biases that read the data, ``(batch, n_head, Tq, Tk)``, one module per layer (``fox``, ``cope``);
-     a per-layer spec (``pe="rope,none"``) picks one per layer, and a softmax temperature may grow with the
-     context (``LengthTemperature``).
+     - attention weights computed by the encoding itself, one module per layer (``stick_breaking``, ``path``);
+     a per-layer spec (``pe="rope@sliding=32,none"``, ``layer_specs``) picks one per layer with its attention
+     window and temperature, and a softmax temperature may grow with the context (``LengthTemperature``).
   3. Refiners, which rewrite the pre-softmax scores $S = QK^\top/\sqrt{d}$ of every layer using $B$
      (DAPE/CAPE MLPs across heads, DAPE-V2 ``1 x kernel`` convolutions).
   4. Attention, one plain function: $\mathrm{softmax}(\mathrm{mask}(\mathrm{refine}(S, B)))\,V$; then the
@@ -63,6 +64,12 @@ class GPTConfig:
     fast: bool = True  # the package's fast path when installed (see SelfAttention); False: forms below
     attn_chunk: int = 0  # for the fast path: query rows per attention block; 0 picks from a memory budget
     temperature: str = "none"  # one of TEMPERATURES: a softmax temperature that grows with the context
+    # The knobs the encodings' papers vary (each class's docstring says more); defaults are the authors'.
+    fox_gate: str = "data"  # FoX's forget gate, one of FOX_GATES: sigma(w.x + b), or data-independent sigma(b)
+    fox_gate_init: str = "zero"  # FoX's b at init: "zero" (the authors', gates 1/2), "alibi", or a gate in (0, 1)
+    cope_positions: int = 64  # CoPE's number of position slots P: positions are capped at P - 1
+    rope_scale: float = 0.0  # rope_pi/rope_ntk/yarn: 0 scales by T / block_size beyond it (dynamic); s >= 1 fixed
+    attention_extras: str = ""  # FoX's "Pro" block: names of ATTENTION_EXTRAS joined by commas, or "pro" (all)
 
     def __post_init__(self):
         self.validate()
@@ -73,6 +80,10 @@ class GPTConfig:
             "pe": str,
             "refiner": str,
             "temperature": str,
+            "fox_gate": str,
+            "fox_gate_init": str,
+            "attention_extras": str,
+            "rope_scale": float,
             "causal": bool,
             "tie_embeddings": bool,
             "fast": bool,
@@ -90,7 +101,7 @@ class GPTConfig:
                 raise TypeError(
                     f"GPTConfig.{field.name} must be {expected[kind]}; got {value!r} ({type(value).__name__})"
                 )
-        layer_pes = layer_encodings(self)  # checks each name of a per-layer spec
+        layer_pes = layer_encodings(self)  # checks each name and option of a per-layer spec
         if self.temperature not in TEMPERATURES:
             raise ValueError(f"unknown temperature {self.temperature!r}; valid choices: {', '.join(TEMPERATURES)}")
         if self.refiner not in REFINER_REGISTRY:
@@ -124,41 +135,171 @@ class GPTConfig:
                     f"random_positions must be 0 (off) or an integer L >= block_size="
                     f"{self.block_size}; got {self.random_positions!r}"
                 )
-            if all(name == "none" or issubclass(PE_REGISTRY[name], DataDependentBias) for name in layer_pes):
+            if all(name == "none" or issubclass(PE_REGISTRY[name], LAYER_OWN) for name in layer_pes):
                 raise ValueError(f"random_positions needs a pe that reads positions; pe={self.pe!r} reads none")
-        if self.temperature != "none" and self.block_size < 2:
+        own_weights = sorted({name for name in layer_pes if issubclass(PE_REGISTRY[name], AttentionWeights)})
+        for spec in layer_specs(self):
+            if spec.pe in own_weights and (spec.window or spec.temperature not in (None, "none")):
+                raise ValueError(
+                    f"pe={self.pe!r}: {spec.pe} computes its own attention weights; it takes no window or "
+                    f"temperature ('@' options)"
+                )
+        for field, off in (("refiner", "none"), ("temperature", "none"), ("causal", True)):
+            if own_weights and getattr(self, field) != off:
+                got = getattr(self, field)
+                raise ValueError(
+                    f"pe={self.pe!r}: {', '.join(own_weights)} computes its own attention weights (a decoder's, "
+                    f"without softmax logits to refine or sharpen); {field} must be {off!r}, got {got!r}"
+                )
+        tempered = self.temperature != "none" or any(
+            spec.temperature not in (None, "none") for spec in layer_specs(self)
+        )
+        if tempered and self.block_size < 2:
             raise ValueError(
                 f"temperature={self.temperature!r} divides by ln(block_size) and needs block_size >= 2; "
                 f"got {self.block_size}"
             )
         if self.attn_chunk < 0:
             raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
-
-
-def layer_encodings(cfg: GPTConfig) -> list[str]:
-    """The encoding of each layer. ``pe`` names one encoding for every layer, or several joined by commas,
-    cycled over the layers: ``pe="rope,rope,rope,none"`` gives layers 0-2 RoPE and layer 3 NoPE, then again
-    (Llama 4's iRoPE; ``"rope,none"`` alternates, as in Cohere's RoPE-NoPE hybrid). Absolute encodings are added
-    once to the token embeddings, below every layer, so they cannot be one layer's choice."""
-    names = cfg.pe.split(",")
-    for name in names:
-        if name not in PE_REGISTRY:
+        if self.fox_gate not in FOX_GATES:
+            raise ValueError(f"unknown fox_gate {self.fox_gate!r}; valid choices: {', '.join(FOX_GATES)}")
+        fox_gate_start(self.fox_gate_init, self.n_head)  # raises on a bad value
+        if self.cope_positions < 2:
+            raise ValueError(f"cope_positions must be an integer >= 2 (position slots); got {self.cope_positions!r}")
+        if self.rope_scale != 0 and self.rope_scale < 1:
             raise ValueError(
-                f"unknown pe {name!r}"
-                + (f" in pe={cfg.pe!r}" if len(names) > 1 else "")
-                + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
-                f"(cycled over the layers, e.g. 'rope,none')"
+                f"rope_scale must be 0 (s = T / block_size beyond the training length) or a fixed s >= 1; "
+                f"got {self.rope_scale!r}"
             )
-    if len(names) > 1 and any(issubclass(PE_REGISTRY[name], AbsolutePositions) for name in names):
+        attention_extras(self)  # raises on an unknown name
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One layer of a per-layer spec (``layer_specs``): its encoding's name and the options written after it."""
+
+    pe: str
+    window: int = 0  # keys a query may see, itself included; 0: every earlier key
+    chunked: bool = False  # the window as fixed chunks of ``window`` tokens (Llama 4) instead of sliding
+    temperature: str | None = None  # this layer's temperature (one of TEMPERATURES); None: GPTConfig.temperature
+    qk_norm: bool = False  # RMSNorm of this layer's queries and keys (as ``attention_extras="qk_norm"``)
+
+
+LAYER_OPTIONS = ("sliding=W", "chunk=W", "temp=NAME", "qk_norm")
+
+
+def parse_layer(entry: str, pe: str) -> LayerSpec:
+    """``name[@option...]``, options from LAYER_OPTIONS: ``rope@sliding=64`` (a sliding window of 64 keys),
+    ``rope@chunk=64`` (attention within chunks of 64 tokens), ``none@temp=llama4``, ``rope@qk_norm``."""
+    name, *options = entry.split("@")
+    spec = LayerSpec(name)
+    for option in options:
+        key, _, value = option.partition("=")
+        if key in ("sliding", "chunk") and value.isdigit() and int(value) >= 1:
+            spec = replace(spec, window=int(value), chunked=key == "chunk")
+        elif key == "temp" and value in TEMPERATURES:
+            spec = replace(spec, temperature=value)
+        elif option == "qk_norm":
+            spec = replace(spec, qk_norm=True)
+        else:
+            raise ValueError(
+                f"unknown layer option {option!r} in pe={pe!r}; valid options after a name and '@': "
+                f"{', '.join(LAYER_OPTIONS)} (W a positive integer, NAME one of {', '.join(TEMPERATURES)}), "
+                f"e.g. 'rope@sliding=64,rope@sliding=64,rope@sliding=64,none'"
+            )
+    return spec
+
+
+def layer_specs(cfg: GPTConfig) -> list[LayerSpec]:
+    """Each layer's encoding and options. ``pe`` names one encoding for every layer, or several joined by commas,
+    cycled over the layers: ``pe="rope,rope,rope,none"`` gives layers 0-2 RoPE and layer 3 NoPE, then again
+    (``"rope,none"`` alternates). After a name, ``@`` options (``parse_layer``) give that layer an attention window
+    and its own temperature, so the published hybrids are one string each (block_size 128, windows of 32):
+
+      - RNoPE-SWA (Cohere, Yang et al. 2025): ``"rope@sliding=32,rope@sliding=32,rope@sliding=32,none"``: three
+        RoPE layers with a sliding window, one NoPE layer with full attention;
+      - Llama 4's iRoPE: ``"rope@chunk=32@qk_norm,rope@chunk=32@qk_norm,rope@chunk=32@qk_norm,none@temp=llama4"``:
+        chunked attention on the RoPE layers (optionally QK-norm), full attention on the NoPE layer, which alone
+        scales its logits (``LengthTemperature``'s ``llama4``);
+      - SWAN-GPT (Puvvada et al. 2025) style: ``"none@temp=log_length,rope@sliding=32,rope@sliding=32,rope@sliding=32"``
+        (full NoPE layers with log-length logit scaling interleaved with sliding-window RoPE layers).
+
+    Absolute encodings are added once to the token embeddings, below every layer, so they cannot be one layer's
+    choice."""
+    entries = cfg.pe.split(",")
+    specs = [parse_layer(entry, cfg.pe) for entry in entries]
+    for spec in specs:
+        if spec.pe not in PE_REGISTRY:
+            raise ValueError(
+                f"unknown pe {spec.pe!r}"
+                + (f" in pe={cfg.pe!r}" if len(entries) > 1 or spec.pe != cfg.pe else "")
+                + f"; valid choices: {', '.join(PE_NAMES)}, or several joined by commas "
+                f"(cycled over the layers, e.g. 'rope,none'), each with '@' options ({', '.join(LAYER_OPTIONS)})"
+            )
+    names = [spec.pe for spec in specs]
+    if (len(names) > 1 or cfg.pe != names[0]) and any(
+        issubclass(PE_REGISTRY[name], AbsolutePositions) for name in names
+    ):
         raise ValueError(
             f"pe={cfg.pe!r}: an absolute encoding is added to the token embeddings, not chosen per "
             f"layer; a per-layer spec may name rotary encodings, biases and 'none'"
         )
-    return [names[layer % len(names)] for layer in range(cfg.n_layer)]
+    if not cfg.causal and any(spec.window for spec in specs):
+        raise ValueError(f"pe={cfg.pe!r}: attention windows are for decoders; this config has causal=False")
+    return [specs[layer % len(specs)] for layer in range(cfg.n_layer)]
+
+
+def layer_encodings(cfg: GPTConfig) -> list[str]:
+    """The encoding's name of each layer (``layer_specs`` without the options)."""
+    return [spec.pe for spec in layer_specs(cfg)]
+
+
+def pe_names(pe: str) -> list[str]:
+    """The encodings a ``pe`` string names, without their ``@`` options: ``"rope@sliding=8,none"`` -> rope, none."""
+    return [entry.split("@")[0] for entry in pe.split(",")]
 
 
 # Softmax temperatures (``GPTConfig.temperature``), see ``LengthTemperature``.
-TEMPERATURES = ("none", "log_length", "learned")
+TEMPERATURES = ("none", "log_length", "learned", "llama4")
+# FoX's forget gates (``GPTConfig.fox_gate``), see ``ForgetGateBias``.
+FOX_GATES = ("data", "constant", "fixed")
+# The parts of FoX's "Pro" block (``GPTConfig.attention_extras``), see ``SelfAttention``.
+ATTENTION_EXTRAS = ("output_gate", "output_norm", "qk_norm", "kv_shift")
+
+
+def attention_extras(cfg: GPTConfig) -> frozenset[str]:
+    """The parts of FoX's Pro block a config turns on: ``"pro"`` is all four."""
+    if cfg.attention_extras == "pro":
+        return frozenset(ATTENTION_EXTRAS)
+    names = frozenset(cfg.attention_extras.split(",")) - {""}
+    for name in sorted(names - set(ATTENTION_EXTRAS)):
+        raise ValueError(
+            f"unknown attention extra {name!r} in attention_extras={cfg.attention_extras!r}; valid choices: "
+            f"{', '.join(ATTENTION_EXTRAS)} joined by commas, or 'pro' (all four)"
+        )
+    return names
+
+
+def fox_gate_start(init: str, n_head: int) -> torch.Tensor:
+    r"""FoX's gate bias $b_h$ at init (n_head,): ``"zero"`` $b = 0$, every gate $\sigma(0) = 1/2$ (the authors'
+    code); ``"alibi"`` $b_h = -\ln(e^{m_h} - 1)$, so $\sigma(b_h) = e^{-m_h}$ with ALiBi's slopes $m_h$ (gates 0.78 to
+    0.996 for 8 heads: minidape's choice before it took the authors'); a number $g \in (0, 1)$ (a string such as
+    ``"0.993"``, x-transformers' start) $b = \ln(g / (1 - g))$ in every head."""
+    if init == "zero":
+        return torch.zeros(n_head)
+    if init == "alibi":
+        return -torch.log(torch.expm1(alibi_slopes(n_head)))
+    try:
+        gate = float(init)
+    except ValueError:
+        gate = math.nan
+    if not 0 < gate < 1:
+        raise ValueError(
+            f"fox_gate_init must be 'zero' (the authors': gates start at 1/2), 'alibi' (ALiBi's slopes) or a gate "
+            f"value strictly between 0 and 1 such as '0.993'; got {init!r}"
+        )
+    return torch.full((n_head,), math.log(gate / (1 - gate)))
+
 
 PE_REGISTRY: dict[str, type[nn.Module]] = {}
 REFINER_REGISTRY: dict[str, type[nn.Module] | None] = {"none": None}
@@ -224,13 +365,12 @@ def register_pe(name: str):
     Registering a name again with another class (a notebook cell re-run after an edit) replaces it and says so
     in one line on stderr, so editing a bias needs no kernel restart; minidape's own names stay refused.
     """
-    kinds = (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)
 
     def check(cls):
-        if not (isinstance(cls, type) and issubclass(cls, kinds)):
+        if not (isinstance(cls, type) and issubclass(cls, PE_KINDS)):
             raise TypeError(
                 f"register_pe({name!r}) expects a subclass of md.AdditiveBias or md.DataDependentBias "
-                f"(or AbsolutePositions / RotaryEmbedding); got {cls!r}"
+                f"(or AbsolutePositions / RotaryEmbedding / AttentionWeights); got {cls!r}"
             )
 
     return _register(PE_REGISTRY, "pe", name, check)
@@ -300,6 +440,18 @@ class DataDependentBias(nn.Module):
         super().__init__()
 
 
+class AttentionWeights(nn.Module):
+    r"""Base class of encodings that replace $\mathrm{softmax}(QK^\top/\sqrt{d})$ itself (PaTH, stick-breaking):
+    ``forward(x, q, k, v) -> (y, pieces)``, x (batch, T, C) the layer's input (after its LayerNorm), q, k, v
+    (batch, n_head, T, hs), y (batch, n_head, T, hs) and ``pieces`` the full-size ``scores`` and ``probs`` (the
+    weights) for plots, as ``attention`` gives them. One module per layer, built as ``cls(cfg)``; decoders only;
+    no refiner or temperature (they act on softmax logits these encodings do not have, or do differently). These
+    are the papers' $O(T^2)$ forms, meant for a CPU at T up to about 512; the fast path runs them as they are."""
+
+    def __init__(self):
+        super().__init__()
+
+
 def relative_distance(q_pos, k_pos, causal: bool = True):
     """(Tq, Tk) float distances: ``i - j`` clamped at 0 for a decoder (future keys are masked anyway),
     ``|i - j|`` for an encoder."""
@@ -317,10 +469,17 @@ class RotaryEmbedding(nn.Module):
         head_size = cfg.n_embd // cfg.n_head
         theta = cfg.rope_base ** (-torch.arange(0, head_size, 2, dtype=torch.float32) / head_size)
         self.register_buffer("theta", theta, persistent=False)
-        self.block_size = cfg.block_size
+        self.block_size, self.fixed_scale = cfg.block_size, cfg.rope_scale
 
     def frequencies_and_scale(self, T: int) -> tuple[torch.Tensor, float]:
         return self.theta, 1.0
+
+    def context_scale(self, T: int) -> float:
+        r"""The scale $s$ of the RoPE scaling family (``rope_pi``, ``rope_ntk``, ``yarn``): by default *dynamic*,
+        $s = T / L$ from the window length $T$ beyond the training length $L$ (``block_size``), so a prefix's
+        outputs change when more tokens follow it; with ``GPTConfig.rope_scale`` $> 0$ a fixed $s$ at every
+        length (the papers' fine-tuned setting), so they do not. Scaling applies where $s > 1$."""
+        return self.fixed_scale if self.fixed_scale else T / self.block_size
 
     def forward(self, pos, T: int):
         theta, scale = self.frequencies_and_scale(T)
@@ -331,6 +490,17 @@ class RotaryEmbedding(nn.Module):
         """((cos, sin) for the queries, (cos, sin) for the keys): the same rotation for both."""
         rotation = self(pos, T)
         return rotation, rotation
+
+
+def shift_back(t, alpha):
+    r"""$\alpha_t t_{t-1} + (1 - \alpha_t) t_t$ along the positions of t (batch, nh, T, hs), $t_{-1} = 0$; alpha
+    (batch, nh, T, 1)."""
+    previous = F.pad(t, (0, 0, 1, 0))[:, :, :-1]
+    return alpha.to(t.dtype) * previous + (1 - alpha.to(t.dtype)) * t
+
+
+# The kinds of positional encoding ``register_pe`` takes.
+PE_KINDS = (AbsolutePositions, RotaryEmbedding, AdditiveBias, DataDependentBias, AttentionWeights)
 
 
 def apply_rotary(x, cos, sin):
@@ -408,7 +578,8 @@ class YaRNEmbedding(RotaryEmbedding):
     $\gamma_i = \mathrm{clamp}\big(\frac{i - \ell}{h - \ell}, 0, 1\big)$ between the correction dimensions
     $\ell = \lfloor d(\beta{=}32) \rfloor$, $h = \lceil d(\alpha{=}1) \rceil$,
     $d(r) = \frac{D \ln(L / 2\pi r)}{2 \ln \text{base}}$: fast pairs keep their frequency, slow ones are
-    interpolated. cos and sin are multiplied by $0.1 \ln s + 1$ (the logits by its square)."""
+    interpolated. cos and sin are multiplied by $0.1 \ln s + 1$ (the logits by its square). $s$ is
+    ``context_scale``: dynamic (from the window length $T$) unless ``GPTConfig.rope_scale`` fixes it."""
 
     def __init__(self, cfg: GPTConfig, beta: float = 32.0, alpha: float = 1.0):
         super().__init__(cfg)
@@ -425,7 +596,7 @@ class YaRNEmbedding(RotaryEmbedding):
         self.register_buffer("ramp", ramp, persistent=False)
 
     def frequencies_and_scale(self, T: int):
-        s = T / self.block_size
+        s = self.context_scale(T)
         if s <= 1:
             return self.theta, 1.0
         return self.theta / s * self.ramp + self.theta * (1 - self.ramp), 0.1 * math.log(s) + 1.0
@@ -435,10 +606,11 @@ class YaRNEmbedding(RotaryEmbedding):
 class PositionInterpolation(RotaryEmbedding):
     r"""Position interpolation (Chen et al., 2023): RoPE trained as usual; at $T > L$ (``block_size``) the
     positions are squeezed into the trained range, $m \to m L / T$, i.e. every frequency is divided by
-    $s = T / L$: $\theta'_i = \theta_i / s$."""
+    $s = T / L$: $\theta'_i = \theta_i / s$. $s$ is ``context_scale``: dynamic, from the window length $T$ (a
+    prefix's outputs change when more tokens follow), unless ``GPTConfig.rope_scale`` fixes it."""
 
     def frequencies_and_scale(self, T: int):
-        s = T / self.block_size
+        s = self.context_scale(T)
         return (self.theta / s, 1.0) if s > 1 else (self.theta, 1.0)
 
 
@@ -446,14 +618,18 @@ class PositionInterpolation(RotaryEmbedding):
 class NTKAwareRoPE(RotaryEmbedding):
     r"""NTK-aware scaling (bloc97, 2023): at $T > L$ the base grows instead, $\text{base}' = \text{base}\,
     s^{d/(d-2)}$ with $s = T/L$: $\theta'_i = \text{base}'^{-2i/d}$. The fastest pair ($i = 0$) keeps its
-    frequency and the slowest ($i = d/2 - 1$) is divided by exactly $s$, as in position interpolation."""
+    frequency and the slowest ($i = d/2 - 1$) is divided by exactly $s$, as in position interpolation.
+
+    This is the *dynamic* variant (dynamic NTK): $s = T/L$ from the window length $T$, so a prefix's outputs change
+    when more tokens follow it; ``GPTConfig.rope_scale`` $= s$ gives the fixed-scale NTK-aware variant
+    (``context_scale``)."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__(cfg)
         self.base = cfg.rope_base
 
     def frequencies_and_scale(self, T: int):
-        s = T / self.block_size
+        s = self.context_scale(T)
         if s <= 1:
             return self.theta, 1.0
         d = 2 * len(self.theta)
@@ -465,9 +641,16 @@ class NTKAwareRoPE(RotaryEmbedding):
 class XPosEmbedding(RotaryEmbedding):
     r"""xPos (Sun et al., 2023): RoPE whose query at position $n$ is also scaled by $\zeta_i^{n/\gamma}$ and
     key at $m$ by $\zeta_i^{-m/\gamma}$, so that pair $i$ of $q_n^\top k_m$ is multiplied by
-    $\zeta_i^{(n - m)/\gamma}$: an exponential decay with distance, slowest for the fast pairs.
-    $\zeta_i = (2i/d + 0.4)/1.4 \in [0.29, 1)$, $\gamma = 512$ (the paper's scale base). Positions are counted
-    from the middle of the sequence, which leaves $n - m$ unchanged and keeps both factors near 1."""
+    $\zeta_i^{(n - m)/\gamma}$: an exponential decay with distance, fastest for the fast pairs (small $i$, high
+    frequency, $\zeta_0 = 0.29$) and slowest for the slow ones ($\zeta_i \to 1$).
+    $\zeta_i = (2i/d + 0.4)/1.4 \in [0.29, 1)$, $\gamma = 512$ (the paper's scale base).
+
+    The factors are kept as logarithms, $\ell_i(n) = n \ln\zeta_i / \gamma$ (``log_decay``, finite at any
+    position), and ``decay_about`` multiplies $q_n$ by $e^{\ell(n) - \ell(c)}$ and $k_m$ by $e^{\ell(c) - \ell(m)}$
+    about a centre $c$, which leaves $n - m$ unchanged. Here $c$ is the middle of the sequence (the authors'
+    choice: both factors stay near 1); in float32 those factors overflow beyond about 72,500 tokens, so the fast
+    path takes each block of queries' last row as its centre instead, where a decoder's factors stay at most
+    $e^{\text{rows}\,|\ln\zeta_0|/\gamma}$ at any length (``fast.py``). ``rotations`` is RoPE's."""
 
     scale_base = 512.0
 
@@ -477,12 +660,21 @@ class XPosEmbedding(RotaryEmbedding):
         zeta = (torch.arange(0, head_size, 2, dtype=torch.float32) / head_size + 0.4) / 1.4
         self.register_buffer("zeta", zeta, persistent=False)
 
-    def rotations(self, pos, T: int):
-        cos, sin = self(pos, T)  # (T, d/2) each
-        centered = (pos.float() - pos.float().mean())[:, None] / self.scale_base
-        query_scale = self.zeta**centered  # zeta^(n / gamma)  (T, d/2)
-        key_scale = 1 / query_scale  # zeta^(-m / gamma)
-        return (cos * query_scale, sin * query_scale), (cos * key_scale, sin * key_scale)
+    def log_decay(self, pos):
+        r"""$\ell_i(n) = n \ln\zeta_i / \gamma$ (T, d/2): the logarithm of query $n$'s factor on pair $i$."""
+        return pos.float()[:, None] * (self.zeta.log() / self.scale_base)
+
+
+def decay_about(q, k, log_decay, centre):
+    r"""xPos's factors about a centre: $q_n e^{\ell(n) - \ell(c)}$ and $k_m e^{\ell(c) - \ell(m)}$, so pair $i$ of
+    $q_n^\top k_m$ is multiplied by $e^{\ell_i(n) - \ell_i(m)} = \zeta_i^{(n - m)/\gamma}$. q (batch, nh, Tq, hs) with
+    its rows' $\ell$ (Tq, hs/2) and k (batch, nh, Tk, hs) with its rows' $\ell$ (Tk, hs/2): ``log_decay`` is the
+    pair (queries' rows, keys' rows); ``centre`` $\ell(c)$ (hs/2,). Channels $i$ and $i + hs/2$ (one pair, see
+    ``apply_rotary``) share a factor."""
+    query_log, key_log = log_decay
+    query_scale = (query_log - centre).exp().repeat(1, 2)  # (Tq, hs)
+    key_scale = (centre - key_log).exp().repeat(1, 2)  # (Tk, hs)
+    return q * query_scale.to(q.dtype), k * key_scale.to(k.dtype)
 
 
 @register_pe("hope")
@@ -654,23 +846,35 @@ class FIREBias(AdditiveBias):
 @register_pe("fox")
 class ForgetGateBias(DataDependentBias):
     r"""FoX, the Forgetting Transformer (Lin et al., ICLR 2025): each token $t$ writes a forget gate per head,
-    $f_t^{(h)} = \sigma(w_h^\top x_t + b_h)$, and query $i$ discounts key $j$ by every gate in between:
-    $D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j$ with $c_i = \sum_{l \le i} \ln f_l$. With constant gates
-    $f = e^{-m}$ this is ALiBi's $-m (i - j)$: FoX is ALiBi whose slope each token sets. The gates start there:
-    $b_h = -\ln(e^{m_h} - 1)$ gives $\sigma(b_h) = e^{-m_h}$ with ALiBi's slopes $m_h$ (our choice; $w_h$ starts
-    at $N(0, 0.02)$). An encoder (``causal=False``) counts the gates between the two either way,
-    $D_{ij} = -|c_i - c_j|$."""
+    $f_t^{(h)} = \sigma(w_h^\top x_t + b_h)$ (eq. 6), and query $i$ discounts key $j$ by every gate in between:
+    $D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j$ with $c_i = \sum_{l \le i} \ln f_l$ (eq. 9). With constant gates
+    $f = e^{-m}$ this is ALiBi's $-m (i - j)$: FoX is ALiBi whose slope each token sets. An encoder
+    (``causal=False``) counts the gates between the two either way, $D_{ij} = -|c_i - c_j|$.
+
+    ``GPTConfig.fox_gate``: ``"data"`` the gate above; the paper's data-independent ablations ``"constant"``
+    $f^{(h)} = \sigma(b_h)$ learned (a learned ALiBi slope per head) and ``"fixed"`` $\sigma(b_h)$ kept at its
+    start. ``GPTConfig.fox_gate_init`` sets $b$'s start (``fox_gate_start``): the authors' $b = 0$ by default;
+    $w_h$ starts at $N(0, 0.02)$. The authors' Pro block (output gate, output norm, QK-norm, KV-shift) is
+    ``GPTConfig.attention_extras``."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
-        self.causal = cfg.causal
-        self.gate = _normal_linear(cfg.n_embd, cfg.n_head)
-        with torch.no_grad():
-            self.gate.bias.copy_(-torch.log(torch.expm1(alibi_slopes(cfg.n_head))))
+        self.causal, self.kind = cfg.causal, cfg.fox_gate
+        start = fox_gate_start(cfg.fox_gate_init, cfg.n_head)
+        if self.kind == "data":
+            self.gate = _normal_linear(cfg.n_embd, cfg.n_head)
+            with torch.no_grad():
+                self.gate.bias.copy_(start)
+        elif self.kind == "constant":
+            self.gate_bias = nn.Parameter(start)  # b_h, learned
+        else:
+            self.register_buffer("gate_bias", start)  # b_h, fixed
 
     def log_forget(self, x):
         r"""$\ln f_t$ (batch, n_head, T) from the layer input x (batch, T, C)."""
-        return F.logsigmoid(self.gate(x)).transpose(1, 2)
+        if self.kind == "data":
+            return F.logsigmoid(self.gate(x)).transpose(1, 2)
+        return F.logsigmoid(self.gate_bias).to(x.dtype)[None, :, None].expand(len(x), -1, x.shape[1])
 
     def forward(self, x, q, k, first_query: int = 0):
         Tq, Tk = q.shape[2], k.shape[2]
@@ -688,12 +892,15 @@ class ContextualPositionBias(DataDependentBias):
     position vectors $e[0..P-1]$ (``(head_size, P)``, shared by the heads, from zeros), with
     $\lfloor p \rfloor$, $\lceil p \rceil$ and $w = p - \lfloor p \rfloor$:
     $z_{ij} = (1 - w)\, q_i^\top e[\lfloor p_{ij} \rfloor] + w\, q_i^\top e[\lceil p_{ij} \rceil]$.
-    $P$ = ``block_size`` (the most keys a training query sees). An encoder counts from $i$ to $j$ either way."""
+    $P$ = ``GPTConfig.cope_positions``, 64 by default: the paper caps positions well below the context (its
+    Wikitext-103 runs: 64 slots for 1,024 tokens, as we read it; x-transformers defaults to 16), so a query counts
+    at most $P - 1$ keys back and every farther key shares the last slot, at any length. An encoder counts from
+    $i$ to $j$ either way."""
 
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.causal = cfg.causal
-        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.block_size))  # e (hs, P)
+        self.embeddings = nn.Parameter(torch.zeros(cfg.n_embd // cfg.n_head, cfg.cope_positions))  # e (hs, P)
 
     def positions(self, q, k, first_query: int = 0):
         r"""$p_{ij}$ (batch, nh, Tq, Tk) in float32: the gates summed from key j to query i."""
@@ -717,6 +924,83 @@ class ContextualPositionBias(DataDependentBias):
         return (1 - w) * at_low + w * at_high  # z (batch, nh, Tq, Tk)
 
 
+# ----------------------------------------------------------------------------------------------------
+# Encodings that compute the attention weights themselves (batch, n_head, T, T), one module per layer
+
+
+@register_pe("stick_breaking")
+class StickBreakingAttention(AttentionWeights):
+    r"""Stick-breaking attention (Tan et al., ICLR 2025): no softmax. Query $i$ breaks a stick of length 1, from
+    its nearest earlier key backwards: with $z_{ij} = q_i^\top k_j/\sqrt{d}$ and $\beta_{ij} = \sigma(z_{ij})$,
+    $$A_{ij} = \beta_{ij} \prod_{j < k < i} (1 - \beta_{ik}), \quad j < i, \qquad y_i = \sum_{j<i} A_{ij} v_j,$$
+    (the paper's eq. 4-5): key $j$ takes the share $\beta_{ij}$ of what the nearer keys left. The weights sum to at
+    most 1 and what is left attends to nothing (query 0 sees no key: $y_0 = 0$). Recency is built in, as in ALiBi,
+    but read from the data; no position enters. In log space (as the authors compute it):
+    $\ln A_{ij} = \ln\sigma(z_{ij}) + \sum_{j<k<i} \ln\sigma(-z_{ik})$."""
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__()
+
+    def forward(self, x, q, k, v):
+        T = q.shape[2]
+        z = (q @ k.transpose(-2, -1)).float() / math.sqrt(q.shape[-1])  # z_ij (batch, nh, T, T)
+        earlier = torch.ones(T, T, dtype=torch.bool, device=q.device).tril(-1)  # keys j < i
+        log_beta = F.logsigmoid(z).masked_fill(~earlier, float("-inf"))  # ln beta_ij
+        log_left = F.logsigmoid(-z).masked_fill(~earlier, 0.0)  # ln(1 - beta_ik)
+        nearer = log_left.flip(-1).cumsum(-1).flip(-1) - log_left  # sum over j < k < i of ln(1 - beta_ik)
+        probs = (log_beta + nearer).exp()  # A_ij, 0 where j >= i
+        return probs.to(v.dtype) @ v, {"scores": z, "probs": probs}
+
+
+@register_pe("path")
+class PaTHAttention(AttentionWeights):
+    r"""PaTH attention (Yang et al., NeurIPS 2025): between key $j$ and query $i$, a product of data-dependent
+    Householder-like transforms $H_t = I - \beta_t w_t w_t^\top$ of the tokens in between (eq. 2-3):
+    $$S_{ij} = q_i^\top H_i H_{i-1} \cdots H_{j+1}\, k_j / \sqrt{d}, \qquad y = \mathrm{softmax}(\mathrm{mask}(S))\,V.$$
+    Per head, $w_t = \mathrm{normalize}(\mathrm{conv}(W_w x)_t)$ (a causal depthwise convolution of width 3 over
+    the positions, then unit length) and $\beta_t = 2\sigma(u^\top x_t + b) \in (0, 2)$: $\beta = 2$ is a reflection,
+    smaller values shrink $k$ along $w_t$. RoPE is the special case of fixed rotations; here each token decides
+    how it transforms the keys that pass it, which the authors show lets attention track state (flip-flops,
+    permutations) that RoPE cannot. $w$'s low-rank factorisation in the authors' layer is left out.
+
+    The form below carries every earlier key through $H_i$ as the query position $i$ advances: $T$ steps of
+    $O(T d)$, $O(T^2 d)$ in all (the authors' kernels use a blockwise UT transform instead)."""
+
+    def __init__(self, cfg: GPTConfig, conv_width: int = 3):
+        super().__init__()
+        self.n_head = cfg.n_head
+        self.w_proj = _normal_linear(cfg.n_embd, cfg.n_embd)  # W_w
+        self.w_conv = nn.Conv1d(cfg.n_embd, cfg.n_embd, conv_width, groups=cfg.n_embd, padding=conv_width - 1)
+        self.beta_proj = _normal_linear(cfg.n_embd, cfg.n_head)  # u, b
+
+    def directions(self, x):
+        r"""$w_t$ (batch, nh, T, hs), unit length, and $\beta_t$ (batch, nh, T) from x (batch, T, C)."""
+        batch, T, C = x.shape
+        w = self.w_conv(self.w_proj(x).transpose(1, 2))[..., :T]  # causal: position t reads t-2..t
+        w = F.normalize(w.transpose(1, 2).reshape(batch, T, self.n_head, -1).float(), dim=-1).transpose(1, 2)
+        beta = 2 * torch.sigmoid(self.beta_proj(x).float()).transpose(1, 2)
+        return w, beta
+
+    def forward(self, x, q, k, v):
+        T = q.shape[2]
+        w, beta = self.directions(x)
+        q, k = q.float(), k.float()
+        rows = []
+        carried = k[:, :, :0]  # keys j < i carried to position i: H_i ... H_{j+1} k_j
+        for i in range(T):
+            w_i, beta_i = w[:, :, i, None, :], beta[:, :, i, None, None]  # (batch, nh, 1, hs), (batch, nh, 1, 1)
+            carried = carried - beta_i * (carried @ w_i.transpose(-2, -1)) * w_i  # H_i k = k - beta_i (w_i . k) w_i
+            carried = torch.cat([carried, k[:, :, i : i + 1]], dim=2)  # k_i joins untransformed
+            rows.append(F.pad(q[:, :, i : i + 1] @ carried.transpose(-2, -1), (0, T - i - 1)))  # S_ij, j <= i
+        scores = torch.cat(rows, dim=2) / math.sqrt(q.shape[-1])  # S (batch, nh, T, T)
+        y, probs = attend(scores, attention_mask(T, True, q.device), v)
+        return y, {"scores": scores, "probs": probs}
+
+
+# Encodings built once per layer (they read the layer's data), not shared by the layers.
+LAYER_OWN = (DataDependentBias, AttentionWeights)
+
+
 def pe_has_bias(pe: str) -> bool:
     """True when ``pe`` (one encoding's name) produces an additive bias B, from positions or from the data
     (refiners then see ``[S, B]``)."""
@@ -735,11 +1019,20 @@ class LengthTemperature(nn.Module):
         flattening towards uniform as $n$ grows (its entropy would otherwise grow like $\ln n$).
       - ``learned``: $\tau_{h,i} = s_h \ln n_i$, $s_h$ learned per head from $1/\ln L$ (Scalable-Softmax,
         SSMax: $s \ln n$; a learned per-head temperature is also Wang et al.'s (ACL 2024) fix for NoPE).
+      - ``llama4``: $\tau_i = 1 + \beta \ln(\lfloor n_i / F \rfloor + 1)$, $\beta = 0.1$ (Llama 4's attention
+        temperature tuning, which scales the queries of its NoPE layers only; a per-layer spec's ``@temp=llama4``
+        does the same here). Llama 4 has $F = 8192$, its chunk length; here $F$ = ``block_size`` (our choice: the
+        length trained at), so $\tau = 1$ within it and grows in steps of $F$ beyond.
+    A layer with an attention window (``LayerSpec``) counts the keys in its window: $n_i = \min(i + 1, W)$ sliding,
+    $(i \bmod W) + 1$ chunked.
     ``forward(q0, q1, T)`` gives the factors of query rows q0..q1-1 of T tokens: (1 or n_head, q1 - q0, 1)."""
 
-    def __init__(self, cfg: GPTConfig):
+    llama4_beta = 0.1
+
+    def __init__(self, cfg: GPTConfig, kind: str | None = None, window: int = 0, chunked: bool = False):
         super().__init__()
-        self.kind, self.causal = cfg.temperature, cfg.causal
+        self.kind, self.causal = cfg.temperature if kind is None else kind, cfg.causal
+        self.window, self.chunked, self.train_length = window, chunked, cfg.block_size
         self.register_buffer("log_train_length", torch.tensor(math.log(cfg.block_size)), persistent=False)
         if self.kind == "learned":
             self.scale = nn.Parameter(torch.full((cfg.n_head,), 1 / math.log(cfg.block_size)))  # s_h
@@ -749,6 +1042,11 @@ class LengthTemperature(nn.Module):
         keys_seen = (
             torch.arange(q0 + 1, q1 + 1, device=device) if self.causal else torch.full((q1 - q0,), T, device=device)
         )
+        if self.window:  # a decoder's window: the keys in it
+            keys_seen = (keys_seen - 1) % self.window + 1 if self.chunked else keys_seen.clamp(max=self.window)
+        if self.kind == "llama4":  # 1 + beta ln(floor(n / F) + 1)  (1, Tq, 1)
+            steps = torch.div(keys_seen, self.train_length, rounding_mode="floor")
+            return (1 + self.llama4_beta * torch.log1p(steps.float()))[None, :, None]
         log_n = keys_seen.float().log()[None, :, None]  # ln n_i (1, Tq, 1)
         if self.kind == "log_length":
             return (log_n / self.log_train_length).clamp(min=1)
@@ -882,6 +1180,25 @@ def attention_mask(T: int, causal: bool, device=None) -> torch.Tensor:
     return torch.ones(T, T, dtype=torch.bool, device=device).tril()
 
 
+def window_mask(
+    q0: int, q1: int, k0: int, k1: int, causal: bool, window: int = 0, chunked: bool = False, device=None
+) -> torch.Tensor:
+    r"""Queries q0..q1-1 against keys k0..k1-1, (q1 - q0, k1 - k0) bool: ``attention_mask``'s cells, and with a
+        ``window`` $W$ only the keys in it: sliding, $i - W < j \le i$ (the $W$ latest keys, the query's own
+        included; Mistral, Cohere's RNoPE-SWA); chunked, $\lfloor j/W
+    floor = \lfloor i/W
+    floor$, $j \le i$ (the
+        sequence cut into chunks of $W$ tokens, each attending within itself; Llama 4)."""
+    i = torch.arange(q0, q1, device=device)[:, None]
+    j = torch.arange(k0, k1, device=device)[None, :]
+    allowed = j <= i if causal else torch.ones(q1 - q0, k1 - k0, dtype=torch.bool, device=device)
+    if window and chunked:
+        allowed = allowed & (torch.div(j, window, rounding_mode="floor") == torch.div(i, window, rounding_mode="floor"))
+    elif window:
+        allowed = allowed & (j > i - window)
+    return allowed
+
+
 def refiner_view(bias, mask):
     r"""What a refiner sees of the bias $B$ (h, Tq, Tk), and where attention is allowed (h, Tq, Tk) bool.
 
@@ -929,9 +1246,10 @@ class PositionalInputs:
     """What every layer needs from the positions, computed once per forward and shared by all layers (of one
     encoding); a layer whose bias reads the data takes its own copy (``reading``)."""
 
-    def __init__(self, positions, rotary, bias_between, data_bias=None):
+    def __init__(self, positions, rotary, bias_between, data_bias=None, log_decay=None):
         self.positions = positions  # (T,)
         self.rotary = rotary  # ((cos, sin) for queries, (cos, sin) for keys), each (T, hs/2); or None
+        self.log_decay = log_decay  # xPos's logarithms of its factors (T, hs/2), see ``decay_about``; or None
         self.bias_between = bias_between  # (q_pos, k_pos) -> B (nh, Tq, Tk), checked; or None: no such bias
         self.data_bias = data_bias  # (q0, q1, k1) -> B (batch, nh, q1 - q0, k1), checked; or None
 
@@ -953,10 +1271,27 @@ class PositionalInputs:
 
     def reading(self, data_bias: Callable) -> PositionalInputs:
         """A layer's own inputs, whose bias reads the layer's data: ``data_bias(q0, q1, k1)``."""
-        return PositionalInputs(self.positions, self.rotary, None, data_bias)
+        return PositionalInputs(self.positions, self.rotary, None, data_bias, self.log_decay)
+
+    def decayed(self, q, k):
+        """q and k with xPos's factors about the middle of the sequence (``decay_about``), when it has them."""
+        if self.log_decay is None:
+            return q, k
+        return decay_about(q, k, (self.log_decay, self.log_decay), self.log_decay.mean(0))
 
 
 class SelfAttention(nn.Module):
+    r"""One layer's attention. ``GPTConfig.attention_extras`` adds the parts of FoX's "Pro" block (Lin et al.,
+    ICLR 2025, section 3.2, as we read it), each usable alone and with any encoding:
+      - ``kv_shift``: a data-dependent token shift of keys and values, per head
+        $k_t \leftarrow \alpha_t k_{t-1} + (1 - \alpha_t) k_t$ with $\alpha_t = \sigma(w_\alpha^\top x_t)$ (and the same
+        for $v$ with its own $w$); $k_{-1} = 0$;
+      - ``qk_norm``: $q \leftarrow \mathrm{RMSNorm}(q)$, $k \leftarrow \mathrm{RMSNorm}(k)$ per head, after the
+        shift and before any rotation;
+      - ``output_norm``: each head's output $\mathrm{RMSNorm}(o^{(h)})$;
+      - ``output_gate``: $o \leftarrow o \odot \sigma(W_g x)$ before the output projection.
+    """
+
     # Another implementation of ``attention`` with the same parameters, installed by whoever has one (the
     # package's fast.py does when imported): a function (layer, q, k, v, positional) -> y, used when
     # cfg.fast is True. This file has none: copied alone, every layer runs the form below. ``fast_qkv`` (from
@@ -964,26 +1299,43 @@ class SelfAttention(nn.Module):
     fast_attention: Callable | None = None
     fast_qkv: Callable | None = None
 
-    def __init__(self, cfg: GPTConfig, pe: str | None = None):
+    def __init__(self, cfg: GPTConfig, spec: LayerSpec | None = None):
         super().__init__()
         self.cfg = cfg
-        self.pe = cfg.pe if pe is None else pe  # this layer's encoding (a name)
+        spec = layer_specs(cfg)[0] if spec is None else spec
+        self.pe = spec.pe  # this layer's encoding (a name)
+        self.window, self.chunked = spec.window, spec.chunked  # its attention window (0: none), see attention_mask
         self.n_head, self.head_size = cfg.n_head, cfg.n_embd // cfg.n_head
         self.c_attn = _normal_linear(cfg.n_embd, 3 * cfg.n_embd)
         self.c_proj = _normal_linear(cfg.n_embd, cfg.n_embd, std=0.02 / math.sqrt(2 * cfg.n_layer))
         self.resid_dropout = nn.Dropout(cfg.dropout)
         encoding = PE_REGISTRY[self.pe]
         self.data_bias = encoding(cfg) if issubclass(encoding, DataDependentBias) else None  # this layer's own
-        self.temperature = LengthTemperature(cfg) if cfg.temperature != "none" else None
+        self.weights = encoding(cfg) if issubclass(encoding, AttentionWeights) else None  # PaTH, stick-breaking
+        temperature = cfg.temperature if spec.temperature is None else spec.temperature
+        self.temperature = (
+            LengthTemperature(cfg, temperature, self.window, self.chunked) if temperature != "none" else None
+        )
         refiner_cls = REFINER_REGISTRY[cfg.refiner]  # built for this layer's encoding (its B or none)
-        refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)
+        refiner_cfg = cfg if self.pe == cfg.pe else replace(cfg, pe=self.pe)  # the refiner sees one encoding
         self.refiner = refiner_cls(refiner_cfg) if refiner_cls is not None else None
+        extras = attention_extras(cfg)
+        self.shifts_kv = _normal_linear(cfg.n_embd, 2 * cfg.n_head) if "kv_shift" in extras else None  # w_alpha
+        self.q_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras or spec.qk_norm else None
+        self.k_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras or spec.qk_norm else None
+        self.output_norm = nn.RMSNorm(self.head_size) if "output_norm" in extras else None
+        self.output_gate = _normal_linear(cfg.n_embd, cfg.n_embd) if "output_gate" in extras else None  # W_g
 
     def qkv(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
         q, k, v = self.c_attn(x).split(C, dim=2)
         # (batch, T, C) -> (batch, nh, T, hs) each
         q, k, v = (t.view(batch, T, self.n_head, self.head_size).transpose(1, 2) for t in (q, k, v))
+        if self.shifts_kv is not None:
+            alpha = torch.sigmoid(self.shifts_kv(x)).transpose(1, 2)[..., None]  # (batch, 2 nh, T, 1)
+            k, v = (shift_back(t, a) for t, a in zip((k, v), alpha.chunk(2, dim=1)))
+        if self.q_norm is not None:
+            q, k = self.q_norm(q), self.k_norm(k)
         if positional.rotary is not None:
             query_rotation, key_rotation = positional.rotary
             q, k = apply_rotary(q, *query_rotation), apply_rotary(k, *key_rotation)
@@ -1008,28 +1360,44 @@ class SelfAttention(nn.Module):
 
     def forward(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
-        fast = self.cfg.fast and SelfAttention.fast_attention is not None
+        fast = self.cfg.fast and SelfAttention.fast_attention is not None and self.weights is None
         if fast and SelfAttention.fast_qkv is not None:
             q, k, v = SelfAttention.fast_qkv(self, x, positional)
         else:
             q, k, v = self.qkv(x, positional)
         positional = self.inputs(x, q, k, positional)
-        if fast:
+        if self.weights is not None:  # PaTH, stick-breaking: their own weights, in their papers' form
+            y, _ = self.weights(x, q, k, v)
+        elif fast:
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
             dropout = self.cfg.dropout if self.training else 0.0
+            q, k = positional.decayed(q, k)
             y, _ = attention(
                 q,
                 k,
                 v,
                 positional.full_bias,
-                attention_mask(T, self.cfg.causal, x.device),
+                self.mask(T, x.device),
                 self.refiner,
                 dropout,
                 self.temperature_rows(0, T, T),
             )
+        if self.output_norm is not None:
+            y = self.output_norm(y)  # RMSNorm of each head's output
         y = y.transpose(1, 2).contiguous().view(batch, T, C)  # (batch, T, C)
+        if self.output_gate is not None:
+            y = y * torch.sigmoid(self.output_gate(x))  # o (.) sigma(W_g x)
         return self.resid_dropout(self.c_proj(y))
+
+    def mask(self, T: int, device=None) -> torch.Tensor:
+        """(T, T) bool, True where query i may attend to key j: ``attention_mask`` cut to this layer's window."""
+        return window_mask(0, T, 0, T, self.cfg.causal, self.window, self.chunked, device)
+
+    @property
+    def reshapes_qk(self) -> bool:
+        """Whether ``qkv`` does more than project and rotate (FoX's KV-shift or QK-norm)."""
+        return self.shifts_kv is not None or self.q_norm is not None
 
     def temperature_rows(self, q0: int, q1: int, T: int):
         r"""$\tau$ of query rows q0..q1-1 (1 or nh, rows, 1), or None without a temperature."""
@@ -1041,12 +1409,16 @@ class SelfAttention(nn.Module):
         q, k, v = self.qkv(x, positional)
         T = q.shape[2]
         positional = self.inputs(x, q, k, positional)
+        q, k = positional.decayed(q, k)
+        if self.weights is not None:
+            pieces = self.weights(x, q, k, v)[1]
+            return {"scores": pieces["scores"], "bias": None, "refined": pieces["scores"], "probs": pieces["probs"]}
         return attention(
             q,
             k,
             v,
             positional.full_bias,
-            attention_mask(T, self.cfg.causal, x.device),
+            self.mask(T, x.device),
             self.refiner,
             temperature=self.temperature_rows(0, T, T),
         )[1]
@@ -1066,9 +1438,9 @@ class MLP(nn.Module):
 class Block(nn.Module):
     """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
 
-    def __init__(self, cfg: GPTConfig, pe: str | None = None):
+    def __init__(self, cfg: GPTConfig, spec: LayerSpec | None = None):
         super().__init__()
-        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg, pe)
+        self.ln_1, self.attn = nn.LayerNorm(cfg.n_embd), SelfAttention(cfg, spec)
         self.ln_2, self.mlp = nn.LayerNorm(cfg.n_embd), MLP(cfg)
 
     def forward(self, x, positional: PositionalInputs):
@@ -1099,14 +1471,14 @@ class GPT(nn.Module):
         shared = {
             name: PE_REGISTRY[name]
             for name in dict.fromkeys(self.layer_pes)
-            if not issubclass(PE_REGISTRY[name], DataDependentBias)
+            if not issubclass(PE_REGISTRY[name], LAYER_OWN)
         }
         if len(set(self.layer_pes)) == 1:  # shared by all layers
-            self.pe = shared.get(cfg.pe, NoPositions)(cfg)
+            self.pe = shared.get(self.layer_pes[0], NoPositions)(cfg)
         else:
             self.pe = nn.ModuleDict({name: encoding(cfg) for name, encoding in shared.items()})
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg, pe) for pe in self.layer_pes)
+        self.blocks = nn.ModuleList(Block(cfg, spec) for spec in layer_specs(cfg))
         self.ln_f = nn.LayerNorm(cfg.n_embd)
         self.lm_head = nn.Linear(cfg.n_embd, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -1158,7 +1530,8 @@ class GPT(nn.Module):
         """What the layers of one position-only ``encoding`` need: its rotations, or its bias."""
         rotary = encoding.rotations(pos, len(pos)) if isinstance(encoding, RotaryEmbedding) else None
         if not isinstance(encoding, AdditiveBias):
-            return PositionalInputs(pos, rotary, None)
+            log_decay = encoding.log_decay(pos) if isinstance(encoding, XPosEmbedding) else None
+            return PositionalInputs(pos, rotary, None, log_decay=log_decay)
         checked = set()  # every layer asks for the same query and key positions: check their values once
         fast = self.cfg.fast and GPT.fast_bias is not None
 

@@ -102,8 +102,12 @@ def kind_of(pe_module):
     return "none"
 
 
+# The encodings of positions alone, which this notebook is about; md.PE_NAMES (printed above) lists every registered
+# one and grows as encodings are added (those that read the data are notebook 08's), so the table takes this list.
+FROM_POSITIONS = ["none", "learned", "sinusoidal", "rope", "yarn", "rope_pi", "rope_ntk", "xpos", "hope",
+                  "alibi", "t5", "kerple_log", "kerple_power", "fire"]
 print(f"{'pe':<13} {'class':<22} {'parameters':>10}  kind")
-for name in md.PE_NAMES:
+for name in FROM_POSITIONS:
     pe_module = md.GPT(tiny_config(name)).to(DEVICE).pe
     n_params = sum(p.numel() for p in pe_module.parameters())
     print(f"{name:<13} {type(pe_module).__name__:<22} {n_params:>10}  {kind_of(pe_module)}")

@@ -8,7 +8,6 @@ MINIDAPE_EXPECT_GPU=1, which turns "no GPU" into an error instead of a row of sk
 
 import contextlib
 import copy
-import itertools
 import json
 import os
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 from test_fast import assert_same_under_bf16
-from test_model import BUILTIN_PES, BUILTIN_REFINERS
+from test_model import BUILTIN_COMBINATIONS
 from test_train import SYNC_FREE_MODELS
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -139,7 +138,7 @@ def test_training_steps_between_logs_do_not_synchronise_the_gpu(tokens, monkeypa
 
 
 @requires_cuda
-@pytest.mark.parametrize("pe,refiner", list(itertools.product(BUILTIN_PES, BUILTIN_REFINERS)))
+@pytest.mark.parametrize("pe,refiner", BUILTIN_COMBINATIONS)
 def test_fast_equals_reference_under_cuda_bf16_autocast(pe, refiner, monkeypatch):
     """As tests/test_fast.py does under CPU autocast: the same softmax dtype, and bf16 tolerances."""
     assert_same_under_bf16(pe, refiner, "cuda", monkeypatch)
@@ -227,7 +226,7 @@ def test_flex_attention_trains_like_sdpa(tokens, monkeypatch):
 @requires_cuda
 def test_the_bias_benchmark_times_every_encoding_both_ways():
     table = bench.bias_table("tiny", md.fast.FLEX_MIN_LENGTH, 2, torch.device("cuda"), repeats=1, warmup=1)
-    for pe in bench.BIAS_PES:
+    for pe in bench.bias_pes():
         assert f"| {pe} (FlexAttention) |" in table and f"| {pe} (SDPA, dense mask) |" in table
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from ..model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig
+from ..model import GPT, PE_REGISTRY, REFINER_REGISTRY, GPTConfig, pe_names
 from ..utils import atomic_path, resolve_device, user_path
 from .user_code import source_file
 
@@ -49,7 +49,7 @@ def save_checkpoint(
     which `--import` it needs), plus any JSON-like `extra` (e.g. `corpus`).
     """
     cfg = model.cfg
-    pe_sources = [source_file(PE_REGISTRY[name]) for name in cfg.pe.split(",")]  # a per-layer spec names several
+    pe_sources = [source_file(PE_REGISTRY[name]) for name in pe_names(cfg.pe)]  # a per-layer spec names several
     sources = {
         "pe": next((path for path in pe_sources if path), None),
         "refiner": source_file(REFINER_REGISTRY[cfg.refiner]),
@@ -109,7 +109,7 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
             f"known fields: {', '.join(sorted(known))}"
         )
     for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY)):
-        names = str(config.get(kind)).split(",") if kind == "pe" else [config.get(kind)]  # pe: per-layer spec
+        names = pe_names(str(config.get(kind))) if kind == "pe" else [config.get(kind)]  # pe: per-layer spec
         missing = [name for name in names if name is not None and name not in registry]
         if missing:
             source = checkpoint.get("sources", {}).get(kind)
@@ -121,6 +121,11 @@ def checkpoint_config(checkpoint: dict, where: str | os.PathLike = "the checkpoi
                 else "import the file that registers it first (CLI: --import FILE.py)"
             )
             raise ValueError(f"{where} uses {kind} {missing[0]!r}, which is not registered here; {where_from}")
+    # Fields added since the checkpoint was written, whose defaults changed what the model holds: the values that
+    # model was built with (issue 48). fox_gate_init only sets the start, which loaded weights replace.
+    config = {**config}
+    if "cope_positions" not in config and "block_size" in config:
+        config["cope_positions"] = config["block_size"]  # CoPE had block_size position slots
     try:
         return GPTConfig(**config)
     except (TypeError, ValueError) as err:

@@ -38,6 +38,8 @@ PE_COLORS = {
     "rope_ntk": "#c49c94",
     "xpos": "#dbdb8d",
     "hope": "#9edae5",
+    "stick_breaking": "#393b79",
+    "path": "#637939",
 }
 REFINER_LINESTYLES = {
     "none": "-",
@@ -71,6 +73,13 @@ MODEL_STYLES = {
     "FoX": ("fox", "none"),
     "DAPE-FoX": ("fox", "dape"),
     "CoPE": ("cope", "none"),
+    "FoX (ALiBi init)": {"color": "#9467bd", "linestyle": (0, (1, 1))},
+    "FoX Pro": {"color": "#9467bd", "linestyle": (0, (6, 2, 1, 2))},
+    "PaTH": ("path", "none"),
+    "Stick-breaking": ("stick_breaking", "none"),
+    "RNoPE-SWA": {"color": "#ff9896", "linestyle": "--"},
+    "iRoPE": {"color": "#ff9896", "linestyle": ":"},
+    "SWAN": {"color": "#ff9896", "linestyle": "-."},
     "RoPE/NoPE hybrid": {"color": "#ff9896", "linestyle": (0, (4, 1, 1, 1))},
 }
 _OTHER_COLORS = ("#aec7e8", "#ffbb78", "#98df8a", "#c5b0d5", "#c49c94", "#f7b6d2", "#dbdb8d", "#9edae5")

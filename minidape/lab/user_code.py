@@ -14,12 +14,9 @@ from pathlib import Path
 from torch import nn
 
 from ..model import (
+    PE_KINDS,
     PE_REGISTRY,
     REFINER_REGISTRY,
-    AbsolutePositions,
-    AdditiveBias,
-    DataDependentBias,
-    RotaryEmbedding,
     register_pe,
     register_refiner,
 )
@@ -90,7 +87,7 @@ def register_class(spec: str, what: str = "--import") -> tuple[str, str, str]:
         ]
         problem = f"defines no {class_name!r}" if cls is None else f"{class_name} is not an nn.Module class"
         raise ValueError(f"{what} {spec!r}: {path} {problem}; its module classes: {', '.join(found) or 'none'}")
-    kind = "pe" if issubclass(cls, (AdditiveBias, DataDependentBias, AbsolutePositions, RotaryEmbedding)) else "refiner"
+    kind = "pe" if issubclass(cls, PE_KINDS) else "refiner"
     registry = PE_REGISTRY if kind == "pe" else REFINER_REGISTRY
     registered = [name for name, value in registry.items() if value is cls]  # by the file, or by an earlier call
     name = registered[0] if registered else f"{path.stem}:{class_name}"

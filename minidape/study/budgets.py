@@ -161,9 +161,8 @@ def lm_config(budget: Budget, train_length: int, overrides: dict) -> GPTConfig:
     """A language model of the budget's size trained at `train_length` (a `MODELS` entry's overrides)."""
     if overrides.get("refiner_width") == MATCHED_WIDTH:
         overrides = {**overrides, "refiner_width": matched_dape_width(budget.n_head)}
-    return GPTConfig(
-        n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head, block_size=train_length, **overrides
-    )
+    size = dict(n_layer=budget.n_layer, n_embd=budget.n_embd, n_head=budget.n_head, block_size=train_length)
+    return GPTConfig(**{**size, **overrides})  # a hybrid's layer pattern may ask for more layers
 
 
 def che_config(budget: Budget, overrides: dict) -> GPTConfig:

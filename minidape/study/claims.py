@@ -69,6 +69,16 @@ MODELS = {
     "DAPE-FoX": {"pe": "fox", "refiner": "dape"},
     "CoPE": {"pe": "cope"},
     "RoPE/NoPE hybrid": {"pe": "rope,none", "temperature": "learned"},
+    # issue 48: FoX as its authors build it and as minidape started it, and the two families that replace softmax
+    "FoX (ALiBi init)": {"pe": "fox", "fox_gate_init": "alibi"},
+    "FoX Pro": {"pe": "fox", "attention_extras": "pro"},
+    "PaTH": {"pe": "path"},
+    "Stick-breaking": {"pe": "stick_breaking"},
+    # the published RoPE/NoPE hybrids (``model.layer_specs``), four layers for their 3:1 pattern, windows of 32
+    # tokens (a quarter of the study's training length, our choice)
+    "RNoPE-SWA": {"pe": "rope@sliding=32,rope@sliding=32,rope@sliding=32,none", "n_layer": 4},
+    "iRoPE": {"pe": "rope@chunk=32,rope@chunk=32,rope@chunk=32,none@temp=llama4", "n_layer": 4},
+    "SWAN": {"pe": "none@temp=log_length,rope@sliding=32,rope@sliding=32,rope@sliding=32", "n_layer": 4},
 }
 CHE_MODELS = {"Kerple-log": {"pe": "kerple_log"}, "DAPE-Kerple": {"pe": "kerple_log", "refiner": "dape"}}
 CHE_TASKS = ("missing_duplicate_string", "even_pairs", "reverse_string", "bucket_sort")

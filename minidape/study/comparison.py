@@ -21,7 +21,7 @@ import torch
 from ..lab.evaluate import PROTOCOLS
 from ..lab.train import decoder_leaks
 from ..lab.user_code import register_class, source_file
-from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY
+from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY, pe_names
 from ..utils import atomic_path, holds_out_folder, resolve_device
 from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, eval_lengths, lm_config, resolve_budget
 from .claims import FLAT_MARGIN, LEAKY_REFINER, MATCHED_WIDTH, MODELS, UNIGRAM_SHARE
@@ -70,7 +70,7 @@ def resolve_pe(pe: str) -> tuple[str, str | None]:
     ``path/to/file.py:ClassName`` imported and registered on the fly (`lab.user_code.register_class`); returns
     ``(name, sha256 of the file or None)``. The class must subclass ``md.AdditiveBias`` or
     ``md.DataDependentBias`` (or the other PE bases)."""
-    if all(name in PE_NAMES for name in pe.split(",")):
+    if all(name in PE_NAMES for name in pe_names(pe)):  # with any per-layer '@' options
         return pe, None
     if ":" not in pe:
         raise ValueError(
