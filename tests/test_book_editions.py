@@ -161,6 +161,23 @@ def test_pairing_replaces_an_older_colab_cell_and_refuses_a_file_without_header(
         pair.with_colab_cell("# %%\nprint(1)\n", "x.py")
 
 
+def test_make_pair_gives_an_unpaired_executed_notebook_its_colab_cell_and_keeps_its_outputs(tmp_path):
+    """`make pair` (docs/book/pair.py) on a notebook as it was before: the .py and the .ipynb become the committed
+    ones, every output kept (the Colab cell's id aside, which jupytext draws)."""
+    source = SOURCES[0]
+    text = source.read_text().replace("#     formats: ipynb,py:percent\n", "")
+    (tmp_path / source.name).write_text(text.replace(COLAB_CELL + "\n", ""))
+    executed = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    del executed.cells[0], executed.metadata["jupytext"]
+    nbformat.write(executed, tmp_path / f"{source.stem}.ipynb")
+    pair.main(tmp_path)
+    assert (tmp_path / source.name).read_text() == source.read_text()
+    paired = nbformat.read(tmp_path / f"{source.stem}.ipynb", as_version=4)
+    committed = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
+    paired.cells[0].id = committed.cells[0].id
+    assert paired == committed
+
+
 def test_jupytext_sync_keeps_the_paired_files_as_they_are(tmp_path):
     """`jupytext --sync` from either side, on a copy of a notebook: neither file changes (the .py is the .ipynb's
     source). jupytext's command line in this process: a process of its own takes seconds to start."""

@@ -6,7 +6,6 @@ the `.py` header and into the executed `.ipynb` beside it, whose cells it update
 output (the Colab cell, new to it, has none until `make notebooks` runs it). Running it again changes nothing.
 """
 
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,14 +26,15 @@ def with_colab_cell(text: str, name: str) -> str:
     return f"{header}{HEADER_END}{CELL}\n{body}"
 
 
-def main() -> int:
-    jupytext = Path(sys.executable).with_name("jupytext")
-    for source in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.py")):
+def main(folder: Path = NOTEBOOKS) -> int:
+    from jupytext.cli import jupytext  # its command line, in this process
+
+    for source in sorted(folder.glob("[0-9][0-9]_*.py")):
         text = source.read_text()
         updated = with_colab_cell(text, source.name)
         if updated != text:
             source.write_text(updated)
-        subprocess.run([jupytext, "--quiet", "--set-formats", "ipynb,py:percent", source], check=True)
+        jupytext(["--quiet", "--set-formats", "ipynb,py:percent", str(source)])
     return 0
 
 
