@@ -3,6 +3,7 @@
     git worktree add --detach /tmp/before <commit>
     python benchmarks/bench_before_after.py /tmp/before            # T=128 B=32 and T=512 B=8, 3 rounds
     python benchmarks/bench_before_after.py /tmp/before --rounds 1 --steps 4 --cases 128x32   # a quick look
+    python benchmarks/bench_before_after.py /tmp/before --cpu-time   # on a loaded machine: the thread's CPU time
 
 The other commit's package is copied to a temporary folder as ``minidape_before`` and imported beside this one
 (its modules import each other relatively, so both live in one process). For each case and refiner the two
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import platform
 import shutil
 import statistics
@@ -60,15 +62,15 @@ def models(package, T: int, refiner: str):
     return package.GPT(cfg)
 
 
-def step_seconds(model, x) -> float:
+def step_seconds(model, x, clock=time.perf_counter) -> float:
     model.zero_grad(set_to_none=True)
-    start = time.perf_counter()
+    start = clock()
     _, loss = model(x, x)
     loss.backward()
-    return time.perf_counter() - start
+    return clock() - start
 
 
-def one_round(before, T: int, batch: int, steps: int, warmup: int) -> dict[str, dict[str, float]]:
+def one_round(before, T: int, batch: int, steps: int, warmup: int, clock) -> dict[str, dict[str, float]]:
     """Median step seconds of each refiner in each package, all interleaved."""
     x = torch.randint(0, 256, (batch, T), generator=torch.Generator().manual_seed(T))
     pairs = {}
@@ -85,7 +87,7 @@ def one_round(before, T: int, batch: int, steps: int, warmup: int) -> dict[str, 
         for refiner, pair in pairs.items():
             order = ("after", "before") if i % 2 else ("before", "after")
             for which in order:
-                seconds = step_seconds(pair[which], x)
+                seconds = step_seconds(pair[which], x, clock)
                 if i >= warmup:
                     times[refiner][which].append(seconds)
     return {refiner: {which: statistics.median(t) for which, t in sides.items()} for refiner, sides in times.items()}
@@ -98,24 +100,32 @@ def main(argv=None) -> None:
     parser.add_argument("--steps", type=int, default=10, help="timed steps per round")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--cases", nargs="+", default=["128x32", "512x8"], help="TxBATCH")
+    parser.add_argument(
+        "--cpu-time",
+        action="store_true",
+        help="time the thread's CPU time instead of the wall clock: on a machine shared with other jobs it leaves "
+        "out the time the process waits for a core (not the cache other jobs take)",
+    )
     args = parser.parse_args(argv)
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(1)
     before = import_before(args.before)
     print(
         f"CPU: {cpu_name()}; torch {torch.__version__}, 1 thread; {args.rounds} rounds of {args.warmup} warm-up "
-        f"and {args.steps} timed steps; kerple_log, 4 layers x 4 heads x 128"
+        f"and {args.steps} timed steps ({'thread CPU time' if args.cpu_time else 'wall clock'}); kerple_log, "
+        f"4 layers x 4 heads x 128; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
     )
     print(
         "| case | after / before: "
         + " | ".join(REFINERS)
         + " | x none before -> after: "
         + " | ".join(REFINERS[1:])
-        + " |"
+        + " | load after the case |"
     )
-    print("|---|" + "---:|" * (2 * len(REFINERS) - 1))
+    print("|---|" + "---:|" * (2 * len(REFINERS) - 1) + "---|")
     for case in args.cases:
         T, batch = (int(n) for n in case.split("x"))
-        rounds = [one_round(before, T, batch, args.steps, args.warmup) for _ in range(args.rounds)]
+        rounds = [one_round(before, T, batch, args.steps, args.warmup, clock) for _ in range(args.rounds)]
         ratios = []
         for refiner in REFINERS:
             values = [r[refiner]["after"] / r[refiner]["before"] for r in rounds]
@@ -125,7 +135,10 @@ def main(argv=None) -> None:
             old = statistics.median(r[refiner]["before"] / r["none"]["before"] for r in rounds)
             new = statistics.median(r[refiner]["after"] / r["none"]["after"] for r in rounds)
             multiples.append(f"{old:.2f} -> {new:.2f}")
-        print(f"| T={T}, B={batch} | " + " | ".join(ratios) + " | " + " | ".join(multiples) + " |", flush=True)
+        load = " ".join(f"{v:.1f}" for v in os.getloadavg())
+        print(
+            f"| T={T}, B={batch} | " + " | ".join(ratios) + " | " + " | ".join(multiples) + f" | {load} |", flush=True
+        )
 
 
 if __name__ == "__main__":

@@ -36,6 +36,8 @@ from .model import (
     register_refiner,
 )
 
+threads.remember_torch_default()  # torch's own thread count, to tell one the user sets later (choose_for_api)
+
 # Modules reached as md.NAME, loaded on first access, and the room each lives in. `train` is imported above so
 # that md.train stays the function (the module is minidape.lab.train).
 LAZY_MODULES = {

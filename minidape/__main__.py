@@ -156,6 +156,22 @@ def _add_device_flag(parser: argparse.ArgumentParser) -> None:
     )
 
 
+def _add_cluster_flags(parser: argparse.ArgumentParser) -> None:
+    """The study split into runs for a cluster's scheduler (README: "The study on a cluster")."""
+    step = parser.add_argument_group("on a cluster").add_mutually_exclusive_group()
+    step.add_argument(
+        "--list-runs",
+        dest="step",
+        action="store_const",
+        const="list",
+        help="print one line per run, a shell command that trains and evaluates that run alone into --out",
+    )
+    step.add_argument("--run", dest="step", type=int, metavar="N", help="train and evaluate run N of the list alone")
+    step.add_argument(
+        "--report", dest="step", action="store_const", const="report", help="write the report from the runs done"
+    )
+
+
 THREADS_HELP = (
     f"torch CPU threads (default: {THREADS_VARIABLE}, else OMP_NUM_THREADS, else chosen from the cores "
     "this process may use and the size of the work)"
@@ -382,6 +398,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="train again the runs in --out whose files record another corpus or configuration (refused otherwise)",
     )
     _add_device_flag(reproduce)
+    _add_cluster_flags(reproduce)
 
     compare = add_command(
         commands,
@@ -498,6 +515,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="compare decoders that read the future (refused otherwise); the report says so",
     )
     _add_device_flag(compare)
+    _add_cluster_flags(compare)
 
     grade = add_command(
         commands,
@@ -527,6 +545,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="FILE",
         help="grade nothing: rebuild FILE's totals, summary and export from FILE and "
         "FILE-written.csv, with the points you entered for written answers",
+    )
+    grade.add_argument(
+        "--merge",
+        nargs="+",
+        metavar="FILE",
+        help="grade nothing: merge the batches FILE... (each an earlier --csv FILE, e.g. notebooks graded in "
+        "quick mode and 06 in full mode) into one gradebook, --csv COURSE",
     )
     grade.add_argument(
         "--timeout",
@@ -567,6 +592,7 @@ def main(argv: list[str] | None = None) -> None:
             import_user_code(path)
         parser = build_parser()
         args, rest = parser.parse_known_args(argv)
+        args.argv = argv  # the command line as given: --list-runs prints it per run
         if args.command == "bench":  # every flag the benchmark does not share belongs to the script
             return bench_command(args, rest)
         set_threads(args)

@@ -12,6 +12,7 @@ import importlib
 import json
 import os
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -289,7 +290,7 @@ def reproduce_command(args: argparse.Namespace) -> None:
     from .study import reproduce
 
     command = "python -m minidape " + " ".join(sys.argv[1:]) if sys.argv[1:2] == ["reproduce"] else None
-    reproduce(
+    result = reproduce(
         budget=args.budget,
         seeds=args.seeds,
         corpora=args.corpus,
@@ -297,7 +298,20 @@ def reproduce_command(args: argparse.Namespace) -> None:
         device=args.device,
         command=command,
         rerun=args.rerun,
+        step=args.step,
+        progress=args.step != "list",
     )
+    print_run_lines(args, result)
+
+
+def print_run_lines(args: argparse.Namespace, result: dict) -> None:
+    """``--list-runs``: one line per run, a shell command that trains and evaluates that run alone (this command
+    line with ``--run N``, run from this folder by this Python), its name after a ``#``."""
+    if args.step != "list":
+        return
+    command = shlex.join([sys.executable, "-m", "minidape", *(arg for arg in args.argv if arg != "--list-runs")])
+    for number, name in enumerate(result["runs"]):
+        print(f"cd {shlex.quote(os.getcwd())} && {command} --run {number}  # {name}")
 
 
 def compare_command(args: argparse.Namespace) -> None:
@@ -305,7 +319,7 @@ def compare_command(args: argparse.Namespace) -> None:
     from .study.runs import slug
 
     out = args.out or Path("runs") / "compare" / slug(parse_model(args.pe)[0])
-    compare(
+    result = compare(
         args.pe,
         against=tuple(args.against),
         seeds=args.seeds,
@@ -326,7 +340,10 @@ def compare_command(args: argparse.Namespace) -> None:
         rerun=args.rerun,
         keep_checkpoints=args.keep_checkpoints,
         allow_leakage=args.allow_leakage,
+        step=args.step,
+        progress=args.step != "list",
     )
+    print_run_lines(args, result)
 
 
 def handout_command(args: argparse.Namespace) -> None:
@@ -360,6 +377,16 @@ def grade_command(args: argparse.Namespace) -> None:
     from .classroom import gradebook
     from .classroom.grade import grade
 
+    if args.merge:  # one gradebook for the course from its batches, nothing graded again
+        if args.paths or not args.csv or args.gradebook:
+            raise ValueError("--merge FILE... writes one gradebook: give --csv COURSE, and no notebooks or --gradebook")
+        missing = [path for path in args.merge if not Path(path).is_file()]
+        if missing:
+            raise FileNotFoundError(f"--merge {missing[0]}: no such grades file (write it with grade --csv FILE)")
+        with gradebook.held(args.csv, args.overwrite) as entered:
+            gradebook.merge(args.merge, args.csv, entered)
+        print(f"wrote {args.csv}, {gradebook.written_path(args.csv)} and its gradebook from {', '.join(args.merge)}")
+        return
     if args.gradebook is not None:  # the teacher's marks folded in, nothing graded again
         if args.paths or args.csv:
             raise ValueError(

@@ -507,10 +507,12 @@ class _CellMLP(torch.autograd.Function):
     C_out, N).
 
     The refiners' workhorse. The hidden activation (batch, W, N) is W/C times larger than the scores, so
-    backward recomputes it from X instead of keeping it: training memory stays O(batch h T^2), and each big
-    tensor is written once per pass. ``hidden_offset`` $H_0$ (W, N) or (W, 1) is the part of the hidden
-    pre-activation that is the same for every sequence ($W_B B + b_1$): computed once and broadcast. Batched
-    matmuls over a broadcast weight keep X and the hidden activation in their channels-first layout: no copies.
+    backward recomputes it from X instead of keeping it: training memory stays O(batch h T^2). ``hidden_offset``
+    $H_0$ (W, N) or (W, 1) is the part of the hidden pre-activation that is the same for every sequence
+    ($W_B B + b_1$): computed once and broadcast. Batched matmuls over a broadcast weight keep X and the hidden
+    activation in their channels-first layout: no copies.
+
+    On the CPU in slices of cells whose 8 passes over the hidden layer stay in cache (``cell_slices``; issue 45).
     """
 
     @classmethod
@@ -530,27 +532,49 @@ class _CellMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, hidden_offset, w_in, w_out):
         ctx.save_for_backward(x, hidden_offset, w_in, w_out)
-        return torch.bmm(_CellMLP.batched(w_out, len(x)), _CellMLP.hidden(x, hidden_offset, w_in))
-
-    @staticmethod
-    def hidden(x, hidden_offset, w_in):
-        pre_activation = torch.baddbmm(hidden_offset, _CellMLP.batched(w_in, len(x)), x)  # (batch, W, N)
-        return F.leaky_relu_(pre_activation, LEAKY_SLOPE)
+        w_in_b, w_out_b = (_CellMLP.batched(w, len(x)) for w in (w_in, w_out))
+        offset, out = hidden_offset.expand(-1, x.shape[-1]), x.new_empty(len(x), w_out.shape[0], x.shape[-1])
+        for cells in cell_slices(x, w_in.shape[0]):
+            hidden = F.leaky_relu_(torch.baddbmm(offset[:, cells], w_in_b, x[..., cells]), LEAKY_SLOPE)
+            torch.bmm(w_out_b, hidden, out=out[..., cells])
+        return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, hidden_offset, w_in, w_out = ctx.saved_tensors
         batch = len(x)
-        hidden = _CellMLP.hidden(x, hidden_offset, w_in)  # recomputed; LeakyReLU keeps the sign, all backward needs
-        grad_w_out = torch.bmm(grad_out, hidden.transpose(1, 2)).sum(0)
-        grad_hidden = torch.bmm(_CellMLP.batched(w_out.t(), batch), grad_out)
-        torch.ops.aten.leaky_relu_backward.grad_input(grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden)
-        grad_w_in = torch.bmm(x, grad_hidden.transpose(1, 2)).sum(0).t()  # as (C, W): 1.6-2x faster than (W, C)
-        grad_offset = grad_hidden.sum(0)
+        w_in_b, w_in_t, w_out_t = (_CellMLP.batched(w, batch) for w in (w_in, w_in.t(), w_out.t()))
+        offset = hidden_offset.expand(-1, x.shape[-1])
+        grad_x, grad_offset = torch.empty_like(x), torch.empty_like(offset)
+        # Per-sequence sums of the weights' gradients, accumulated over the slices, summed over the batch last.
+        grad_w_in_t = x.new_zeros(batch, *w_in_t.shape[1:])  # (C, W): its matmul 1.6-2x faster than as (W, C)
+        grad_w_out = x.new_zeros(batch, *w_out.shape)
+        for cells in cell_slices(x, w_in.shape[0]):
+            xs, grad_outs = x[..., cells], grad_out[..., cells]
+            hidden = F.leaky_relu_(torch.baddbmm(offset[:, cells], w_in_b, xs), LEAKY_SLOPE)  # recomputed; its
+            grad_w_out.baddbmm_(grad_outs, hidden.transpose(1, 2))  # sign is all LeakyReLU's backward needs
+            grad_hidden = torch.bmm(w_out_t, grad_outs)
+            leaky_relu_backward(grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden)
+            grad_w_in_t.baddbmm_(xs, grad_hidden.transpose(1, 2))
+            torch.sum(grad_hidden, 0, out=grad_offset[:, cells])
+            torch.bmm(w_in_t, grad_hidden, out=grad_x[..., cells])
         if hidden_offset.shape[-1] == 1:
             grad_offset = grad_offset.sum(-1, keepdim=True)
-        grad_x = torch.bmm(_CellMLP.batched(w_in.t(), batch), grad_hidden)
-        return grad_x, grad_offset, grad_w_in, grad_w_out
+        return grad_x, grad_offset, grad_w_in_t.sum(0).t(), grad_w_out.sum(0)
+
+
+leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
+# The cell MLP's slices on the CPU: about this many hidden elements (1 MB, one core's L2), and at least this many
+# cells (with 32 sequences the budget gives 256 cells, whose extra matmul calls cost more than they save).
+HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 1024
+
+
+def cell_slices(x, width: int) -> list[slice]:
+    """Slices of x's cells (last axis) for the cell MLP: one on an accelerator (few, large kernels), on the CPU
+    slices whose hidden activation (batch, width, cells) holds about HIDDEN_SLICE_ELEMENTS."""
+    n = x.shape[-1]
+    step = n if x.device.type != "cpu" else max(MIN_SLICE_CELLS, HIDDEN_SLICE_ELEMENTS // (len(x) * width))
+    return [slice(start, min(n, start + step)) for start in range(0, n, step)]
 
 
 def _hidden_offset(b_in, w_bias=None, bias=None):

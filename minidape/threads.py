@@ -15,12 +15,16 @@ measured 5-8x slower than on one thread. So minidape
     the size of the work, and how busy the cores are right now (the tasks running, not the load average: that
     counts loads which already ended): the cores other processes leave free, at least one;
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
-    ``OMP_NUM_THREADS``.
+    ``OMP_NUM_THREADS``;
+  - makes the same choice in the Python API (``choose_for_api``: ``md.train``, ``md.evaluate``'s functions, the
+    study's), so a script or notebook gets what the CLI would, unless the user set a count: the variables
+    above, or ``torch.set_num_threads`` (a count other than torch's own and minidape's last).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 import sys
@@ -145,12 +149,74 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
 
 
 def use_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
-    """``choose_threads`` and set torch's intra-op thread count to it; the choice (print it: ``str(choice)``)."""
+    """``choose_threads`` and set torch's intra-op thread count to it for the rest of the process (the CLI's
+    command: the API's functions it runs keep it); the choice (print it: ``str(choice)``)."""
     import torch  # here: short_waits runs before torch loads
 
+    global _command_choice
     choice = choose_threads(requested, work)
     torch.set_num_threads(choice.threads)
+    _command_choice = choice
     return choice
+
+
+_command_choice: ThreadChoice | None = None  # the CLI's choice for this process (``use_threads``)
+_torch_default: int | None = None  # torch's own count, read when minidape loaded torch (``remember_torch_default``)
+_api_choice: ThreadChoice | None = None  # the API's last choice, said on stderr when it changes
+_api_depth = 0  # API entry points running (``api_entry``): the outermost one chooses
+
+
+def remember_torch_default() -> None:
+    """Note torch's thread count as minidape finds it on import (minidape/__init__.py), to tell a count the user
+    sets later from torch's own. A count set before minidape was imported cannot be told apart from it."""
+    global _torch_default
+    import torch
+
+    _torch_default = torch.get_num_threads()
+
+
+def choose_for_api(work: int | None = None) -> ThreadChoice | None:
+    """The CLI's choice (``choose_threads``) in the Python API, set and said on stderr (once: again only when it
+    changes), unless the count is someone else's: a CLI command chose it (the functions it calls keep it), an
+    API function running chose it (``api_entry``: ``reproduce`` for the ``train`` calls inside), or the user set
+    it with ``torch.set_num_threads`` (a count that is neither torch's own nor the one minidape set last).
+    ``OMP_NUM_THREADS`` is torch's own setting: honoured, not said. Returns the choice, or None where the count
+    was left alone."""
+    return None if _api_depth else _choose(work)
+
+
+def _choose(work: int | None) -> ThreadChoice | None:
+    import torch
+
+    global _api_choice
+    current = torch.get_num_threads()
+    if _command_choice is not None or current not in (_torch_default, getattr(_api_choice, "threads", None)):
+        return None
+    choice = choose_threads(None, work)
+    torch.set_num_threads(choice.threads)
+    if choice.threads != getattr(_api_choice, "threads", None) and not choice.reason.startswith("OMP_NUM_THREADS"):
+        print(f"minidape: {choice}", file=sys.stderr, flush=True)
+    _api_choice = choice
+    return choice
+
+
+def api_entry(function):
+    """Decorate a function of the API that trains or evaluates: the outermost such call chooses the threads
+    (``choose_for_api``, with no size of work, as the CLI's ``eval``, ``compare`` and ``reproduce`` do); the calls
+    inside it keep them (``md.train`` calls ``choose_for_api`` with its work: it chooses only outside them)."""
+
+    @functools.wraps(function)
+    def entry(*args, **kwargs):
+        global _api_depth
+        if not _api_depth:
+            _choose(None)
+        _api_depth += 1
+        try:
+            return function(*args, **kwargs)
+        finally:
+            _api_depth -= 1
+
+    return entry
 
 
 # On import: minidape/__init__.py imports this module before anything of the package loads torch.

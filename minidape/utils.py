@@ -193,7 +193,9 @@ def folder_lock(folder: str | os.PathLike, what: str = "--out", shared: bool = F
 def holds_out_folder(shared: bool = False):
     """Decorator: a call's `out` folder (its argument `out`, when not None) is held with `folder_lock` for the
     whole call, so a second process writing there is refused before any work. Under torchrun only rank 0,
-    the one that writes, holds it."""
+    the one that writes, holds it; a study's `step` (one run of its list, or the report, run by a cluster's
+    scheduler on many machines at once) holds nothing: a network filesystem may not honour the lock, and each run
+    writes its own file, atomically."""
 
     def decorate(function):
         signature = inspect.signature(function)
@@ -203,7 +205,7 @@ def holds_out_folder(shared: bool = False):
             bound = signature.bind(*args, **options)
             bound.apply_defaults()
             out = bound.arguments["out"]
-            if out is None or int(os.environ.get("RANK", "0")) != 0:
+            if out is None or int(os.environ.get("RANK", "0")) != 0 or bound.arguments.get("step") is not None:
                 return function(*args, **options)
             with folder_lock(check_writable_folder(out), "out", shared):
                 return function(*args, **options)

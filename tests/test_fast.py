@@ -112,6 +112,26 @@ def test_fast_equals_reference_under_cpu_bf16_autocast(pe, refiner, monkeypatch)
     assert_same_under_bf16(pe, refiner, "cpu", monkeypatch)
 
 
+@pytest.mark.filterwarnings("error")  # the fused form, not model.py's taken after a failed first-use check
+@pytest.mark.parametrize("pe", ["kerple_log", "rope"], ids=["bias", "no-bias"])
+@pytest.mark.parametrize("refiner", [r for r in BUILTIN_REFINERS if r != "none"])
+def test_the_cell_mlp_in_slices_of_cells_equals_the_reference(refiner, pe, monkeypatch):
+    # On the CPU the cell MLP runs in cache-sized slices of cells; tiny models fit one slice, so cut them small
+    # (11 cells, not dividing any block's cells) and check that a block really went through several.
+    monkeypatch.setattr(fast, "HIDDEN_SLICE_ELEMENTS", 1)
+    monkeypatch.setattr(fast, "MIN_SLICE_CELLS", 11)
+    counts = []
+    cell_slices = fast.cell_slices
+    monkeypatch.setattr(
+        fast, "cell_slices", lambda x, width: counts.append(len(cell_slices(x, width))) or cell_slices(x, width)
+    )
+    model, reference = fast_and_reference(tiny(pe=pe, refiner=refiner, attn_chunk=7))
+    assert_same_forward_and_gradients(
+        model, reference, torch.randint(0, 64, (2, 20), generator=torch.Generator().manual_seed(1))
+    )
+    assert max(counts) > 1
+
+
 @pytest.mark.parametrize("refiner", ["none", "dape", "conv"])
 def test_a_bias_too_large_to_precompute_is_computed_per_block_alike(refiner, monkeypatch):
     monkeypatch.setattr(fast, "FULL_BIAS_ELEMENTS", 0)  # as at T = 16k: the bias per block and layer

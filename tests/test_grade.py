@@ -41,7 +41,11 @@ def notebook_file(path, cell_list):
                         "cell_type": c["cell_type"],
                         "source": c["source"],
                         "metadata": {"tags": c.get("tags", [])},
-                        **({"outputs": [], "execution_count": None} if c["cell_type"] == "code" else {}),
+                        **(
+                            {"outputs": [], "execution_count": c.get("execution_count")}
+                            if c["cell_type"] == "code"
+                            else {}
+                        ),
                     }
                     for c in cell_list
                 ],
@@ -125,7 +129,7 @@ def test_unreadable_files_are_described_in_words(tmp_path, content, message):
 
 def test_a_file_deleted_before_its_turn_gets_its_rows(tmp_path):
     submission = grade.Submission("ann", tmp_path / "02_kerple_cpd_kernels.ipynb")
-    grader = grade.Grader(EDITIONS, "none", [], {}, timeout=10)
+    grader = grade.Grader(EDITIONS, "none", {}, timeout=10)
     grader._grade(submission, worker=None)
     assert [(r.exercise, r.status, r.message) for r in submission.rows] == [
         (name, "failed", "the file is gone (deleted before it was graded)") for name in EDITIONS["02"].checks
@@ -157,7 +161,7 @@ def test_student_folders_name_the_students(tmp_path):
 
 @pytest.fixture(scope="module")
 def worker():
-    with sandbox.Worker(sandbox.isolation(), 200, [], grade.worker_env()) as started:
+    with sandbox.Worker(sandbox.isolation(), 200, grade.worker_env()) as started:
         started.wait_ready(grade.START_TIMEOUT)
         yield started
 
@@ -224,7 +228,7 @@ def test_refiners_in_the_worker_get_weights_by_role_and_their_mistakes_named(wor
 def test_a_judged_worker_sees_minidape_with_what_the_exercise_forbids_refusing(tmp_path):
     copy = sandbox.censored_copy(set(exercises.LIBRARY["my_kernel"]) | set(exercises.LIBRARY["my_bias"]))
     try:
-        with sandbox.Worker(sandbox.isolation(), 201, [], grade.worker_env(), censored=copy) as judged:
+        with sandbox.Worker(sandbox.isolation(), 201, grade.worker_env(), censored=copy) as judged:
             judged.wait_ready(grade.START_TIMEOUT)
             [output] = judged.request(
                 "run",
@@ -369,7 +373,7 @@ def test_an_experiment_is_judged_on_its_recorded_prediction_not_the_variable_at_
         alive = True
 
     channel = sandbox.Channel(Alive(), time.monotonic() + 60)
-    judge = grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge
+    judge = grade.Grader(EDITIONS, "none", {}, timeout=10)._judge
     exercise = exercises.EXERCISES["shift_growth"]
     measured = {"triangle": 256.0, "log": 8.0}
     answers = {"shift_growth": ((measured, measured), {})}  # the prediction overwritten by the measurement
@@ -492,7 +496,7 @@ def test_a_submissions_cgroup_bounds_all_its_processes_together():
     box = sandbox.Box(version, f"test-{os.getpid()}")
     box._write("memory.max" if version == "v2" else "memory.limit_in_bytes", 1 << 30)
     try:
-        with sandbox.Worker(sandbox.isolation(), 202, [], grade.worker_env(), box=box) as worker:
+        with sandbox.Worker(sandbox.isolation(), 202, grade.worker_env(), box=box) as worker:
             worker.wait_ready(grade.START_TIMEOUT)
             [output] = worker.request(
                 "run",
@@ -542,3 +546,164 @@ def test_a_worker_is_given_the_package_and_corpora_not_the_checkout_around_them(
     needed = host.needed_trees()
     assert str(host.PACKAGE) in needed and os.path.realpath(data.DATA_DIR) in needed
     assert not any(Path(tree) in (checkout, *checkout.parents) for tree in needed), needed
+
+
+# ------------------------------------------------------------------------- bounded before parsing (issue 47)
+
+
+def test_a_giant_notebook_or_cell_is_refused_before_it_is_parsed(tmp_path):
+    """A 10 MB code cell (a 5-million-element literal) took the grader to 5 GB while it parsed it: refused with
+    its size and the limit, from the file's bytes, before any JSON or Python of it is parsed."""
+    from minidape.classroom import collect
+
+    cell = "x = [" + "1," * 5_000_000 + "]"
+    notebook_file(tmp_path / "02_giant_cell.ipynb", cells(cell))
+    with pytest.raises(grade.NotANotebook, match=r"cell 1 is too large: 1e\+07 characters, limit 200000 characters"):
+        grade.read_cells(tmp_path / "02_giant_cell.ipynb")
+    big = tmp_path / "02_giant_file.ipynb"
+    big.write_bytes(b" " * (collect.MAX_SUBMISSION_BYTES + 1))  # not even JSON: never read past the limit
+    with pytest.raises(grade.NotANotebook, match=r"^refused, too large: 32 MB, limit 32 MB$"):
+        grade.read_cells(big)
+    submission = grade.Submission("ann", tmp_path / "02_giant_cell.ipynb")
+    grade.Grader(EDITIONS, "none", {}, timeout=10)._grade(submission, worker=None)
+    assert {r.message for r in submission.rows} == {
+        "refused, cell 1 is too large: 1e+07 characters, limit 200000 characters"
+    }
+
+
+def test_a_giant_written_answer_is_kept_only_up_to_its_limit():
+    from minidape.classroom import collect
+
+    edition = EDITIONS["02"]
+    rubric = edition.rubrics[0]
+    answer = "c grows. " * 3_400_000  # 30 MB
+    [written, *_] = grade.written_answers(
+        edition, [{"cell_type": "markdown", "source": answer, "tags": ["written", f"rubric:{rubric}"]}]
+    )
+    assert written.answer == answer[: collect.MAX_WRITTEN]
+    assert written.problem == "too large: 3.06e+07 characters, limit 20000 characters: cut there"
+
+
+def test_experiments_are_judged_on_the_reference_run_whole(monkeypatch):
+    """8.3 has a reference like 3.1, 4.4 and 5.3: a typed mean_gate with nothing trained earns nothing, and a
+    table cut to fewer entries than the notebook's run (LONGEST = TRAIN_LENGTH) is not that run's measurement."""
+    gates = {"letter": 0.93, "space": 0.71, "punctuation": 0.80, "newline": 0.75}
+    references = {mode: {"where_fox_forgets": {**gates, "_machine": "x"}} for mode in ("quick", "full")}
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    monkeypatch.setattr(exercises.framework, "references", references)
+    verdict = lambda table: exercises.verdict("where_fox_forgets", "space", min(table, key=table.get), table)
+    assert verdict(gates)[::2] == ("passed", 2)
+    typed = {"letter": 0.9, "space": 0.5, "punctuation": 0.8, "newline": 0.8}  # the right kind, invented gates
+    assert verdict(typed)[0] == "failed" and "reference run (quick mode" in verdict(typed)[1]
+    assert verdict({"letter": 0.93, "space": 0.71})[1].startswith("not yet right: your run's table holds")
+    monkeypatch.setattr(exercises.framework, "references", {"quick": {}, "full": {}})
+    assert verdict(gates)[0] == exercises.NEEDS_FULL
+
+
+def test_far_mass_in_float32_passes_every_time_and_an_off_by_one_never():
+    def far_mass_float32(a, s, L, T):
+        d = torch.arange(T, dtype=torch.float32)
+        weights = torch.softmax(a / (1 + (d / s) ** 2), 0)
+        return 1 - weights[:L].sum().item()
+
+    def one_too_far(a, s, L, T):
+        d = torch.arange(T, dtype=torch.float64)
+        weights = (a / (1 + (d / s) ** 2)).exp()
+        return (weights[L + 1 :].sum() / weights.sum()).item()
+
+    assert {exercises.verdict("far_mass", far_mass_float32)[0] for _ in range(25)} == {"passed"}
+    assert {exercises.verdict("far_mass", one_too_far)[0] for _ in range(25)} == {"failed"}
+
+
+def test_samples_must_come_from_the_given_generator():
+    """7.1: an answer that keeps its first sample and ignores the generator it is given (round 2's memo) earns
+    nothing; the worked solution earns its points."""
+    solution = {}
+    exec(
+        next(
+            c["source"]
+            for c in EDITIONS["07"].cells
+            if "def addition_sample" in c["source"] and "solution" in c["tags"]
+        ),
+        {"torch": torch, "exercises": exercises},
+        solution,
+    )
+    kept = {}
+
+    def memoised(batch_size, n, generator):
+        if (batch_size, n) not in kept:
+            kept[batch_size, n] = solution["addition_sample"](batch_size, n, torch.Generator().manual_seed(0))
+        return kept[batch_size, n]
+
+    assert exercises.verdict("addition_sample", solution["addition_sample"])[::2] == ("passed", 3)
+    status, message, _ = exercises.verdict("addition_sample", memoised)
+    assert status == "failed" and "generators seeded differently gave the same inputs" in message
+
+
+def test_a_refiner_whose_first_layer_is_split_into_its_s_and_b_halves_earns_full_marks():
+    """The same function as DAPE's f([S, B]) = W2·LeakyReLU(W1·[S; B] + b1) + b2 with W1·[S; B] written as
+    W_S·S + W_B·B (two layers, each with a bias): matched by behaviour, it passes; a wrong residual still fails."""
+
+    class SplitDAPE(torch.nn.Module):
+        def __init__(self, cfg, residual=True):
+            super().__init__()
+            h, width = cfg.n_head, cfg.refiner_width
+            self.from_scores, self.from_bias = torch.nn.Linear(h, width), torch.nn.Linear(h, width)
+            self.out, self.residual = torch.nn.Linear(width, h), residual
+
+        def forward(self, scores, bias, mask):
+            cells = lambda x: x.movedim(-3, -1)  # (..., h, Tq, Tk) -> (..., Tq, Tk, h)
+            hidden = self.from_scores(cells(scores)) + self.from_bias(cells(bias).expand_as(cells(scores)))
+            refined = scores + self.out(torch.nn.functional.leaky_relu(hidden, 0.01)).movedim(-1, -3)
+            return refined + bias if self.residual else refined
+
+    assert exercises.verdict("dape_refiner", SplitDAPE)[::2] == ("passed", 3)
+    no_residual = type("NoResidual", (SplitDAPE,), {"__init__": lambda self, cfg: SplitDAPE.__init__(self, cfg, False)})
+    assert exercises.verdict("dape_refiner", no_residual)[0] == "failed"
+
+
+def test_mistake_codes_are_short_and_stable():
+    """The documented form (docs/teaching.md): `one-doubling-too-many`, whatever kernel and sizes were drawn."""
+    from minidape import kernels
+
+    codes = {exercises.verdict("find_shift", lambda kernel, n: 2 * kernels.pd_shift(kernel, n)).code for _ in range(3)}
+    assert codes == {"one-doubling-too-many"}
+    assert exercises.mistake_code(
+        "for 3 random points your form gives 2.1, which is minus cᵀKc: the sign is wrong"
+    ) == ("the-sign-is-wrong")
+
+
+def test_feedback_shows_the_graders_verdicts_only_and_the_marks_and_the_teacher_reads_it(tmp_path):
+    """13 of 30 feedback notebooks contradicted the grade (the re-run's own "✓ passed" above the grader's ✗): the
+    re-run's check and summary outputs are gone; a written mark shows once entered; the files belong to the
+    owner of the folder above the feedback folder (the teacher), not 0600 root."""
+    printed = [{"output_type": "stream", "name": "stdout", "text": "✓ passed, 2 of 2"}]
+    cells = [
+        {
+            "cell_type": "code",
+            "source": "def f():\n    pass",
+            "outputs": [{"output_type": "stream", "name": "stdout", "text": "mine"}],
+        },
+        {"cell_type": "code", "source": 'exercises.check("find_shift", f)', "checks": "find_shift", "outputs": printed},
+        {"cell_type": "markdown", "source": "c grows", "tags": ["written", "rubric:shift_growth"]},
+        {"cell_type": "code", "source": 'exercises.summary("02")', "outputs": printed},
+    ]
+    submission = grade.Submission(
+        "ann",
+        tmp_path / "02_kerple_cpd_kernels.ipynb",
+        "02_kerple_cpd_kernels",
+        [grade.Row("find_shift", 0, 2, "failed", "x")],
+        cells=cells,
+    )
+    entered = {("ann", "02_kerple_cpd_kernels", "shift_growth", "c grows"): "1.5"}
+    teacher = tmp_path / "teacher"
+    teacher.mkdir()
+    os.chown(teacher, 4242, 4242) if os.geteuid() == 0 else None
+    path = grade.write_feedback(submission, teacher / "feedback", entered)
+    notebook = json.loads(path.read_text())
+    outputs = [c.get("outputs") for c in notebook["cells"] if c["cell_type"] == "code"]
+    assert outputs == [cells[0]["outputs"], [], []]
+    assert any("marked by your teacher: 1.5 / 2" in c["source"] for c in notebook["cells"])
+    assert path.stat().st_mode & 0o777 == 0o640 and path.parent.stat().st_mode & 0o777 == 0o750
+    if os.geteuid() == 0:
+        assert (path.stat().st_uid, path.parent.stat().st_uid) == (4242, 4242)

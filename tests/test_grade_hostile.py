@@ -449,6 +449,13 @@ CASES = {
             '"log": 8.0}'
         },
     ),
+    # A second prediction cell, after the check, holding the measured values: the prediction read is the one
+    # written before the check ran (issue 47: the later cell won).
+    "second_prediction_after_the_check": case(
+        earned={"shift_growth": 1},
+        answers={"shift_prediction": 'shift_prediction = {"triangle": 1.0, "log": 1.0}'},
+        extra=[("shift_growth", 'shift_prediction = {"triangle": 256.0, "log": 8.0}', ["prediction"])],
+    ),
     "honest_too": case(),
 }
 CASES.update(
@@ -560,7 +567,9 @@ def spy(targets: list[str]) -> str:
 def build(name: str, folder: Path, targets: list[str]) -> Path:
     """The student edition of 02 without its slow demonstration cells, answered as case ``name`` says."""
     spec, cells, first = CASES[name], [], True
-    extra = lambda after: [source.replace("{SPY}", spy(targets)) for at, source in spec["extra"] if at == after]
+    extra = lambda after: [
+        (source.replace("{SPY}", spy(targets)), *tags) for at, source, *tags in spec["extra"] if at == after
+    ]
     for cell in TEACHER:
         tags = cell.metadata.get("tags", [])
         if cell.cell_type != "code":
@@ -580,8 +589,8 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
         elif checked:
             source = spec["checks"].get(checked[0], cell.source)
             cells += [("code", source, [])] if source is not None else []
-            cells += [("code", source, []) for source in extra(checked[0])]
-    cells += [("code", source, []) for source in extra(None)]
+            cells += [("code", source, *(tags or [[]])) for source, *tags in extra(checked[0])]
+    cells += [("code", source, *(tags or [[]])) for source, *tags in extra(None)]
     path = folder / name / "02_kerple_cpd_kernels.ipynb"
     path.parent.mkdir(parents=True)
     notebook = {

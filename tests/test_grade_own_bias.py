@@ -174,7 +174,7 @@ def judge(answers, measure, monkeypatch, prediction="b"):
     monkeypatch.setattr(exercises.framework, "references", {"full": {}, "quick": {}})
     monkeypatch.setitem(exercises.MEASURED_BY_GRADER, "best_run", measure)
     channel = sandbox.Channel(Alive(), time.monotonic() + 60)
-    return grade.Grader(EDITIONS, "none", [], {}, timeout=10)._judge(
+    return grade.Grader(EDITIONS, "none", {}, timeout=10)._judge(
         exercises.EXERCISES["best_run"], answers, channel, "", {"prediction": ("best_prediction", prediction)}
     )
 

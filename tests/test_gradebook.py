@@ -321,9 +321,103 @@ def test_fair_answers_through_the_worker_and_the_answer_in_a_check_cell(tmp_path
             source = f"def receptive_keys(i, j, k):\n    return list(range({reach}))\n\n" + source
         inside.append({**cell, "source": source})
     notebook_file(tmp_path / "work" / "zoe" / f"{edition.stem}.ipynb", inside)
+    # eve saved her definition below its check but ran it first, as the execution counts show: judged in the
+    # order she ran her cells, it counts (issue 47: 0 / 2 before)
+    below = []
+    for cell in edition.cells:
+        if "solution" not in cell["tags"] and "def receptive_keys" not in cell["source"]:
+            below.append({**cell})
+            if grade.checked(cell["source"]) == ["receptive_keys"]:
+                definition = f"def receptive_keys(i, j, k):\n    return list(range({reach}))\n"
+                below.append({"cell_type": "code", "source": definition, "tags": []})
+    ran = [c for c in below if c["cell_type"] == "code" and c["source"].strip()]
+    for count, cell in enumerate(ran, 1):
+        cell["execution_count"] = count
+    at = next(i for i, c in enumerate(ran) if grade.checked(c["source"]) == ["receptive_keys"])
+    ran[at]["execution_count"], ran[at + 1]["execution_count"] = at + 2, at + 1  # the definition ran first
+    notebook_file(tmp_path / "work" / "eve" / f"{edition.stem}.ipynb", below)
     graded = grade.grade([tmp_path / "work"], timeout=300, jobs=2)
     rows = {(s.student, r.exercise): r for s in graded for r in s.rows}
     for student in returns:
         assert rows[student, "receptive_keys"].status == exercises.PASSED, rows[student, "receptive_keys"].message
+    assert rows["eve", "receptive_keys"].status == exercises.PASSED, rows["eve", "receptive_keys"].message
     assert rows["zoe", "receptive_keys"].code == "answer-in-check-cell"
     assert "Move it into a cell of its own" in rows["zoe", "receptive_keys"].message
+
+
+def test_student_ids_that_map_to_one_export_name_are_refused_naming_both(tmp_path):
+    """h~honest~02 and h_honest_02 map to one Gradescope folder: the 0-point one overwrote the 9-point one."""
+    for student in ("h~honest~02", "h_honest_02"):
+        notebook_file(tmp_path / "class" / student / "02_kerple_cpd_kernels.ipynb", [])
+    with pytest.raises(ValueError, match="'h_honest_02' and 'h~honest~02' map to one export name 'h_honest_02'"):
+        grade.grade([tmp_path / "class"], csv_path=tmp_path / "grades.csv")
+    assert not (tmp_path / "grades.csv").exists()  # refused before anything ran or was written
+    graded = [
+        submission(s, "02_kerple_cpd_kernels", [grade.Row("find_shift", p, 2, exercises.PASSED, "passed")])
+        for s, p in (("h~honest~02", 2), ("h_honest_02", 0))
+    ]
+    gradebook.write_csv(graded, tmp_path / "other.csv")
+    with pytest.raises(ValueError, match="'h~honest~02' and 'h_honest_02' map to one export name"):
+        gradebook.gradebook(tmp_path / "other.csv")
+
+
+# ------------------------------------------------------------------------ one gradebook per course (issue 47)
+# The columns the platforms document for their imports: Canvas's gradebook CSV (Instructure's guide "How do I
+# import grades in the Gradebook?": Student, ID, SIS User ID, SIS Login ID, Section, then one column per
+# assignment, a "Points Possible" row allowed under the header) and Moodle's CSV grade import (a column mapped to
+# a user field -- username here -- then one column per grade item).
+CANVAS_HEADER = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]
+
+
+def test_a_class_of_30_graded_quick_and_06_in_full_makes_one_gradebook(tmp_path):
+    """Quick mode grades 02 and 06 (6.5 reported `needs full mode`, no mark), full mode grades 06 again: the
+    merged gradebook has every student's points once, 6.5 counted only as graded, and Canvas and Moodle CSVs a
+    teacher imports as they are."""
+    roster = {n: {e.name: e.points for e in exercises.exercises_of(n)} for n in ("02", "06")}
+    stems = {n: EDITIONS[n].stem for n in roster}
+    students = [f"s{i:02d}" for i in range(30)]
+    earned = lambda i, name, most: most if (i + len(name)) % 3 else 0  # a spread of right and wrong answers
+
+    def batch(number: str, full: bool, i: int):
+        rows = []
+        for name, most in roster[number].items():
+            if name == "best_run" and not full:
+                rows.append(grade.Row(name, 0, most, exercises.NEEDS_FULL, "not judged in quick mode", "needs-full"))
+            else:
+                points = earned(i, name, most)
+                rows.append(grade.Row(name, points, most, exercises.PASSED if points else exercises.FAILED, "x"))
+        return submission(students[i], stems[number], rows)
+
+    quick = [batch(n, False, i) for i in range(30) for n in ("02", "06")]
+    gradebook.write_csv(quick, tmp_path / "quick.csv")
+    gradebook.write_written([], gradebook.written_path(tmp_path / "quick.csv"))
+    gradebook.gradebook(tmp_path / "quick.csv")
+    before = {row["student"]: row for row in rows_of(tmp_path / "quick-totals.csv")}
+    most_quick = sum(roster["02"].values()) + sum(roster["06"].values()) - roster["06"]["best_run"]
+    assert {row["max_total"] for row in before.values()} == {f"{most_quick:g}"}  # 6.5 not in the maximum yet
+    gradebook.write_csv([batch("06", True, i) for i in range(30)], tmp_path / "full06.csv")
+    out = tmp_path / "course.csv"
+    from minidape import __main__ as cli
+
+    cli.main(["grade", "--merge", str(tmp_path / "quick.csv"), str(tmp_path / "full06.csv"), "--csv", str(out)])
+    totals = {row["student"]: row for row in rows_of(tmp_path / "course-totals.csv")}
+    most = sum(roster["02"].values()) + sum(roster["06"].values())
+    for i, student in enumerate(students):
+        want = {n: sum(earned(i, name, p) for name, p in roster[n].items()) for n in roster}
+        row = totals[student]
+        assert (row[stems["02"]], row[stems["06"]]) == (f"{want['02']:g}", f"{want['06']:g}")
+        assert (row["total"], row["max_total"], row["not_judged"]) == (f"{sum(want.values()):g}", f"{most:g}", "0")
+    assert len(rows_of(out)) == 30 * (len(roster["02"]) + len(roster["06"]))  # each exercise once
+    with open(tmp_path / "course-canvas.csv", newline="") as file:
+        canvas = list(csv.reader(file))
+    assert canvas[0] == [*CANVAS_HEADER, stems["02"], stems["06"]]
+    assert canvas[1][0] == "Points Possible" and canvas[1][5:] == [
+        f"{sum(roster['02'].values()):g}",
+        f"{sum(roster['06'].values()):g}",
+    ]
+    assert [row[3] for row in canvas[2:]] == students  # matched by SIS Login ID
+    assert [float(row[5]) + float(row[6]) for row in canvas[2:]] == [float(totals[s]["total"]) for s in students]
+    with open(tmp_path / "course-moodle.csv", newline="") as file:
+        moodle = list(csv.reader(file))
+    assert moodle[0] == ["username", stems["02"], stems["06"]] and [row[0] for row in moodle[1:]] == students
+    assert moodle[1][1:] == canvas[2][5:]

@@ -7,7 +7,10 @@ import importlib.metadata
 import itertools
 import json
 import math
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import matplotlib.colors
@@ -786,3 +789,96 @@ def test_a_bias_file_given_to_import_and_to_pe_runs_once(tmp_path):
         assert Path(f"{path}.runs").read_text() == "x"
     finally:
         md.model.PE_REGISTRY.pop("self_registering_bias", None)
+
+
+# ----------------------------------------------------------------------------- the study on a cluster
+
+FAKE_SBATCH = """#!/bin/sh
+# A stand-in for Slurm's sbatch: runs the job array's tasks, two at a time (xargs -P 2), each with its index in
+# SLURM_ARRAY_TASK_ID, as a cluster's nodes would.
+for arg in "$@"; do
+  case "$arg" in --array=*) range="${arg#--array=}" ;; esac
+done
+wrap="$2"; [ "$1" = --wrap ] || wrap="$3"
+seq "${range%-*}" "${range#*-}" | SCRIPT="$wrap" xargs -P 2 -I{} env SLURM_ARRAY_TASK_ID={} sh -c "$wrap"
+"""
+
+
+def readme_cluster_lines() -> list[str]:
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme.split("### The study on a cluster", 1)[1]
+    return section.split("```bash\n", 1)[1].split("```", 1)[0].strip().splitlines()
+
+
+def test_the_readme_slurm_array_through_two_workers_gives_the_single_process_report(
+    tmp_path, corpus_file, capsys, monkeypatch
+):
+    """The README's three lines (list, job array, report), with a tiny budget and an `sbatch` that runs the
+    array's tasks in parallel, two at a time (subprocesses sharing the folder): the report is the one a single
+    process writes (the header's timing and provenance aside). Over 10 s: six Python processes start (list,
+    four runs, report), as a scheduler would start them."""
+    lines = readme_cluster_lines()
+    assert [line.split()[:4] for line in lines] == [
+        ["python", "-m", "minidape", "compare"],
+        ["sbatch", "--array=1-$(wc", "-l", "<"],
+        ["python", "-m", "minidape", "compare"],
+    ]
+    tiny = f"{' '.join(TINY)} --seeds 2 --corpus {corpus_file} --out"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "sbatch").write_text(FAKE_SBATCH)
+    (bin_dir / "sbatch").chmod(0o755)
+    python_dir = Path(sys.executable).parent  # `python` is this environment's
+    env = {**os.environ, "PATH": f"{bin_dir}:{python_dir}:{os.environ['PATH']}", "MINIDAPE_THREADS": "1"}
+    cluster = tmp_path / "cluster"
+    cluster.mkdir()
+    for line in lines:
+        done = subprocess.run(
+            ["sh", "-c", line.replace("--out", tiny)], cwd=cluster, env=env, capture_output=True, text=True
+        )
+        assert done.returncode == 0, done.stderr
+    listed = (cluster / "runs.txt").read_text().splitlines()
+    assert len(listed) == 4 and all(f"--run {n}  # " in line for n, line in enumerate(listed))
+
+    pe, against = lines[0].split("--pe ")[1].split()[0], lines[0].split("--against ")[1].split()[0]
+    monkeypatch.chdir(tmp_path)
+    code, _, _ = compare_cli(capsys, tmp_path / "one", corpus_file, pe=pe, against=(against,))
+    assert code == 0
+    one, many = tmp_path / "one", cluster / "study"
+    assert json.loads((many / "compare.json").read_text()) == json.loads((one / "compare.json").read_text())
+    first_paragraph = re.compile(r"\A.*?\n\n.*?\n\n", re.S)  # the title, then wall time, runs trained, machine
+    assert first_paragraph.sub("", (many / "compare.md").read_text()) == first_paragraph.sub(
+        "", (one / "compare.md").read_text()
+    )
+    assert sorted(p.name for p in (many / "runs").rglob("*")) == sorted(p.name for p in (one / "runs").rglob("*"))
+
+
+def test_a_report_with_runs_missing_is_refused_and_a_run_outside_the_list_named(tmp_path, corpus_file, capsys):
+    out = tmp_path / "out"
+    code, stdout, _ = compare_cli(capsys, out, corpus_file, "--list-runs")
+    assert code == 0 and len(stdout.splitlines()) == 4 and not (out / "runs").exists()
+    code, _, _ = compare_cli(capsys, out, corpus_file, "--run", "1")
+    assert code == 0 and [p.name for p in (out / "runs").rglob("*.json")] == ["seed1.json"]
+    code, _, stderr = compare_cli(capsys, out, corpus_file, "--report")
+    assert code == 2 and "3 of the 4 runs are not done" in one_error(stderr) and "rope seed 0" in stderr
+    assert not (out / "compare.md").exists()
+    code, _, stderr = compare_cli(capsys, out, corpus_file, "--run", "4")
+    assert code == 2 and "run 4 is not in the list: valid runs are 0 to 3" in one_error(stderr)
+    # reproduce lists its runs alike, checked as a whole before any is listed
+    code, stdout, _ = run_cli(
+        [
+            "reproduce",
+            "--budget",
+            "tiny",
+            "--seeds",
+            "2",
+            "--corpus",
+            corpus_file,
+            "--out",
+            tmp_path / "r",
+            "--list-runs",
+        ],
+        capsys,
+    )
+    assert code == 0 and stdout.splitlines()[0].endswith("--run 0  # " + stdout.splitlines()[0].split("# ")[1])
+    assert len(stdout.splitlines()) == len(set(stdout.splitlines())) > 4

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import minidape as md
 from minidape import __main__ as cli
 from minidape import grade, notebook, threads
 from minidape.lab import bench
@@ -219,3 +220,89 @@ def test_thread_benchmark_rounds_give_the_median_ratio_and_its_range(monkeypatch
     short_idle = next(line for line in table.splitlines() if line.startswith("| idle | short waits"))
     assert "| 12.0 ms (1) | 10.0 ms | 20.0 ms (2) | 1.20 (1.00–2.00) |" in short_idle
     assert table.splitlines()[-1].endswith("idle: 1.20× (not met); loaded: 1.00× (met)")
+
+
+@pytest.fixture
+def api_state(machine, monkeypatch):
+    """No command has chosen in this process, torch's count is its own, and nothing was said yet; the count the
+    test leaves is put back."""
+    previous = torch.get_num_threads()
+    monkeypatch.setattr(threads, "_command_choice", None)
+    monkeypatch.setattr(threads, "_api_choice", None)
+    monkeypatch.setattr(threads, "_torch_default", previous)
+    monkeypatch.setattr(threads, "WAITS", "short waits")
+    yield machine
+    torch.set_num_threads(previous)
+
+
+def cli_threads(argv: list[str]) -> int:
+    """The count the CLI sets for this command line (its choice only: nothing runs)."""
+    cli.set_threads(cli.build_parser().parse_args(argv))
+    return torch.get_num_threads()
+
+
+def test_md_train_under_load_takes_the_threads_the_cli_would(api_state, monkeypatch, capsys):
+    # 8 cores, 5 kept busy by others; a batch of 8 x 32 x 32 elements, 8 threads' work at 1,024 a thread (a
+    # tiny model stands in for a large one): the CLI takes 3
+    api_state["load"] = 5.0
+    monkeypatch.setattr(threads, "WORK_PER_THREAD", 2**10)
+    size = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "8"]
+    expected = cli_threads(["train", *size, "--out", "unused"])
+    assert expected == 3
+    monkeypatch.setattr(threads, "_command_choice", None)  # the script: no command chose
+    torch.set_num_threads(threads._torch_default)
+    capsys.readouterr()
+    seen = []
+    cfg = md.GPTConfig(vocab_size=256, n_layer=1, n_head=2, n_embd=32, block_size=32)
+    tokens = torch.randint(0, 256, (4000,), generator=torch.Generator().manual_seed(0))
+
+    def record_threads(logits, inputs, targets):
+        seen.append(torch.get_num_threads())
+        return {}
+
+    md.train(cfg, tokens, steps=2, batch_size=8, metrics=record_threads, progress=False)
+    assert seen and set(seen) == {expected}
+    said = [line for line in capsys.readouterr().err.splitlines() if "CPU thread" in line]
+    assert said == ["minidape: 3 CPU threads (8 cores allowed, 8,192 elements per activation, load 5.0, short waits)"]
+    md.train(cfg, tokens, steps=1, batch_size=8, metrics=record_threads, progress=False)
+    assert "CPU thread" not in capsys.readouterr().err  # said once
+    # evaluation chooses as the CLI's `eval` does: no size of work, the cores the load leaves
+    model = md.GPT(cfg)
+    model.eval()
+    assert cli_threads(["eval", "unused.pt"]) == 3
+    monkeypatch.setattr(threads, "_command_choice", None)
+    api_state["load"] = 1.0
+    md.evaluate.perplexity_by_length(model, tokens, [16], n_windows=2)
+    assert torch.get_num_threads() == 7
+    assert "minidape: 7 CPU threads (8 cores allowed, load 1.0, short waits)" in capsys.readouterr().err
+
+
+def test_the_api_leaves_a_count_the_user_or_a_command_set(api_state, monkeypatch, capsys):
+    api_state["load"] = 0.0
+    torch.set_num_threads(5 if threads._torch_default != 5 else 6)  # the user's torch.set_num_threads
+    users = torch.get_num_threads()
+    assert threads.choose_for_api() is None and torch.get_num_threads() == users
+    torch.set_num_threads(threads._torch_default)
+    monkeypatch.setenv("MINIDAPE_THREADS", "2")  # the user's variable: taken, and said
+    assert threads.choose_for_api().threads == torch.get_num_threads() == 2
+    assert capsys.readouterr().err == "minidape: 2 CPU threads (MINIDAPE_THREADS=2)\n"
+    monkeypatch.delenv("MINIDAPE_THREADS")
+    assert threads.choose_for_api().threads == 8  # minidape's own last count is not the user's: chosen again
+    threads.use_threads(1)  # a CLI command's choice (--threads 1): the functions it calls keep it
+    assert threads.choose_for_api() is None and torch.get_num_threads() == 1
+
+
+def test_functions_inside_an_api_function_keep_its_choice(api_state, monkeypatch):
+    # the study's functions choose as the CLI's reproduce does (no size of work); the train calls inside keep it
+    api_state["load"] = 2.0
+
+    def train():  # as md.train: it chooses from its work, unless called inside an API function
+        return threads.choose_for_api(work=10**9)
+
+    @threads.api_entry
+    def study():
+        api_state["load"] = 0.0
+        return train(), torch.get_num_threads()
+
+    assert study() == (None, 6)
+    assert train().threads == 8

@@ -14,6 +14,18 @@ from pathlib import Path
 from . import exercises
 
 TEACHER = Path(__file__).resolve().parents[2] / "notebooks"
+# Caps checked before the grader parses anything of a submission, so its own memory stays bounded whatever a
+# notebook holds: the file (outputs and figures included), each cell's source (a student's code cell is a few
+# kB; a 5-million-element literal parsed whole took the grader to 5 GB), each written answer.
+MAX_SUBMISSION_BYTES = 32_000_000
+MAX_CELL_SOURCE = 200_000  # characters
+MAX_WRITTEN = 20_000  # characters
+
+
+def too_large(size: int, limit: int, unit: str = "MB") -> str:
+    """The row's words for a part over its cap: ``too large: 10.5 MB, limit 32 MB``."""
+    scale = 1e6 if unit == "MB" else 1
+    return f"too large: {size / scale:.3g} {unit}, limit {limit / scale:g} {unit}"
 
 
 class NotANotebook(ValueError):
@@ -157,7 +169,9 @@ def read_cells(path: Path) -> list[dict]:
             raise NotANotebook("refused: not a regular file")
         if any(os.path.samestat(status, os.stat(p)) for p in TEACHER.iterdir()):
             raise NotANotebook("refused: this is a file of the teacher's edition, not a student's work")
-        raw = file.read()
+        raw = file.read(MAX_SUBMISSION_BYTES + 1)  # never more: a file that grows meanwhile is still capped
+    if len(raw) > MAX_SUBMISSION_BYTES:
+        raise NotANotebook(f"refused, {too_large(max(status.st_size, len(raw)), MAX_SUBMISSION_BYTES)}")
     if not raw.strip():
         raise NotANotebook("the file is empty")
     try:
@@ -178,7 +192,17 @@ def read_cells(path: Path) -> list[dict]:
             source = "".join(source)
         if not isinstance(source, str) or cell.get("cell_type") not in ("code", "markdown", "raw"):
             raise NotANotebook(f"the file is not a valid notebook: cell {number} has no cell_type or source")
+        if len(source) > MAX_CELL_SOURCE:
+            raise NotANotebook(f"refused, cell {number} is {too_large(len(source), MAX_CELL_SOURCE, 'characters')}")
         tags = (cell.get("metadata") or {}).get("tags") if isinstance(cell.get("metadata"), dict) else None
         tags = [tag for tag in tags if isinstance(tag, str)] if isinstance(tags, list) else []
-        cells.append({"cell_type": cell["cell_type"], "source": source, "tags": tags})
+        count = cell.get("execution_count") if cell["cell_type"] == "code" else None
+        cells.append(
+            {
+                "cell_type": cell["cell_type"],
+                "source": source,
+                "tags": tags,
+                "execution_count": count if type(count) is int and count > 0 else None,
+            }
+        )
     return cells

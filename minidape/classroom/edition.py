@@ -192,6 +192,21 @@ def _defined(source: str) -> set[str]:
     }
 
 
+def in_execution_order(cells: list[dict]) -> list[dict]:
+    """The cells as the student ran them, where the notebook's execution counts show it: when every code cell
+    that holds code has a count and no two share one, the code cells take their slots in the order of their
+    counts (a definition saved below its check but run before it stays before it); otherwise as saved. Other
+    cells keep their places."""
+    code = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and c["source"].strip()]
+    counts = [cells[i].get("execution_count") for i in code]
+    if not code or None in counts or len(set(counts)) < len(counts):
+        return cells
+    ordered = list(cells)
+    for slot, index in zip(code, sorted(code, key=lambda i: cells[i]["execution_count"])):
+        ordered[slot] = cells[index]
+    return ordered
+
+
 def restore(edition: Edition, cells: list[dict]) -> list[dict]:
     """The submission with its check cells replaced by the teacher's (see the module doc, step 2). Each
     restored check cell carries ``"checks": name``."""

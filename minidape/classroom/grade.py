@@ -39,6 +39,7 @@ from __future__ import annotations
 import inspect
 import json
 import os
+import re
 import shutil
 import sys
 import threading
@@ -50,7 +51,18 @@ from pathlib import Path
 from ..threads import THREADS_VARIABLE
 from ..utils import quick_mode
 from . import exercises, gradebook, sandbox
-from .collect import TEACHER, NotANotebook, Row, Submission, Written, printable, read_cells, submissions
+from .collect import (
+    MAX_WRITTEN,
+    TEACHER,
+    NotANotebook,
+    Row,
+    Submission,
+    Written,
+    printable,
+    read_cells,
+    submissions,
+    too_large,
+)
 from .edition import (  # noqa: F401  (re-exported: what the tests and tools read as grade.NAME)
     Edition,
     _names_passed_to_check,
@@ -61,6 +73,7 @@ from .edition import (  # noqa: F401  (re-exported: what the tests and tools rea
     editions,
     exercise_names,
     identify,
+    in_execution_order,
     literal_assignments,
     restore,
 )
@@ -80,13 +93,12 @@ class Grader:
 
     known: dict[str, Edition]
     level: str
-    hide: list[str]
     env: dict[str, str]
     timeout: float
-    censored: dict[frozenset, Path] = field(default_factory=dict)  # forbidden names -> censored package copy
+    # (notebook or None for a first run, forbidden names) -> the package copy its workers see
+    censored: dict[tuple, Path] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
     cgroups: str | None = None  # "v1", "v2" or None (per-process limits only)
-    writable: list[str] = field(default_factory=lambda: ["/tmp"])
 
     def start(self, slot: int, censored: Path | None = None, box=None) -> sandbox.Worker:
         """A worker (with a cgroup of its own for its submission where there are cgroups, ``worker.box``)."""
@@ -96,20 +108,19 @@ class Grader:
         return sandbox.Worker(
             self.level,
             slot,
-            self.hide,
             self.env,
             cpu_seconds=2 * self.timeout + START_TIMEOUT,
-            censored=censored,
+            censored=censored or self.censored_copy(),
             box=box,
-            writable=self.writable,
         )
 
-    def censored_copy(self, forbidden: frozenset) -> Path:
-        """The copy of minidape in which ``forbidden`` refuses, made the first time a submission needs it."""
+    def censored_copy(self, forbidden: frozenset = frozenset(), notebook: str | None = None) -> Path:
+        """The package copy of a first run (``notebook`` None) or of notebook's judged run in which ``forbidden``
+        refuses (:func:`sandbox.censored_copy`), made the first time a submission needs it."""
         with self.lock:
-            if forbidden not in self.censored:
-                self.censored[forbidden] = sandbox.censored_copy(forbidden)
-            return self.censored[forbidden]
+            if (notebook, forbidden) not in self.censored:
+                self.censored[notebook, forbidden] = sandbox.censored_copy(forbidden, notebook)
+            return self.censored[notebook, forbidden]
 
     def stop(self, worker: sandbox.Worker) -> None:
         """End a worker started by :meth:`start` and remove its submission's cgroup (with any worker left in it)."""
@@ -170,23 +181,53 @@ class Grader:
             submission.problem = unreadable
             submission.rows = [Row(e.name, 0, e.points, exercises.FAILED, unreadable) for e in edition.roster]
             return
+        cells = in_execution_order(cells)
         submission.cells = restore(edition, cells)
         submission.written = written_answers(edition, cells)
         lost = defined_in_check_cells(edition, cells)
-        predictions = literal_assignments(
-            [c for c in cells if c["cell_type"] == "code" and "prediction" in c.get("tags", ())]
-        )
-        # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
-        # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
-        # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
-        answers, channel = self._answers(worker, submission.cells, submission)
 
         def predicted(exercise) -> dict:
+            """Its prediction: each variable as the first prediction cell that assigns it a value (not None: the
+            hand-out's stub; None when that is all there is), of those that run before its check (the
+            submission's own check cell, else the teacher's where it was put back); a prediction cell after the
+            check (after the result was there to see) does not count."""
+            own = [i for i, c in enumerate(cells) if c["cell_type"] == "code" and exercise.name in checked(c["source"])]
+            restored = next(i for i, c in enumerate(submission.cells) if c.get("checks") == exercise.name)
+            predictions: dict = {}
+            for cell in cells[: own[0]] if own else submission.cells[:restored]:
+                if cell["cell_type"] == "code" and "prediction" in cell.get("tags", ()):
+                    for variable, value in literal_assignments([cell]).items():
+                        if predictions.get(variable) is None:
+                            predictions[variable] = value
             return {
                 at: (variable, predictions.get(variable, NOT_RECORDED))
                 for at, variable in edition.predictions.get(exercise.name, {}).items()
             }
 
+        # The exercises the notebook branches on (``exercises.passed("name")``, or a check's value kept, in the
+        # teacher's edition): a check of them asks for the verdict during the run, so the run takes the path the
+        # student's own run takes.
+        branched = set(
+            re.findall(
+                r"(?:exercises\.passed\(|(?:=|if)\s*exercises\.check\()\s*[\"'](\w+)[\"']",
+                "\n".join(c["source"] for c in edition.cells),
+            )
+        )
+        roster = {e.name: e for e in edition.roster}
+
+        def ask(name: str, channel) -> bool:
+            if name not in branched or name not in roster:
+                return False
+            answers = channel.request("answers")
+            row = self._judge(
+                roster[name], answers if isinstance(answers, dict) else None, channel, "", predicted(roster[name])
+            )
+            return row.status == exercises.PASSED
+
+        answers, channel = self._answers(worker, submission.cells, submission, ask)
+        # Every exercise is judged on this run first. One that forbids parts of minidape and earned points here is
+        # judged again, on a judged run (one per set of forbidden names, in the roster's order), and that verdict
+        # stands: an answer that earns nothing with the library whole cannot earn with it refusing.
         rows = {e.name: self._judge(e, answers, channel, submission.problem, predicted(e)) for e in edition.roster}
         worker.close()
         groups: dict[frozenset, list] = {}
@@ -196,11 +237,12 @@ class Grader:
         for number, (forbidden, judged) in enumerate(groups.items()):
             # A judged run: the cells up to the last check of these exercises, in a worker whose minidape refuses
             # what they forbid. Its outputs are not kept (the feedback shows the first run's).
-            started.append(self.start(judged_slot + number, self.censored_copy(forbidden), worker.box))
+            copy = self.censored_copy(forbidden, edition.stem[:2])
+            started.append(self.start(judged_slot + number, copy, worker.box))
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[: last + 1]]
             run = Submission(submission.student, submission.path)
-            judged_answers, judged_channel = self._answers(started[-1], copies, run)
+            judged_answers, judged_channel = self._answers(started[-1], copies, run, ask)
             rows.update(
                 {e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e)) for e in judged}
             )
@@ -215,13 +257,14 @@ class Grader:
                     f"run. Move it into a cell of its own above the check cell."
                 )
 
-    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission):
-        """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``); the answers their check
-        cells recorded (None when there are none to be had) and the channel the checks reach them through."""
+    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission, ask=None):
+        """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``; ``ask``: see
+        :meth:`_cell_outputs`); the answers their check cells recorded (None when there are none to be had) and
+        the channel the checks reach them through."""
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
-            submission.problem = self._run(cells, worker)
+            submission.problem = self._run(cells, worker, ask)
             channel = sandbox.Channel(worker, time.monotonic() + self.timeout)  # the checks' time starts
             if worker.alive:
                 answers = channel.request("answers")
@@ -232,7 +275,18 @@ class Grader:
             submission.problem = submission.problem or "the worker broke the protocol"
         return (answers if isinstance(answers, dict) else None), channel
 
-    def _run(self, cells: list[dict], worker: sandbox.Worker) -> str:
+    def _cell_outputs(self, worker: sandbox.Worker, deadline: float, ask) -> list:
+        """A cell's outputs, answering on the way each ``exercises.check`` of it that asks whether its answer
+        passes (``ask(name, channel)``: the grader's verdict, judged here; the cell's time runs meanwhile)."""
+        while True:
+            message = worker.read(max(0.0, deadline - time.monotonic()))
+            if isinstance(message, dict) and set(message) == {"ask"} and isinstance(message["ask"], str):
+                passed = ask(message["ask"], sandbox.Channel(worker, deadline)) if ask is not None else False
+                worker.send_only("verdict", passed is True, deadline=deadline)
+                continue
+            return worker.unpack(message)
+
+    def _run(self, cells: list[dict], worker: sandbox.Worker, ask=None) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
         deadline, errors, room = time.monotonic() + self.timeout, [], sandbox.MAX_NOTEBOOK_OUTPUT
         for index, cell in enumerate(cells):
@@ -241,11 +295,11 @@ class Grader:
             try:
                 worker.send_only("run", index, cell["source"], deadline=deadline)
                 try:
-                    outputs = worker.unpack(worker.read(max(0.0, deadline - time.monotonic())))
+                    outputs = self._cell_outputs(worker, deadline, ask)
                     stopped = ""
                 except sandbox.TimeLimit:
                     worker.interrupt()  # a KeyboardInterrupt in the cell, so the answers survive
-                    outputs = worker.unpack(worker.read(10))
+                    outputs = self._cell_outputs(worker, time.monotonic() + 10, ask)
                     stopped = f"stopped at the time limit of {self.timeout:g} s"
             except Exception as gone:  # WorkerGone, or an error where the protocol has none
                 worker.close()
@@ -328,15 +382,18 @@ def written_answers(edition: Edition, cells: list[dict]) -> list[Written]:
         if "written" in cell["tags"] and "solution" not in cell["tags"]:
             prompts.update({rubric: _same(cell["source"]) for rubric in _rubrics(cell)})
     return [
-        (
-            Written(
-                rubric, found[rubric], gradebook.NOT_ANSWERED if _same(found[rubric]) == prompts.get(rubric) else ""
-            )
-            if rubric in found
-            else Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
-        )
+        _written(rubric, found[rubric], prompts.get(rubric))
+        if rubric in found
+        else Written(rubric, "", f"no cell tagged written and rubric:{rubric} (deleted, or its tags removed)")
         for rubric in edition.rubrics
     ]
+
+
+def _written(rubric: str, answer: str, prompt: str | None) -> Written:
+    """One written answer; one over :data:`collect.MAX_WRITTEN` is kept only up to it, and the row says so."""
+    if len(answer) > MAX_WRITTEN:
+        return Written(rubric, answer[:MAX_WRITTEN], f"{too_large(len(answer), MAX_WRITTEN, 'characters')}: cut there")
+    return Written(rubric, answer, gradebook.NOT_ANSWERED if _same(answer) == prompt else "")
 
 
 def _outputs(outputs) -> list[dict]:
@@ -388,9 +445,12 @@ def table(graded: list[Submission]) -> str:
     return "\n".join(lines)
 
 
-def write_feedback(submission: Submission, folder: Path) -> Path:
+def write_feedback(submission: Submission, folder: Path, entered: dict | None = None) -> Path:
     """The executed notebook with the grader's verdict (a markdown cell) under each exercise's check cell,
-    after a first cell with the total and what stopped the run (alone when the file could not be run)."""
+    after a first cell with the total and what stopped the run (alone when the file could not be run). The
+    re-run's own check and summary outputs are left out (only the grader's verdicts speak); a written answer's
+    mark is shown once the teacher entered it (``entered``: see ``gradebook.held``). Readable by the owner of
+    the folder above ``folder`` (the teacher's account, also when the grader runs as root), by no one else."""
     rows = {row.exercise: row for row in submission.rows}
     summary = f"**Grader · {submission.notebook}: {submission.points:g} / {submission.max_points:g} points**"
     if submission.problem:
@@ -403,7 +463,9 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
                     "cell_type": "code",
                     "execution_count": None,
                     "metadata": {},
-                    "outputs": cell.get("outputs", []),
+                    "outputs": []
+                    if cell.get("checks") or "exercises.summary(" in cell["source"]
+                    else cell.get("outputs", []),
                     "source": cell["source"],
                 }
             )
@@ -421,12 +483,27 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
                 }
             )
         if "written" in cell.get("tags", ()) and _rubrics(cell):
+            marked = [
+                (
+                    rubric,
+                    (entered or {}).get(
+                        (
+                            gradebook.spreadsheet_safe(submission.student),
+                            submission.notebook,
+                            rubric,
+                            gradebook.spreadsheet_safe(cell["source"].strip()),
+                        )
+                    ),
+                )
+                for rubric in _rubrics(cell)
+            ]
+            marks = "; ".join(f"{mark} / {gradebook.WRITTEN_POINTS}" for _, mark in marked if mark)
             cells.append(
                 {
                     "cell_type": "markdown",
                     "metadata": {"tags": ["grader"]},
-                    "source": f"**Grader · written answer ({', '.join(f'rubric:{r}' for r in _rubrics(cell))})**: "
-                    f"marked by your teacher, not by the grader",
+                    "source": f"**Grader · written answer ({', '.join(f'rubric:{r}' for r, _ in marked)})**: "
+                    + (f"marked by your teacher: {marks}" if marks else "marked by your teacher, not by the grader"),
                 }
             )
     notebook = {
@@ -440,8 +517,13 @@ def write_feedback(submission: Submission, folder: Path) -> Path:
         / submission.student
         / (submission.path.name if submission.path.suffix == ".ipynb" else f"{submission.path.name}.ipynb")
     )
-    target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    target.parent.mkdir(mode=0o750, parents=True, exist_ok=True)
     gradebook.write_atomically(target, json.dumps(notebook, indent=1, ensure_ascii=False))
+    teacher = Path(folder).resolve().parent.stat()
+    for path, mode in ((target.parent, 0o750), (target, 0o640)):
+        if os.geteuid() == 0:
+            os.chown(path, teacher.st_uid, teacher.st_gid)
+        os.chmod(path, mode)
     return target
 
 
@@ -457,26 +539,6 @@ def check_output_paths(csv_path, feedback) -> None:
             raise ValueError(f"--csv {path}: the folder {path.parent} is not writable")
     if feedback is not None and Path(feedback).exists() and not Path(feedback).is_dir():
         raise ValueError(f"--feedback {feedback} is a file; give a folder")
-
-
-def _hidden(paths, csv_path, feedback) -> list[str]:
-    """What the workers must not see: the submissions, the teacher's edition and tests, the outputs."""
-    root = TEACHER.parent
-    package = Path(__file__).resolve().parents[1]  # minidape/, above classroom/
-    needed = [package, Path(sys.prefix).resolve(), Path(sys.base_prefix).resolve()]
-    candidates = [
-        *(Path(p).resolve() for p in paths),
-        TEACHER,
-        root / "tests",
-        root / "student",
-        root / ".git",
-        *([Path(feedback).resolve()] if feedback else []),
-        *([Path(csv_path).resolve().parent] if csv_path else []),
-    ]
-    # A folder that holds the package or the interpreter cannot be hidden; its submissions still are, file by file.
-    hidden = [p for p in candidates if not any(n == p or p in n.parents for n in needed)]
-    files = [s.path.resolve() for s in submissions(paths) if not s.rows and s.path.is_file()]
-    return [str(p) for p in hidden] + [str(f) for f in files if not any(h in f.parents for h in hidden)]
 
 
 def worker_env() -> dict[str, str]:
@@ -540,16 +602,9 @@ def _grade(paths, csv_path, timeout: float, jobs: int, feedback, entered: dict) 
     known = editions()
     measured = references()
     todo = submissions(paths)
+    gradebook.refuse_collisions(s.student for s in todo)  # before anything runs: its exports would collide
     level = sandbox.isolation()
-    grader = Grader(
-        known,
-        level,
-        _hidden(paths, csv_path, feedback),
-        worker_env(),
-        timeout,
-        cgroups=sandbox.cgroup_version(),
-        writable=sandbox.world_writable() if level in ("root", "userns") else ["/tmp"],
-    )
+    grader = Grader(known, level, worker_env(), timeout, cgroups=sandbox.cgroup_version())
     for warning in sandbox.warnings(level, grader.cgroups):
         print(f"warning: {warning}", file=sys.stderr)
     try:
@@ -573,7 +628,10 @@ def _grade_all(
     finally:
         grader.stop(probe)
     if feedback is not None:
-        Path(feedback).mkdir(mode=0o700, parents=True, exist_ok=True)
+        Path(feedback).mkdir(mode=0o750, parents=True, exist_ok=True)
+        if os.geteuid() == 0:  # the teacher's account (the owner of the folder above it) reads it
+            above = Path(feedback).resolve().parent.stat()
+            os.chown(feedback, above.st_uid, above.st_gid)
     done: dict[int, Submission] = {}
     lock = threading.Lock()
     queue = iter(enumerate(todo))
@@ -598,7 +656,7 @@ def _grade_all(
                         write_csv([done[i] for i in sorted(done)], csv_path)
                         write_written([done[i] for i in sorted(done)], written_path(csv_path), entered)
                     if feedback is not None:
-                        write_feedback(submission, Path(feedback))
+                        write_feedback(submission, Path(feedback), entered)
         finally:
             grader.stop(ready)
 

@@ -225,14 +225,30 @@ def gradebook(csv_path) -> list[Path]:
             raise ValueError(
                 f"{written_path(path)} line {number}: points {points:g} is outside 0 .. {row['max_points']}"
             )
+    refuse_collisions(row["student"] for row in rows)
     write_atomically(sibling(path, "totals"), totals(rows, written))
     write_atomically(sibling(path, "summary"), summary(rows, written))
+    write_atomically(sibling(path, "canvas"), canvas(rows, written))
+    write_atomically(sibling(path, "moodle"), moodle(rows, written))
     folder = sibling(path, "gradescope")
     for (student, notebook), results in gradescope(rows, written).items():
         target = folder / _file_name(notebook) / _file_name(student) / "results.json"
         target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomically(target, json.dumps(results, indent=1, ensure_ascii=False))
-    return [sibling(path, "totals"), sibling(path, "summary"), folder]
+    return [sibling(path, k) for k in ("totals", "summary", "canvas", "moodle")] + [folder]
+
+
+def refuse_collisions(students) -> None:
+    """A ValueError naming both ids where two student ids map to one export folder name (``h~a`` and ``h_a``):
+    one's export would overwrite the other's."""
+    seen: dict[str, str] = {}
+    for student in dict.fromkeys(students):
+        other = seen.setdefault(_file_name(student), student)
+        if other != student:
+            raise ValueError(
+                f"student ids {other!r} and {student!r} map to one export name {_file_name(student)!r}; rename "
+                f"one of the two folders"
+            )
 
 
 def _file_name(text: str) -> str:
@@ -250,7 +266,8 @@ def totals(rows: list[dict], written: list[dict]) -> str:
         earned = _number(row["points"], f"{row['student']} {row['exercise']}")
         not_judged[row["student"]] += earned is None and row["max_points"] not in ("", "0")
         points[row["student"], row["notebook"]] += earned or 0
-        most[row["student"], row["notebook"]] += _number(row["max_points"], "max_points") or 0
+        # not judged yet (needs full mode): neither 0 points nor part of the maximum until it is graded
+        most[row["student"], row["notebook"]] += 0 if earned is None else _number(row["max_points"], "max_points") or 0
     for row in written:
         earned = _number(row.get("points", ""), f"{row['student']} {row['rubric']}")
         to_mark[row["student"]] += earned is None
@@ -328,6 +345,84 @@ def summary(rows: list[dict], written: list[dict]) -> str:
     return _csv_text(header, lines)
 
 
+def _per_notebook(rows: list[dict], written: list[dict]) -> tuple[list[str], list[str], dict, dict]:
+    """Students, notebooks, each student's points per notebook (exercises judged and written answers marked),
+    and each notebook's maximum (every exercise and written answer of it)."""
+    students = list(dict.fromkeys(row["student"] for row in rows))
+    notebooks = sorted({row["notebook"] for row in rows if row["exercise"]})
+    points, most = defaultdict(float), {}
+    for row in rows:
+        points[row["student"], row["notebook"]] += _number(row["points"], row["exercise"]) or 0
+    for row in written:
+        points[row["student"], row["notebook"]] += _number(row.get("points", ""), row["rubric"]) or 0
+    for notebook in notebooks:  # the most a complete submission earns: one student's rows of that notebook
+        first = next(row["student"] for row in rows if row["notebook"] == notebook and row["exercise"])
+        most[notebook] = sum(
+            _number(row["max_points"], "max_points") or 0
+            for row in [*rows, *written]
+            if row["student"] == first and row["notebook"] == notebook
+        )
+    return students, notebooks, points, most
+
+
+CANVAS_COLUMNS = ["Student", "ID", "SIS User ID", "SIS Login ID", "Section"]  # Canvas's gradebook CSV, in order
+
+
+def canvas(rows: list[dict], written: list[dict]) -> str:
+    """Canvas's gradebook import CSV: its five identifying columns (the student id as the SIS Login ID), one
+    column per notebook (a new assignment of that name on import), and the "Points Possible" row Canvas reads
+    after the header."""
+    students, notebooks, points, most = _per_notebook(rows, written)
+    header = [*CANVAS_COLUMNS, *notebooks]
+    possible = ["Points Possible", "", "", "", "", *(most[n] for n in notebooks)]
+    return _csv_text(
+        header,
+        [possible, *([s, "", "", s, "", *(points.get((s, n), "") for n in notebooks)] for s in students)],
+    )
+
+
+MOODLE_COLUMNS = ["username"]  # the user field Moodle's CSV grade import maps the first column to
+
+
+def moodle(rows: list[dict], written: list[dict]) -> str:
+    """Moodle's CSV grade import: the student id in ``username`` (map it to the user field "username"), one
+    column per notebook (map each to its grade item, or a new one)."""
+    students, notebooks, points, _ = _per_notebook(rows, written)
+    return _csv_text(
+        [*MOODLE_COLUMNS, *notebooks], ([s, *(points.get((s, n), "") for n in notebooks)] for s in students)
+    )
+
+
+def merge(batches: list, csv_path, entered: dict | None = None) -> None:
+    """One gradebook for a course from several ``grade --csv`` batches (quick-graded notebooks, 06 graded in full
+    mode): per student, notebook and exercise, the row of the last batch that judged it (one that says
+    ``needs full mode`` gives way to one that graded it); per written answer, the last batch's that holds a
+    mark, else the last batch's, with the marks ``entered`` in an earlier merge for the same answer (see
+    :func:`held`). Written to ``csv_path`` and its written answers, then its gradebook."""
+    exercises, answers = {}, {}
+    for batch in map(Path, batches):
+        rows = _read(batch)
+        if not rows or set(COLUMNS) - set(rows[0]):
+            raise ValueError(f"--merge {batch}: not a grades file of this version (columns {COLUMNS})")
+        for row in rows:
+            key = (row["student"], row["notebook"], row["exercise"])
+            if row["points"].strip() or key not in exercises or not exercises[key]["points"].strip():
+                exercises[key] = row
+        for row in _read(written_path(batch)) if written_path(batch).exists() else []:
+            key = (row["student"], row["notebook"], row["rubric"])
+            if row.get("points", "").strip() or key not in answers or not answers[key].get("points", "").strip():
+                answers[key] = row
+    for (student, notebook, rubric), row in answers.items():
+        if not row.get("points", "").strip():
+            row["points"] = (entered or {}).get((student, notebook, rubric, row["answer"]), "")
+    write_atomically(Path(csv_path), _csv_text(COLUMNS, ([row[c] for c in COLUMNS] for row in exercises.values())))
+    write_atomically(
+        written_path(csv_path),
+        _csv_text(WRITTEN_COLUMNS, ([row.get(c, "") for c in WRITTEN_COLUMNS] for row in answers.values())),
+    )
+    gradebook(csv_path)
+
+
 def gradescope(rows: list[dict], written: list[dict]) -> dict[tuple[str, str], dict]:
     """Per (student, notebook), Gradescope's autograder ``results.json``: the score, and one test per exercise
     (and per marked written answer) with its name, score, max_score, status and output."""
@@ -336,6 +431,8 @@ def gradescope(rows: list[dict], written: list[dict]) -> dict[tuple[str, str], d
         results = found.setdefault((row["student"], row["notebook"]), {"score": 0.0, "output": "", "tests": []})
         earned = _number(row["points"], row["exercise"])
         results["score"] += earned or 0
+        if earned is None and row["max_points"] not in ("", "0"):
+            continue  # not judged yet (needs full mode): no test until it is graded
         results["tests"].append(
             {
                 "name": row["exercise"] or row["notebook"],

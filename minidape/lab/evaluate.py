@@ -35,6 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..threads import api_entry
 from ..utils import autocast_for, check_number, model_device
 from .data import check_tokens, fixed_windows
 from .memory import check_memory
@@ -138,6 +139,7 @@ def scored_ends(n_tokens: int, longest: int, scored: int, n_windows: int, seed: 
     return longest + chosen * scored
 
 
+@api_entry
 def perplexity_by_length(
     model: nn.Module,
     tokens: torch.Tensor,
@@ -224,6 +226,7 @@ def perplexity_by_length(
     return results
 
 
+@api_entry
 def loss_by_position(
     model: nn.Module,
     tokens: torch.Tensor,

@@ -54,6 +54,7 @@ import torch.distributed as dist
 from torch import nn
 
 from ..model import GPT, GPTConfig, check_causal
+from ..threads import choose_for_api
 from ..utils import (
     autocast_for,
     check_number,
@@ -484,6 +485,7 @@ def train(
         settings[name] for name in RUN_SETTINGS
     )
     cfg = _resolve_config(model_or_cfg, checkpoint, resume_from)
+    choose_for_api(batch_size * cfg.block_size * cfg.n_embd)
     train_data, val_data, corpus = _resolve_data(data, val_data, checkpoint, resume_from)
     _check_run(cfg, train_data, val_data, batch_size, device, allow_leakage, built=isinstance(model_or_cfg, nn.Module))
     seed_everything(seed)

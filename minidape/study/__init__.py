@@ -25,6 +25,8 @@ it again when asked: ``rerun``), so results of two corpora or budgets never mix.
 in two folders are two corpora. `reproduce` also refuses other settings into the same ``OUT`` as a whole
 (``OUT/manifest.json`` records them). The same command started twice (two terminals) shares the runs between
 the two processes.
+On a cluster, ``step=`` (``--list-runs``, ``--run N``, ``--report``) splits either command into its runs for
+the scheduler one already has (README: "The study on a cluster").
 
 `compare`'s endpoints and REPRODUCTION.md's statements are one code (`endpoints.log_ratio_units`): a model
 against another at the training length, beyond it or over all lengths, and a model's degradation from the

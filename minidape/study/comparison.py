@@ -22,6 +22,7 @@ from ..lab.evaluate import PROTOCOLS
 from ..lab.train import decoder_leaks
 from ..lab.user_code import register_class, source_file
 from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY, pe_names
+from ..threads import api_entry
 from ..utils import atomic_path, holds_out_folder, resolve_device
 from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, eval_lengths, lm_config, resolve_budget
 from .claims import FLAT_MARGIN, LEAKY_REFINER, MATCHED_WIDTH, MODELS, UNIGRAM_SHARE
@@ -35,6 +36,7 @@ from .runs import (
     check_settings,
     clock,
     corpus_fingerprint,
+    one_step,
     perplexity_summary,
     refuse_foreign_results,
     reusable_run,
@@ -255,6 +257,7 @@ def _degradation_verdict(test: dict, margin: float, longest: int, train_length: 
 
 
 @holds_out_folder()
+@api_entry
 def compare(
     pe: str,
     against=DEFAULT_BASELINES,
@@ -278,6 +281,7 @@ def compare(
     rerun: bool = False,
     keep_checkpoints: bool = False,
     allow_leakage: bool = False,
+    step: int | str | None = None,
 ) -> dict:
     """Put a model through the study's protocol against baselines; returns the table and the statistics.
 
@@ -297,6 +301,9 @@ def compare(
       trained run's model in ``out/runs/MODEL/seedN/checkpoint.pt``.
     - A model that reads the future (``md.check_causal``) is refused before any training, unless
       ``allow_leakage=True``: then the report's header says which models leak.
+    - ``step`` splits the comparison for a cluster's scheduler, as `reproduce`'s does: ``"list"`` returns
+      ``{"runs": [names]}``, N trains and evaluates run N alone into ``out``, ``"report"`` writes the report from
+      the runs done (refused while any is missing).
     """
     started = time.perf_counter()
     device = resolve_device(device)
@@ -349,8 +356,17 @@ def compare(
             file=sys.stderr,
             flush=True,
         )
+    names = [f"{label} seed {seed}" for label, seed, *_ in plan]
+    if step is not None:
+        if out is None:
+            raise ValueError(f"step={step!r} needs out: the folder the runs of the comparison share")
+        chosen = one_step(step, names, [result is not None for *_, result in plan], out)
+        if chosen is None:
+            return {"runs": names}
+        if isinstance(step, int):
+            plan = [plan[step]]
     meter = Progress(len(plan), progress)
-    if progress:
+    if progress and not isinstance(step, int):
         print(
             f"minidape compare on {device}: {', '.join(models)}; {seeds} seeds x {settings.steps} steps at "
             f"length {train_length} on {corpus} ({len(plan)} runs) -> {out or '(not saved)'}",
@@ -379,6 +395,8 @@ def compare(
                 f"{label} seed {seed}", result["train_seconds"] + result["eval_seconds"], perplexity_summary(result)
             )
         runs[label].append(result)
+    if isinstance(step, int):
+        return {"runs": [names[step]]}
     perplexity = {
         label: {
             protocol: {

@@ -18,6 +18,7 @@ from ..lab.data import load_corpus
 from ..lab.evaluate import perplexity_by_length
 from ..lab.plots import write_extrapolation
 from ..lab.train import train
+from ..threads import api_entry
 from ..utils import RESULT_FILES, folder_lock, quick_mode, refuse_to_replace, resolve_device
 from .budgets import BUDGETS, Budget, eval_lengths, lm_config, resolve_budget
 from .claims import MODELS
@@ -43,6 +44,7 @@ def demo_budget(device: torch.device) -> Budget:
     return CUDA_BUDGET if device.type == "cuda" else CPU_BUDGET
 
 
+@api_entry
 def run_demo(
     corpus: str = "austen",
     out="runs/demo",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from pathlib import Path
@@ -10,6 +11,7 @@ import torch
 
 from ..lab.evaluate import PROTOCOLS
 from ..lab.train import decoder_leaks
+from ..threads import api_entry
 from ..utils import file_lock, holds_out_folder, resolve_device
 from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_config, resolve_budget
 from .claims import CHE_MODELS, CHE_TASKS, LEAKY_REFINER, MODELS, register_leaky_refiner
@@ -23,6 +25,7 @@ from .runs import (
     check_settings,
     corpus_fingerprint,
     lm_run_path,
+    one_step,
     read_json,
     refuse_foreign_results,
     reusable_run,
@@ -34,6 +37,7 @@ from .runs import (
 
 
 @holds_out_folder(shared=True)  # two `reproduce` into one folder share its runs; anything else is refused
+@api_entry
 def reproduce(
     budget: str = "default",
     seeds: int = DEFAULT_SEEDS,
@@ -43,13 +47,18 @@ def reproduce(
     progress: bool = True,
     command: str | None = None,
     rerun: bool = False,
+    step: int | str | None = None,
 ) -> dict:
     """Train and evaluate the claim study (C1-C6) and write ``REPRODUCTION.md``, ``results.json`` and
     ``figures/`` into ``out``. Resumable: runs already in ``out/runs`` are skipped when their file records this
     corpus (sha256 and size) and configuration; one recording others is refused, naming the file and what
     differs, unless ``rerun`` (then it is trained again). Returns the results.
     Refused before any training: a folder holding another command's results, and a model that reads the future
-    (but C4's, which does so on purpose: the report's causality note says it does)."""
+    (but C4's, which does so on purpose: the report's causality note says it does).
+
+    ``step`` splits the study for a cluster's scheduler (`one_step`): ``"list"`` returns ``{"runs": [names]}``
+    (nothing trained), N trains and evaluates run N of that list alone into ``out/runs`` and returns
+    ``{"runs": [its name]}``, ``"report"`` writes the report from the runs done, refusing while any is missing."""
     device = resolve_device(device)
     budget_settings = resolve_budget(budget, device)
     seeds = check_seeds(seeds)
@@ -86,9 +95,24 @@ def reproduce(
         )
         for label in labels
     ]
-    meter = Progress(len(runs), progress)
     started = time.perf_counter()
-    if progress:
+    names = [run_place(out, kind, where, label, seed)[1] for seed, kind, where, label in runs]
+    if step is not None:
+        done = [
+            reusable_run(
+                run_place(out, kind, where, label, seed)[0],
+                study_run_record(kind, where, label, seed, budget_settings, fingerprints),
+                rerun,
+            )
+            is not None
+            for seed, kind, where, label in runs
+        ]
+        chosen = one_step(step, names, done, out)
+        if chosen is None:
+            return {"runs": names}
+        runs = [runs[i] for i in chosen]
+    meter = Progress(len(runs), progress)
+    if progress and step is None:
         count = sum(kind == "lm" for _, kind, _, _ in runs)
         print(
             f"minidape reproduce on {device}: budget {budget} ({budget_settings.n_layer} layers x "
@@ -108,7 +132,10 @@ def reproduce(
             if reusable_run(path, record, rerun) is not None:
                 meter.report(what, None)
                 continue
-            with file_lock(path.with_name(path.name + ".lock")) as holder:  # one process per run
+            # One process per run: a lock file here; a scheduler's task (step) is its run's only writer, and takes
+            # no lock, which a network filesystem may not honour.
+            lock = file_lock(path.with_name(path.name + ".lock")) if step is None else contextlib.nullcontext()
+            with lock as holder:
                 if holder is not None:
                     held.append((seed, kind, where, label))
                     continue
@@ -120,6 +147,8 @@ def reproduce(
         if held:
             time.sleep(10 if len(held) == len(waiting) else 0)
         waiting = held
+    if isinstance(step, int):
+        return {"runs": [names[step]]}
     results = collect_results(out, plan, seeds)
     report = write_report(
         out,

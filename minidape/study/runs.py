@@ -297,6 +297,25 @@ def study_run_record(kind: str, where, label: str, seed: int, budget: Budget, fi
     }
 
 
+def one_step(step: int | str, names: list[str], done: list[bool], out) -> list[int] | None:
+    """Which runs of a study's list (``names``, ``done`` for those found in ``out``) a ``step`` of it trains:
+    "list" none (None: only list them), N run N alone, "report" none, once every run is done (else a
+    ValueError saying how many are missing and the first)."""
+    if step == "list":
+        return None
+    if step == "report":
+        missing = [name for name, finished in zip(names, done) if not finished]
+        if missing:
+            raise ValueError(
+                f"{len(missing)} of the {len(names)} runs are not done in {out} (the first: {missing[0]}); run "
+                f"them (the lines of --list-runs), then the report again"
+            )
+        return []
+    if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(names):
+        raise ValueError(f"run {step!r} is not in the list: valid runs are 0 to {len(names) - 1} (see --list-runs)")
+    return [step]
+
+
 def run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:
     """Train and evaluate one run of the study: (its result, a progress detail)."""
     if kind == "lm":

@@ -38,7 +38,7 @@ def addition_sample(your_function):
     task = tasks.get_task("binary_addition")
     end = task.end_token
     generator = _fresh_generator()
-    splits = set()
+    splits, seed_ignored = set(), False
     for seed, (batch, n) in zip(torch.randint(0, 2**31, (2,), generator=generator).tolist(), ((64, 7), (64, 20))):
         sample = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed))
         if not (isinstance(sample, tuple) and len(sample) == 2):
@@ -103,16 +103,24 @@ def addition_sample(your_function):
                     raise Wrong(f"{shown}: {description}", hint=hint)
             raise Wrong(f"{shown}: the targets are not the sum of the two operands, little-endian, then END")
         again = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed))
-        if not torch.equal(again[0], inputs):
+        if not torch.equal(_tensor(again[0], "inputs"), inputs):
             raise Wrong(
                 "two calls with equally seeded generators gave different inputs: the sample does not come "
                 "from the generator you are given",
                 hint="pass generator=generator to every torch.randint",
             )
+        other = _given(your_function, "addition_sample")(batch, n, torch.Generator().manual_seed(seed + 1))
+        seed_ignored = seed_ignored or torch.equal(_tensor(other[0], "inputs"), inputs)  # 64 random rows
     if len(splits) < 4:
         raise Wrong(
             f"the operator sits only at positions {sorted(splits)}",
             hint="draw the split at random from 1 .. n - 2 for each row: the operands have random lengths",
+        )
+    if seed_ignored:
+        raise Wrong(
+            "two calls with generators seeded differently gave the same inputs: the sample does not come "
+            "from the generator you are given (a sample kept from an earlier call?)",
+            hint="pass generator=generator to every torch.randint",
         )
 
 

@@ -68,15 +68,18 @@ class Wrong(Exception):
 
 
 def mistake_code(message: str) -> str:
-    """``"your ratio 0.19 is upside down"`` -> ``"your-ratio-is-upside-down"``: the words that do not change with
-    the inputs (numbers, quoted values and anything in brackets dropped), the last eight (a message names where
-    first and the mistake last: "for 3 random points ... your form gives 2.1, which is minus cᵀKc: the sign is
-    wrong")."""
+    """``"your ratio 0.19 is upside down"`` -> ``"your-ratio-is-upside-down"``: short and stable, the words that
+    do not change with the inputs (numbers, quoted values and anything in brackets dropped) of the mistake itself
+    -- a message names where first and the mistake after its last colon ("for 3 random points ... your c is
+    2 · the shift: one doubling too many" -> ``one-doubling-too-many``) -- at most the last five."""
     text = message.split("\n")[0]
     for pattern in (r"'[^']*'", r'"[^"]*"', r"\([^()]*\)", r"\[[^\[\]]*\]", r"\{[^{}]*\}", r"\([^()]*\)"):
         text = re.sub(pattern, " ", text)
-    words = [w for w in re.findall(r"[a-z_]+", text.lower()) if not re.fullmatch(r"e|x|k|t|h|w|d|i|j", w)]
-    return "-".join(words[-8:]) or "wrong"
+    mistake = text.rpartition(": ")[2]
+    words = [w for w in re.findall(r"[a-z_]+", mistake.lower()) if not re.fullmatch(r"e|x|k|t|h|w|d|i|j", w)]
+    if not words:  # nothing but numbers after the colon: the words before it
+        words = [w for w in re.findall(r"[a-z_]+", text.lower()) if not re.fullmatch(r"e|x|k|t|h|w|d|i|j", w)]
+    return "-".join(words[-5:]) or "wrong"
 
 
 class NeedsFullMode(Exception):
@@ -203,6 +206,8 @@ LIBRARY: dict[str, tuple[str, ...]] = {
         "minidape.model.KerpleLogBias",
         "minidape.model.KerplePowerBias",
         "minidape.model.FIREBias",
+        "minidape.kernels.log_kernel",  # the same biases, written as kernels
+        "minidape.kernels.power_kernel",
     ),
     "my_runs": (),
     "best_run": (),
@@ -222,6 +227,21 @@ LIBRARY: dict[str, tuple[str, ...]] = {
     "fox_bias": ("minidape.model.ForgetGateBias",),
     "focus_temperature": (),
     "where_fox_forgets": (),
+}
+
+
+# Per notebook, the optional parts of minidape (``sandbox.censor.OPTIONAL``) that its judged runs may import: what
+# its cells up to its checks use. Every other one is absent from a judged run's package copy (not refusing: not
+# there), with the command line and the checks themselves; the core and the lab's training are always there.
+JUDGED_IMPORTS: dict[str, tuple[str, ...]] = {
+    "01": ("lab.plots",),
+    "02": ("kernels", "lab.plots"),
+    "03": ("lab.plots",),
+    "04": ("lab.plots",),
+    "05": ("lab.che", "lab.tasks", "lab.plots"),
+    "06": ("kernels", "lab.che", "lab.tasks", "lab.plots", "study"),
+    "07": ("lab.che", "lab.tasks", "lab.plots"),
+    "08": ("lab.plots", "study"),
 }
 
 

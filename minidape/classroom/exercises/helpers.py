@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from .. import answering
 from . import framework  # framework.CHECK_DEVICE is read at call time (the grader sets it)
 from .framework import Credit, NotDone, RemoteAnswer, Wrong
 
@@ -145,32 +146,18 @@ def _gradients_of_sum(module, *inputs) -> list[torch.Tensor | None]:
 
 
 def _built(your_class, cfg, state: torch.Tensor) -> tuple:
-    """``your_class(cfg)`` built from the random state ``state``, as ``md.train`` builds a model after seeding:
-    (the module, its parameters' values, whether each one trains, the random state its ``__init__`` left)."""
+    """``your_class(cfg)`` built from the random state ``state`` (see :func:`answering.built`), in the worker
+    when ``your_class`` lives there."""
     if _remote(your_class):
         return your_class._session.request("built", your_class._ref, cfg, state)
-    torch.set_rng_state(state)
-    module = your_class(cfg)
-    parameters = list(module.parameters())
-    values = [p.detach().clone() for p in parameters]
-    return module, values, [p.requires_grad for p in parameters], torch.get_rng_state()
+    return answering.built(your_class, cfg, state)
 
 
 def _bias_with(module, values, q_pos, k_pos, weights=None):
-    """``module(q_pos, k_pos)`` with its parameters set to ``values``; given ``weights`` (the shape of that
-    bias), the gradients of ``(module(q_pos, k_pos) * weights).sum()`` for each parameter instead (None where
-    none reached it)."""
+    """:func:`answering.bias_with`, in the worker when ``module`` lives there."""
     if _remote(module):
         return module._session.request("bias_with", module._ref, values, q_pos, k_pos, weights)
-    with torch.no_grad():
-        for parameter, value in zip(module.parameters(), values):
-            parameter.copy_(value)
-        if weights is None:
-            return module(q_pos, k_pos).detach()
-    module.zero_grad(set_to_none=True)
-    with torch.enable_grad():  # also when asked from an autograd backward, which runs without
-        (module(q_pos, k_pos) * weights).sum().backward()
-    return [None if p.grad is None else p.grad.detach().clone() for p in module.parameters()]
+    return answering.bias_with(module, values, q_pos, k_pos, weights)
 
 
 def _as_shape(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | None:
@@ -187,34 +174,59 @@ def _as_shape(tensor: torch.Tensor, shape: tuple[int, ...]) -> torch.Tensor | No
 def _hand_over(source: nn.Module, target, what: str) -> list[list[torch.Tensor]]:
     """Every way to give ``target`` the weights of ``source``, by role rather than by name or order: each
     parameter of ``target`` takes a distinct parameter of ``source`` holding the same weights up to size-1 axes
-    or a transpose (see :func:`_as_shape`). A check tries each and keeps the one that behaves like ``source``,
-    so layers declared in another order, a 1×1 convolution for a linear map or a transposed weight all pass."""
+    or a transpose (see :func:`_as_shape`), or one of its halves (a layer split in two: ``Linear(2h, W)`` as
+    one ``Linear(h, W)`` for S and one for B, both halves then taken), or zeros (the second bias of such a split
+    layer). A check tries each and keeps the one that behaves like ``source``, so layers declared in another
+    order, a 1×1 convolution for a linear map, a transposed weight or a split layer all pass."""
     theirs, yours = [p.detach().to(framework.CHECK_DEVICE) for p in source.parameters()], _parameter_shapes(target)
-    if len(yours) != len(theirs):
-        hint = (
-            "a layer without its bias (bias=False)?"
-            if len(yours) < len(theirs)
-            else "an extra layer or parameter? f has two layers, each with a weight and a bias"
-        )
+    if len(yours) < len(theirs):
         raise Wrong(
             f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
             f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over",
-            hint=hint,
+            hint="a layer without its bias (bias=False)?",
         )
+    # (source index or None for zeros, which half (axis, i) or None for whole, the tensor)
+    pieces = [(k, None, t) for k, t in enumerate(theirs)]
+    for k, tensor in enumerate(theirs):
+        for axis in range(tensor.dim() if tensor.dim() == 2 else 0):
+            if tensor.shape[axis] % 2 == 0:
+                pieces += [(k, (axis, i), half) for i, half in enumerate(tensor.chunk(2, axis))]
+    zeros = {tuple(t.shape): torch.zeros_like(t) for t in theirs if t.dim() == 1}
+    pieces += [(None, None, zero) for zero in zeros.values()]
     ways: list[list[torch.Tensor]] = []
 
-    def assign(index: int, chosen: list[torch.Tensor], used: set[int]) -> None:
-        if len(ways) >= 24:
+    def complete(used: dict) -> bool:  # every parameter of theirs handed over whole, or both halves of one axis
+        return all(used.get(k) in ("whole", *((a, frozenset({0, 1})) for a in (0, 1))) for k in range(len(theirs)))
+
+    def assign(index: int, chosen: list[torch.Tensor], used: dict) -> None:
+        if len(ways) >= 48:
             return
         if index == len(yours):
-            ways.append(list(chosen))
+            if complete(used):
+                ways.append(list(chosen))
             return
-        for k, tensor in enumerate(theirs):
-            shaped = None if k in used else _as_shape(tensor, yours[index])
-            if shaped is not None:
-                assign(index + 1, chosen + [shaped], used | {k})
+        for k, half, tensor in pieces:
+            if k is not None and (
+                used.get(k) == "whole"
+                or (half is None and k in used)
+                or (half is not None and k in used and (used[k][0] != half[0] or half[1] in used[k][1]))
+            ):
+                continue
+            shaped = _as_shape(tensor, yours[index])
+            if shaped is None:
+                continue
+            now = dict(used)
+            if k is not None:
+                now[k] = "whole" if half is None else (half[0], used.get(k, (half[0], frozenset()))[1] | {half[1]})
+            assign(index + 1, chosen + [shaped], now)
 
-    assign(0, [], set())
+    assign(0, [], {})
+    if not ways and len(yours) > len(theirs):
+        raise Wrong(
+            f"{what} has {len(yours)} parameter tensors {yours}; minidape's has {len(theirs)} "
+            f"{[tuple(p.shape) for p in theirs]}, so its weights cannot be handed over",
+            hint="an extra layer or parameter? f has two layers, each with a weight and a bias",
+        )
     if not ways:
         raise Wrong(
             f"{what}'s parameters have shapes {yours}; minidape's are {[tuple(p.shape) for p in theirs]} "
@@ -490,9 +502,12 @@ def _record(path: str, name: str, measured: dict) -> None:
     os.replace(partial, target)
 
 
-def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) -> tuple[dict[str, float], str]:
+def _measurement(
+    name: str, measured: dict[str, float], labels: dict[str, str], agree: float = AGREE
+) -> tuple[dict[str, float], str]:
     """The measurement experiment ``name``'s verdict uses, and where it comes from. ``measured``: what the check
-    derived from the tables the notebook handed in; ``labels`` says in words what each entry is."""
+    derived from the tables the notebook handed in; ``labels`` says in words what each entry is; ``agree``: the
+    relative difference allowed from the reference (values that all lie near one value need less)."""
     import os
 
     if os.environ.get(RECORD):
@@ -505,15 +520,24 @@ def _measurement(name: str, measured: dict[str, float], labels: dict[str, str]) 
             "against the teacher's full-mode run)"
         )
     same_mode, full = (references.get(m, {}).get(name) for m in (mode, "full"))
+    if (same_mode is None or full is None) and framework.references is None:
+        return measured, "your run"  # a notebook's own run, where the teacher's file has no reference of it yet
     if same_mode is None or full is None:
         raise framework.NeedsFullMode(
             f"the teacher's edition holds no reference measurement of {name} in "
             f"{mode if same_mode is None else 'full'} mode: your teacher runs `make "
             f"notebooks` once, then grades again"
         )
+    expected = {key for key in same_mode if not key.startswith("_")}
+    if set(measured) != expected:  # a table cut to one entry (LONGEST = TRAIN_LENGTH) measures something else
+        raise Wrong(
+            f"your run's table holds {sorted(measured)}; the notebook's run measures {sorted(expected)}",
+            code="measurement-not-the-notebooks",
+            hint="keep the notebook's settings (lengths, models) as they are: the experiment is judged on its run",
+        )
     for key, value in measured.items():
         reference = same_mode[key]
-        if not abs(value - reference) <= AGREE * abs(reference) + 0.01:
+        if not abs(value - reference) <= agree * abs(reference) + 0.01 * agree / AGREE:
             raise Wrong(
                 f"your run's {labels[key]} is {value:.4g}; the teacher's reference run ({mode} mode, the "
                 f"same notebook) measured {reference:.4g}",

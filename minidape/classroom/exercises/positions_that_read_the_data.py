@@ -7,7 +7,7 @@ import math
 import torch
 
 from .framework import Wrong, _exercise
-from .helpers import _choice, _compare, _fresh_generator, _given, _number, _prediction_credit
+from .helpers import _choice, _compare, _fresh_generator, _given, _measurement, _number, _prediction_credit
 
 GATE_KINDS = ("letter", "space", "punctuation", "newline")  # the kinds of byte of exercise 8.3
 
@@ -137,6 +137,14 @@ def where_fox_forgets(prediction, measured, mean_gate):
     kinds = tuple(mean_gate)
     predicted = _choice(prediction, kinds, "fox_prediction (your prediction)")
     measured = _choice(measured, kinds, "forgets_most (your measurement)")
+    # graded: the gates must agree with the teacher's reference run of the same mode (like 3.1, 4.4 and 5.3: a
+    # typed mean_gate with nothing trained does not), and the prediction is judged on the full-mode reference
+    truth, _ = _measurement(
+        "where_fox_forgets",
+        {kind: _number(gate, f"mean_gate[{kind!r}]") for kind, gate in mean_gate.items()},
+        {kind: f"mean forget gate after {kind} bytes" for kind in kinds},
+        agree=0.02,  # the gates lie close together below 1: 25 % would let any typed table through
+    )
     lowest = min(mean_gate, key=mean_gate.get)
     if measured != lowest:
         highest = max(mean_gate, key=mean_gate.get)
@@ -146,6 +154,7 @@ def where_fox_forgets(prediction, measured, mean_gate):
             if measured == highest
             else "compare the mean gates of every kind: the lowest one forgets most",
         )
+    forgets = min(truth, key=truth.get)
     return _prediction_credit(
-        2, predicted == lowest, f"{lowest} bytes have the lowest mean gate ({mean_gate[lowest]:.3f})"
+        2, predicted == forgets, f"{forgets} bytes have the lowest mean gate ({truth[forgets]:.3f})"
     )

@@ -15,33 +15,12 @@ import os
 import resource
 import shutil
 import signal
-import stat
 import subprocess
 import sys
 import time
 
 UID_BASE = 2_000_000_000  # workers' user ids (levels root and uid): far above any real account
 UIDS_PER_GRADER = 1024  # a grader's workers use UID_BASE + (its pid % 10⁶) · 1024 + slot
-SKIPPED_FILE_SYSTEMS = {
-    "proc",
-    "sysfs",
-    "cgroup",
-    "cgroup2",
-    "devpts",
-    "mqueue",
-    "debugfs",
-    "tracefs",
-    "securityfs",
-    "pstore",
-    "bpf",
-    "configfs",
-    "fusectl",
-    "binfmt_misc",
-    "hugetlbfs",
-    "autofs",
-    "efivarfs",
-    "nsfs",
-}
 
 
 WEAKER = "MINIDAPE_ISOLATION"  # names a weaker level than the machine allows (to test what it holds)
@@ -79,52 +58,10 @@ def _detected() -> str:
     return "uid" if os.geteuid() == 0 else "none"
 
 
-def world_writable() -> list[str]:
-    """Every folder that anyone may write to (``/tmp``, ``/run/lock``, ...), found on every mounted disk-like file
-    system; folders others may not enter are not searched (a worker cannot reach below them either). In the
-    root and userns levels each of them becomes a folder of the submission's own scratch file system."""
-    found, mounts = [], {}
-    with open("/proc/self/mountinfo") as table:
-        for line in table:
-            fields = line.split()
-            mounts[_unescape(fields[4])] = fields[fields.index("-") + 1]
-    pending = ["/"]
-    while pending:
-        folder = pending.pop()
-        try:
-            entries = list(os.scandir(folder))
-        except OSError:
-            continue
-        for entry in entries:
-            try:
-                if not entry.is_dir(follow_symlinks=False):
-                    continue
-                mode = entry.stat(follow_symlinks=False).st_mode
-            except OSError:
-                continue
-            if mounts[_mount_of(entry.path, mounts)] in SKIPPED_FILE_SYSTEMS:
-                continue
-            if mode & stat.S_IWOTH:
-                found.append(entry.path)
-            elif mode & stat.S_IXOTH:
-                pending.append(entry.path)
-    return sorted(found)
-
-
-def _mount_of(path: str, mounts) -> str:
-    """The mount point a path lies on (the longest mount point above it)."""
-    return max((m for m in mounts if m == "/" or path == m or path.startswith(m + "/")), key=len)
-
-
-def _unescape(path: str) -> str:
-    return path.replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n").replace("\\134", "\\")
-
-
 WARNINGS = {
-    "userns": "not running as root: each submission runs in its own PID, mount and network namespaces with "
-    "resource limits, but as your own user, so files your user can write outside the hidden folders "
-    "(submissions, teacher's edition, the world-writable folders) are writable by the submissions. Grade "
-    "as root (a container, CI) for a user id of its own per submission.",
+    "userns": "not running as root: each submission runs in its own PID, mount, IPC and network namespaces "
+    "with resource limits and sees only Python and minidape (read-only), but as your own user mapped to "
+    "root in a user namespace. Grade as root (a container, CI) for a user id of its own per submission.",
     "uid": "namespaces are not permitted here (a container without CAP_SYS_ADMIN?): each submission runs as a "
     "user id of its own with resource limits, but it can read world-readable files (other submissions, "
     "the teacher's edition, minidape's own implementation if their permissions allow), see other "
@@ -198,8 +135,8 @@ def boot() -> None:
 
 
 def isolate(setup: dict) -> None:
-    """Before any student code: join the submission's cgroup, hide folders, put the censored package in place,
-    scratch space, limits, then (root) an unprivileged user id."""
+    """Before any student code: join the submission's cgroup, build the file view (root, userns: the allow-list
+    ``VIEW_*``), limits, then (root, uid) an unprivileged user id, and a session keyring of its own."""
     for procs in setup["cgroups"]:
         with open(procs, "w") as file:
             file.write(str(os.getpid()))
@@ -223,87 +160,124 @@ def isolate(setup: dict) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid programs either
+    _new_session_keyring()  # last: the keyring belongs to the user the worker runs as
+
+
+# The judged run's file view, in one place: what a worker in the root and userns levels sees. It is an allow-list:
+# a new root file system holds these and nothing else (the teacher's checkout, its hand-out, executed notebooks,
+# other submissions, the grader's outputs and any other file of the machine are not there to be named).
+VIEW_SYSTEM = (  # the operating system's programs and libraries the interpreter loads, read-only
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc/alternatives",
+    "/etc/ld.so.cache",
+    "/etc/ld.so.conf",
+    "/etc/ld.so.conf.d",
+    "/etc/localtime",
+    "/etc/passwd",
+    "/etc/group",
+    "/etc/nsswitch.conf",
+)
+VIEW_DEVICES = ("null", "zero", "full", "random", "urandom")  # /dev holds these only
+VIEW_SCRATCH = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")  # folders of the submission's own scratch tmpfs
+# Beside them: the Python installation (``setup["needed"]``: the interpreter, its libraries, the corpora), read-only,
+# and at the package's own path the package copy the grader made for this run (``setup["package_copy"]``).
+SYSCALLS = {"x86_64": {"pivot_root": 155, "keyctl": 250}, "aarch64": {"pivot_root": 41, "keyctl": 219}}
 
 
 def _mount_namespace(setup: dict) -> None:
+    """Build the view (see ``VIEW_*``) on a new root file system and make it the worker's root (pivot_root),
+    the machine's own root detached: nothing else remains reachable by any path."""
     libc = ctypes.CDLL(None, use_errno=True)
 
     def mount(source, target, fstype, flags, data=""):
         if libc.mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()) != 0:
             raise OSError(ctypes.get_errno(), f"mount {target}")
 
-    read_only, nosuid, nodev, bind, recursive = 1, 2, 4, 4096, 16384
-    if setup["censored"]:  # first: every later bind of the package's folder carries the censored copy
-        mount(setup["censored"], setup["package"], "", bind)
-    # Python, minidape and its corpora may lie in a folder that the scratch file systems below cover (a clone or a
-    # venv under /tmp): hold them open now and bind them back at their own paths afterwards. The outermost of them
-    # are bound, each whole: the fresh interpreter the worker restarts as finds its venv by the venv's own
-    # pyvenv.cfg, beside bin/ and lib/ (binding only those two left a worker under /tmp without torch). A folder
-    # above them (a checkout made by `mktemp -d`) may be closed to others: the fresh tmpfs recreates it at 0755.
-    needed, writable = set(setup["needed"]), setup["writable"]
-    covered = {path for path in needed if any(path == top or path.startswith(top + "/") for top in writable)}
-    held = {
-        path: os.open(path, os.O_PATH) for path in covered if not any(path.startswith(other + "/") for other in covered)
-    }
-    mount("tmpfs", "/tmp", "tmpfs", nosuid | nodev, "size=1m,mode=0700")  # staging, root's only
-    if setup["level"] == "root":
-        _expose_python(needed - covered, mount, libc, bind | recursive)
+    read_only, nosuid, nodev, noexec, remount, bind, recursive, private = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
+    mount("none", "/", "", recursive | private)  # nothing mounted here propagates back to the machine
+    package = setup["package"]
+    sources = {path: path for path in [*VIEW_SYSTEM, *setup["needed"]] if path != package and os.path.lexists(path)}
+    sources[package] = setup["package_copy"]
+    trees = sorted(p for p in sources if not any(p.startswith(o + "/") for o in sources if o != package))
+    if package not in trees:
+        trees.append(package)  # inside a bound tree (a wheel's site-packages): bound over it, last
+    held = {path: os.open(sources[path], os.O_PATH) for path in trees if not os.path.islink(sources[path])}
+    links = {path: os.readlink(path) for path in trees if os.path.islink(path)}
+    root = "/tmp"  # the new root's mount point (its old contents are not part of the view)
+    mount("tmpfs", root, "tmpfs", nosuid | nodev, "size=1m,mode=0755")
+    for path in trees:
+        inside = root + path
+        os.makedirs(os.path.dirname(inside), mode=0o755, exist_ok=True)
+        if path in links:
+            os.symlink(links[path], inside)
+            continue
+        source = f"/proc/self/fd/{held[path]}"
+        if os.path.isdir(source):
+            os.makedirs(inside, mode=0o755, exist_ok=True)
+        else:
+            open(inside, "w").close()
+        mount(source, inside, "", bind | recursive)
+        mount("none", inside, "", remount | bind | read_only | nosuid | nodev)
+        os.close(held[path])
+    os.mkdir(root + "/proc")
+    mount("proc", root + "/proc", "proc", nosuid | nodev | noexec)
+    os.makedirs(root + "/dev", mode=0o755, exist_ok=True)
+    mount("tmpfs", root + "/dev", "tmpfs", nosuid, "size=64k,mode=0755")
+    for device in VIEW_DEVICES:
+        open(f"{root}/dev/{device}", "w").close()
+        mount(f"/dev/{device}", f"{root}/dev/{device}", "", bind)
     # One scratch file system for the submission (its size and number of files bounded together), and each
     # world-writable folder a folder of it: nothing written there is seen by another submission or stays after.
     owner = setup["uid"] if setup["level"] == "root" else 0
     limits = setup["limits"]
-    os.mkdir("/tmp/scratch")
+    os.mkdir(root + "/.scratch")
     mount(
         "tmpfs",
-        "/tmp/scratch",
+        root + "/.scratch",
         "tmpfs",
         nosuid | nodev,
         f"size={limits['scratch_bytes']},nr_inodes={limits['files']},mode=0700,uid={owner},gid={owner}",
     )
-    scratch = os.open("/tmp/scratch", os.O_PATH)  # /tmp itself is one of the folders bound over below
-    for number, path in enumerate(["/tmp", *(p for p in writable if p != "/tmp")]):
-        if os.path.isdir(path) and not os.path.islink(path):
-            os.mkdir(f"/proc/self/fd/{scratch}/{number}", 0o700)
-            os.chown(f"/proc/self/fd/{scratch}/{number}", owner, owner)
-            mount(f"/proc/self/fd/{scratch}/{number}", path, "", bind)
-    os.close(scratch)
-    for path, handle in held.items():  # in the fresh tmpfs: its folders above path are 0755
-        os.makedirs(path, mode=0o755, exist_ok=True)
-        mount(f"/proc/self/fd/{handle}", path, "", bind | recursive)
-        os.close(handle)
-    for path in setup["hide"]:  # last: a tree bound back above may hold some of them
-        if os.path.isdir(path):
-            mount("tmpfs", path, "tmpfs", read_only | nosuid | nodev, "size=4k,mode=0555")
-        elif os.path.exists(path):
-            mount("/dev/null", path, "", bind)
+    for number, path in enumerate(VIEW_SCRATCH):
+        folder = f"{root}/.scratch/{number}"
+        os.mkdir(folder, 0o700)
+        os.chown(folder, owner, owner)
+        os.makedirs(root + path, mode=0o755, exist_ok=True)
+        mount(folder, root + path, "", bind)
+    libc.umount2((root + "/.scratch").encode(), 2)  # MNT_DETACH: the binds keep the file system
+    os.rmdir(root + "/.scratch")
+    os.chdir(root)
+    if libc.syscall(_syscall("pivot_root"), b".", b".") != 0:
+        raise OSError(ctypes.get_errno(), "pivot_root")
+    if libc.umount2(b".", 2) != 0:  # the machine's root, stacked under the view's: detached
+        raise OSError(ctypes.get_errno(), "umount the machine's root")
+    os.chdir("/")
+    mount("none", "/", "", remount | read_only | nosuid | nodev)  # the view's own folders, read-only too
     os.chdir("/tmp")
 
 
-def _expose_python(trees: set[str], mount, libc, rbind: int) -> None:
-    """Make the interpreter, its libraries and minidape reachable for the unprivileged user when they lie
-    under a folder others may not enter (e.g. /root/.pyenv): an empty tmpfs over the top-most such folder,
-    with only the needed trees bound back in at their own paths (so sys.path stays valid)."""
-    blocked: dict[str, list[str]] = {}
-    for path in sorted(trees):
-        ancestors = [a for a in _ancestors(path) if not os.stat(a).st_mode & 0o001]
-        if ancestors:
-            blocked.setdefault(ancestors[0], []).append(path)
-    for number, (top, paths) in enumerate(blocked.items()):
-        staging = f"/tmp/{number}"
-        os.mkdir(staging)
-        mount(top, staging, "", rbind)
-        mount("tmpfs", top, "tmpfs", 0, "size=4k,mode=0755")
-        for path in paths:
-            inside = os.path.join(top, os.path.relpath(path, top))
-            os.makedirs(inside, mode=0o755, exist_ok=True)
-            mount(os.path.join(staging, os.path.relpath(path, top)), inside, "", rbind)
-        libc.umount2(staging.encode(), 2)  # MNT_DETACH
+def _syscall(name: str) -> int:
+    machine = os.uname().machine
+    if machine not in SYSCALLS:
+        raise OSError(f"the sandbox knows the system call numbers of {sorted(SYSCALLS)}, not {machine}")
+    return SYSCALLS[machine][name]
 
 
-def _ancestors(path: str) -> list[str]:
-    """The folders above ``path``, from / down (``path`` itself excluded)."""
-    parts = path.strip("/").split("/")[:-1]
-    return ["/" + "/".join(parts[:i]) for i in range(len(parts) + 1)]
+def _new_session_keyring() -> None:
+    """Leave the grader's session keyring (a login session's, holding its keys) for a new, empty one: nothing put
+    in a keyring by one worker can be read by another. A kernel or container that refuses keyrings altogether
+    (seccomp's default in Docker) offers no such channel."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.syscall(_syscall("keyctl"), 1, None) == -1:  # KEYCTL_JOIN_SESSION_KEYRING, anonymous
+        errno = ctypes.get_errno()
+        if errno not in (1, 38):  # EPERM, ENOSYS: keyrings refused to every process here
+            raise OSError(errno, "join a new session keyring")
 
 
 if __name__ == "__main__":

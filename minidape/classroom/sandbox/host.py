@@ -22,25 +22,24 @@ from .protocol import TimeLimit, from_bytes, receive, request_bytes, send
 
 
 def needed_trees() -> list[str]:
-    """The folders a worker reads its code and data from: the interpreter, sys.path, minidape and its corpora
-    (an editable install maps the package to the checkout, outside sys.path). A sys.path folder that holds the
-    package (the checkout's root, on the path as the grader's working folder) is left out: the package and the
-    corpora are bound on their own, and the rest of the checkout stays out of reach (bound whole, a checkout
-    closed to others, as `mktemp -d` makes it, also closed the worker out of its own venv inside it)."""
+    """The folders a worker reads its code and data from: the Python installation (the interpreter, its prefixes,
+    the site-packages folders on sys.path), minidape and its corpora (an editable install maps the package to the
+    checkout, outside sys.path). Nothing else of sys.path: the grader's working folder, a test folder or any
+    folder a .pth file adds beside them stay out of the view (the checkout's root above all: the package and the
+    corpora are bound on their own)."""
     from ...lab import data
 
-    path = [folder for folder in sys.path if folder and not PACKAGE.parent.is_relative_to(os.path.realpath(folder))]
+    prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix)}
+    path = [
+        folder
+        for folder in map(os.path.realpath, filter(None, sys.path))
+        if any(Path(folder).is_relative_to(prefix) for prefix in prefixes)
+        or Path(folder).name in ("site-packages", "dist-packages")
+    ]
     return sorted(
         {
             os.path.realpath(p)
-            for p in (
-                sys.prefix,
-                sys.base_prefix,
-                os.path.dirname(sys.executable),
-                *path,
-                str(PACKAGE),
-                str(data.DATA_DIR),
-            )
+            for p in (*prefixes, os.path.dirname(sys.executable), *path, str(PACKAGE), str(data.DATA_DIR))
             if p and os.path.isdir(p)
         }
     )
@@ -51,19 +50,17 @@ PACKAGE = Path(__file__).resolve().parents[2]
 
 class Worker:
     """One sandboxed worker process (see the package doc); a context manager. ``censored``: the package copy
-    (:func:`censor.censored_copy`) it sees instead of minidape; ``box``: the submission's cgroup, which it joins
-    (whoever made it removes it); ``writable``: the world-writable folders it gets private ones of."""
+    (:func:`censor.censored_copy`) it sees instead of minidape (the grader always gives one; without, the real
+    package is in its view); ``box``: the submission's cgroup, which it joins (whoever made it removes it)."""
 
     def __init__(
         self,
         level: str,
         slot: int,
-        hide: list[str],
         env: dict[str, str],
         cpu_seconds: int = 3600,
         censored: Path | None = None,
         box: Box | None = None,
-        writable: list[str] = ("/tmp",),
     ):
         self.level, self.box = level, box
         self.uid = UID_BASE + (os.getpid() % 1_000_000) * UIDS_PER_GRADER + slot
@@ -108,14 +105,12 @@ class Worker:
         setup = {
             "level": level,
             "uid": self.uid,
-            "hide": hide,
             "limits": limits,
             "scratch": self.scratch,
             "env": env,
             "needed": needed_trees(),
-            "writable": list(writable),
             "package": str(PACKAGE),
-            "censored": str(censored) if censored is not None and level in ("root", "userns") else None,
+            "package_copy": str(censored if censored is not None else PACKAGE),
             "cgroups": box.procs if box is not None else [],
         }
         os.write(self._requests, json.dumps(setup).encode() + b"\n")

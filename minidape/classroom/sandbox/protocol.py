@@ -126,27 +126,54 @@ def _tensors(value, depth: int = 0):
 
 
 class _RequestPickler(pickle.Pickler):
-    """Pickles the grader's arguments for the worker: remote handles by reference, and functions defined
-    inside other functions (the checkers' lambdas, ``md.kernels``' kernel factories) by their code."""
+    """Pickles the grader's arguments for the worker: remote handles by reference, and by their code the functions
+    defined inside other functions (the checkers' lambdas, ``md.kernels``' kernel factories) and every function of
+    the checks (which a worker has not: its package copy holds none of them), with the modules and plain data
+    their code names from their module."""
 
     def persistent_id(self, obj):
         return obj._ref if isinstance(obj, Remote) else None
 
     def reducer_override(self, obj):
-        if isinstance(obj, types.FunctionType) and ("<" in obj.__qualname__):
+        if isinstance(obj, types.FunctionType) and ("<" in obj.__qualname__ or obj.__module__.startswith(CHECKS)):
             cells = tuple(cell.cell_contents for cell in obj.__closure__ or ())
-            return _make_function, (marshal.dumps(obj.__code__), obj.__module__, obj.__defaults__, cells)
+            modules, values = {}, {}
+            for name in _global_names(obj.__code__):
+                value = obj.__globals__.get(name)
+                if isinstance(value, types.ModuleType):
+                    modules[name] = value.__name__
+                elif isinstance(value, (int, float, str, bytes, type(None))):
+                    values[name] = value
+            code = marshal.dumps(obj.__code__)
+            return _make_function, (code, obj.__module__, obj.__defaults__, cells, modules, values)
         return NotImplemented
 
 
-def _make_function(code: bytes, module: str, defaults, cells):
+CHECKS = "minidape.classroom.exercises"  # modules no worker holds
+
+
+def _global_names(code: types.CodeType) -> set[str]:
+    """The global names a function's code (and the code of functions and comprehensions inside it) may read."""
+    names = set(code.co_names)
+    for constant in code.co_consts:
+        if isinstance(constant, types.CodeType):
+            names |= _global_names(constant)
+    return names
+
+
+def _make_function(code: bytes, module: str, defaults, cells, modules=None, values=None):
     import importlib
 
     closure = tuple(types.CellType(value) for value in cells) or None
     try:
         namespace = vars(importlib.import_module(module))
-    except ImportError:  # a module the worker cannot import (a test's): builtins only
-        namespace = {"__builtins__": builtins}
+    except ImportError:  # a module the worker does not hold (the checks', a test's): what its code names
+        namespace = {"__builtins__": builtins, **(values or {})}
+        for name, imported in (modules or {}).items():
+            try:
+                namespace[name] = importlib.import_module(imported)
+            except ImportError:
+                pass
     return types.FunctionType(marshal.loads(code), namespace, None, defaults, closure)
 
 

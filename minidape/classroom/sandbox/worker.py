@@ -14,6 +14,7 @@ import signal
 import sys
 import traceback
 
+from .. import answering
 from .limits import MAX_CELL_OUTPUT
 from .protocol import CONFIG, REMOTE, WorkerGone, receive, send, to_bytes
 
@@ -182,10 +183,10 @@ class _Session:
             return _load_parameters(target, args[1])
         if op == "gradients":
             return self.encode(_gradients(target, args[1]))
-        if op == "built":  # the grader trains with a module of this class (exercise 6.5): see helpers._built
-            return self.encode(self.exercises.helpers._built(target, *args[1:]))
+        if op == "built":  # the grader trains with a module of this class (exercise 6.5): see answering.built
+            return self.encode(answering.built(target, *args[1:]))
         if op == "bias_with":
-            return self.encode(self.exercises.helpers._bias_with(target, *args[1:]))
+            return self.encode(answering.bias_with(target, *args[1:]))
         raise ValueError(f"unknown request {op!r}")
 
     def describe(self, obj):
@@ -243,6 +244,8 @@ def _start() -> _Session:
 
 
 def _serve(session: _Session, requests: int, answers: int) -> None:
+    session.ask = lambda name: _ask(session, requests, answers, name)
+    session.exercises.framework.ask = session.ask
     while True:
         try:
             message = receive(requests)
@@ -250,20 +253,37 @@ def _serve(session: _Session, requests: int, answers: int) -> None:
             os._exit(0)
         except KeyboardInterrupt:  # the grader's time limit struck just after a cell ended
             continue
+        send(answers, _answer(session, message))
+
+
+def _ask(session: _Session, requests: int, answers: int, name: str) -> bool:
+    """Inside a cell's ``exercises.check``: ask the grader whether the answer to ``name`` passes (a notebook
+    that branches on ``exercises.passed`` takes the path the student's own run takes), serving the grader's
+    requests about the answers until its verdict comes."""
+    send(answers, to_bytes({"ask": str(name)}))
+    while True:
         try:
-            op, *args = pickle.loads(message)
-            answer = {"error": None, "value": session.serve(op, *args)}
-        except BaseException as error:  # the student's code raised (or exited): the grader says which
-            kind = "NotImplementedError" if isinstance(error, NotImplementedError) else "error"
-            message = f"{type(error).__name__}: {error}"
-            answer = {"error": (kind, message[:4000]), "value": None}
-        try:
-            payload = to_bytes(answer)
-        except Exception as error:
-            payload = to_bytes(
-                {"error": ("TypeError", f"the answer cannot be sent back: {error}"[:4000]), "value": None}
-            )
-        send(answers, payload)
+            message = receive(requests)
+        except WorkerGone:
+            os._exit(0)
+        op, *args = pickle.loads(message)
+        if op == "verdict":
+            return args[0] is True
+        send(answers, _answer(session, message))
+
+
+def _answer(session: _Session, message: bytes) -> bytes:
+    """One request's answer, as bytes: the value, or the error it raised in words."""
+    try:
+        op, *args = pickle.loads(message)
+        answer = {"error": None, "value": session.serve(op, *args)}
+    except BaseException as error:  # the student's code raised (or exited): the grader says which
+        kind = "NotImplementedError" if isinstance(error, NotImplementedError) else "error"
+        answer = {"error": (kind, f"{type(error).__name__}: {error}"[:4000]), "value": None}
+    try:
+        return to_bytes(answer)
+    except Exception as error:
+        return to_bytes({"error": ("TypeError", f"the answer cannot be sent back: {error}"[:4000]), "value": None})
 
 
 if __name__ == "__main__":
