@@ -100,7 +100,8 @@ def student_notebook(notebook):
     """The student edition of a teacher's notebook: its solution cells removed and no outputs."""
     import nbformat
 
-    edition = nbformat.v4.new_notebook(metadata=notebook.metadata)
+    # without jupytext's pairing of the teacher's notebook with its .py: a student's save writes no .py beside it
+    edition = nbformat.v4.new_notebook(metadata={k: v for k, v in notebook.metadata.items() if k != "jupytext"})
     for cell in notebook.cells:
         if is_solution(cell):
             continue
