@@ -90,6 +90,25 @@ MAPPED = {
     "python -m minidape grade --gradebook grades.csv": (
         "tests/test_gradebook.py::test_totals_summary_and_written_marks_folded_in_without_grading"
     ),
+    "make book": "tests/test_book.py::test_every_page_loads_everything_from_the_site_itself_without_an_error",
+    "make book BOOK_REPOSITORY=https://github.com/you/course BOOK_BRANCH=gh-pages "
+    "MINIDAPE_SOURCE=https://you.github.io/course/minidape-0.1.0-py3-none-any.whl": (
+        "tests/test_book.py::test_each_page_offers_its_editions_notebook_and_opens_it_in_colab"
+    ),
+    "make test-book": "tests/test_book.py",
+    "make test-colab": "tests/test_colab.py::test_every_student_notebook_installs_minidape_and_runs_in_quick_mode",
+    "make pair": (
+        "tests/test_book_editions.py::test_make_pair_gives_an_unpaired_executed_notebook_its_colab_cell_and_keeps_its_outputs"
+    ),
+    "python -m minidape compare --pe kerple_log+dape --against kerple_log --out study --list-runs > runs.txt": (
+        "tests/test_study.py::test_the_readme_slurm_array_through_two_workers_gives_the_single_process_report"
+    ),
+    "sbatch --array=1-$(wc -l < runs.txt) --wrap 'sed -n \"${SLURM_ARRAY_TASK_ID}p\" runs.txt | sh'": (
+        "tests/test_study.py::test_the_readme_slurm_array_through_two_workers_gives_the_single_process_report"
+    ),
+    "python -m minidape compare --pe kerple_log+dape --against kerple_log --out study --report": (
+        "tests/test_study.py::test_the_readme_slurm_array_through_two_workers_gives_the_single_process_report"
+    ),
 }
 
 
