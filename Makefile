@@ -1,5 +1,6 @@
 # `make demo` (the main job), `make test`, `make student` (the notebooks without solutions), `make lab` (on them),
-# `make handout` (what students get); each creates .venv and installs on first use.
+# `make handout` (what students get), `make book` (the notebooks as two web books: book/teacher, book/student);
+# each creates .venv and installs on first use.
 # TORCH picks the torch requirement installed first, e.g. `make test TORCH=torch` for a CUDA build; TORCH_INDEX the
 # index it comes from, e.g. `make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu` for PyTorch's CPU build.
 PYTHON ?= python3
@@ -10,7 +11,8 @@ STAMP := $(VENV)/.installed
 NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
-.PHONY: demo test lint test-unit test-gpu test-notebooks notebooks student lab handout bench clean
+.PHONY: demo test lint test-unit test-gpu test-notebooks notebooks student lab handout bench clean book test-book \
+	test-colab pair
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -35,8 +37,11 @@ lint: $(STAMP)
 # per core (pytest-xdist), each test file in one process (--dist loadfile: a file's shared fixtures, such as the
 # hostile submissions graded once, are computed once). The grader's workers of two processes never meet: user
 # ids and cgroups are per grader process.
+# The browser test of the book and the Colab test are left to their own targets (test-book, test-colab, which
+# .ci/run runs after this): they take minutes, and `make test` is kept under ten.
 test-unit: $(STAMP)
-	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -n auto --dist loadfile tests
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -n auto --dist loadfile tests --ignore=tests/test_book.py \
+	  --ignore=tests/test_colab.py
 
 # On a machine with a CUDA GPU (and a CUDA build of torch: make test-gpu TORCH=torch): tests/test_gpu.py, which
 # MINIDAPE_EXPECT_GPU=1 makes fail instead of skip without a GPU (it also trains the demo in quick mode), then every
@@ -72,10 +77,12 @@ test-notebooks: $(STAMP)
 # The student edition: every notebook without its solution cells (cell tag `solution`) and without outputs,
 # made by jupytext and nbconvert's preprocessors. The stub cell before each solution stays; checks say "not
 # done yet" until the student replaces it.
+# Unpaired (the teacher's notebooks are paired with their .py): a student's save writes no .py beside it.
 REMOVE_SOLUTIONS := --TagRemovePreprocessor.enabled=True --TagRemovePreprocessor.remove_cell_tags=solution
 student: $(STAMP)
 	rm -rf student && mkdir -p student/.full
-	for f in $(NOTEBOOKS); do $(BIN)/jupytext --quiet --to ipynb -o student/.full/$$(basename $${f%.py}).ipynb $$f || exit 1; done
+	for f in $(NOTEBOOKS); do $(BIN)/jupytext --quiet --to ipynb --update-metadata '{"jupytext":null}' \
+	  -o student/.full/$$(basename $${f%.py}).ipynb $$f || exit 1; done
 	$(BIN)/jupyter-nbconvert --to notebook --log-level WARN $(REMOVE_SOLUTIONS) --ClearOutputPreprocessor.enabled=True \
 	  --output-dir student student/.full/*.ipynb
 	rm -rf student/.full
@@ -110,8 +117,39 @@ notebooks: $(STAMP)
 	    || exit 1; \
 	done
 
+# The web book (docs/book/build.py says how it is made): both editions built by Sphinx from the executed notebooks
+# (not run again), into $(BOOK)/teacher and $(BOOK)/student, each a folder for any static web host. Its "Open in
+# Colab" links open each page's notebook in BOOK_REPOSITORY at BOOK_BRANCH, the GitHub repository and branch the
+# site is published from; MINIDAPE_SOURCE (a wheel's URL or path) is what the notebooks' first cell installs
+# where minidape is missing (default: minidape from the package index).
+BOOK ?= book
+BOOK_REPOSITORY ?= https://github.com/OWNER/minidape
+BOOK_BRANCH ?= gh-pages
+BOOK_STAMP := $(VENV)/.book-installed
+$(BOOK_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q -e ".[book]"
+	touch $(BOOK_STAMP)
+
+book: $(BOOK_STAMP)
+	$(BIN)/python docs/book/build.py $(BOOK) --repository $(BOOK_REPOSITORY) --branch $(BOOK_BRANCH) \
+	  $(if $(MINIDAPE_SOURCE),--install-from $(MINIDAPE_SOURCE))
+
+# Both editions built and read by Chromium (Debian's, headless; .ci/run installs it), every page.
+test-book: $(BOOK_STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/test_book.py
+
+# Every notebook as Colab runs it: from a fresh venv holding torch and Jupyter's kernel, outside the checkout,
+# where the notebook's first cell installs the built wheel (quick mode).
+test-colab: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/test_colab.py
+
+# Give every notebook the Colab cell (docs/book/colab_cell.py) and pair it with jupytext (ipynb,py:percent), so
+# that `jupytext --sync` (or JupyterLab's jupytext) carries an edit of either file to the other.
+pair: $(STAMP)
+	$(BIN)/python docs/book/pair.py
+
 bench: $(STAMP)
 	$(BIN)/python -m minidape bench
 
 clean:
-	rm -rf $(VENV) $(NBTEST) $(NBTEST)-student student runs handout
+	rm -rf $(VENV) $(NBTEST) $(NBTEST)-student student runs handout $(BOOK)

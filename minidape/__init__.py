@@ -8,38 +8,41 @@ The package is four rooms on floors, each importing only those below it (tests/t
 - `study/`: the claims study and `compare`;  `classroom/`: the exercises' checks, the grader and the hand-out;
 - on top, the CLI: `__main__.py` and `commands.py`.
 
-The model, the corpora and the training loop are imported here; every other module is reached as `md.NAME`
-(`md.evaluate`, `md.plots`, `md.tasks`, `md.exercises`, ...) and imported on first use (PEP 562 `__getattr__`),
-so that `import minidape.model` stays quick and loads neither matplotlib nor tqdm.
+Nothing heavy is imported here: every public name (`md.GPT`, `md.train`, ...) and every module reached as
+`md.NAME` (`md.evaluate`, `md.plots`, `md.tasks`, `md.exercises`, ...) loads on first use (PEP 562 `__getattr__`),
+so `python -m minidape --help` and a mistaken flag answer without loading torch, and `import minidape.model` loads
+neither matplotlib nor tqdm. The model installs its fast path (fast.py, fast_encodings.py) itself when it loads.
 """
 
 import importlib
+import sys
 
 from . import threads  # first, before torch loads: OpenMP's idle threads spin briefly, then sleep
 
-# isort: split
-from . import fast, fast_encodings  # install the fast path into model.py's classes (model.py imports neither)
-from .lab.data import load_corpus
-from .lab.train import train  # md.train is the function; `from minidape.lab.train import ...` reaches the module
-from .model import (
-    GPT,
-    PE_NAMES,
-    REFINER_NAMES,
-    AbsolutePositions,
-    AdditiveBias,
-    AttentionWeights,
-    DataDependentBias,
-    GPTConfig,
-    RotaryEmbedding,
-    check_causal,
-    register_pe,
-    register_refiner,
-)
+# The public names and the module each comes from. `md.train` is the function (the module is minidape.lab.train).
+NAMES = {
+    **dict.fromkeys(
+        (
+            "GPT",
+            "PE_NAMES",
+            "REFINER_NAMES",
+            "AbsolutePositions",
+            "AdditiveBias",
+            "AttentionWeights",
+            "DataDependentBias",
+            "GPTConfig",
+            "RotaryEmbedding",
+            "check_causal",
+            "register_pe",
+            "register_refiner",
+        ),
+        ".model",
+    ),
+    "load_corpus": ".lab.data",
+    "train": ".lab.train",
+}
 
-threads.remember_torch_default()  # torch's own thread count, to tell one the user sets later (choose_for_api)
-
-# Modules reached as md.NAME, loaded on first access, and the room each lives in. `train` is imported above so
-# that md.train stays the function (the module is minidape.lab.train).
+# Modules reached as md.NAME, and the room each lives in.
 LAZY_MODULES = {
     "che": ".lab.che",
     "data": ".lab.data",
@@ -49,20 +52,39 @@ LAZY_MODULES = {
     "exercises": ".classroom.exercises",
     "grade": ".classroom.grade",
     "notebook": ".classroom.notebook",
+    "fast": ".fast",
+    "fast_encodings": ".fast_encodings",
     "kernels": ".kernels",
     "study": ".study",
     "utils": ".utils",
 }
 
 
+def _remember_torch_default() -> None:
+    # torch's own thread count, to tell one the user sets later (threads.choose_for_api): read as soon as torch is
+    # loaded, here or by the first name loaded below, never loading torch for it
+    if "torch" in sys.modules:
+        threads.remember_torch_default()
+
+
+_remember_torch_default()
+
+
 def __getattr__(name: str):
+    if name in NAMES:
+        value = getattr(importlib.import_module(NAMES[name], __name__), name)
+        _remember_torch_default()
+        globals()[name] = value  # found directly from now on
+        return value
     if name in LAZY_MODULES:
-        return importlib.import_module(LAZY_MODULES[name], __name__)
+        module = importlib.import_module(LAZY_MODULES[name], __name__)
+        _remember_torch_default()
+        return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def __dir__():
-    return sorted(set(globals()) | set(LAZY_MODULES))
+    return sorted(set(globals()) | set(NAMES) | set(LAZY_MODULES))
 
 
 __all__ = [

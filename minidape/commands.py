@@ -172,6 +172,22 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
     device = resolve_device(args.device)
     runs = [(path, *load_checkpoint(path, device)) for path in args.checkpoints]  # every bad file named first
     corpora = {path: _eval_corpus(path, checkpoint, args.corpus) for path, _, checkpoint in runs}
+    texts = {corpus: load_corpus(corpus, "val") for corpus in set(corpora.values())}
+    for path, model, _ in runs:  # before any evaluation: a model that cannot read its corpus, both named
+        tokens = texts[corpora[path]]
+        if len(tokens) and int(tokens.max()) >= model.cfg.vocab_size:
+            raise ValueError(
+                f"{path} reads tokens below vocab_size={model.cfg.vocab_size}, but corpus {corpora[path]}'s "
+                f"validation split holds tokens up to {int(tokens.max())}: evaluate it on a corpus within its "
+                f"vocabulary (the one it was trained on: leave out --corpus)"
+            )
+    for path, model, _ in runs:  # trained with --no-causal --allow-leakage: flagged wherever it is evaluated
+        if not model.cfg.causal:
+            print(
+                f"warning: {path} is an encoder (causal=False): each position sees the token it predicts, so its "
+                f"perplexities do not measure language modelling (a leakage experiment)",
+                file=sys.stderr,
+            )
     results, train_lengths = {}, set()
     labels = run_labels([path for path, _, _ in runs], [model for _, model, _ in runs])
     for (path, model, _), label in zip(runs, labels):
@@ -179,7 +195,7 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
         lengths = args.lengths or [block_size * factor for factor in (1, 2, 4, 8, 16)]
         results[label] = perplexity_by_length(
             model,
-            load_corpus(corpora[path], "val"),
+            texts[corpora[path]],
             lengths,
             last_k=args.last_k,
             protocol=args.protocol,
@@ -347,6 +363,7 @@ def compare_command(args: argparse.Namespace) -> None:
 
 
 def handout_command(args: argparse.Namespace) -> None:
+    require("handing out", ("jupytext", "nbformat"), "grade")
     from .classroom.handout import handout
 
     out = handout(args.out, args.notebooks)
@@ -361,19 +378,25 @@ def handout_command(args: argparse.Namespace) -> None:
 GRADE_NEEDS = ("jupytext", "IPython")
 
 
-def grade_command(args: argparse.Namespace) -> None:
+def require(doing: str, modules: tuple[str, ...], extra: str) -> None:
+    """A one-line error naming the modules `doing` needs that are not installed, and the extra that installs them
+    (not the traceback of the first import that fails)."""
     missing = []
-    for name in GRADE_NEEDS:
+    for name in modules:
         try:
             importlib.import_module(name)
         except ImportError:
             missing.append(name)
     if missing:
         raise ValueError(
-            f"grading needs {' and '.join(missing)}, not installed here: pip install 'minidape[grade]' "
+            f"{doing} needs {' and '.join(missing)}, not installed here: pip install 'minidape[{extra}]' "
             f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
-            f"'.[grade]')"
+            f"'.[{extra}]')"
         )
+
+
+def grade_command(args: argparse.Namespace) -> None:
+    require("grading", GRADE_NEEDS, "grade")
     from .classroom import gradebook
     from .classroom.grade import grade
 

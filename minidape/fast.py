@@ -1,11 +1,10 @@
 r"""The fast path of ``model.py``: the same attention, computed faster and in memory linear in T.
 
-``model.py`` writes every refiner as the papers do, over the full ``(batch, h, T, T)`` scores, and knows nothing
-of this file. Imported (``minidape/__init__.py`` does it), this module installs ``attention`` below as
-``model.SelfAttention.fast_attention``; layers of a model with ``GPTConfig(fast=True)`` (the default) then use
-it. It computes the same numbers (to float rounding, forward and gradients; ``tests/test_fast.py``) from the
-same parameters -- it reads the reference modules' weights through their names (``HeadMLP.hidden_layer``,
-``ConvRefiner.conv1``, ...) -- so ``state_dict`` keys, checkpoints and initialisation do not depend on the path.
+``model.py`` writes every refiner as the papers do, over the full ``(batch, h, T, T)`` scores, and knows nothing of
+this file, which its last lines load: it installs ``attention`` below as ``model.SelfAttention.fast_attention``, used
+by a model with ``GPTConfig(fast=True)`` (the default). It computes the same numbers (to float rounding, forward and
+gradients; ``tests/test_fast.py``) from the same parameters: it reads the reference modules' weights by name
+(``HeadMLP.hidden_layer``, ``ConvRefiner.conv1``, ...), so ``state_dict`` keys and checkpoints do not depend on it.
 
 How, in order of what it saves:
   - **Query blocks** (``attend_in_query_blocks``): softmax is per query row and the built-in refiners act on
@@ -54,6 +53,7 @@ from .model import (
     SelfAttention,
     attend,
     attention_mask,
+    check_refined,
     decay_about,
     refiner_view,
     window_mask,
@@ -175,8 +175,8 @@ def runs_in_query_blocks(refiner_cls: type) -> bool:
 
 
 def own_forward(refiner, scores, bias, mask):
-    """A row-local refiner's own ``forward``, run on each query block."""
-    return refiner(scores, bias, mask)
+    """A row-local refiner's own ``forward``, run on each query block (its output checked like model.py's)."""
+    return check_refined(refiner, refiner(scores, bias, mask), scores)
 
 
 _checked_forms: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # refiner module -> its checked form

@@ -70,12 +70,14 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
 @functools.lru_cache(maxsize=16)
 def pair_order(n_head: int, head_size: int, device: str) -> torch.Tensor:
     """c_attn's output rows with each rotated pair side by side: in every head of q and of k the channels
-    (0, hs/2, 1, hs/2 + 1, ...); v's rows as they are."""
-    half = head_size // 2
-    within = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()  # (hs,)
-    heads = torch.arange(2 * n_head)[:, None] * head_size + within  # (2 nh, hs): q's heads, then k's
-    values = torch.arange(2 * n_head * head_size, 3 * n_head * head_size)
-    return torch.cat([heads.flatten(), values]).to(device)
+    (0, hs/2, 1, hs/2 + 1, ...); v's rows as they are. Kept for later calls, so never an inference tensor: made
+    first in an evaluation (`torch.inference_mode`), it broke every later training step's backward."""
+    with torch.inference_mode(False):
+        half = head_size // 2
+        within = torch.stack([torch.arange(half), torch.arange(half) + half], dim=1).flatten()  # (hs,)
+        heads = torch.arange(2 * n_head)[:, None] * head_size + within  # (2 nh, hs): q's heads, then k's
+        values = torch.arange(2 * n_head * head_size, 3 * n_head * head_size)
+        return torch.cat([heads.flatten(), values]).to(device)
 
 
 def rotary_turns(positional: PositionalInputs, n_head: int) -> tuple[torch.Tensor, torch.Tensor]:

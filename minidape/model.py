@@ -129,6 +129,11 @@ class GPTConfig:
             raise ValueError(
                 f"rope_base must be > 1 (RoPE's frequencies base^(-2i/d) must fall with i); got {self.rope_base!r}"
             )
+        if self.rope_base > torch.finfo(torch.float32).max:  # inf in float32: every pair but the first stops turning
+            raise ValueError(
+                f"rope_base must be at most float32's largest number, {torch.finfo(torch.float32).max:.4g} (RoPE's "
+                f"frequencies are float32); got {self.rope_base!r}"
+            )
         if self.random_positions:
             if self.random_positions < self.block_size:
                 raise ValueError(
@@ -246,6 +251,11 @@ def layer_specs(cfg: GPTConfig) -> list[LayerSpec]:
         )
     if not cfg.causal and any(spec.window for spec in specs):
         raise ValueError(f"pe={cfg.pe!r}: attention windows are for decoders; this config has causal=False")
+    if len(specs) > cfg.n_layer:  # the encodings past the last layer would be dropped unseen
+        raise ValueError(
+            f"pe={cfg.pe!r} names {len(specs)} encodings for n_layer={cfg.n_layer}: give one per layer (a shorter "
+            f"list is cycled over the layers), or more layers"
+        )
     return [specs[layer % len(specs)] for layer in range(cfg.n_layer)]
 
 
@@ -917,6 +927,10 @@ class ContextualPositionBias(DataDependentBias):
 
     def forward(self, x, q, k, first_query: int = 0):
         p = self.positions(q, k, first_query).clamp(max=self.embeddings.shape[1] - 1)
+        if p.isnan().any():  # NaN queries or keys: no position to read (gather would take an index of -2^63)
+            raise FloatingPointError(
+                "pe='cope': its positions are NaN, from NaN queries or keys (a NaN in the input or in a weight)"
+            )
         low, high = p.floor(), p.ceil()
         w = (p - low).to(q.dtype)
         read = q @ self.embeddings.to(q.dtype)  # q_i^T e[n] (batch, nh, Tq, P)
@@ -1225,7 +1239,7 @@ def attention(q, k, v, bias, mask, refiner=None, dropout: float = 0.0, temperatu
     scores = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])  # S (batch, nh, Tq, Tk)
     seen_bias, allowed = refiner_view(bias, mask)
     if refiner is not None:
-        refined = refiner(scores, seen_bias, mask)  # A = refine(S, B)
+        refined = check_refined(refiner, refiner(scores, seen_bias, mask), scores)  # A = refine(S, B)
     else:
         refined = scores if bias is None else scores + seen_bias  # A = S + B
     if temperature is not None:
@@ -1325,6 +1339,7 @@ class SelfAttention(nn.Module):
         self.k_norm = nn.RMSNorm(self.head_size) if "qk_norm" in extras or spec.qk_norm else None
         self.output_norm = nn.RMSNorm(self.head_size) if "output_norm" in extras else None
         self.output_gate = _normal_linear(cfg.n_embd, cfg.n_embd) if "output_gate" in extras else None  # W_g
+        self._values_checked = set()  # the blocks of rows whose data-dependent bias was checked in training
 
     def qkv(self, x, positional: PositionalInputs):
         batch, T, C = x.shape
@@ -1348,12 +1363,13 @@ class SelfAttention(nn.Module):
 
         def bias_rows(q0, q1, k1):
             bias = self.data_bias(x, q[:, :, q0:q1], k[:, :, :k1], first_query=q0)  # B (batch, nh, Tq, Tk)
-            expected = (len(x), self.n_head, q1 - q0, k1)
-            if tuple(bias.shape) != expected:
-                raise ValueError(
-                    f"pe={self.pe!r} returned a bias of shape {tuple(bias.shape)}; expected "
-                    f"(batch, n_head, Tq, Tk) = {expected}"
-                )
+            # the checks of a position-only bias (GPT.positional_inputs), on every block of rows either path asks
+            check_bias(self.pe, bias, ("batch", "n_head", "Tq", "Tk"), (len(x), self.n_head, q1 - q0, k1), x)
+            if not (self.training and (q0, q1, k1) in self._values_checked):  # a host read: once in training
+                rows = torch.arange(q0, q1, device=x.device)
+                check_bias_values(self.cfg, self.pe, bias, rows, torch.arange(k1, device=x.device))
+                if self.training:
+                    self._values_checked.add((q0, q1, k1))
             return bias
 
         return positional.reading(bias_rows)
@@ -1539,8 +1555,10 @@ class GPT(nn.Module):
             bias = GPT.fast_bias(encoding, q_pos, k_pos) if fast else encoding(q_pos, k_pos)  # B (nh, Tq, Tk)
             shape = (len(pos), len(q_pos), len(k_pos))
             if shape not in checked:
-                check_bias_shape(self, bias, shape[1:])
-                self.check_values(("bias", *shape), lambda: check_bias_values(self, bias, q_pos, k_pos))
+                check_bias(self.cfg.pe, bias, ("n_head", "Tq", "Tk"), (self.cfg.n_head, *shape[1:]), self.wte.weight)
+                self.check_values(
+                    ("bias", *shape), lambda: check_bias_values(self.cfg, self.cfg.pe, bias, q_pos, k_pos)
+                )
                 checked.add(shape)
             return bias.to(self.wte.weight.dtype)
 
@@ -1652,37 +1670,61 @@ def check_targets(model: GPT, targets, idx) -> None:
     model.check_values(("targets", *targets.shape), in_range)
 
 
-def check_bias_shape(model: GPT, bias, query_and_keys: tuple[int, int]) -> None:
-    expected = (model.cfg.n_head, *query_and_keys)
+def check_bias(pe: str, bias, dims: tuple[str, ...], expected: tuple[int, ...], like: torch.Tensor) -> None:
+    """A user's bias is a floating tensor of the `expected` shape on the model's device (a list, a NumPy array, a
+    bool or int64 tensor was read differently by the two paths, or failed deep inside them)."""
+    if not isinstance(bias, torch.Tensor):
+        raise TypeError(f"pe={pe!r} returned a {type(bias).__name__}; a bias must be a torch.Tensor {expected}")
+    if not bias.is_floating_point():
+        raise TypeError(
+            f"pe={pe!r} returned a bias of dtype {bias.dtype}; a bias must be a floating tensor (e.g. "
+            f"torch.float32: 0 where attention is free, -inf for 'never attend here'), not a mask"
+        )
+    if bias.device != like.device:
+        raise ValueError(f"pe={pe!r} returned a bias on {bias.device}; the model runs on {like.device}")
     if tuple(bias.shape) != expected:
         raise ValueError(
-            f"pe={model.cfg.pe!r} returned a bias of shape {tuple(bias.shape)}; expected (n_head, Tq, Tk) = {expected}"
+            f"pe={pe!r} returned a bias of shape {tuple(bias.shape)}; expected ({', '.join(dims)}) = {expected}"
         )
 
 
+def check_refined(refiner: nn.Module, refined, scores: torch.Tensor) -> torch.Tensor:
+    """A refiner's output is scores: a floating tensor of the scores' shape (one that broadcasts, (..., 1) say,
+    would run and attend wrongly)."""
+    if not isinstance(refined, torch.Tensor) or not refined.is_floating_point() or refined.shape != scores.shape:
+        got = f"shape {tuple(refined.shape)}, {refined.dtype}" if isinstance(refined, torch.Tensor) else type(refined)
+        raise ValueError(
+            f"refiner {type(refiner).__name__} returned {got}; a refiner returns refined scores of the scores' "
+            f"shape {tuple(scores.shape)}, floating"
+        )
+    return refined
+
+
 @torch.no_grad()
-def check_bias_values(model: GPT, bias, q_pos, k_pos) -> None:
-    """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here")."""
+def check_bias_values(cfg: GPTConfig, pe: str, bias, q_pos, k_pos) -> None:
+    """No NaN or +inf where a query may attend, and some key left that is not -inf ("never attend here").
+    `bias` is (n_head, Tq, Tk), or (batch, n_head, Tq, Tk) for a bias that reads the data."""
     may_attend = k_pos[None, :] <= q_pos[:, None]  # (Tq, Tk): a decoder's query sees no later key
-    if not model.cfg.causal:
+    if not cfg.causal:
         may_attend = torch.ones_like(may_attend)
     # One pass for the usual case: each row's largest visible value is finite unless the row holds a NaN or
     # +inf (both propagate through amax) or nothing but -inf. Only then look for the culprit.
     if torch.isfinite(bias.masked_fill(~may_attend, float("-inf")).amax(dim=-1)).all():
         return
-    pe = model.cfg.pe
     bad = may_attend & (bias.isnan() | (bias == float("inf")))
     if bad.any():
-        head, i, j = bad.nonzero()[0].tolist()
+        *where, i, j = bad.nonzero()[0].tolist()
+        in_batch = f"batch row {where[0]}, " if len(where) == 2 else ""
         raise ValueError(
-            f"pe={pe!r} returned a bias of {bias[head, i, j].item()} at head {head}, query "
+            f"pe={pe!r} returned a bias of {bias[(*where, i, j)].item()} at {in_batch}head {where[-1]}, query "
             f"{int(q_pos[i])}, key {int(k_pos[j])}, a cell the query may attend to; a bias must be "
             f"finite there, or -inf for 'never attend here' (a hard window)"
         )
-    head, i = (~may_attend | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
+    *where, i = (~may_attend | (bias == float("-inf"))).all(dim=-1).nonzero()[0].tolist()
+    in_batch = f"batch row {where[0]}, " if len(where) == 2 else ""
     raise ValueError(
-        f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to (head "
-        f"{head}): its attention would be undefined; leave at least one key finite (e.g. the query's "
+        f"pe={pe!r} returned -inf at every key that query {int(q_pos[i])} may attend to ({in_batch}head "
+        f"{where[-1]}): its attention would be undefined; leave at least one key finite (e.g. the query's "
         f"own position)"
     )
 
@@ -1742,3 +1784,11 @@ def check_causal(model_or_cfg: GPT | GPTConfig, length: int | None = None, seed:
             if (other[:, : t + 1] - logits[:, : t + 1]).abs().max().item() > tolerance:
                 return False
     return True
+
+
+# Inside the package the fast path (fast.py, fast_encodings.py) installs itself as soon as this file loads, however
+# it was reached (`import minidape` loads nothing until first use); copied alone, this file has none.
+if __package__:
+    import importlib
+
+    importlib.import_module(".fast_encodings", __package__)

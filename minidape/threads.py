@@ -134,7 +134,9 @@ def choose_threads(requested: int | None = None, work: int | None = None) -> Thr
     for variable in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
         if os.environ.get(variable):
             value = os.environ[variable]
-            return ThreadChoice(positive_threads(value, variable), f"{variable}={value}")
+            # OpenMP's list of nested levels ("4,2"): torch's threads are its outer level's
+            outer = value.split(",")[0] if variable == "OMP_NUM_THREADS" else value
+            return ThreadChoice(positive_threads(outer, variable), f"{variable}={value}")
     size = "" if work is None else f", {work:,} elements per activation"
     if work is not None and work < 2 * WORK_PER_THREAD:
         return ThreadChoice(1, "small work" + size)
@@ -167,12 +169,14 @@ _api_depth = 0  # API entry points running (``api_entry``): the outermost one ch
 
 
 def remember_torch_default() -> None:
-    """Note torch's thread count as minidape finds it on import (minidape/__init__.py), to tell a count the user
-    sets later from torch's own. A count set before minidape was imported cannot be told apart from it."""
+    """Note torch's thread count as minidape first finds it (minidape/__init__.py: on import where torch is loaded
+    already, else when the first public name loads torch; at the latest the first choice), to tell a count the user
+    sets later from torch's own. A count set before that cannot be told apart from it."""
     global _torch_default
-    import torch
+    if _torch_default is None:
+        import torch
 
-    _torch_default = torch.get_num_threads()
+        _torch_default = torch.get_num_threads()
 
 
 def choose_for_api(work: int | None = None) -> ThreadChoice | None:
@@ -189,6 +193,7 @@ def _choose(work: int | None) -> ThreadChoice | None:
     import torch
 
     global _api_choice
+    remember_torch_default()
     current = torch.get_num_threads()
     if _command_choice is not None or current not in (_torch_default, getattr(_api_choice, "threads", None)):
         return None

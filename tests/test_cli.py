@@ -335,7 +335,7 @@ def bad_command_lines(tmp: Path, run: Path, files: dict, corpus: Path) -> list[t
         ),
         (["eval", str(run), "--threads", "two"], "argument --threads: must be a positive integer, got 'two'"),
         (["bench", "--threads", "0"], "argument --threads: must be a positive integer, got '0'"),
-        (["bench", "--pe", "bogus"], "argument --pe: invalid choice: 'bogus'"),
+        (["bench", "--pe", "bogus"], "argument --pe: unknown pe 'bogus'"),
         (["bench", "--import", str(tmp / "missing.py")], "no such file"),
     ]
 

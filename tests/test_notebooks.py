@@ -39,9 +39,15 @@ def test_executed_notebook_has_the_source_code(source):
         assert got == want, (
             f"code cell {number} of {executed_path.name} differs from {source.name}: re-run `make notebooks`"
         )
-    # executed top to bottom, without errors
-    counts = [cell.get("execution_count") for cell in code_cells(executed)]
-    assert counts == list(range(1, len(counts) + 1)), f"{executed_path.name} was not executed in order: {counts}"
+    # executed top to bottom, without errors; the Colab cell first (it installs minidape where it is missing) may not
+    # have run: `make pair` adds it to an executed notebook, and `make notebooks` runs it as cell 1
+    counts = [
+        cell.get("execution_count") for cell in code_cells(executed) if "colab" not in cell.metadata.get("tags", [])
+    ]
+    first = 2 if counts and counts[0] == 2 else 1
+    assert counts == list(range(first, first + len(counts))), (
+        f"{executed_path.name} was not executed in order: {counts}"
+    )
     errors = [output for cell in code_cells(executed) for output in cell.outputs if output.output_type == "error"]
     assert not errors, f"{executed_path.name} holds an error output: {errors[0].ename}: {errors[0].evalue}"
 
@@ -112,7 +118,8 @@ def test_a_device_cell_comes_first_and_the_cost_is_stated(source):
     device = [cell.source for cell in cells if "DEVICE = notebook.device()" in cell.source]  # CUDA, MPS, CPU
     assert device, f"{source.name}: no DEVICE cell (DEVICE = notebook.device()) among its first code cells"
     assert "print(" in device[0], f"{source.name}: the DEVICE cell must show the device"
-    assert "**Cost" in notebook.cells[0].source, f"{source.name}: the first cell must state what it trains and how long"
+    first = next(cell for cell in notebook.cells if "colab" not in cell.metadata.get("tags", []))  # after Colab's
+    assert "**Cost" in first.source, f"{source.name}: the first cell must state what it trains and how long"
 
 
 # ------------------------------------------------------------------------ no answer before its question

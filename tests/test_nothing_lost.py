@@ -244,14 +244,12 @@ def test_train_refuses_a_decoder_that_reads_the_future_unless_allowed(tmp_path, 
     with pytest.warns(UserWarning, match="reads the future"):
         cli.main(argv + ["--allow-leakage"])
     assert read_checkpoint(out)["step"] == 2
-    # an encoder sees every token by design: not refused
-    md.train(
-        md.GPTConfig(n_layer=1, n_embd=16, n_head=2, block_size=16, pe="alibi", refiner="peeks_ahead", causal=False),
-        str(corpus_file),
-        steps=1,
-        batch_size=2,
-        progress=False,
+    # an encoder sees every token by design: its refiner is not the leak, next-token prediction is (#44)
+    encoder = md.GPTConfig(
+        n_layer=1, n_embd=16, n_head=2, block_size=16, pe="alibi", refiner="peeks_ahead", causal=False
     )
+    with pytest.raises(ValueError, match=r"an encoder \(causal False\) on next-token prediction"):
+        md.train(encoder, str(corpus_file), steps=1, batch_size=2, progress=False)
 
 
 def test_compare_refuses_a_leaking_model_and_says_so_when_allowed(tmp_path, peeking_refiner, capsys, monkeypatch):
@@ -282,12 +280,12 @@ def test_compare_refuses_a_leaking_model_and_says_so_when_allowed(tmp_path, peek
 
 def test_reproduce_refuses_a_leaking_model_but_runs_c4_through_its_flag(tmp_path, peeking_refiner, monkeypatch):
     user_code.import_file(peeking_refiner)
-    monkeypatch.setitem(study.MODELS, "peeking", {"pe": "alibi", "refiner": "peeks_ahead"})
-    monkeypatch.setattr(study.runs, "train_and_evaluate", lambda *a, **k: pytest.fail("trained before refusing"))
-    with pytest.raises(ValueError, match="alibi\\+peeks_ahead reads the future"):
-        study.reproduce(budget="tiny", seeds=2, corpora=["austen"], out=tmp_path / "r", progress=False)
+    with monkeypatch.context() as patched:  # a model the study trains (ALiBi) made to read the future
+        patched.setitem(study.MODELS, "ALiBi", {"pe": "alibi", "refiner": "peeks_ahead"})
+        patched.setattr(study.runs, "train_and_evaluate", lambda *a, **k: pytest.fail("trained before refusing"))
+        with pytest.raises(ValueError, match="alibi\\+peeks_ahead reads the future"):
+            study.reproduce(budget="tiny", seeds=2, corpora=["austen"], out=tmp_path / "r", progress=False)
     assert not (tmp_path / "r" / "manifest.json").exists()
-    monkeypatch.delitem(study.MODELS, "peeking")
     # C4's leaky refiner is trained through the explicit flag (the test of reproduce itself runs it end to end)
     study.register_leaky_refiner()
     with pytest.raises(ValueError, match="conv_no_tril"):

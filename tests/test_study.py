@@ -379,17 +379,17 @@ def test_compare_a_bias_from_a_file_end_to_end(tmp_path, corpus_file, capsys):
     subject = payload["subject"]
     assert subject == "my_bias:MyBias"
     kinds = [(item.get("baseline") or item["model"], item["endpoint"]) for item in payload["endpoints"]]
-    assert kinds == [(baseline, where) for baseline in ("alibi", "kerple_log") for where in ("in", "beyond", "all")] + [
-        (label, "degradation") for label in (subject, "alibi", "kerple_log")
-    ]
+    assert kinds == [
+        (baseline, where) for baseline in ("alibi", "kerple_log") for where in ("in", "beyond", "longest", "all")
+    ] + [(label, "degradation") for label in (subject, "alibi", "kerple_log")]
     for item in payload["endpoints"]:
         assert item["ci95"][0] <= item["ratio_minus_1"] <= item["ci95"][1]
         assert f"| {item['what']} | " in stdout
-    # Holm's family is everything the run reports (9 tests here), so with any baseline p (Holm) is not the plain p
+    # Holm's family is everything the run reports (11 tests here), so with any baseline p (Holm) is not the plain p
     assert [item["p_holm"] for item in payload["endpoints"]] == pytest.approx(
         study.holm([item["p_t"] for item in payload["endpoints"]]), nan_ok=True
     )
-    assert "family of all 9 tests" in stdout
+    assert "family of all 11 tests" in stdout
     for baseline in payload["baselines"]:
         assert set(payload["p_values"][baseline]["last_k"]) == {"16", "32"}
         assert f"| vs {baseline} | " in stdout

@@ -566,7 +566,13 @@ def references(path: Path = REFERENCES) -> dict:
             f"the teacher's edition has no reference measurements ({path}): run `make notebooks` "
             f"once, which records them"
         )
-    return json.loads(path.read_text())
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as err:  # a truncated file (a run of `make notebooks` stopped while writing it)
+        raise ValueError(
+            f"{path} is not whole JSON ({err.msg} at line {err.lineno}): run `make notebooks` again to record the "
+            f"references (or restore the file: git checkout {path.name})"
+        ) from None
 
 
 def grade(

@@ -27,6 +27,7 @@ import csv
 import fcntl
 import io
 import json
+import math
 import os
 import socket
 import tempfile
@@ -57,6 +58,9 @@ def write_atomically(path: Path, text: str) -> None:
             file.flush()
             os.fsync(file.fileno())
         os.replace(partial, path)
+    except OSError as err:  # a full disk says "No space left on device" without the file: name it
+        Path(partial).unlink(missing_ok=True)
+        raise OSError(err.errno, f"{path} not written: {err.strerror or err}") from err
     except BaseException:
         Path(partial).unlink(missing_ok=True)
         raise
@@ -71,8 +75,18 @@ def _csv_text(header: list[str], rows) -> str:
 
 
 def _read(path: Path) -> list[dict[str, str]]:
-    with open(path, newline="", encoding="utf-8") as file:
-        return list(csv.DictReader(file))
+    """The rows of a CSV the grader wrote, also as a spreadsheet saves it back: UTF-8 with a byte-order mark, `;`
+    between fields (where `,` is the decimal comma); another encoding (Windows-1252) is refused naming the file."""
+    try:
+        text = Path(path).read_text(encoding="utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ValueError(
+            f"{path} is not UTF-8 text (byte {err.start} of the file); save it from the spreadsheet as "
+            f"'CSV UTF-8' and try again"
+        ) from None
+    header = text.partition("\n")[0]
+    delimiter = ";" if header.count(";") > header.count(",") else ","
+    return list(csv.DictReader(io.StringIO(text, newline=""), delimiter=delimiter))
 
 
 # ----------------------------------------------------------------------------------------- file names
@@ -205,9 +219,12 @@ def _number(text: str, where: str) -> float | None:
     if not text:
         return None
     try:
-        return float(text)
+        value = float(text.replace(",", "."))  # a spreadsheet's decimal comma (1,5) too
     except ValueError:
-        raise ValueError(f"{where}: points {text!r} is not a number") from None
+        value = math.nan
+    if not math.isfinite(value):  # float() reads "nan" and "inf", which would make every total nan
+        raise ValueError(f"{where}: points {text!r} is not a number")
+    return value
 
 
 def gradebook(csv_path) -> list[Path]:
@@ -218,6 +235,9 @@ def gradebook(csv_path) -> list[Path]:
     if not rows or set(COLUMNS) - set(rows[0]):
         missing = sorted(set(COLUMNS) - set(rows[0])) if rows else COLUMNS
         raise ValueError(f"--gradebook {path}: not a grades file of this version (columns missing: {missing})")
+    for number, row in enumerate(rows, 2):
+        for column in ("points", "max_points"):
+            _number(row[column], f"{path} line {number}" + (", max_points" if column == "max_points" else ""))
     written = _read(written_path(path)) if written_path(path).exists() else []
     for number, row in enumerate(written, 2):
         points = _number(row.get("points", ""), f"{written_path(path)} line {number}")

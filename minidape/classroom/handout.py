@@ -100,7 +100,8 @@ def student_notebook(notebook):
     """The student edition of a teacher's notebook: its solution cells removed and no outputs."""
     import nbformat
 
-    edition = nbformat.v4.new_notebook(metadata=notebook.metadata)
+    # without jupytext's pairing of the teacher's notebook with its .py: a student's save writes no .py beside it
+    edition = nbformat.v4.new_notebook(metadata={k: v for k, v in notebook.metadata.items() if k != "jupytext"})
     for cell in notebook.cells:
         if is_solution(cell):
             continue
@@ -167,8 +168,15 @@ def build_wheel(into: Path) -> Path:
             text=True,
             timeout=600,
         )
-        if built.returncode != 0:
-            raise OSError(f"building the wheel failed: {built.stderr.strip().splitlines()[-1:]}")
+        if built.returncode != 0:  # pip's last line is "Failed to build one or more wheels": find the cause
+            if "No space left on device" in built.stderr:
+                raise OSError(
+                    f"building the wheel failed: no space left on device (it is built in {scratch} and written "
+                    f"to {into}); free some space, or set TMPDIR to a folder on a disk with room"
+                )
+            cause = [line for line in built.stderr.splitlines() if "error" in line.lower()][:1]
+            said = cause or built.stderr.strip().splitlines()[-1:] or [f"pip exited with {built.returncode}"]
+            raise OSError(f"building the wheel failed: {said[0]}")
     return next(into.glob("minidape-*.whl"))
 
 

@@ -148,6 +148,14 @@ def load_weights(model: nn.Module, weights: dict, where: str | os.PathLike) -> N
         raise ValueError(
             f"{where}: its weights do not fit its config ({len(mismatches)} mismatch(es)); first: {mismatches[0]}"
         )
+    # a NaN or inf weight makes every output NaN: evaluated, "n/a" with no reason; CoPE's positions an index
+    # out of bounds
+    broken = [key for key, tensor in weights.items() if tensor.is_floating_point() and not tensor.isfinite().all()]
+    if broken:
+        raise ValueError(
+            f"{where}: {len(broken)} of its weight tensors hold NaN or inf (first: {broken[0]}); the run it "
+            f"saves diverged or the file was altered: train again (or resume from an earlier checkpoint)"
+        )
     model.load_state_dict(weights)
 
 

@@ -223,6 +223,12 @@ def perplexity_by_length(
                 results[length] = math.nan
                 continue
             results[length] = math.exp(losses.double().mean().item())
+            if not math.isfinite(results[length]):  # shown as "n/a" in a table: say why here
+                warnings.warn(
+                    f"length {length}: perplexity {results[length]}: the model's outputs are not finite (a NaN "
+                    f"or inf weight, or an encoding that overflows at this length)",
+                    stacklevel=2,
+                )
     return results
 
 

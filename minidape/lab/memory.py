@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 
 from .. import fast
-from ..model import GPT, REFINER_REGISTRY
+from ..model import GPT, PE_REGISTRY, REFINER_REGISTRY, DataDependentBias, layer_encodings
 from ..utils import model_label
 
 
@@ -61,7 +61,8 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
       per cell and layer; evaluation holds one block at a time (``fast.QUERY_BLOCK_ELEMENTS``, counted as nothing),
       and so does the fused kernel without a refiner. The reference form (``fast=False``, or a refiner the fast
       path does not run in blocks) holds all $T^2$ cells at once: $3h$ of scores, the refiner's hidden width
-      $W$ twice, in every layer for backward.
+      $W$ twice, in every layer for backward. A bias that reads the data adds its $h$ values per cell and layer
+      in training.
     Element size: 2 bytes under CUDA's bf16 autocast, else 4.
     """
     size = 2 if device.type == "cuda" else 4
@@ -74,6 +75,9 @@ def memory_estimate(cfg, batch: int, T: int, training: bool, device: torch.devic
     else:  # the reference form: all cells at once
         width = 3 * h + (2 * cfg.refiner_width if refiner is not None else 0)
         attention = (layers if training else 1) * width * batch * T * T
+    if training:  # a bias that reads the data (FoX, CoPE) is (batch, nh, Tq, Tk) per layer, kept for backward
+        reading = sum(issubclass(PE_REGISTRY[name], DataDependentBias) for name in layer_encodings(cfg))
+        attention += reading * h * batch * T * T * (0.5 if cfg.causal else 1.0)
     parameters = BYTES_PER_PARAMETER[training] * parameter_count(cfg) if weights else 0
     return int(size * (tokens * per_token + attention) + parameters)
 

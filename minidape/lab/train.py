@@ -44,7 +44,6 @@ import signal
 import sys
 import threading
 import time
-import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -53,7 +52,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from ..model import GPT, GPTConfig, check_causal
+from ..model import GPT, GPTConfig
 from ..threads import choose_for_api
 from ..utils import (
     autocast_for,
@@ -66,6 +65,7 @@ from ..utils import (
 from .checkpoints import CHECKPOINT_NAME, RUN_FILES, checkpoint_config, load_weights, read_checkpoint, save_checkpoint
 from .data import check_tokens, corpus_identity, corpus_to_read, fixed_windows, get_batch, load_corpus
 from .distributed import DistributedContext, mean_over_ranks, setup_distributed, wrap
+from .leakage import decoder_leaks, refuse_leak
 from .memory import check_memory
 
 OPTIMIZERS = ("adamw", "adam")
@@ -372,29 +372,6 @@ def _interrupted_message(step: int, out: Path | None, saved_step: int | None, si
     )
 
 
-def decoder_leaks(cfg: GPTConfig, allow_leakage: bool = False) -> bool:
-    """Whether a decoder's outputs depend on later tokens (``check_causal`` on a one-layer model of the same PE
-    and refiner, at up to 64 tokens: a few milliseconds). A leaking one is refused (ValueError) unless
-    ``allow_leakage``, then only warned about. Encoders (``causal=False``) see every token by design: False."""
-    if not cfg.causal:
-        return False
-    small = dataclasses.replace(cfg, n_layer=1, block_size=min(cfg.block_size, 64), dropout=0.0)
-    if check_causal(small):
-        return False
-    message = (
-        f"{model_label(cfg)} reads the future: with pe {cfg.pe!r} and refiner {cfg.refiner!r} a position's "
-        f"output changes when later tokens change (md.check_causal), so its losses and perplexities mean "
-        f"nothing"
-    )
-    if not allow_leakage:
-        raise ValueError(
-            f"{message}; fix the refiner, or pass allow_leakage=True (CLI: --allow-leakage) for a "
-            f"deliberate leakage experiment"
-        )
-    warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=4)  # the line that called train/compare
-    return True
-
-
 @holds_out_folder()
 def train(
     model_or_cfg: GPTConfig | nn.Module | None,
@@ -698,3 +675,11 @@ def _check_run(
     # a batch function's batch size and lengths are its own business: then the weights alone are counted
     check_memory(cfg, 0 if callable(train_data) else batch_size, cfg.block_size, True, device, weights=not built)
     decoder_leaks(cfg, allow_leakage)  # after the memory check: it builds a one-layer model of this width
+    if not cfg.causal and not callable(train_data):  # next-token prediction on a text, by an encoder
+        refuse_leak(
+            "an encoder (causal False) on next-token prediction: every position attends to the token it is to "
+            "predict, so its losses and perplexities mean nothing",
+            "train a decoder (the default; CLI: without --no-causal)",
+            allow_leakage,
+            stacklevel=4,
+        )

@@ -18,10 +18,11 @@ from pathlib import Path
 
 import torch
 
+from ..lab.checkpoints import CHECKPOINT_NAME
 from ..lab.evaluate import PROTOCOLS
-from ..lab.train import decoder_leaks
+from ..lab.leakage import decoder_leaks
 from ..lab.user_code import register_class, source_file
-from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY, pe_names
+from ..model import PE_NAMES, PE_REGISTRY, REFINER_NAMES, REFINER_REGISTRY, layer_encodings, pe_names
 from ..threads import api_entry
 from ..utils import atomic_path, holds_out_folder, resolve_device
 from .budgets import DEFAULT_SEEDS, Budget, check_corpus_fits, eval_lengths, lm_config, resolve_budget
@@ -61,7 +62,12 @@ from .statistics import (
 # by adding its name here.
 DEFAULT_BASELINES = ("alibi", "kerple_log")
 POWER_EFFECT = 0.05  # the effect size (a 5 % ratio) whose detection power is reported under 5 seeds
-ENDPOINT_NAMES = {"in": "at the training length", "beyond": "beyond the training length", "all": "all lengths"}
+ENDPOINT_NAMES = {
+    "in": "at the training length",
+    "beyond": "beyond the training length",
+    "longest": "at the longest length",
+    "all": "all lengths",
+}
 
 
 # ----------------------------------------------------------------------------- the model syntax
@@ -199,7 +205,8 @@ def compare_endpoints(
     perplexity: dict, subject: str, baselines: list[str], train_length: int, margin: float
 ) -> list[dict]:
     """Every test one comparison reports, Holm-adjusted together: per baseline the subject's log ratio at the
-    training length, beyond it and over all lengths (two-sided t-tests); per model its degradation (16x or the
+    training length, beyond it (the mean over every longer length), at the longest length (16x, the papers'
+    headline, or the longest evaluated) and over all lengths (two-sided t-tests); per model its degradation (the
     longest length against the training length) with the equivalence test (TOST) against ``±margin``."""
     tests = []
     for baseline in baselines:
@@ -228,17 +235,38 @@ def compare_endpoints(
     return tests
 
 
-def _baseline_verdict(test: dict, subject: str) -> str:
-    endpoint, baseline = test["endpoint"], test["baseline"]
-    evidence = f"{ratio_text(endpoint)}, Holm {format_p(test['p_holm'])}"
-    if not test["p_holm"] < ALPHA:
-        return (
-            f"{subject} vs {baseline} (beyond-length endpoint): no significant difference beyond the training "
-            f"length ({evidence})"
-        )
-    side = "lower (better)" if endpoint.estimate < 0 else "higher (worse)"
+def _baseline_verdict(tests: list[dict], baseline: str, subject: str, longest: int) -> str:
+    """The verdict on one baseline: the beyond-length endpoint's, unless the longest length says otherwise (a
+    mean over 2x-16x can put a gain at 2x against a collapse at 16x and read "no difference")."""
+    kinds = {test["endpoint_kind"]: test for test in tests if test.get("baseline") == baseline}
+    beyond, at_longest, at_training = kinds["beyond"], kinds["longest"], kinds["in"]
+
+    def side(test: dict) -> str | None:  # "lower (better)", "higher (worse)", or None: no significant difference
+        if not test["p_holm"] < ALPHA:
+            return None
+        return "lower (better)" if test["endpoint"].estimate < 0 else "higher (worse)"
+
+    def evidence(test: dict) -> str:
+        return f"{ratio_text(test['endpoint'])}, Holm {format_p(test['p_holm'])}"
+
+    what = f"{subject} vs {baseline} (beyond-length endpoint)"
+    beyond_says = (
+        f"{side(beyond)} perplexity beyond the training length"
+        if side(beyond)
+        else "no significant difference beyond the training length"
+    )
+    if side(at_longest) is None or side(at_longest) == side(beyond):
+        return f"{what}: {beyond_says} ({evidence(beyond)})"
+    worse_at_longest = at_longest["endpoint"].estimate > 0
+    near = "better" if worse_at_longest else "worse"
+    if side(at_training) is not None and (at_training["endpoint"].estimate < 0) == worse_at_longest:
+        split = f" ({near} at the training length: {evidence(at_training)})"
+    else:
+        split = ""
     return (
-        f"{subject} vs {baseline} (beyond-length endpoint): {side} perplexity beyond the training length ({evidence})"
+        f"{what}: the endpoints disagree: {beyond_says} on average ({evidence(beyond)}), but "
+        f"{side(at_longest)} at the longest length, {longest} ({evidence(at_longest)}): "
+        f"{near} near the training length, {'worse' if worse_at_longest else 'better'} at the longest{split}"
     )
 
 
@@ -378,6 +406,8 @@ def compare(
             meter.report(f"{label} seed {seed}", None)
         else:
             keep = path.with_suffix("") if keep_checkpoints and path is not None else None
+            if path is not None and not keep_checkpoints:
+                _drop_earlier_checkpoint(path.with_suffix("") / CHECKPOINT_NAME, progress)
             result = train_and_evaluate(
                 configs[label],
                 str(corpus),
@@ -398,14 +428,7 @@ def compare(
     if isinstance(step, int):
         return {"runs": [names[step]]}
     perplexity = {
-        label: {
-            protocol: {
-                int(length): [as_float(run["perplexity"][protocol][length]) for run in results]
-                for length in results[0]["perplexity"][protocol]
-            }
-            for protocol in PROTOCOLS
-        }
-        for label, results in runs.items()
+        label: {protocol: _seed_lists(results, protocol) for protocol in PROTOCOLS} for label, results in runs.items()
     }
     cells = {
         baseline: {
@@ -430,7 +453,7 @@ def compare(
     }
     tests = compare_endpoints(perplexity, subject, baselines, train_length, margin)
     longest = degradation_length(train_length, perplexity[subject][PROTOCOLS[0]])
-    verdicts = [_baseline_verdict(test, subject) for test in tests if test.get("endpoint_kind") == "beyond"] + [
+    verdicts = [_baseline_verdict(tests, baseline, subject, longest) for baseline in baselines] + [
         _degradation_verdict(test, margin, longest, train_length) for test in tests if "model" in test
     ]
     unigram = unigram_perplexity(corpus)
@@ -467,6 +490,13 @@ def compare(
             f"heads, budget {budget}); evaluated at "
             f"{', '.join(map(str, eval_lengths(settings, train_length)))}.\n"
         )
+        per_layer = [
+            f"{label}: " + ", ".join(f"layer {layer} {name}" for layer, name in enumerate(layer_encodings(cfg)))
+            for label, cfg in configs.items()
+            if "," in cfg.pe
+        ]
+        if per_layer:  # a per-layer spec shorter than the model is cycled: say what each layer got
+            details += f"Encodings per layer: {'; '.join(per_layer)}.\n"
         if leaking:
             details = (
                 f"> **Leakage experiment (allow_leakage): {', '.join(leaking)} read"
@@ -481,6 +511,24 @@ def compare(
         if progress:
             print(f"wrote {out / 'compare.md'}, {out / 'compare.json'} and {out / 'compare.png'}")
     return {**payload, "table": table, "text": text}
+
+
+def _drop_earlier_checkpoint(checkpoint: Path, progress: bool) -> None:
+    """A run trained again (`rerun`) without `keep_checkpoints`: an earlier compare's checkpoint of it was trained
+    on the old corpus or configuration, and would lie beside the new run's file as if it were its model."""
+    if checkpoint.is_file():
+        checkpoint.unlink()
+        if progress:
+            print(f"removed {checkpoint}: the model of the run trained again (keep it with --keep-checkpoints)")
+
+
+def _seed_lists(results: list[dict], protocol: str) -> dict[int, list[float]]:
+    """{length: [perplexity per seed]} of one model's runs: a run read back from its file has its lengths as
+    JSON's strings, a run trained now as integers; a compare that mixes both (more seeds) keys them all by int."""
+    curves = [
+        {int(length): as_float(value) for length, value in run["perplexity"][protocol].items()} for run in results
+    ]
+    return {length: [curve[length] for curve in curves] for length in curves[0]}
 
 
 def _notes(perplexity: dict, tests: list[dict], seeds: int, train_length: int, unigram: float, corpus) -> str:

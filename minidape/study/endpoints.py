@@ -43,12 +43,14 @@ def degradation_length(train_length: int, lengths) -> int:
 def log_ratio_units(model: dict, other: dict | None, train_length: int, where: str) -> list[float]:
     """One endpoint value per seed, from curves ``{protocol: {length: [ppl per seed]}}``: the mean over both
     protocols and the lengths of `where` of log ppl(model) - log ppl(other) at the same length ("in": the
-    training length, "beyond": every longer length, "all": every length); or, with ``other`` None and `where`
-    "degradation", log ppl(model at `degradation_length`) - log ppl(model at the training length)."""
+    training length, "beyond": every longer length, "longest": `degradation_length`, "all": every length); or,
+    with ``other`` None and `where` "degradation", log ppl(model at `degradation_length`) - log ppl(model at the
+    training length)."""
     evaluated = model[PROTOCOLS[0]]
     lengths = {
         "in": [train_length],
         "beyond": [length for length in evaluated if length > train_length],
+        "longest": [degradation_length(train_length, evaluated)],
         "all": list(evaluated),
         "degradation": [degradation_length(train_length, evaluated)],
     }[where]

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 
 from ..lab.evaluate import PROTOCOLS
-from ..lab.train import decoder_leaks
+from ..lab.leakage import decoder_leaks
 from ..threads import api_entry
 from ..utils import file_lock, holds_out_folder, resolve_device
 from .budgets import DEFAULT_CORPORA, DEFAULT_SEEDS, check_corpus_fits, lm_config, resolve_budget
@@ -70,9 +70,11 @@ def reproduce(
     for corpus in corpora:
         check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
     out = Path(out)
-    for overrides in MODELS.values():  # C4's leaky model reads the future on purpose: the report says it does
-        if overrides.get("refiner") != LEAKY_REFINER:
-            decoder_leaks(lm_config(budget_settings, budget_settings.train_lengths[0], overrides))
+    plan = study_plan(corpora, budget_settings)
+    # every model the study trains (C4's leaky one reads the future on purpose: the report says it does)
+    for label in {label for labels in plan.values() for label in labels}:
+        if MODELS[label].get("refiner") != LEAKY_REFINER:
+            decoder_leaks(lm_config(budget_settings, budget_settings.train_lengths[0], MODELS[label]))
     check_settings(
         out,
         {
@@ -83,7 +85,6 @@ def reproduce(
             "device": device.type,
         },
     )
-    plan = study_plan(corpora, budget_settings)
     fingerprints = {corpus: corpus_fingerprint(corpus) for corpus in corpora}
     # Seeds outermost: a study stopped early has every model (and task) at its first seeds, not some at all.
     runs = [

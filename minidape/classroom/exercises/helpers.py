@@ -481,7 +481,10 @@ def _record(path: str, name: str, measured: dict) -> None:
     import tempfile
 
     target = Path(path)
-    recorded = json.loads(target.read_text()) if target.exists() else {}
+    try:
+        recorded = json.loads(target.read_text()) if target.exists() else {}
+    except json.JSONDecodeError as err:  # merged into, it would lose every other measurement: say which file
+        raise ValueError(f"{target} is not whole JSON ({err.msg} at line {err.lineno}); restore or delete it") from None
     cpu = (
         next(
             (

@@ -1,0 +1,112 @@
+"""What the command line needs of the package before torch loads, read from the package's source (``ast``) instead of
+importing it: GPTConfig's fields and defaults, the registered names of model.py, the CHE tasks' names and a few
+constants. So `python -m minidape --help` and a mistake in the flags answer at once (importing torch took 19-23 s
+on a cold start, #44), and a field, an encoding or a task added to those files is known here without an edit.
+tests/test_cli_answers_at_once.py checks every value read here against the imported one. Imports nothing of the
+package."""
+
+from __future__ import annotations
+
+import ast
+import functools
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parent
+
+
+@functools.cache
+def _module(path: str) -> ast.Module:
+    return ast.parse((PACKAGE / path).read_text(encoding="utf-8"))
+
+
+class Unread(Exception):
+    """A value that is not written out in the source (a call of the package's own code): left to the import."""
+
+
+def _value(node: ast.AST, path: str):
+    """A literal; a name bound at the module's top level to one; `f(key=literal, ...)` as the dict of its keywords
+    (`dict(...)`, a dataclass's `Budget(...)`); keywords not written out are left out of that dict."""
+    if isinstance(node, ast.Name):
+        return constant(path, node.id)
+    if isinstance(node, ast.Call) and not node.args:
+        record = {}
+        for keyword in node.keywords:
+            try:
+                record[keyword.arg] = _value(keyword.value, path)
+            except Unread:
+                continue
+        return record
+    if isinstance(node, ast.Dict):
+        return {_value(key, path): _value(value, path) for key, value in zip(node.keys, node.values, strict=True)}
+    if isinstance(node, (ast.Tuple, ast.List)):
+        return tuple(_value(element, path) for element in node.elts)
+    try:
+        return ast.literal_eval(node)
+    except ValueError as err:
+        raise Unread(f"{path}: {ast.unparse(node)} is not a literal") from err
+
+
+def _top_level(path: str, name: str) -> ast.AST:
+    for statement in _module(path).body:
+        if isinstance(statement, ast.Assign) and any(getattr(t, "id", None) == name for t in statement.targets):
+            return statement.value
+        if isinstance(statement, ast.AnnAssign) and getattr(statement.target, "id", None) == name:
+            return statement.value
+    raise Unread(f"{path} binds no {name} at its top level")
+
+
+def constant(path: str, name: str):
+    """The value of `NAME = ...` at the top level of the package's file `path` (e.g. "lab/evaluate.py")."""
+    return _value(_top_level(path, name), path)
+
+
+def config_fields() -> list[tuple[str, type, object]]:
+    """GPTConfig's fields in model.py: (name, type, default), in their order."""
+    kinds = {"int": int, "float": float, "str": str, "bool": bool}
+    config = next(
+        node for node in _module("model.py").body if isinstance(node, ast.ClassDef) and node.name == "GPTConfig"
+    )
+    return [
+        (statement.target.id, kinds[ast.unparse(statement.annotation)], _value(statement.value, "model.py"))
+        for statement in config.body
+        if isinstance(statement, ast.AnnAssign)
+    ]
+
+
+def registered_names(kind: str) -> list[str]:
+    """model.py's own names of positional encodings (`kind` "pe") or refiners ("refiner"), in the order model.py
+    registers them at its top level: the registry's first entries, `@register_pe("alibi")` on a class,
+    `register_pe("rope")(RotaryEmbedding)`, and an entry written directly (`PE_REGISTRY["none"] = ...`)."""
+    return list(_registered_names(kind))
+
+
+@functools.cache
+def _registered_names(kind: str) -> tuple[str, ...]:
+    registry = "PE_REGISTRY" if kind == "pe" else "REFINER_REGISTRY"
+    names = list(constant("model.py", registry))  # `{"none": None}`: the entries the registry starts with
+    for statement in _module("model.py").body:
+        calls = [*getattr(statement, "decorator_list", ())]
+        if isinstance(statement, ast.Expr) and isinstance(statement.value, ast.Call):
+            calls.append(statement.value.func)  # register_pe("rope")(RotaryEmbedding): the inner call
+        for call in calls:
+            if isinstance(call, ast.Call) and getattr(call.func, "id", None) == f"register_{kind}" and call.args:
+                names.append(_value(call.args[0], "model.py"))
+        for target in getattr(statement, "targets", ()):
+            if isinstance(target, ast.Subscript) and getattr(target.value, "id", None) == registry:
+                names.append(_value(target.slice, "model.py"))
+    return tuple(names)
+
+
+def task_names() -> tuple[str, ...]:
+    """The CHE tasks' names, in lab/tasks.py's order: `_TASKS = {task.name: task for task in (ClassA, ...)}`."""
+    tasks = _top_level("lab/tasks.py", "_TASKS")
+    classes = {node.name: node for node in _module("lab/tasks.py").body if isinstance(node, ast.ClassDef)}
+    names = []
+    for element in tasks.generators[0].iter.elts:
+        for statement in classes[element.id].body:
+            if isinstance(statement, ast.Assign) and isinstance(statement.targets[0], (ast.Name, ast.Tuple)):
+                targets = statement.targets[0]
+                values = statement.value
+                pairs = zip(targets.elts, values.elts) if isinstance(targets, ast.Tuple) else [(targets, values)]
+                names += [_value(value, "lab/tasks.py") for target, value in pairs if target.id == "name"]
+    return tuple(names)
