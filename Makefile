@@ -56,6 +56,8 @@ test-gpu: $(STAMP)
 # Then the student edition of the same notebooks (solution cells removed by nbconvert's TagRemovePreprocessor,
 # outputs kept so that the checked cells are compared too) in .nbtest-student/. MINIDAPE_EXPECT_EXERCISES makes
 # each notebook's closing summary fail unless every exercise passed (worked solutions) or none did (stubs).
+# MINIDAPE_CHECK_FIGURES makes every figure a notebook shows raise if it breaks a rule of minidape/lab/figure_rules.py
+# (repeated legend labels, colours too alike, a log axis with one labelled tick, heads on different colour scales).
 test-notebooks: $(STAMP)
 	@if [ -n "$(NOTEBOOKS)" ]; then \
 	  rm -rf $(NBTEST) $(NBTEST)-student && mkdir -p $(NBTEST) && \
@@ -66,9 +68,9 @@ test-notebooks: $(STAMP)
 	  done && \
 	  $(BIN)/jupyter-nbconvert --to notebook --log-level WARN $(REMOVE_SOLUTIONS) --output-dir $(NBTEST)-student \
 	    $(NBTEST)/*.ipynb && \
-	  MINIDAPE_EXPECT_EXERCISES=all MINIDAPE_QUICK=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  MINIDAPE_CHECK_FIGURES=1 MINIDAPE_EXPECT_EXERCISES=all MINIDAPE_QUICK=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    --nbval-lax --nbval-current-env $(NBTEST) && \
-	  MINIDAPE_EXPECT_EXERCISES=none MINIDAPE_QUICK=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
+	  MINIDAPE_CHECK_FIGURES=1 MINIDAPE_EXPECT_EXERCISES=none MINIDAPE_QUICK=1 OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -p no:cacheprovider \
 	    --nbval-lax --nbval-current-env $(NBTEST)-student; \
 	fi
 
@@ -101,10 +103,14 @@ handout: $(STAMP)
 # once more in quick mode (output thrown away). Both runs record the reference measurements of the experiments
 # on the notebooks' trained models in notebooks/references.json, which the grader judges experiments against.
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_kerple_cpd_kernels.py
+# The full-mode run also stores, inside the package, the results that quick mode draws beside its own (the
+# teacher's reference: a quick run trains too little to show some effects).
 REFERENCES := $(CURDIR)/notebooks/references.json
+REFERENCE_RUNS := $(CURDIR)/minidape/classroom/reference_runs.json
 notebooks: $(STAMP)
 	for f in $(NOTEBOOKS); do \
-	  MINIDAPE_QUICK=0 MINIDAPE_RECORD_REFERENCES=$(REFERENCES) $(BIN)/jupytext --to ipynb --execute \
+	  MINIDAPE_QUICK=0 MINIDAPE_RECORD_REFERENCES=$(REFERENCES) MINIDAPE_RECORD_FIGURES=$(REFERENCE_RUNS) \
+	    $(BIN)/jupytext --to ipynb --execute \
 	    --set-kernel python3 $$f || exit 1; \
 	  quick=$$(mktemp -d) && MINIDAPE_QUICK=1 MINIDAPE_RECORD_REFERENCES=$(REFERENCES) $(BIN)/jupytext --to ipynb \
 	    --execute --set-kernel python3 --run-path $$(dirname $$f) -o $$quick/notebook.ipynb $$f && rm -rf $$quick \

@@ -34,9 +34,10 @@ if importlib.util.find_spec("minidape") is None:
 # %% [markdown]
 # # 01 · Positional encodings: what each one adds, and where
 #
-# Self-attention on its own is blind to order: permute the keys and values together and every query gets the
-# same answer. A *positional encoding* (PE) puts order back in. minidape has one of each family the DAPE,
-# CAPE, DAPE-V2 and Kerple papers compare against, and they act in three different places of a layer:
+# Self-attention on its own is blind to order: section 0 shuffles the keys and values of one query and gets
+# the same answer to the last digit. A *positional encoding* (PE) puts order back in. minidape has one of each
+# family the DAPE, CAPE, DAPE-V2 and Kerple papers compare against, and they act in three different places of
+# a layer:
 #
 # | where | formula | encodings |
 # |---|---|---|
@@ -58,6 +59,8 @@ if importlib.util.find_spec("minidape") is None:
 # prediction within ±0.5 nats), with a written answer.
 
 # %%
+import math
+
 import matplotlib.pyplot as plt
 import torch
 
@@ -82,6 +85,50 @@ print("registered positional encodings:", list(md.PE_NAMES))
 # DEVICE: every model and tensor of this notebook lives here: CUDA if there is a GPU, then Apple's MPS, then the CPU.
 DEVICE = notebook.device()
 print("device:", DEVICE)
+
+# %% [markdown]
+# ## 0. Attention cannot see order
+#
+# One query attends to six tokens. Its weights are the softmax of the scores $q^\top k_j/\sqrt{d}$, its output
+# the weighted sum of the values $v_j$. Below, the same six tokens twice: in their order, and shuffled (keys and
+# values moved together, as they are when the words of a sentence are reordered).
+
+# %%
+words = ["the", "cat", "sat", "on", "a", "mat"]
+width = 8
+generator = torch.Generator().manual_seed(0)
+query = torch.randn(width, generator=generator)
+keys = torch.randn(len(words), width, generator=generator)
+values = torch.randn(len(words), width, generator=generator)
+shuffle = torch.tensor([3, 5, 0, 4, 1, 2])                 # "on mat the a cat sat"
+
+
+def attend(query, keys, values):
+    """One query's attention without positions: softmax(q k_j / sqrt(d)) and the weighted sum of the values."""
+    weights = torch.softmax(keys @ query / width**0.5, dim=0)
+    return weights, weights @ values
+
+
+weights, output = attend(query, keys, values)
+shuffled_weights, shuffled_output = attend(query, keys[shuffle], values[shuffle])
+fig, (left, right) = plt.subplots(1, 2, figsize=(11, 3), sharey=True)
+left.bar(words, weights, color="#0072B2")
+left.set(title="in order: " + " ".join(words), ylabel="attention weight")
+right.bar([words[i] for i in shuffle], shuffled_weights, color="#0072B2")
+right.set(title="shuffled: " + " ".join(words[i] for i in shuffle))
+fig.suptitle("Each word keeps its weight wherever it stands")
+plt.tight_layout()
+plt.show()
+print("output in order :", [round(x, 4) for x in output.tolist()])
+print("output shuffled :", [round(x, 4) for x in shuffled_output.tolist()])
+assert torch.allclose(output, shuffled_output, atol=1e-6)                      # the same answer
+assert torch.allclose(shuffled_weights, weights[shuffle])                      # each word kept its weight
+
+# %% [markdown]
+# Each word's weight depends on its key alone, so the weights move with the words and the weighted sum does not
+# change: the two outputs agree to the last printed digit. Attention is **permutation-invariant** over its keys;
+# "the cat sat on a mat" and "on mat the a cat sat" look the same to it. Everything in this series is about
+# what to add so that they do not — and about what that addition does at lengths never seen in training.
 
 # %% [markdown]
 # ## 1. The map: kind, module, parameters
@@ -180,14 +227,77 @@ exercises.check("sinusoidal_table", sinusoidal_table)
 # %% [markdown]
 # ## 3. Rotary encodings: rotate queries and keys
 #
-# RoPE (Su et al., 2021, §3.4) splits each head's channels into $d/2$ pairs and rotates pair $i$ of a query or
-# key at position $m$ by the angle $m\theta_i$, $\theta_i = 10000^{-2i/d}$. Rotations compose, so
+# RoPE (Su et al., 2021, §3.4) adds nothing to a vector: it **turns** it. Take one pair of channels of a query
+# and one of a key: each is an arrow in the plane. At position $m$ the query's arrow is turned by the angle
+# $m\theta$, at position $n$ the key's by $n\theta$. Below: a query at $m = 5$ and a key at $n = 2$, then the
+# same two tokens moved 4 and 10 positions further along the text ($\theta = 0.3$ rad per position).
+
+# %%
+PAIR_THETA = 0.3                                    # radians per position of the pair drawn here
+PAIR_QUERY, PAIR_KEY = (1.0, 0.25), (0.8, -0.45)    # one channel pair of a query and of a key
+
+
+def turned(vector, angle):
+    """A 2-D vector turned counter-clockwise by `angle` radians: what RoPE does to one channel pair."""
+    x, y = vector
+    return (x * math.cos(angle) - y * math.sin(angle), x * math.sin(angle) + y * math.cos(angle))
+
+
+def draw_pair(ax, m, n):
+    """The query's pair at position m and the key's at position n as arrows; returns the angle between them."""
+    q, k = turned(PAIR_QUERY, m * PAIR_THETA), turned(PAIR_KEY, n * PAIR_THETA)
+    circle = torch.linspace(0, 2 * math.pi, 100)
+    ax.plot(circle.cos(), circle.sin(), color="#888888", linewidth=0.5)
+    for vector, color, text in ((q, "#D55E00", f"q at m = {m}"), (k, "#0072B2", f"k at n = {n}")):
+        ax.annotate("", xy=vector, xytext=(0, 0), arrowprops=dict(arrowstyle="-|>", color=color, linewidth=2))
+        ax.text(1.1 * vector[0], 1.1 * vector[1], text, color=color, ha="center", va="center")
+    between = math.degrees(math.atan2(q[1], q[0]) - math.atan2(k[1], k[0])) % 360
+    ax.set(xlim=(-1.5, 1.5), ylim=(-1.5, 1.5), aspect="equal", xticks=[], yticks=[],
+           title=f"m - n = {m - n}: angle between {between:.1f}°")
+    return between
+
+
+fig, axes = plt.subplots(1, 3, figsize=(12, 4))
+angles = [draw_pair(ax, 5 + shift, 2 + shift) for ax, shift in zip(axes, (0, 4, 10))]
+fig.suptitle(r"RoPE turns the query by $m\theta$ and the key by $n\theta$: shifting both keeps the angle between")
+plt.tight_layout()
+plt.show()
+scores = [sum(a * b for a, b in zip(turned(PAIR_QUERY, (5 + s) * PAIR_THETA), turned(PAIR_KEY, (2 + s) * PAIR_THETA)))
+          for s in (0, 4, 10)]
+print("angle between q and k at shifts 0, 4, 10:", [f"{angle:.1f}°" for angle in angles])
+print("their dot product (the score)          :", [f"{score:.4f}" for score in scores])
+assert max(angles) - min(angles) < 1e-9 and max(scores) - min(scores) < 1e-12
+
+# %% [markdown]
+# Both arrows turned, each by a different amount, yet the angle between them and so their dot product, the
+# attention score, did not move: it depends on how far apart the two tokens are, $m - n$, not on where they
+# stand. Drag the slider to move both tokens along the text yourself (it needs `ipywidgets`; the figure above
+# shows three of its positions, for a printed page).
+
+# %%
+try:
+    import ipywidgets
+except ImportError:   # the static figure above shows the same
+    ipywidgets = None
+    print("no ipywidgets here (pip install ipywidgets): the figure above shows shifts 0, 4 and 10")
+
+if ipywidgets is not None:
+    @ipywidgets.interact(shift=ipywidgets.IntSlider(value=0, min=0, max=40, description="shift s"))
+    def move_both(shift):
+        fig, ax = plt.subplots(figsize=(4.5, 4.5))
+        draw_pair(ax, 5 + shift, 2 + shift)
+        plt.show()
+
+# %% [markdown]
+# In a real head every pair turns, at its own speed: the $d$ channels split into $d/2$ pairs, and pair $i$ of a
+# query or key at position $m$ turns by the angle $m\theta_i$, $\theta_i = 10000^{-2i/d}$. Turning by $m\theta$
+# and then back by $n\theta$ is turning by $(m - n)\theta$, so what the picture showed holds for the whole head:
 #
 # $$\langle R_m q, R_n k\rangle = \langle q, R_{n-m} k\rangle :$$
 #
 # the score depends on the positions **only through $m - n$**. Nothing is added to the embeddings and there is
-# no bias matrix ($B = 0$ for the refiners of notebooks 04–05). Check it numerically: shift both positions by
-# the same amount and the score does not move (up to float32 rounding).
+# no bias matrix ($B = 0$ for the refiners of notebooks 04–05). Check it with minidape's own rotation: shift
+# both positions by the same amount and the score does not move (up to float32 rounding).
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -213,10 +323,43 @@ for m, n in [(5, 2), (40, 10)]:
 print("different offsets give different scores:", abs(rotary_score(q, k, 5, 2) - rotary_score(q, k, 40, 10)) > 1e-2)
 
 # %% [markdown]
+# ### Angles a model never saw in training
+#
+# The pairs turn at very different speeds. Below, the angle $m\theta_i$ (modulo a full turn) of a fast and a
+# slow pair of our head ($d = 32$) against the position $m$; the shaded positions are those a model trained at
+# length $L = 64$ sees.
+
+# %%
+theta = 10000.0 ** (-2 * torch.arange(head_size // 2, dtype=torch.float64) / head_size)   # (d/2,)
+fast, slow = 0, int((TRAIN_LENGTH * theta - 1).abs().argmin())    # the slow pair: about 1 rad at position L
+positions_long = torch.arange(LONG, dtype=torch.float64)
+angle = {pair: (positions_long * theta[pair]) % (2 * math.pi) for pair in (fast, slow)}
+seen = angle[slow][:TRAIN_LENGTH].max().item()                   # the slow pair's largest angle in training
+fig, ax = plt.subplots(figsize=(11, 3.8), layout="constrained")
+ax.axvspan(0, TRAIN_LENGTH - 1, color="#888888", alpha=0.25, label=f"positions in training (0..{TRAIN_LENGTH - 1})")
+ax.axhspan(0, seen, color="#E69F00", alpha=0.2, label=f"angles pair {slow} reached in training")
+ax.plot(positions_long, angle[fast], linestyle="none", marker=".", markersize=3, color="#D55E00",
+        label=f"fast pair {fast}: θ = {theta[fast]:.3g} rad")
+ax.plot(positions_long, angle[slow], linewidth=2, color="#0072B2",
+        label=f"slow pair {slow}: θ = {theta[slow]:.3g} rad")
+ax.set(xlabel="position m", ylabel=r"angle $m\theta_i$ mod $2\pi$ (rad)", xlim=(0, LONG - 1), ylim=(0, 2 * math.pi),
+       title="RoPE's rotation angles: the slow pair leaves the range it was trained on")
+ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1), fontsize="small")
+plt.show()
+fast_turns = TRAIN_LENGTH * theta[fast].item() / (2 * math.pi)
+print(f"fast pair {fast}: {fast_turns:.1f} full turns inside the training length: every angle seen")
+print(f"slow pair {slow}: angles 0..{seen:.2f} rad in training, up to {angle[slow].max():.2f} rad at length {LONG}")
+assert fast_turns > 5 and angle[slow].max() > 2 * seen          # the claims of the text below
+
+# %% [markdown]
+# The fast pair goes round the circle every few positions: a model sees all of its angles within the first few
+# dozen tokens. The slow pair turns so slowly that in training it covers only the orange band; beyond the
+# shaded positions it sweeps through angles the model never met, so the scores built on it mean something the
+# model was never trained on. This is RoPE's weak point beyond $L$; notebook 03 measures what it costs.
+#
 # RoPE also has a built-in **long-term decay** (Su et al., §3.4.3): for $q = k = \mathbf{1}$ the score is
 # $\sum_i 2\cos\big((m-n)\theta_i\big)$, which oscillates and shrinks as the distance grows, because the slow
-# pairs are few. The dashed line marks the training length: the rotation angles of slow pairs beyond it were
-# never seen in training — that is what breaks RoPE's extrapolation, and what YaRN repairs.
+# pairs are few. The dashed line marks the training length.
 
 # %%
 ones = torch.ones(head_size, device=DEVICE)
@@ -224,7 +367,7 @@ distances = torch.arange(0, LONG)
 decay = [rotary_score(ones, ones, int(d), 0) for d in distances]
 plt.figure(figsize=(8, 3.5))
 plt.plot(distances, decay, linewidth=1, label=r"$\langle R_m \mathbf{1}, R_n \mathbf{1}\rangle$")
-plt.axvline(TRAIN_LENGTH, color="gray", linestyle="--", label=f"training length {TRAIN_LENGTH}")
+plt.axvline(TRAIN_LENGTH, color="#888888", linestyle="--", label=f"training length {TRAIN_LENGTH}")
 plt.xscale("symlog", linthresh=8)
 plt.xlim(0, LONG)
 plt.xlabel("relative distance m - n (linear to 8, then logarithmic)")
@@ -287,9 +430,9 @@ with torch.no_grad():
 yarn = yarn_model.pe
 pairs = torch.arange(head_size // 2)
 plt.figure(figsize=(8, 3.5))
-for T in (TRAIN_LENGTH, 2 * TRAIN_LENGTH, 4 * TRAIN_LENGTH, LONG):
-    theta, _ = yarn.frequencies_and_scale(T)
-    plt.plot(pairs, (theta / yarn.theta).cpu(), marker="o", markersize=3, label=f"T = {T} (s = {T / TRAIN_LENGTH:g})")
+for T in sorted({TRAIN_LENGTH, 2 * TRAIN_LENGTH, 4 * TRAIN_LENGTH, LONG}):   # a set: LONG is 4L in quick mode
+    yarn_theta, _ = yarn.frequencies_and_scale(T)
+    plt.plot(pairs, (yarn_theta / yarn.theta).cpu(), marker="o", markersize=3, label=f"T = {T} (s = {T / TRAIN_LENGTH:g})")
 plt.yscale("log", base=2)
 plt.xlabel("rotary pair i (fast → slow)")
 plt.ylabel(r"$\theta'_i / \theta_i$")
@@ -332,7 +475,7 @@ def visible_only(bias):
 for name, model in bias_models.items():
     with torch.no_grad():
         bias = model.pe(positions, positions)
-    md.plots.plot_bias(visible_only(bias), title=f"{name}: initial bias b_h(i, j), 32 positions").tight_layout()
+    md.plots.plot_bias(visible_only(bias), title=f"{name}: initial bias b_h(i, j), 32 positions")
     plt.show()
 
 # %% [markdown]
@@ -467,7 +610,7 @@ plt.show()
 # flat) attend almost uniformly to a thousand keys; ALiBi's and Kerple's decaying biases already concentrate
 # attention on recent keys — the mechanism by which biases keep long inputs looking like short ones.
 
-# %%
+# %% tags=["reveals-prediction"]
 tokens = torch.randint(0, 256, (1, LONG), generator=generator).to(DEVICE)
 print(f"T = {LONG} = {LONG // TRAIN_LENGTH} x block_size;  ln T = {torch.log(torch.tensor(float(LONG))):.2f}")
 for name in md.PE_NAMES:
@@ -539,7 +682,7 @@ try:
 except ValueError as error:
     print("ValueError:", error)
 with torch.no_grad():
-    md.plots.plot_bias(visible_only(model.pe(positions, positions)), title="learned_slopes: initial bias").tight_layout()
+    md.plots.plot_bias(visible_only(model.pe(positions, positions)), title="learned_slopes: initial bias")
 plt.show()
 
 # %% [markdown]

@@ -39,6 +39,7 @@ if importlib.util.find_spec("minidape") is None:
 # conditionally positive definite (CPD) kernels**. This notebook rebuilds the argument step by step and
 # checks every claim numerically with `md.kernels`:
 #
+# 0. why: softmax ignores a constant added to every logit, and what that does to a bias (a 3-point example);
 # 1. PD and CPD kernels (§3.1, Definitions 1–2), tested on Gram matrices;
 # 2. Corollary 1: the power family $-a|m-n|^p$ and the log family $-b\ln(1 + a|m-n|^p)$, $0 < p \le 2$;
 # 3. Lemma 1, the CPD shift lemma: $c + k$ is PD for a large enough $c$ (on a finite point set, for a strictly
@@ -90,6 +91,51 @@ DEVICE = notebook.device()
 print("device:", DEVICE)
 
 # %% [markdown]
+# ## 0. Why: softmax does not see a constant
+#
+# Attention turns a row of logits into weights with a softmax. Add the same number to every logit of the row
+# and look at the weights:
+
+# %%
+logits_row = torch.tensor([2.0, 0.5, -1.0, 1.0])
+fig, axes = plt.subplots(1, 2, figsize=(9, 3), sharey=True)
+for ax, shift in zip(axes, (0.0, 5.0)):
+    ax.bar([f"key {j}" for j in range(4)], torch.softmax(logits_row + shift, dim=0), color="#0072B2")
+    ax.set_title(f"softmax(logits + {shift:g})")
+axes[0].set_ylabel("attention weight")
+fig.suptitle("The same weights: a constant added to every logit changes nothing")
+plt.tight_layout()
+plt.show()
+for shift in (0.0, 5.0):
+    print(f"logits + {shift:g}: {(logits_row + shift).tolist()}   weights",
+          [round(w, 4) for w in torch.softmax(logits_row + shift, 0).tolist()])
+assert torch.allclose(torch.softmax(logits_row, 0), torch.softmax(logits_row + 5, 0))
+
+# %% [markdown]
+# So a positional bias $b(m, n)$ only matters **up to a constant**: $b$ and $c + b$ give the same attention for
+# any $c$. That freedom is the whole of Kerple's argument. A bias is a matrix $K$ with $K_{mn} = b(m, n)$;
+# the natural wish is that $K$ behaves like the inner products $q^\top k$ it is added to, i.e. that the
+# quadratic form $c^\top K c = \sum_{ij} c_i c_j K_{ij}$ is never negative. Try it on three positions
+# $0, 1, 2$ and ALiBi-like bias $-|m - n|$:
+
+# %%
+# NBVAL_CHECK_OUTPUT
+K3 = -(torch.arange(3.0)[:, None] - torch.arange(3.0)[None, :]).abs()
+print("K =", K3.tolist())
+for vector in ([1.0, 1.0, 1.0], [1.0, -1.0, 0.0], [1.0, -2.0, 1.0]):
+    c3 = torch.tensor(vector)
+    print(f"c = {vector}: sum(c) = {c3.sum().item():g},  c^T K c = {c3 @ K3 @ c3:g},"
+          f"  c^T (K + 4) c = {c3 @ (K3 + 4) @ c3:g}")
+
+# %% [markdown]
+# Read the three lines. For $c = (1, 1, 1)$ the form is $-8$: $-|m-n|$ is **not** an inner product. But for the
+# two vectors whose entries sum to zero it is positive, and adding the constant 4 to every entry of $K$ does not
+# change their value at all (the added part is $4(\sum_i c_i)^2 = 0$), while it lifts $(1, 1, 1)$ to $+28$.
+# Zero-sum vectors cannot see a constant — exactly as softmax cannot. So the right demand is: **non-negative on
+# the zero-sum vectors**; a large enough constant, which softmax ignores, then repairs the rest. That is a
+# *conditionally* positive definite kernel. The definitions follow.
+
+# %% [markdown]
 # ## 1. Relative positions as kernels
 #
 # A relative positional bias is a function of two positions that depends only on their offset,
@@ -115,7 +161,7 @@ print(kernels.gram(triangle, [0, 1, 2, 5]) + 0.0)   # + 0.0 prints IEEE's -0. on
 # then $c^\top K c = \|\sum_i c_i\phi(x_i)\|^2 \ge 0$. Self-attention's $q^\top k$ is such an inner product.
 #
 # **Definition 2 (CPD).** $k$ is conditionally positive definite if the same holds for the $c$ with
-# $\sum_i c_i = 0$ only. Writing $Q$ for an orthonormal basis of that zero-sum subspace ($N \times (N-1)$),
+# $\sum_i c_i = 0$ only (section 0: $-|m-n|$ on three points). Writing $Q$ for an orthonormal basis of that zero-sum subspace ($N \times (N-1)$),
 # $k$ is CPD on the points iff $\lambda_{\min}(Q^\top K Q) \ge 0$ — that is `cpd_min_eig`. `is_cpd` checks it
 # on the integer grid and on seeded random sets of real positions: `False` is a proof (a counterexample),
 # `True` is evidence.
@@ -187,17 +233,43 @@ exercises.check("square_quadratic_form", square_quadratic_form)
 # the zero-sum vectors orthogonal to $x$ — a whole subspace, hence the eigenvalue 0.
 
 # %% [markdown]
-# ## 3. Corollary 1: two families of CPD kernels
+# ## 3. Which powers of the distance are CPD?
 #
-# Three facts build the families (§3.2): sums and positive multiples of CPD kernels are CPD (Fact 2); if
-# $k \le 0$ is CPD then so are $-(-k)^\alpha$ for $0 < \alpha \le 1$ and $-\ln(1 - k)$ (Fact 3); and
+# Take the kernels $-|m-n|^p$ and $-\ln(1 + |m-n|^p)$ and scan the exponent $p$: below, the smallest eigenvalue
+# of each kernel's Gram matrix on the zero-sum vectors (Definition 2's test) on the grid $0..31$. CPD means
+# $\ge 0$.
+
+# %%
+scan = torch.linspace(0.1, 3.0, N_EXPONENTS).tolist()
+grid = torch.arange(32)
+fig, ax = plt.subplots(figsize=(8, 4))
+for label, family in (("power $-|m-n|^p$", lambda p: kernels.power_kernel(p=p)),
+                      ("log $-\\ln(1+|m-n|^p)$", lambda p: kernels.log_kernel(p=p))):
+    values = [relative(kernels.cpd_min_eig(family(p), grid), kernels.gram(family(p), grid)) for p in scan]
+    ax.plot(scan, values, marker=".", label=label)
+ax.axvline(2.0, color="#888888", linestyle="--", label="p = 2")
+ax.axhline(0.0, color="black", linewidth=0.8)
+ax.set_yscale("symlog", linthresh=1e-4)
+ax.set(xlabel="exponent p", ylabel=r"$\lambda_{\min}(Q^\top K Q)\,/\,\max|K|$",
+       title="Smallest eigenvalue on zero-sum vectors, grid 0..31")
+ax.legend()
+plt.show()
+
+# %% [markdown]
+# The power family is CPD up to $p = 2$ and fails at once beyond it. The log family stays positive on the
+# *integer grid* a little past 2 — the grid is not every point set. Random real positions find its
+# counterexamples (the `is_cpd` table below: `False` at $p = 2.5$), which is why `is_cpd` tries both.
+
+# %% [markdown]
+# What the scan shows is a theorem. Three facts build the families (§3.2): sums and positive multiples of CPD
+# kernels are CPD (Fact 2); if $k \le 0$ is CPD then so are $-(-k)^\alpha$ for $0 < \alpha \le 1$ and $-\ln(1 - k)$ (Fact 3); and
 # $-\|x - x'\|^2$ is CPD (Fact 4). Starting from $-|m-n|^2$ and applying Fact 3 with $\alpha = p/2$:
 #
 # **Corollary 1.** (a) $k(m,n) = -a\,|m - n|^p$ and (b) $k(m, n) = -b\ln\big(1 + a\,|m-n|^p\big)$ are CPD for
 # $0 < p \le 2$ and $a, b > 0$.
 #
-# Kerple-power is (a) per head; Kerple-log is (b) with $p = 1$. First a grid of parameters, then a scan over
-# $p$ that shows the boundary at $p = 2$ is sharp.
+# Kerple-power is (a) per head; Kerple-log is (b) with $p = 1$. The scan above showed the boundary at $p = 2$ is
+# sharp; the grid below tries other values of $a$ and $b$, on random real point sets too.
 
 # %%
 # NBVAL_CHECK_OUTPUT
@@ -210,47 +282,12 @@ for a, b in ((0.1, 1.0), (1.0, 2.0), (10.0, 0.5)):
     row = [kernels.is_cpd(kernels.log_kernel(a=a, b=b, p=p), n_sets=N_SETS) for p in exponents]
     print(f"log -b log(1+a|m-n|^p), a = {a:<4} b = {b:<3}" + "".join(f"{str(v):>6}" for v in row))
 
-# %%
-scan = torch.linspace(0.1, 3.0, N_EXPONENTS).tolist()
-grid = torch.arange(32)
-fig, ax = plt.subplots(figsize=(8, 4))
-for label, family in (("power $-|m-n|^p$", lambda p: kernels.power_kernel(p=p)),
-                      ("log $-\\ln(1+|m-n|^p)$", lambda p: kernels.log_kernel(p=p))):
-    values = [relative(kernels.cpd_min_eig(family(p), grid), kernels.gram(family(p), grid)) for p in scan]
-    ax.plot(scan, values, marker=".", label=label)
-ax.axvline(2.0, color="gray", linestyle="--", label="p = 2 (Corollary 1's limit)")
-ax.axhline(0.0, color="black", linewidth=0.8)
-ax.set_yscale("symlog", linthresh=1e-4)
-ax.set(xlabel="exponent p", ylabel=r"$\lambda_{\min}(Q^\top K Q)\,/\,\max|K|$",
-       title="Smallest eigenvalue on zero-sum vectors, grid 0..31")
-ax.legend()
-plt.show()
-
-# %% [markdown]
-# The power family is CPD up to $p = 2$ and fails at once beyond it. The log family stays positive on the
-# *integer grid* a little past 2 — the grid is not every point set. Random real positions find its
-# counterexamples (the `is_cpd` table above: `False` at $p = 2.5$), which is why `is_cpd` tries both.
-
 # %% [markdown]
 # ## 4. Lemma 1: the CPD shift lemma and the geometric search for $c$
 #
-# Kerple prints **Lemma 1** as "if $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD", and gives as its
-# example "$c - \|x - x'\|^2$ for large enough $c$". Both need care. What holds is:
-#
-# **Lemma 1 (precise).** Let $x_1, \dots, x_N$ be a **finite** set of points and $k$ **strictly** CPD on it
-# ($c^\top K c > 0$ for every non-zero $c$ with $\sum_i c_i = 0$). Then there is a finite $c$ such that
-# $c + K$ is positive semi-definite; $c$ depends on the point set.
-#
-# The paper's own example is the counterexample to the lemma as printed: $-\|x - x'\|^2$ is CPD but not
-# strictly (exercise 2.1: $c^\top K c = 0$ whenever $\sum_i c_i x_i = 0$), and on 3 or more points
-# $c - \|x - x'\|^2$ is PD for **no** $c$ — shown numerically below.
-#
-# Why: on $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
-# ($\mathbf{1}^\top v = 0$), so nothing changes there; along $\mathbf{1}$ it adds $cN^2$ to the quadratic
-# form, which eventually beats everything else — provided $K$ is *strictly* positive on the zero-sum
-# vectors. Since $c\,\mathbf{1}\mathbf{1}^\top$ is PSD, $\lambda_{\min}(c + K)$ only grows with $c$, so the paper
-# suggests a geometric search $c = 1, 2, 4, 8, \dots$ (footnote to §3.2). `kernels.pd_shift` does exactly
-# that; the plot shows $\lambda_{\min}(c + K)$ along the search for the triangle kernel on 32 points.
+# Section 0 lifted $-|m-n|$ on three points to a positive form by adding 4 to every entry. Does that always
+# work? Below, the triangle kernel $-|m-n|$ on 32 points: the smallest eigenvalue of $c + K$ as the constant $c$
+# doubles.
 
 # %%
 K = kernels.gram(triangle, 32)
@@ -266,6 +303,26 @@ ax.set(xlabel="shift c", ylabel="smallest eigenvalue",
        title="Triangle kernel −|m−n| on 32 points: c + K becomes PSD")
 ax.legend()
 plt.show()
+
+# %% [markdown]
+# It becomes non-negative at a finite $c$: a large enough constant made the CPD kernel PD. Kerple prints
+# **Lemma 1** as "if $k$ is CPD, there is a $c > 0$ such that $c + k$ is PD", and gives as its example
+# "$c - \|x - x'\|^2$ for large enough $c$". Both need care. What holds is:
+#
+# **Lemma 1 (precise).** Let $x_1, \dots, x_N$ be a **finite** set of points and $k$ **strictly** CPD on it
+# ($c^\top K c > 0$ for every non-zero $c$ with $\sum_i c_i = 0$). Then there is a finite $c$ such that
+# $c + K$ is positive semi-definite; $c$ depends on the point set.
+#
+# The paper's own example is the counterexample to the lemma as printed: $-\|x - x'\|^2$ is CPD but not
+# strictly (exercise 2.1: $c^\top K c = 0$ whenever $\sum_i c_i x_i = 0$), and on 3 or more points
+# $c - \|x - x'\|^2$ is PD for **no** $c$ — shown numerically below.
+#
+# Why: on $N$ points, $c + K = K + c\,\mathbf{1}\mathbf{1}^\top$. On zero-sum vectors the added term vanishes
+# ($\mathbf{1}^\top v = 0$), so nothing changes there; along $\mathbf{1}$ it adds $cN^2$ to the quadratic
+# form, which eventually beats everything else — provided $K$ is *strictly* positive on the zero-sum
+# vectors. Since $c\,\mathbf{1}\mathbf{1}^\top$ is PSD, $\lambda_{\min}(c + K)$ only grows with $c$, so the paper
+# suggests a geometric search $c = 1, 2, 4, 8, \dots$ (footnote to §3.2). `kernels.pd_shift` does exactly
+# that; the plot above is its search for the triangle kernel on 32 points.
 
 # %% [markdown]
 # ### Exercise 2.2 (implement) · The geometric search for $c$
@@ -339,7 +396,7 @@ exercises.check("shift_growth", shift_prediction, shift_measured)
 # %% [markdown]
 # How large must $c$ be? It depends on the point set, and it grows with the span of the positions:
 
-# %%
+# %% tags=["reveals-prediction"]
 # NBVAL_CHECK_OUTPUT
 shift_examples = {"triangle -|m-n| (ALiBi)": triangle,
                   "power -|m-n|^0.5": kernels.power_kernel(p=0.5),
@@ -551,12 +608,44 @@ plt.tight_layout()
 plt.show()
 
 # %% [markdown]
+# The four Kerple-log settings above are four points of a two-parameter family. Move $r_1$ and $r_2$ yourself
+# (it needs `ipywidgets`; the figure above shows four settings, for a printed page): $r_2$ sets where the decay
+# starts, $r_1$ how steep it is, and $r_1 = 1$ is the line between attention that stays near and attention that
+# drifts to the far past.
+
+# %%
+try:
+    import ipywidgets
+except ImportError:   # the static figure above shows four settings
+    ipywidgets = None
+    print("no ipywidgets here (pip install ipywidgets): the figure above shows four settings of r1 and r2")
+
+
+def draw_kerple_log(r1, r2):
+    """Kerple-log's kernel -r1 ln(1 + r2 d) and the attention mass it leaves within distance d."""
+    values = kernels.log_kernel(a=r2, b=r1)(distances, torch.zeros(1, dtype=torch.float64))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.5))
+    left.plot(distances, values, color="#009E73")
+    left.set(xlabel="distance d", ylabel="kernel value k(d)", title=f"Kerple-log, r1 = {r1:g}, r2 = {r2:g}")
+    right.plot(distances, torch.softmax(values, dim=0).cumsum(0), color="#009E73")
+    right.set(xlabel="distance d", ylabel="cumulative attention", xscale="symlog", xlim=(0, L), ylim=(0, 1.02),
+              title=f"attention mass within distance d (query at {L - 1})")
+    plt.tight_layout()
+    plt.show()
+
+
+if ipywidgets is not None:
+    ipywidgets.interact(draw_kerple_log,
+                        r1=ipywidgets.FloatSlider(value=1.0, min=0.1, max=3.0, step=0.1, description="r1"),
+                        r2=ipywidgets.FloatLogSlider(value=0.5, base=10, min=-2, max=1, step=0.1, description="r2"))
+
+# %% [markdown]
 # What to look for: ALiBi's lines and the power kernels plunge (the power axis is logarithmic), so nearly all
 # attention lands within a window whose size is set by the slope (a few tokens to a few hundred) — whatever
 # the length. The log kernels stay within a few units of 0 over thousands of tokens. Their weights
 # $e^{k(d)} = (1 + r_2 d)^{-r_1}$ are a *power law*: for $r_1 > 1$ its sum converges and a fixed share of the
-# attention stays nearby at any length (green, red); for $r_1 \le 1$ it diverges, and the mass drifts to the far
-# past as the context grows (blue, orange). That is how Kerple-log "can utilize more distant token
+# attention stays nearby at any length ($r_1$ = 1.5 and 2); for $r_1 \le 1$ it diverges, and the mass drifts to the
+# far past as the context grows ($r_1$ = 0.5 and 1). That is how Kerple-log "can utilize more distant token
 # information" (§5.4) — and why it must learn *how* flat to be, head by head.
 #
 # ## Summary

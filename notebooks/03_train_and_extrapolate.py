@@ -155,7 +155,8 @@ for pe in PES:
 fig, ax = plt.subplots(figsize=(7, 4))
 for pe, history in histories.items():
     logged = [entry for entry in history if "val_loss" in entry]
-    ax.plot([e["step"] for e in logged], [e["val_loss"] for e in logged], marker="o", markersize=3, label=pe)
+    ax.plot([e["step"] for e in logged], [e["val_loss"] for e in logged], marker="o", markersize=3, label=pe,
+            **md.plots.model_style(pe))
 ax.set_xlabel("training step")
 ax.set_ylabel("validation loss at length 64 (nats)")
 ax.set_title("Learning curves: at the training length every encoding learns")
@@ -181,21 +182,39 @@ plt.show()
 # $\ge T - k$, far beyond $L$ once $T \gg L$: a rise from one length to the next is the model's, not the text's. `learned` cannot run beyond its table: the function reports NaN there
 # (with a warning, silenced here) and the plot leaves those points out.
 
-# %%
+# %% tags=["reveals-prediction"]
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")     # "length ... skipped (reported as NaN)" for pe="learned"
     last_k = {pe: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, protocol="last_k",
                                                    n_windows=EVAL_WINDOWS)
               for pe, model in models.items()}
-md.plots.plot_extrapolation(last_k, train_length=TRAIN_LENGTH,
-                            title=f"Perplexity of the same {SCORED} scored tokens at every length (last_k)")
+# Quick mode trains 8 steps: every curve is flat. The teacher's full-mode run is drawn beside it (stored with
+# minidape); the text below reads that one.
+reference_last_k = notebook.reference("03/last_k", last_k)
+notebook.beside_reference(md.plots.plot_extrapolation, last_k, reference_last_k, train_length=TRAIN_LENGTH,
+                          title=f"Perplexity of the same {SCORED} scored tokens at every length (last_k)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, train_length=TRAIN_LENGTH)))
-at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in last_k.items()}
-growth = {pe: curve[LONGEST] / curve[TRAIN_LENGTH] for pe, curve in last_k.items() if pe != "learned"}
-print(f"at the training length: best {min(at_train, key=at_train.get)}, worst {max(at_train, key=at_train.get)}")
-print(f"perplexity at {LONGEST} / at {TRAIN_LENGTH}: " + ", ".join(f"{pe} {g:.2f}x" for pe, g in growth.items()))
-if not QUICK:   # the claims of the text below, checked on this run (quick mode trains too little to show them)
+
+
+def growth_summary(curves, who):
+    """Each model's perplexity at the longest length over that at the training length, printed and returned."""
+    at_train = {pe: curve[TRAIN_LENGTH] for pe, curve in curves.items()}
+    longest = max(next(iter(curves.values())))
+    growth = {pe: curve[longest] / curve[TRAIN_LENGTH] for pe, curve in curves.items() if pe != "learned"}
+    print(f"{who}: at the training length best {min(at_train, key=at_train.get)}, worst "
+          f"{max(at_train, key=at_train.get)}; perplexity at {longest} / at {TRAIN_LENGTH}: "
+          + ", ".join(f"{pe} {g:.2f}x" for pe, g in growth.items()))
+    return growth
+
+
+growth = growth_summary(last_k, "your run")
+shown = last_k if not QUICK else reference_last_k      # the run the text below describes
+if QUICK and shown is not None:
+    display(Markdown("**Teacher's reference** (full mode, 400 steps):\n\n"
+                     + md.plots.markdown_table(shown, train_length=TRAIN_LENGTH)))
+    growth = growth_summary(shown, "teacher's reference")
+if shown is not None:   # the claims of the text below, checked on the run it describes
     assert growth["rope"] > 2, "RoPE at 16x the training length should be more than twice its in-length perplexity"
     assert max(growth["alibi"], growth["kerple_log"]) < 1.25, "ALiBi and Kerple should stay nearly flat"
     assert growth["rope"] > max(growth["alibi"], growth["kerple_log"], growth["none"])
@@ -229,8 +248,9 @@ exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LON
 # mode (8 steps) no model has learned enough for the difference to show: all ratios are near 1.
 
 # %% [markdown]
-# **What to look for.** At the training length (dashed line) the models differ by how well they learned in
-# 400 steps (the line above the plot names the best and the worst). To the right:
+# **What to look for** (in quick mode, in the teacher's reference on the right: 8 steps teach no model enough to
+# show any of this). At the training length (dashed line) the models differ by how well they learned in
+# 400 steps (the line under the plot names the best and the worst). To the right:
 #
 # - `learned` stops: there is no embedding for position 64.
 # - `rope` is among the best models at $T = L$ and breaks at $16L$ (the printed ratio; in full mode the cell
@@ -251,7 +271,7 @@ exercises.check("rope_ratio", rope_breaks, rope_ratio, last_k, TRAIN_LENGTH, LON
 # this gives different, usually lower, numbers than its own `last_k`, and recommends `last_k`. We run both
 # on the same models.
 
-# %%
+# %% tags=["reveals-prediction"]
 nonoverlap = {}
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -380,10 +400,20 @@ def running_mean(curve, width):
 
 # %%
 smoothed = exercises.check("running_mean", running_mean)
-md.plots.plot_loss_by_position({pe: running_mean(curve, 16) if smoothed else curve for pe, curve in position_loss.items()},
-                               train_length=TRAIN_LENGTH,
-                               title=f"Loss at each position of {LONGEST}-token windows"
-                                     + (" (running mean of 16)" if smoothed else " (raw: exercise 3.3 smooths it)"))
+# Quick mode trains 8 steps, too few for any curve to turn up: the teacher's full-mode curves are drawn beside it.
+reference_loss = notebook.reference("03/position_loss",
+                                    {pe: [round(x, 4) for x in curve.tolist()] for pe, curve in position_loss.items()})
+
+
+def smooth(curves):
+    return {pe: running_mean(torch.as_tensor(curve), 16) if smoothed else torch.as_tensor(curve)
+            for pe, curve in curves.items()}
+
+
+notebook.beside_reference(md.plots.plot_loss_by_position, smooth(position_loss),
+                          None if reference_loss is None else smooth(reference_loss), train_length=TRAIN_LENGTH,
+                          title="Loss at each position of the longest windows"
+                                + (" (running mean of 16)" if smoothed else " (raw: exercise 3.3 smooths it)"))
 plt.show()
 
 for pe, curve in position_loss.items():
@@ -396,8 +426,8 @@ for pe, curve in position_loss.items():
 # **Reading the plot.** Loss falls over the first few dozen positions as context accumulates: this is the
 # part of the curve that `nonoverlap` over-weights. Past the training length (dashed line), an encoding that
 # extrapolates keeps its curve flat (the model simply ignores what it cannot use), while one that does not
-# turns upward somewhere past $L$ (compare the two printed means of each model): the same model, the same
-# text, only more positions than it has seen.
+# turns upward somewhere past $L$ (compare the two printed means of each model; in quick mode, the teacher's
+# full-mode curves on the right): the same model, the same text, only more positions than it has seen.
 #
 # ### What breaking looks like: text at 16× the training length
 #

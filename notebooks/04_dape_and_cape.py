@@ -70,7 +70,6 @@ if importlib.util.find_spec("minidape") is None:
 
 # %%
 import dataclasses
-import time
 
 import matplotlib.pyplot as plt
 import torch
@@ -299,31 +298,21 @@ else:
 # DAPE's relative cost. (The cell prints the percentages; they are exact arithmetic from your count.)
 # And arithmetic is not the whole story on a CPU: the refiner's work is a few element-wise passes over
 # $(\text{batch}, W, T, T)$ tensors, bound by memory traffic rather than by multiplications. A quick measurement of one
-# forward pass (timings on a shared machine are noisy):
+# forward pass: each model runs once untimed (a first pass pays one-time costs that would make whichever model runs
+# first look slow), then the models take turns, five rounds, and the median round counts; the ratio to the model
+# without a refiner is the number to read (absolute times depend on the machine and its load).
 
 # %%
-def forward_ms(refiner, T, batch=4 if QUICK else 8, repeats=3):
-    torch.manual_seed(0)
-    model = md.GPT(config(refiner=refiner)).to(DEVICE).eval()
-    x = torch.randint(256, (batch, T)).to(DEVICE)
-    with torch.no_grad():
-        model(x)                                                    # warm-up
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()                                # a GPU runs asynchronously: wait before timing
-        start = time.perf_counter()
-        for _ in range(repeats):
-            model(x)
-        if DEVICE == "cuda":
-            torch.cuda.synchronize()
-    return 1000 * (time.perf_counter() - start) / repeats
-
-
 timing_lengths = [64, 128] if QUICK else [64, 256, 1024]
+refiners = ("none", "dape_add", "dape", "conv")
+torch.manual_seed(0)
+timed = {refiner: md.GPT(config(refiner=refiner)).to(DEVICE).eval() for refiner in refiners}
 print(f"{'refiner':<12}" + "".join(f"{'T=' + str(T):>16}" for T in timing_lengths))
-baseline = {T: forward_ms("none", T) for T in timing_lengths}
-for refiner in ("none", "dape_add", "dape", "conv"):
-    times = baseline if refiner == "none" else {T: forward_ms(refiner, T) for T in timing_lengths}
-    print(f"{refiner:<12}" + "".join(f"{times[T]:>8.1f} ms {times[T] / baseline[T]:>4.1f}x" for T in timing_lengths))
+ms = {T: notebook.time_models(timed, torch.randint(256, (4 if QUICK else 8, T)).to(DEVICE)) for T in timing_lengths}
+for refiner in refiners:
+    print(f"{refiner:<12}" + "".join(f"{ms[T][refiner]:>8.1f} ms {ms[T][refiner] / ms[T]['none']:>4.1f}x"
+                                     for T in timing_lengths))
+print("(median of 5 forward passes per model after one warm-up pass each, the models' passes interleaved)")
 
 # %% [markdown]
 # ## 3. Training: Kerple vs DAPE-Kerple (and the other two variants)
@@ -349,31 +338,37 @@ more_local = "dape-kerple"                # f sees the scores: it can sharpen Ke
 # %%
 runs = {"kerple_log": config(), "dape-kerple": config(refiner="dape"),
         "dape_concat-kerple": config(refiner="dape_concat"), "dape_add-kerple": config(refiner="dape_add")}
-models, histories, seconds = {}, {}, {}
+models, histories = {}, {}
 for name, cfg in runs.items():
-    start = time.perf_counter()
     models[name], histories[name] = md.train(cfg, train_tokens, val_data=val_tokens, steps=STEPS, batch_size=BATCH,
                                              lr=LR, eval_every=max(4, STEPS // 8), eval_windows=VAL_WINDOWS,
                                              seed=0, progress=False, device=DEVICE)
-    seconds[name] = time.perf_counter() - start
-    print(f"{name:<19} validation loss {histories[name][-1]['val_loss']:.3f}   "
-          f"{1000 * seconds[name] / STEPS:.0f} ms/step ({seconds[name] / seconds['kerple_log']:.2f}x Kerple's time)")
+# Step times measured apart from training: a run's first steps pay one-time costs, which would make the model
+# trained first look slow. Forward and backward on one batch, the median of 5 rounds after a warm-up step each.
+batch = val_tokens[: BATCH * TRAIN_LENGTH].long().view(BATCH, TRAIN_LENGTH).to(DEVICE)
+step_ms = notebook.time_models(models, batch, backward=True)
+for name in runs:
+    print(f"{name:<19} validation loss {histories[name][-1]['val_loss']:.3f}   {step_ms[name]:.0f} ms/step "
+          f"({step_ms[name] / step_ms['kerple_log']:.2f}x Kerple's, measured after warm-up, models interleaved)")
 
 # %%
 last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
           for name, model in models.items()}
-md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, title="Kerple and DAPE-Kerple variants (last_k protocol)")
+# Quick mode trains 8 steps, too few to show this: the teacher's full-mode run is drawn beside it.
+reference_last_k = notebook.reference("04/last_k", last_k)
+notebook.beside_reference(md.plots.plot_extrapolation, last_k, reference_last_k, train_length=TRAIN_LENGTH,
+                          title="Kerple and DAPE-Kerple variants (last_k protocol)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
 for name in list(runs)[1:]:
     gains = [1 - last_k[name][T] / last_k["kerple_log"][T] for T in LENGTHS]
     print(f"{name:<19} perplexity below Kerple's by {min(gains):+.1%} .. {max(gains):+.1%} over the lengths; "
-          f"{seconds[name] / seconds['kerple_log']:.2f}x its training time")
+          f"{step_ms[name] / step_ms['kerple_log']:.2f}x its step time")
 
 # %% [markdown]
 # **What to look for.** (1) Inside the training length: does the refiner lower the perplexity (DAPE's
 # "intra-length" gain)? (2) Beyond it: does the DAPE curve stay as flat as Kerple's? The lines under the table
-# give each variant's gain over Kerple (the range over all lengths) and its training time relative to Kerple's.
+# give each variant's gain over Kerple (the range over all lengths) and its step time relative to Kerple's.
 # The paper's large gaps at 8192 (DAPE §4.1) come from 125M models and 50k steps; at our budget, expect a
 # modest gain at most, for a higher cost per step, and treat differences of a few percent between the variants
 # as the noise of one seed (the next section measures that noise). Every length scores the same tokens (only
@@ -398,8 +393,9 @@ fig, ax = plt.subplots(figsize=(7, 4))
 for name, curves in seed_curves.items():
     values = torch.tensor([[curve[T] for T in LENGTHS] for curve in curves])      # (seeds, lengths)
     mean, std = values.mean(0), values.std(0)
-    ax.plot(LENGTHS, mean, marker="o", label=f"{name} (mean of {len(curves)} seeds)")
-    ax.fill_between(LENGTHS, mean - std, mean + std, alpha=0.25)
+    style = md.plots.model_style(name)
+    ax.plot(LENGTHS, mean, marker="o", label=f"{name} (mean of {len(curves)} seeds)", **style)
+    ax.fill_between(LENGTHS, mean - std, mean + std, color=style["color"], alpha=0.25)
     print(f"{name:<12}" + "".join(f"  T={T}: {m:.2f} ± {s:.2f}" for T, m, s in zip(LENGTHS, mean, std)))
 ax.axvline(TRAIN_LENGTH, color="gray", linestyle="--", linewidth=1)
 ax.set(xscale="log", xlabel="evaluation length T", ylabel="perplexity (last_k)",
@@ -450,7 +446,7 @@ def figure1(model, idx, layer):
 
 f_last_layer = figure1(dape_model, long_window, layer=1)
 
-# %%
+# %% tags=["reveals-prediction"]
 f_first_layer = figure1(dape_model, long_window, layer=0)
 bias_last_query = dape_model.attention_maps(long_window, layer=1)["bias"][:, -1].detach().cpu()
 print("correlation of f with B over the keys, layer 1, per head:",

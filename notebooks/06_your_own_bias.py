@@ -354,10 +354,14 @@ for name, model in models.items():
 #
 # Extrapolation curves with DAPE's `last_k` protocol (notebook 03), from the training length to 16× it.
 
-# %%
+# %% tags=["reveals-prediction"]
 last_k = {name: md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS)
           for name, model in models.items()}
-md.plots.plot_extrapolation(last_k, TRAIN_LENGTH, title="Your bias vs Kerple, with and without DAPE (last_k)")
+reference_last_k = notebook.reference("06/last_k", last_k)   # the teacher's worked bias, full mode
+if reference_last_k is not None and set(reference_last_k) != set(last_k):
+    reference_last_k = None                                   # other runs than the teacher's: nothing to compare
+notebook.beside_reference(md.plots.plot_extrapolation, last_k, reference_last_k, train_length=TRAIN_LENGTH,
+                          title="Your bias vs Kerple, with and without DAPE (last_k)")
 plt.show()
 display(Markdown(md.plots.markdown_table(last_k, TRAIN_LENGTH)))
 longest = LENGTHS[-1]

@@ -333,7 +333,7 @@ exercises.check("shuffle_invariance", unchanged_prediction, unchanged_measured)
 # placeholders cannot change at all. A decoder's causal mask breaks the symmetry (token $t$ sees only tokens
 # before it), and ALiBi's and RoPE's positions break it too. The same comparison for NoPE and ALiBi:
 
-# %%
+# %% tags=["reveals-prediction"]
 # NBVAL_CHECK_OUTPUT
 task = md.tasks.get_task("parity_check")
 inputs, _ = task.sample(4, 30, torch.Generator().manual_seed(2))
@@ -435,7 +435,7 @@ for ax, name in zip(axes, TASKS):
         losses = torch.tensor([entry["loss"] for entry in history])
         window = min(10, len(losses))
         smooth = losses.unfold(0, window, 1).mean(dim=1)
-        ax.plot([entry["step"] for entry in history][window - 1:], smooth, label=label)
+        ax.plot([entry["step"] for entry in history][window - 1:], smooth, label=label, **md.plots.model_style(label))
     ax.set_title(f"{name}: training loss")
     ax.set_xlabel("step")
     ax.set_ylabel("cross-entropy on answer tokens")
@@ -452,33 +452,51 @@ plt.show()
 # (50% for the bits of `reverse_string`, 20% for the digits 0–4 of `bucket_sort`).
 
 # %%
-fig, axes = plt.subplots(1, len(TASKS), figsize=(12, 4.2))
-for ax, name in zip(axes, TASKS):
-    task = md.tasks.get_task(name)
-    md.plots.plot_accuracy({label: results[name, label]["accuracy"] for label in MODELS},
-                           train_length=MAX_TRAIN_LENGTH, chance=task.chance_accuracy, ax=ax,
-                           title=f"{name} ({task.level}), {STEPS} steps")
+accuracy = {name: {label: results[name, label]["accuracy"] for label in MODELS} for name in TASKS}
+beyond = {name: {label: results[name, label]["mean_beyond_train"] for label in MODELS} for name in TASKS}
+within = {name: {label: results[name, label]["mean_within_train"] for label in MODELS} for name in TASKS}
+# Quick mode (30 steps) cannot show the effects below: the teacher's full-mode run is drawn under it.
+reference_run = notebook.reference("07/accuracy", {"accuracy": accuracy, "beyond": beyond, "within": within})
+rows = [(f"your run, {STEPS} steps", accuracy)]
+if QUICK and reference_run is not None:
+    rows.append(("teacher's reference: the full-mode run, 1000 steps", reference_run["accuracy"]))
+fig, axes = plt.subplots(len(rows), len(TASKS), figsize=(12, 4.2 * len(rows)), squeeze=False)
+for row, (who, curves) in zip(axes, rows):
+    for ax, name in zip(row, TASKS):
+        task = md.tasks.get_task(name)
+        md.plots.plot_accuracy(curves[name], train_length=MAX_TRAIN_LENGTH, chance=task.chance_accuracy, ax=ax,
+                               title=f"{who}\n{name} ({task.level})")
 plt.tight_layout()
 plt.show()
 
 for name in TASKS:
     table = md.che.accuracy_table({label: results[name, label] for label in MODELS}, MAX_TRAIN_LENGTH)
     display(Markdown(f"**{name}**: accuracy (%) by input length\n\n{table}"))
-beyond = {name: {label: results[name, label]["mean_beyond_train"] for label in MODELS} for name in TASKS}
-for name in TASKS:
-    ranking = sorted(beyond[name], key=beyond[name].get, reverse=True)
-    print(f"{name}: beyond training, best to worst: " + " > ".join(ranking))
-if not QUICK:   # the claims of the text below, checked on this run (quick mode trains too little to show them)
-    others = max(v for label, v in beyond["bucket_sort"].items() if label != "DAPE1x3-Kerple")
-    assert beyond["bucket_sort"]["DAPE1x3-Kerple"] > others + 0.15, beyond["bucket_sort"]
-    assert all(results[name, label]["mean_within_train"] > md.tasks.get_task(name).chance_accuracy + 0.15
-               for name in TASKS for label in MODELS), {key: r["mean_within_train"] for key, r in results.items()}
+
+
+def print_ranking(beyond, who):
+    for name in TASKS:
+        ranking = sorted(beyond[name], key=beyond[name].get, reverse=True)
+        print(f"{who}, {name}: beyond training, best to worst: " + " > ".join(ranking))
+
+
+print_ranking(beyond, "your run")
+shown = None if QUICK else {"beyond": beyond, "within": within}    # the run the text below describes
+if QUICK and reference_run is not None:
+    shown = reference_run
+    print_ranking(shown["beyond"], "teacher's reference")
+if shown is not None:   # the claims of the text below, checked on the run it describes
+    others = max(v for label, v in shown["beyond"]["bucket_sort"].items() if label != "DAPE1x3-Kerple")
+    assert shown["beyond"]["bucket_sort"]["DAPE1x3-Kerple"] > others + 0.15, shown["beyond"]["bucket_sort"]
+    assert all(shown["within"][name][label] > md.tasks.get_task(name).chance_accuracy + 0.15
+               for name in TASKS for label in MODELS), shown["within"]
 
 # %% [markdown]
 # **What to look for.**
 #
-# (The tables and the ranking printed under them are this run's numbers; the text describes what to look for
-# and the cell asserts, in full mode, the two claims marked *checked*.)
+# (The tables and the ranking printed under them are this run's numbers; the text describes the full-mode run,
+# in quick mode the teacher's reference drawn under yours, and the cell asserts the two claims marked *checked*
+# on that run.)
 #
 # - *Within the training lengths* all four models fit both tasks above chance (*checked*: by more than 15
 #   points), some much better than others: compare the "train" columns to see which fits best, and the loss

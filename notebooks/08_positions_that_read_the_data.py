@@ -63,7 +63,6 @@ if importlib.util.find_spec("minidape") is None:
 
 # %%
 import math
-import time
 
 import matplotlib.pyplot as plt
 import torch
@@ -100,15 +99,16 @@ print("device:", DEVICE)
 #
 # $$D_{ij} = \sum_{l=j+1}^{i} \ln f_l = c_i - c_j, \qquad c_i = \sum_{l \le i} \ln f_l .$$
 #
-# With every gate equal, $f_l = e^{-m}$, this is exactly ALiBi: minidape's `fox` starts there ($w = 0$ would give
-# ALiBi's slopes; $w$ starts small). Below: ALiBi's bias, and FoX's with gates that drop at the spaces of a real
+# With every gate equal, $f_l = e^{-m}$, this is exactly ALiBi: minidape's `fox` can start there
+# (`fox_gate_init="alibi"`: $w = 0$ would give ALiBi's slopes; its default, the authors' init, starts every gate
+# at $\tfrac12$ instead). Below: ALiBi's bias, and FoX's with gates that drop at the spaces of a real
 # sentence (set by hand: $e^{-0.001}$ inside a word, $e^{-1}$ at a space), one head each.
 
 # %%
 text = b"It is a truth universally acknowledged, that a single man"
 idx = torch.tensor(list(text))[None]                           # (1, T) bytes
 T = idx.shape[1]
-cfg = md.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=64, pe="fox")
+cfg = md.GPTConfig(n_layer=1, n_head=4, n_embd=32, block_size=64, pe="fox", fox_gate_init="alibi")
 fox = ForgetGateBias(cfg)
 alibi = ALiBiBias(cfg)(torch.arange(T), torch.arange(T))      # (h, T, T)
 
@@ -318,40 +318,43 @@ def config(**overrides):
     return md.GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=TRAIN_LENGTH, **overrides)
 
 
-curves, step_seconds, fox_models = {}, {}, {}
+curves, trained = {}, {}          # trained: each model's seed-0 run, for the step times and FoX's gates below
 for name, overrides in MODELS.items():
-    curves[name], seconds = [], []
+    curves[name] = []
     for seed in range(SEEDS):
-        start = time.perf_counter()
-        model, history = md.train(config(**overrides), train_tokens, val_data=val_tokens, steps=STEPS,
+        model, _ = md.train(config(**overrides), train_tokens, val_data=val_tokens, steps=STEPS,
                                   batch_size=BATCH, lr=LR, eval_every=STEPS, eval_windows=VAL_WINDOWS, seed=seed,
                                   progress=False, device=DEVICE)
-        seconds.append((time.perf_counter() - start) / STEPS)
         curves[name].append(md.evaluate.perplexity_by_length(model, val_tokens, LENGTHS, n_windows=EVAL_WINDOWS))
-        if name == "FoX" and seed == 0:
-            fox_models[name] = model
-    step_seconds[name] = sum(seconds) / len(seconds)
+        if seed == 0:
+            trained[name] = model
     at = {length: [curve[length] for curve in curves[name]] for length in LENGTHS}
-    print(f"{name:<17} " + "  ".join(f"{length}: {sum(v) / len(v):6.2f}" for length, v in at.items())
-          + f"   ({step_seconds[name] * 1000:.0f} ms per training step, validation included)")
+    print(f"{name:<17} " + "  ".join(f"{length}: {sum(v) / len(v):6.2f}" for length, v in at.items()))
 
 # %%
-fig, ax = plt.subplots(figsize=(8, 5))
-summary = {}
+def plot_bands(bands, ax, title):
+    """Mean perplexity against length with a band of ± one standard deviation over the seeds, per model."""
+    for name, band in bands.items():
+        lengths, mean, std = band["lengths"], torch.tensor(band["mean"]), torch.tensor(band["std"])
+        style = md.plots.model_style(name)
+        ax.plot(lengths, mean, marker="o", markersize=4, label=name, **style)
+        ax.fill_between(lengths, mean - std, mean + std, color=style["color"], alpha=0.15)
+    ax.axvline(TRAIN_LENGTH, color="#888888", linestyle="--", linewidth=1)
+    ax.set(xscale="log", yscale="log", xlabel="evaluation length (tokens)", ylabel="perplexity per byte (last_k)",
+           title=title)
+    ax.set_xscale("log", base=2)
+    ax.legend(fontsize="small")
+
+
+summary, bands = {}, {}
 for name, runs in curves.items():
     values = torch.tensor([[run[length] for length in LENGTHS] for run in runs])     # (seeds, lengths)
-    mean, std = values.mean(0), values.std(0)
-    summary[name] = mean
-    style = md.plots.model_style(name)
-    ax.plot(LENGTHS, mean, marker="o", markersize=4, label=name, **style)
-    ax.fill_between(LENGTHS, mean - std, mean + std, color=style["color"], alpha=0.15)
-ax.axvline(TRAIN_LENGTH, color="gray", linestyle="--", linewidth=1)
-ax.set_xscale("log", base=2)
-ax.set_yscale("log")
-ax.set_xlabel("evaluation length (tokens)")
-ax.set_ylabel("perplexity per byte (last_k)")
-ax.set_title(f"Extrapolation, mean ± std over {SEEDS} seeds")
-ax.legend(fontsize="small")
+    summary[name] = values.mean(0)
+    bands[name] = {"lengths": list(LENGTHS), "mean": values.mean(0).tolist(), "std": values.std(0).tolist()}
+# Quick mode trains too little to separate the models: the teacher's full-mode run is drawn beside it.
+reference_bands = notebook.reference("08/bands", bands)
+notebook.beside_reference(plot_bands, bands, reference_bands, figsize=(8, 5),
+                          title="Extrapolation, mean ± std over the seeds")
 plt.show()
 
 longest = LENGTHS[-1]
@@ -378,24 +381,44 @@ print(f"DAPE on FoX at {longest}: {summary['DAPE-FoX'][-1].item():.2f} vs {summa
 # `python -m minidape compare --pe fox --against ALiBi DAPE-FoX CoPE ...`) asks the same with more seeds and
 # confidence intervals.
 #
-# The cost of reading the data: training step time per model (same machine, same run; the periodic validation
-# loss included). The models train one after another, so on a machine whose load changes meanwhile these ratios
-# can be off by tens of percent; `benchmarks/bench_new_encodings.py` interleaves each model's steps with ALiBi's
-# for a fair ratio (its results are in `benchmarks/RESULTS.md`).
+# The cost of reading the data: the time of one training step (forward and backward on one batch) of each
+# trained model, measured after a warm-up step each (a model's first step pays one-time costs), the models taking
+# turns for 5 rounds so that a change of the machine's load hits them alike, the median round counted.
+# `benchmarks/bench_new_encodings.py` measures the same with many more steps (its results are in
+# `benchmarks/RESULTS.md`).
 
 # %%
-base = step_seconds["ALiBi"]
-for name, seconds in step_seconds.items():
-    print(f"{name:<17} {seconds / base:5.2f}x ALiBi's step time")
+batch = val_tokens[: BATCH * TRAIN_LENGTH].long().view(BATCH, TRAIN_LENGTH).to(DEVICE)
+step_ms = notebook.time_models(trained, batch, backward=True)
+for name, ms in step_ms.items():
+    print(f"{name:<17} {ms:6.1f} ms per step, {ms / step_ms['ALiBi']:5.2f}x ALiBi's")
 
 # %% [markdown]
 # ## 5 · Where does FoX forget?
 #
-# A trained FoX model writes a gate at every byte. Below, its layers' gates on a stretch of validation text, one
-# row per head: dark cells are bytes where the head forgets (gate well below 1).
+# A trained FoX model writes a gate $f_t \in (0, 1]$ at every byte, one per head: the weight of everything
+# before byte $t$ is multiplied by it, so a low gate is a place where the head forgets.
+#
+# ### Exercise 8.3 (experiment) · Predict, then measure, where FoX forgets
+#
+# Group the bytes of the validation text into four kinds: letters, spaces, punctuation and newlines. **Before**
+# you run the measurement: on which kind will the trained FoX model forget most, i.e. have the lowest mean
+# forget gate (over every layer and head)? Write your prediction, one of `"letter"`, `"space"`, `"punctuation"`,
+# `"newline"`.
 
-# %%
-model = fox_models["FoX"]
+# %% tags=["prediction"]
+fox_prediction = None                    # your prediction: "letter", "space", "punctuation" or "newline"
+
+
+# %% tags=["solution", "prediction"]
+fox_prediction = "space"                 # words are the unit of text: after a space a new word starts afresh
+
+# %% [markdown]
+# Now look: the trained model's gates on a stretch of validation text, one row per layer and head; dark
+# cells are bytes where the head forgets (gate well below 1).
+
+# %% tags=["reveals-prediction"]
+model = trained["FoX"]
 snippet = val_tokens[1000:1080]
 idx = snippet[None].long().to(DEVICE)
 with torch.no_grad():
@@ -415,25 +438,10 @@ fig.colorbar(image, ax=ax)
 plt.show()
 
 # %% [markdown]
-# ### Exercise 8.3 (experiment) · Predict, then measure, where FoX forgets
-#
-# Group the bytes of the validation text into four kinds: letters, spaces, punctuation and newlines. **Before**
-# you run the measurement: on which kind will the trained FoX model forget most, i.e. have the lowest mean
-# forget gate (over every layer and head)? Write your prediction, one of `"letter"`, `"space"`, `"punctuation"`,
-# `"newline"`.
-
-# %% tags=["prediction"]
-fox_prediction = None                    # your prediction: "letter", "space", "punctuation" or "newline"
-
-
-# %% tags=["solution", "prediction"]
-fox_prediction = "space"                 # words are the unit of text: after a space a new word starts afresh
-
-# %% [markdown]
 # The measurement: the mean gate of each kind over 4,096 bytes of validation text (computed below). Then write
 # `forgets_most`, the kind that forgets most, from `mean_gate`.
 
-# %%
+# %% tags=["reveals-prediction"]
 text = val_tokens[:4096]
 with torch.no_grad():
     x, layer_inputs = model.hidden_states(text[None].long().to(DEVICE), upto_layer=0)

@@ -178,6 +178,12 @@ def test_predictions_are_recorded_as_literals_before_their_check(source):
     first_prediction = min(cells.index(cell) for cell in predictions)
     last_check = max(i for i, cell in enumerate(cells) for name in experiments if f'check("{name}"' in cell.source)
     assert first_prediction < last_check, f"{source.name}: the prediction comes after its experiment's check"
+    # a cell whose output shows an experiment's result (tag `reveals-prediction`, emptied in the student book)
+    # comes after the notebook's first prediction: a student predicts before the result is on the page
+    revealing = [i for i, cell in enumerate(cells) if "reveals-prediction" in cell.metadata.get("tags", [])]
+    assert revealing, f"{source.name} has no cell tagged `reveals-prediction` (the output its prediction asks for)"
+    early = [cells[i].source.splitlines()[0] for i in revealing if i < first_prediction]
+    assert not early, f"{source.name}: a cell showing a predicted result comes before the prediction: {early}"
 
 
 @pytest.mark.parametrize("source", SOURCES, ids=lambda path: path.stem)
