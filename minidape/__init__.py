@@ -55,6 +55,7 @@ LAZY_MODULES = {
     "fast": ".fast",
     "fast_encodings": ".fast_encodings",
     "kernels": ".kernels",
+    "model": ".model",
     "study": ".study",
     "utils": ".utils",
 }

@@ -163,7 +163,8 @@ def test_pairing_replaces_an_older_colab_cell_and_refuses_a_file_without_header(
 
 def test_make_pair_gives_an_unpaired_executed_notebook_its_colab_cell_and_keeps_its_outputs(tmp_path):
     """`make pair` (docs/book/pair.py) on a notebook as it was before: the .py and the .ipynb become the committed
-    ones, every output kept (the Colab cell's id aside, which jupytext draws)."""
+    ones, every output kept (the Colab cell's id aside, which jupytext draws, and its execution record where the
+    committed notebook was executed with it)."""
     source = SOURCES[0]
     text = source.read_text().replace("#     formats: ipynb,py:percent\n", "")
     (tmp_path / source.name).write_text(text.replace(COLAB_CELL + "\n", ""))
@@ -175,6 +176,8 @@ def test_make_pair_gives_an_unpaired_executed_notebook_its_colab_cell_and_keeps_
     paired = nbformat.read(tmp_path / f"{source.stem}.ipynb", as_version=4)
     committed = nbformat.read(source.with_suffix(".ipynb"), as_version=4)
     paired.cells[0].id = committed.cells[0].id
+    paired.cells[0].metadata = committed.cells[0].metadata
+    paired.cells[0].execution_count = committed.cells[0].execution_count
     assert paired == committed
 
 

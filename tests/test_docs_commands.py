@@ -77,7 +77,6 @@ MAPPED = {
     'make handout HANDOUT="03 04"': (
         "tests/test_handout.py::test_the_handout_holds_no_solution_line_and_no_teacher_file"
     ),
-    "jupyter nbconvert --execute": "NOT_RUN: how teaching.md's quick-mode times were taken (a fragment)",
     "MINIDAPE_QUICK=1 python -m minidape grade student_work/ --csv grades.csv --feedback feedback/ --jobs N": (
         "tests/test_grade_own_bias.py::test_an_honest_submission_earns_6_5_on_the_graders_own_measurement"
     ),

@@ -62,7 +62,7 @@ def test_a_log_axis_with_one_labelled_tick_is_caught_and_label_log_axes_repairs_
     ax.legend()
     assert any("log y axis" in p for p in figure_rules.figure_problems(fig))
     plots.label_log_axes(fig)
-    assert len(figure_rules.labelled_ticks(ax, "y")) >= 2
+    assert len(plots.labelled_ticks(ax, "y")) >= 2
     assert figure_rules.figure_problems(fig) == []
 
 

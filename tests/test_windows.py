@@ -130,6 +130,6 @@ def test_the_cli_takes_a_windowed_spec_and_names_a_bad_option(capsys):
 
     parsed = cli.build_parser().parse_args(["train", "--pe", HYBRIDS["iRoPE"], "--out", "x"])
     assert parsed.pe == HYBRIDS["iRoPE"]
-    with pytest.raises(SystemExit) as exit_:
-        cli.build_parser().parse_args(["train", "--pe", "rope@window=4,none", "--out", "x"])
+    with pytest.raises(SystemExit) as exit_:  # the '@' options are read once the command line is parsed
+        cli.main(["train", "--pe", "rope@window=4,none", "--out", "x"])
     assert exit_.value.code == 2 and "unknown layer option 'window=4'" in capsys.readouterr().err

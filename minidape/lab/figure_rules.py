@@ -28,6 +28,8 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 from matplotlib.patches import Patch
 
+from .plots import label_log_axes, labelled_ticks
+
 CHECK = "MINIDAPE_CHECK_FIGURES"
 MIN_COLOR_DISTANCE = 20.0  # CIE76 ΔE: ~2.3 is "just noticeable"; below ~20 two thin lines are easily confused
 HEAD_PANEL = re.compile(r"^head \d+")
@@ -59,20 +61,6 @@ def lab(color) -> tuple[float, float, float]:
 def color_distance(a, b) -> float:
     """CIE76 ΔE between two colours."""
     return sum((p - q) ** 2 for p, q in zip(lab(a), lab(b))) ** 0.5
-
-
-def labelled_ticks(ax, which: str) -> list[str]:
-    """The non-empty tick labels of `ax`'s x or y axis within its view limits (major and minor ticks)."""
-    axis = ax.xaxis if which == "x" else ax.yaxis
-    low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
-    labels = []
-    for locator, formatter in (
-        (axis.get_major_locator(), axis.get_major_formatter()),
-        (axis.get_minor_locator(), axis.get_minor_formatter()),
-    ):
-        values = [v for v in locator() if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]
-        labels += [text for text in formatter.format_ticks(values) if text.strip()]
-    return labels
 
 
 def _entry_color(handle):
@@ -138,8 +126,6 @@ def check_figure(fig: Figure) -> None:
 
 
 def _prepare_open_figures():
-    from .plots import label_log_axes  # plots imports this module's rules' colours; import here avoids a cycle
-
     for number in plt.get_fignums():
         fig = plt.figure(number)
         label_log_axes(fig)

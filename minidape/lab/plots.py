@@ -187,12 +187,24 @@ class _PlainLabels(Formatter):
         return f"{value:g}" if self.log_formatter(value, pos) else ""
 
 
+def labelled_ticks(ax, which: str) -> list[str]:
+    """The non-empty tick labels of `ax`'s x or y axis within its view limits (major and minor ticks)."""
+    axis = ax.xaxis if which == "x" else ax.yaxis
+    low, high = sorted(ax.get_xlim() if which == "x" else ax.get_ylim())
+    labels = []
+    for locator, formatter in (
+        (axis.get_major_locator(), axis.get_major_formatter()),
+        (axis.get_minor_locator(), axis.get_minor_formatter()),
+    ):
+        values = [v for v in locator() if low * (1 - 1e-9) <= v <= high * (1 + 1e-9)]
+        labels += [text for text in formatter.format_ticks(values) if text.strip()]
+    return labels
+
+
 def label_log_axes(fig: Figure) -> Figure:
     """Give every logarithmic axis of `fig` at least two labelled ticks: an axis that shows fewer gets ticks at
     1, 2 and 5 times the powers, or failing that four evenly spaced ones, labelled as plain numbers; a base-10
     axis within one decade keeps its ticks, labelled with plain numbers."""
-    from .figure_rules import labelled_ticks
-
     plain = FuncFormatter(lambda value, _: f"{value:g}")
     for ax in fig.axes:
         for which, axis in (("x", ax.xaxis), ("y", ax.yaxis)):

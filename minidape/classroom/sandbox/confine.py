@@ -211,28 +211,13 @@ def _mount_namespace(setup: dict) -> None:
     links = {path: os.readlink(path) for path in trees if os.path.islink(path)}
     root = "/tmp"  # the new root's mount point (its old contents are not part of the view)
     mount("tmpfs", root, "tmpfs", nosuid | nodev, "size=1m,mode=0755")
-    for path in trees:
-        inside = root + path
-        os.makedirs(os.path.dirname(inside), mode=0o755, exist_ok=True)
-        if path in links:
-            os.symlink(links[path], inside)
-            continue
-        source = f"/proc/self/fd/{held[path]}"
-        if os.path.isdir(source):
-            os.makedirs(inside, mode=0o755, exist_ok=True)
-        else:
-            open(inside, "w").close()
-        mount(source, inside, "", bind | recursive)
-        mount("none", inside, "", remount | bind | read_only | nosuid | nodev)
-        os.close(held[path])
-    os.mkdir(root + "/proc")
-    mount("proc", root + "/proc", "proc", nosuid | nodev | noexec)
     os.makedirs(root + "/dev", mode=0o755, exist_ok=True)
     mount("tmpfs", root + "/dev", "tmpfs", nosuid, "size=64k,mode=0755")
     for device in VIEW_DEVICES:
         open(f"{root}/dev/{device}", "w").close()
         mount(f"/dev/{device}", f"{root}/dev/{device}", "", bind)
-    # One scratch file system for the submission (its size and number of files bounded together), and each
+    # First (so that a tree bound below inside one of them, e.g. a checkout or venv under /tmp, stays on top of
+    # it): one scratch file system for the submission (its size and number of files bounded together), and each
     # world-writable folder a folder of it: nothing written there is seen by another submission or stays after.
     owner = setup["uid"] if setup["level"] == "root" else 0
     limits = setup["limits"]
@@ -252,6 +237,22 @@ def _mount_namespace(setup: dict) -> None:
         mount(folder, root + path, "", bind)
     libc.umount2((root + "/.scratch").encode(), 2)  # MNT_DETACH: the binds keep the file system
     os.rmdir(root + "/.scratch")
+    for path in trees:
+        inside = root + path
+        os.makedirs(os.path.dirname(inside), mode=0o755, exist_ok=True)
+        if path in links:
+            os.symlink(links[path], inside)
+            continue
+        source = f"/proc/self/fd/{held[path]}"
+        if os.path.isdir(source):
+            os.makedirs(inside, mode=0o755, exist_ok=True)
+        else:
+            open(inside, "w").close()
+        mount(source, inside, "", bind | recursive)
+        mount("none", inside, "", remount | bind | read_only | nosuid | nodev)
+        os.close(held[path])
+    os.mkdir(root + "/proc")
+    mount("proc", root + "/proc", "proc", nosuid | nodev | noexec)
     os.chdir(root)
     if libc.syscall(_syscall("pivot_root"), b".", b".") != 0:
         raise OSError(ctypes.get_errno(), "pivot_root")
