@@ -572,6 +572,8 @@ def build(name: str, folder: Path, targets: list[str]) -> Path:
     ]
     for cell in TEACHER:
         tags = cell.metadata.get("tags", [])
+        if "colab" in tags:  # the Colab install cell: nothing to do where minidape is installed
+            continue
         if cell.cell_type != "code":
             cells.append(("markdown", cell.source, tags))
             continue
