@@ -465,10 +465,18 @@ def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: fl
     )
 
 
-def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
+# FlexAttention's tiles. Its own choice for an H100 (bf16, head size 64: 128 x 128 tiles, 3 stages) also stages a
+# 128 x 128 float32 tile of the bias per stage, 240 KiB of shared memory where the card has 227 KiB, and the kernel
+# does not compile ("No valid triton configs ... out of resource"; torch 2.11 on an H100, issue 46). None: the
+# library's own choice. ``benchmarks/gpu_flex_tiles.py`` tries tiles on a card.
+FLEX_KERNEL_OPTIONS: dict | None = None
+
+
+def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True, kernel_options: dict | None = None):
     """softmax(S + B, masked) V with FlexAttention: q, k, v (batch, nh, T, hs), the bias B (nh, T, T) read inside
     the kernel (its gradient flows back to the encoding's parameters) -> (batch, nh, T, hs). ``compiled=False``
-    runs PyTorch's unfused form (the CPU's, forward only)."""
+    runs PyTorch's unfused form (the CPU's, forward only); ``kernel_options`` (default ``FLEX_KERNEL_OPTIONS``)
+    sets the kernel's tiles."""
     from torch.nn.attention.flex_attention import flex_attention  # here: only CUDA training needs it
 
     def add_bias(score, batch, head, query, key):
@@ -477,7 +485,8 @@ def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True):
     T = q.shape[2]
     block_mask = causal_block_mask(T, str(q.device)) if causal else None
     kernel = compiled_flex_attention() if compiled else flex_attention
-    return kernel(q, k, v, score_mod=add_bias, block_mask=block_mask)
+    options = FLEX_KERNEL_OPTIONS if kernel_options is None else kernel_options
+    return kernel(q, k, v, score_mod=add_bias, block_mask=block_mask, kernel_options=options)
 
 
 @functools.cache

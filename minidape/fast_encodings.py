@@ -20,7 +20,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from .fast import per_forward
+from . import fast  # the module, not its names: `from minidape import fast` first reaches this mid-way
 from .model import (
     GPT,
     ALiBiBias,
@@ -63,7 +63,7 @@ def qkv(layer: SelfAttention, x, positional: PositionalInputs):
     ):
         return layer.qkv(x, positional)
     order = pair_order(layer.n_head, layer.head_size, str(x.device))
-    turns = per_forward(positional, ("rotary", layer.n_head), lambda: rotary_turns(positional, layer.n_head))
+    turns = fast.per_forward(positional, ("rotary", layer.n_head), lambda: rotary_turns(positional, layer.n_head))
     return _RotatedProjection.apply(x, layer.c_attn.weight, layer.c_attn.bias, *turns, order, layer.n_head)
 
 
