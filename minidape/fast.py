@@ -442,9 +442,14 @@ def attend_query_block(refiner, refine: Callable | None, q, k, v, bias, mask, dr
 # the scores inside the kernel (``score_mod``) and the causal block mask skips the blocks above the diagonal,
 # instead of SDPA reading a dense (batch, nh, T, T) float mask. Shorter sequences stay with SDPA (a loaded bias
 # can win there), and so does evaluation (its lengths vary: each new one would compile the kernel again).
-# ``FLEX_ON_CUDA = False``: SDPA everywhere (the benchmark's comparison).
+# ``FLEX_ON_CUDA = False``: SDPA everywhere (the benchmark's comparison). The kernel's tiles: torch's own for an
+# H100 (bf16, head size 64) stage a 128 x 128 float32 tile of the bias too, 240 KiB of shared memory where the card
+# has 227 KiB, and do not compile (torch 2.11, issue 46); 128 x 64 in 2 stages did, the fastest of three tried
+# there (benchmarks/gpu_flex_tiles.py, RESULTS.md). None: torch's own.
 FLEX_ON_CUDA = True
 FLEX_MIN_LENGTH = 256
+FLEX_KERNEL_OPTIONS: dict | None = {"BLOCK_M": 128, "BLOCK_N": 64, "num_stages": 2}
+compiled_once = functools.cache(torch.compile)  # one compiled FlexAttention per process
 
 
 def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: float) -> bool:
@@ -465,18 +470,10 @@ def uses_flex(layer: SelfAttention, q, positional: PositionalInputs, dropout: fl
     )
 
 
-# FlexAttention's tiles. Its own choice for an H100 (bf16, head size 64: 128 x 128 tiles, 3 stages) also stages a
-# 128 x 128 float32 tile of the bias per stage, 240 KiB of shared memory where the card has 227 KiB, and the kernel
-# does not compile ("No valid triton configs ... out of resource"; torch 2.11 on an H100, issue 46). None: the
-# library's own choice. ``benchmarks/gpu_flex_tiles.py`` tries tiles on a card.
-FLEX_KERNEL_OPTIONS: dict | None = None
-
-
 def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True, kernel_options: dict | None = None):
     """softmax(S + B, masked) V with FlexAttention: q, k, v (batch, nh, T, hs), the bias B (nh, T, T) read inside
     the kernel (its gradient flows back to the encoding's parameters) -> (batch, nh, T, hs). ``compiled=False``
-    runs PyTorch's unfused form (the CPU's, forward only); ``kernel_options`` (default ``FLEX_KERNEL_OPTIONS``)
-    sets the kernel's tiles."""
+    runs PyTorch's unfused form (the CPU's, forward only); ``kernel_options``: the tiles (FLEX_KERNEL_OPTIONS)."""
     from torch.nn.attention.flex_attention import flex_attention  # here: only CUDA training needs it
 
     def add_bias(score, batch, head, query, key):
@@ -484,16 +481,9 @@ def flex_bias_attention(q, k, v, bias, causal: bool, compiled: bool = True, kern
 
     T = q.shape[2]
     block_mask = causal_block_mask(T, str(q.device)) if causal else None
-    kernel = compiled_flex_attention() if compiled else flex_attention
+    kernel = compiled_once(flex_attention) if compiled else flex_attention
     options = FLEX_KERNEL_OPTIONS if kernel_options is None else kernel_options
     return kernel(q, k, v, score_mod=add_bias, block_mask=block_mask, kernel_options=options)
-
-
-@functools.cache
-def compiled_flex_attention():
-    from torch.nn.attention.flex_attention import flex_attention
-
-    return torch.compile(flex_attention)
 
 
 @functools.lru_cache(maxsize=8)
