@@ -101,11 +101,12 @@ handout: $(STAMP)
 
 # Execute every notebook in full mode (in its own folder) and write the committed .ipynb beside its source; then
 # once more in quick mode (output thrown away). Both runs record the reference measurements of the experiments
-# on the notebooks' trained models in notebooks/references.json, which the grader judges experiments against.
+# on the notebooks' trained models in minidape/classroom/references.json (package data), which the grader and a
+# notebook's own feedback in quick mode judge experiments against.
 # One notebook: make notebooks NOTEBOOKS=notebooks/02_kerple_cpd_kernels.py
 # The full-mode run also stores, inside the package, the results that quick mode draws beside its own (the
 # teacher's reference: a quick run trains too little to show some effects).
-REFERENCES := $(CURDIR)/notebooks/references.json
+REFERENCES := $(CURDIR)/minidape/classroom/references.json
 REFERENCE_RUNS := $(CURDIR)/minidape/classroom/reference_runs.json
 notebooks: $(STAMP)
 	for f in $(NOTEBOOKS); do \

@@ -1177,8 +1177,8 @@ def test_an_experiment_on_the_students_own_code_needs_full_mode(graded_in):
 
 
 def test_the_shipped_references_hold_every_experiment_judged_against_them():
-    """notebooks/references.json (written by make notebooks) has both modes of 3.1, 4.4 and 5.3."""
-    recorded = json.loads((Path(__file__).resolve().parents[1] / "notebooks" / "references.json").read_text())
+    """minidape/classroom/references.json (written by make notebooks) has both modes of 3.1, 4.4 and 5.3."""
+    recorded = json.loads(exercises.helpers.TEACHER_REFERENCES.read_text())
     for mode in ("full", "quick"):
         assert set(REFERENCES[mode]) <= set(recorded[mode]), mode
         for name, values in REFERENCES[mode].items():
@@ -1362,13 +1362,13 @@ def worked_predictions(notebook: str) -> dict:
 def test_in_quick_mode_the_notebooks_own_feedback_judges_predictions_as_the_grader_does(monkeypatch, capsys):
     """Quick mode trains 8 steps: RoPE's ratio is 1.00 and the two far shares are within noise, so judged on its
     own run a worked prediction "did not hold". A notebook run in quick mode judges it as the grader does, against
-    the teacher's full-mode reference (notebooks/references.json): the quick tables below are the quick reference
+    the teacher's full-mode reference (minidape/classroom/references.json): the quick tables below are the quick reference
     itself, what a quick run of 03 and 04 measures."""
     from minidape.classroom import notebook
 
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
     assert exercises.framework.references is None  # the notebook's process, not the grader's
-    quick = json.loads((NOTEBOOKS / "references.json").read_text())["quick"]
+    quick = json.loads(exercises.helpers.TEACHER_REFERENCES.read_text())["quick"]
     budget = notebook.books_budget(quick=True)
     train_length, longest = budget.train_length, budget.lengths[-1]
     rope = {"rope": {train_length: quick["rope_ratio"]["train_length"], longest: quick["rope_ratio"]["longest"]}}
@@ -1382,7 +1382,7 @@ def test_in_quick_mode_the_notebooks_own_feedback_judges_predictions_as_the_grad
 
 
 def test_in_quick_mode_without_the_teachers_file_the_feedback_says_what_it_judged_on(monkeypatch, capsys, tmp_path):
-    """An installed wheel has no notebooks/references.json: the quick run's own numbers judge the prediction, and
+    """Without the teacher's file (a package built without it): the quick run's own numbers judge the prediction, and
     the feedback says that a quick run is too short to show the effect."""
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
     monkeypatch.setattr(exercises.helpers, "TEACHER_REFERENCES", tmp_path / "references.json")

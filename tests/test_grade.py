@@ -66,6 +66,19 @@ def test_the_roster_of_every_notebook_is_the_registry_and_its_check_cells():
             assert f'exercises.check("{name}"' in edition.cells[index]["source"]
 
 
+def test_a_workers_copy_of_the_package_holds_no_reference_measurement():
+    """The teacher's reference measurements ship in the package (a quick run's own feedback judges with them), but a
+    judged run must not read them: it could print the reference as its own table. Its copy has neither file."""
+    for name in ("references.json", "reference_runs.json"):
+        assert (exercises.helpers.TEACHER_REFERENCES.parent / name).is_file()  # there to leave out
+    copy = sandbox.censored_copy(set(), "03")
+    try:
+        held = {path.name for path in copy.rglob("*.json")}
+        assert not held & {"references.json", "reference_runs.json"}, held
+    finally:
+        shutil.rmtree(copy.parent)
+
+
 def test_library_names_exist_and_belong_to_exercises():
     assert set(exercises.LIBRARY) == set(exercises.EXERCISES)
     copy = sandbox.censored_copy({name for names in exercises.LIBRARY.values() for name in names})

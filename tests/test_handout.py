@@ -48,7 +48,9 @@ def test_the_handout_holds_no_solution_line_and_no_teacher_file(made):
     members = zipfile.ZipFile(wheel).namelist()
     assert "minidape/classroom/exercises/framework.py" in members
     assert any(m.startswith("minidape/corpora/") for m in members)
-    assert not [m for m in members if m.endswith((".ipynb", "references.json")) or m.startswith("notebooks/")]
+    assert not [m for m in members if m.endswith(".ipynb") or m.startswith("notebooks/")]
+    # the teacher's measurements do ship: a student's quick run judges its predictions against them, as the grader
+    assert {"minidape/classroom/references.json", "minidape/classroom/reference_runs.json"} <= set(members)
     notebooks = sorted(made.glob("notebooks/*.ipynb"))
     assert [p.stem for p in notebooks] == [p.stem for p in handout.teacher_notebooks()]
     for path in notebooks:

@@ -29,7 +29,7 @@
    submission's ``prediction`` cell (literal values only) and bound to the checker's parameter it was passed to
    (by position or keyword), not taken from the variable at check time, so a prediction rewritten after the
    measurement does not count. Experiments on the notebooks' own models are judged against the teacher's
-   reference measurements (``notebooks/references.json``), whatever the grading mode; an experiment on the
+   reference measurements (``minidape/classroom/references.json``), whatever the grading mode; an experiment on the
    student's own code (6.5) against the grader's own measurement of it (``exercises.MEASURED_BY_GRADER``: in
    full mode it trains the submission's runs here, the student's bias answering from the worker).
 """
@@ -79,7 +79,7 @@ from .edition import (  # noqa: F401  (re-exported: what the tests and tools rea
 )
 from .gradebook import COLUMNS, WRITTEN_COLUMNS, csv_message, write_csv, write_written, written_path  # noqa: F401
 
-REFERENCES = TEACHER / "references.json"  # the teacher's reference measurements (make notebooks records them)
+REFERENCES = exercises.helpers.TEACHER_REFERENCES  # the teacher's reference measurements (make notebooks records)
 NOT_RECORDED = object()  # a prediction variable that no prediction cell of the submission assigns literally
 START_TIMEOUT = 180  # seconds for a worker to start (import torch) before its first cell
 

@@ -138,7 +138,7 @@ results: dict[str, str] = {}  # this session's verdicts, by exercise name
 failures: dict[str, int] = {}  # this session's failed checks, by exercise name: the second shows hint 2 too
 earned: dict[str, float] = {}  # this session's points, by exercise name
 answers: dict | None = None  # the grader's worker sets {}: check() then records (answer, options) by name
-# The grader sets the teacher's reference measurements (notebooks/references.json, see helpers._measurement):
+# The grader sets the teacher's reference measurements (minidape/classroom/references.json, see helpers._measurement):
 # {"full": {exercise: {...}}, "quick": {...}}; None in a notebook, where an experiment uses its own run.
 references: dict | None = None
 CHECK_DEVICE = "cuda" if torch.cuda.is_available() else "cpu"  # where answers' modules run (the grader sets "cpu")

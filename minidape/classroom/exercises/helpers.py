@@ -434,14 +434,16 @@ def _compare_refiners(your_class, name: str, what: str, **overrides) -> None:
 # ------------------------------------------------------------------ experiments: the measurement a verdict uses
 # An experiment on the models a notebook trains (03-05) is judged against the teacher's reference measurement:
 # `make notebooks` runs the teacher's edition with RECORD set, in full mode and in quick mode, and each such check
-# writes its measurement to notebooks/references.json. The grader loads that file into framework.references: the
+# writes its measurement to minidape/classroom/references.json, package data: it ships in the wheel, so a
+# student's quick run anywhere (a hand-out, Colab) has it. The grader loads that file into framework.references: the
 # tables a submission hands in must agree with the reference of the mode it was re-run in (an invented table does
 # not), and its prediction is judged against the full-mode reference, whatever the grading mode. A notebook run in
 # quick mode judges itself the same way, from the same file (see _references); in full mode it uses its own run.
 
 RECORD = "MINIDAPE_RECORD_REFERENCES"  # a path: the teacher's edition records its measurements there
-# The teacher's reference measurements in a checkout (`make notebooks` writes them; the grader loads this file)
-TEACHER_REFERENCES = Path(__file__).resolve().parents[3] / "notebooks" / "references.json"
+# The teacher's reference measurements (`make notebooks` writes them; the grader loads this file). The grader's
+# workers never hold it: their copy of the package has only the classroom files of sandbox.censor.CLASSROOM.
+TEACHER_REFERENCES = Path(__file__).resolve().parents[1] / "references.json"
 AGREE = 0.25  # relative difference between two honest runs' tables (other CPUs),
 # with 0.01 more for shares near 0
 
@@ -459,10 +461,10 @@ def _mode() -> str:
 
 def _references() -> dict | None:
     """The reference measurements a verdict judges against: the grader's; in a notebook run in quick mode, the
-    teacher's file the grader loads (a checkout's notebooks/references.json), so that the notebook's own feedback
+    teacher's file the grader loads (the package's classroom/references.json), so that the notebook's own feedback
     judges a quick run's prediction exactly as the grader does (quick mode trains too little to show the effects
     the predictions are about); None (the run's own measurement) in full mode, in the grader's worker, and where
-    no teacher's file is at hand (an installed wheel)."""
+    the teacher's file is missing (a package built without it)."""
     import json
 
     if framework.references is not None or framework.answers is not None or _mode() != "quick":
