@@ -1362,8 +1362,8 @@ def worked_predictions(notebook: str) -> dict:
 def test_in_quick_mode_the_notebooks_own_feedback_judges_predictions_as_the_grader_does(monkeypatch, capsys):
     """Quick mode trains 8 steps: RoPE's ratio is 1.00 and the two far shares are within noise, so judged on its
     own run a worked prediction "did not hold". A notebook run in quick mode judges it as the grader does, against
-    the teacher's full-mode reference (minidape/classroom/references.json): the quick tables below are the quick reference
-    itself, what a quick run of 03 and 04 measures."""
+    the teacher's full-mode reference (minidape/classroom/references.json): the quick tables below are the quick
+    reference itself, what a quick run of 03 and 04 measures."""
     from minidape.classroom import notebook
 
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
