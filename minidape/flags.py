@@ -5,6 +5,8 @@ the names and defaults it offers are read from the package's source (`minidape.d
 from __future__ import annotations
 
 import argparse
+import contextlib
+import re
 import sys
 import textwrap
 import typing
@@ -549,11 +551,50 @@ def build_parser(prog: str = "python -m minidape") -> argparse.ArgumentParser:
     return parser
 
 
+# The API's names of the settings a command line sets by flags, as they appear in errors: `name=value`, `name must`.
+SETTING_NAMES = re.compile(
+    r"(?<![-\w])("
+    + "|".join(
+        [name for name, _, _ in declared.config_fields()]
+        + list(declared.constant("lab/train.py", "RUN_SETTINGS"))
+        + ["eval_every", "checkpoint_every"]
+    )
+    + r")(?==| must\b)"
+)
+
+
+@contextlib.contextmanager
+def flags_named():
+    """A ValueError raised inside says `--block-size=1`, `--lr must ...` where the API's message says
+    `block_size=1`, `lr must ...`: the command line's user sees the flag to change."""
+    try:
+        yield
+    except ValueError as err:
+        named = SETTING_NAMES.sub(lambda name: "--" + name[1].replace("_", "-"), str(err))
+        if named == str(err):
+            raise
+        raise ValueError(named) from err
+
+
+def config_flags(args: argparse.Namespace) -> dict:
+    """The GPTConfig fields given on the command line (flags left unset keep the config's default)."""
+    fields = {name for name, _, _ in declared.config_fields()}
+    return {name: value for name, value in vars(args).items() if name in fields}
+
+
 def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The rules of a flag's value that need no torch, checked before any loads: so that the commonest mistakes
-    answer at once (GPTConfig checks the rest when the command builds its config)."""
+    """The rules that need no torch, checked before any loads, so that a mistake answers at once: train's own rule
+    of `--block-size`, and the config `train` (a new run: a resumed one takes its checkpoint's) and `che` build from
+    their flags checked by GPTConfig's own code, run without torch (`declared.check_config`): a per-layer `--pe`
+    longer than `--n-layer`, an unknown `@` option, fields that do not go together."""
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
             "holds a token and the next one to predict"
         )
+    if args.command == "che" or args.command == "train" and not args.resume:
+        try:
+            with flags_named():
+                declared.check_config(config_flags(args))
+        except ValueError as err:
+            parser.error(" ".join(str(err).split()))
