@@ -187,12 +187,7 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
 
 
 def che_command(args: argparse.Namespace) -> None:
-    task = get_task(args.task)
-    fixed = [name for name in ("vocab_size", "causal", "block_size") if name in vars(args)]
-    if fixed:
-        raise ValueError(
-            f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
-        )
+    task = get_task(args.task)  # the flags the task sets were refused before loading (flags.refuse_before_loading)
     with flags_named():
         cfg = GPTConfig(**config_flags(args))
     lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
@@ -406,14 +401,11 @@ def grade_command(args: argparse.Namespace) -> None:
     )
 
 
-def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:
-    """The benchmark (`lab.bench`) with its own flags; `--pe` and `--threads` are checked by the CLI's parser."""
-    from .lab.bench import main
+def bench_command(args: argparse.Namespace) -> None:
+    """The benchmark (`lab.bench`), its flags read by the command line's parser (`flags`)."""
+    from .lab.bench import benchmark
 
-    shared = (["--pe", args.pe] if args.pe is not None else []) + (
-        [] if args.threads is None else ["--threads"] + ([str(args.threads)] if args.threads else [])
-    )
-    main(shared + bench_args)
+    benchmark(args)
 
 
 COMMANDS = {

@@ -55,6 +55,11 @@ def _top_level(path: str, name: str) -> ast.AST:
     raise Unread(f"{path} binds no {name} at its top level")
 
 
+def docstring(path: str) -> str:
+    """The docstring of the package's file `path`."""
+    return ast.get_docstring(_module(path))
+
+
 def constant(path: str, name: str):
     """The value of `NAME = ...` at the top level of the package's file `path` (e.g. "lab/evaluate.py")."""
     return _value(_top_level(path, name), path)

@@ -144,6 +144,10 @@ THREADS_HELP = (
     f"torch CPU threads (default: {THREADS_VARIABLE}, else OMP_NUM_THREADS, else chosen from the cores "
     "this process may use and the size of the work)"
 )
+BENCH_THREADS_HELP = (
+    "alone: the thread benchmark (default choice vs 1 thread vs all cores, idle and loaded); with N: time the "
+    "refiners on N CPU threads"
+)
 
 
 def _add_common_flags(command: argparse.ArgumentParser, name: str) -> None:
@@ -162,8 +166,7 @@ def _add_common_flags(command: argparse.ArgumentParser, name: str) -> None:
         "--threads",
         type=positive_int,
         metavar="N",
-        help=THREADS_HELP,
-        **(dict(nargs="?", const=0) if name == "bench" else {}),
+        **(dict(help=BENCH_THREADS_HELP, nargs="?", const=0) if name == "bench" else dict(help=THREADS_HELP)),
     )
 
 
@@ -244,10 +247,14 @@ def _eval(evaluate: argparse.ArgumentParser) -> None:
     _add_device_flag(evaluate)
 
 
+# The GPTConfig fields a CHE task sets: che hides their flags and refuses them.
+CHE_SETS = ("vocab_size", "causal", "block_size")
+
+
 def _che(che: argparse.ArgumentParser) -> None:
     tasks = declared.task_names()
     che.add_argument("--task", required=True, choices=tasks, metavar="TASK", help=f"one of: {', '.join(tasks)}")
-    _add_config_flags(che, set_by_task=("vocab_size", "causal", "block_size"))
+    _add_config_flags(che, set_by_task=CHE_SETS)
     run = che.add_argument_group("training and test")
     run.add_argument(
         "--steps", type=positive_int, default=1000, help="Adam steps, one input length each (default 1000)"
@@ -271,7 +278,32 @@ def _che(che: argparse.ArgumentParser) -> None:
 
 
 def _bench(bench: argparse.ArgumentParser) -> None:
-    bench.add_argument("--pe", type=registered("pe"), help=argparse.SUPPRESS)
+    bench.add_argument(
+        "--size",
+        choices=list(declared.constant("lab/bench.py", "SIZES")),
+        nargs="+",
+        help="model size(s) (default: tiny; on CUDA tiny and 125m)",
+    )
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    bench.add_argument("--pe", type=registered("pe"), default="kerple_log", help="the base PE (default kerple_log)")
+    bench.add_argument("--repeats", type=positive_int, default=10, help="timed steps per variant (default 10)")
+    bench.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
+    bench.add_argument("--eval-length", type=positive_int, default=16384, help="length of the eval-memory case")
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
+    bench.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="time each table in this many fresh processes and report the spread (default 1)",
+    )
+    bench.add_argument("--cape-table", action="store_true", help="only the comparison with CAPE's Table 1")
+    bench.add_argument(
+        "--bias-table",
+        action="store_true",
+        help="only the bias encodings, FlexAttention against SDPA (CUDA; T=--length, B=8)",
+    )
+    bench.add_argument("--length", type=positive_int, default=512, help="T of the CAPE-table comparison (default 512)")
+    bench.add_argument("--batch", type=positive_int, default=32, help="B of the CAPE-table comparison (default 32)")
 
 
 def _budget_flag(command: argparse.ArgumentParser, help: str) -> None:
@@ -508,7 +540,11 @@ COMMAND_PARSERS = {
         "causal=False and block_size; the other GPTConfig fields are flags.",
         _che,
     ),
-    "bench": ("refiner speed and memory benchmark (minidape.lab.bench; its flags: bench --help)", None, _bench),
+    "bench": (
+        "refiner speed and memory benchmark (minidape.lab.bench)",
+        declared.docstring("lab/bench.py").split("\n\n")[0],
+        _bench,
+    ),
     "reproduce": (
         "test the papers' claims C1-C6 with seeds, intervals and Holm-adjusted tests",
         "Train and evaluate the claim study (KERPLE, DAPE, DAPE-V2: claims C1-C6) and write REPRODUCTION.md, "
@@ -545,7 +581,7 @@ def build_parser(prog: str = "python -m minidape") -> argparse.ArgumentParser:
         if name == "compare":
             description = _compare_description()
         options = dict(help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-        command = commands.add_parser(name, **options, **({"add_help": False} if name == "bench" else {}))
+        command = commands.add_parser(name, **options)
         _add_common_flags(command, name)
         add_flags(command)
     return parser
@@ -591,6 +627,11 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
             "holds a token and the next one to predict"
+        )
+    fixed = [name for name in CHE_SETS if args.command == "che" and name in vars(args)]
+    if fixed:
+        raise ValueError(
+            f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
         )
     if args.command == "che" or args.command == "train" and not args.resume:
         try:
