@@ -173,10 +173,10 @@ REFUSED_CONFIGS = [
 def test_a_config_gptconfig_refuses_is_refused_with_its_message_before_torch_loads():
     """#44: a per-layer spec longer than the model, an unknown '@' option and the fields that do not go together were
     refused only once torch had loaded (20-90 s on a cold start)."""
-    from minidape.flags import flags_named
-
     codes, errors = probe([argv for argv, _ in REFUSED_CONFIGS])
     assert codes == [2] * len(REFUSED_CONFIGS), codes
+    from minidape.flags import flags_named  # GPTConfig's words, with the flags' names as the command line gives them
+
     for (argv, fields), error in zip(REFUSED_CONFIGS, errors, strict=True):
         with pytest.raises(ValueError) as refused, flags_named():
             md.GPTConfig(**fields)
