@@ -1,4 +1,5 @@
-"""How long the command line takes to answer `--help` and to refuse a mistaken flag (`train --block-size 1`), this
+"""How long the command line takes to answer `--help` (the banner's, bench's) and to refuse a mistake (train's own
+rule of `--block-size`, a per-layer `--pe` longer than `--n-layer`, an unknown `@` option: GPTConfig's rules), this
 checkout against another one (by default none; e.g. `--before /path/to/older/checkout`), each command line a fresh
 process, the checkouts interleaved in every round so that both meet the same load.
 
@@ -22,7 +23,13 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent.parent
-COMMAND_LINES = (["--help"], ["train", "--block-size", "1", "--out", "unused"])
+COMMAND_LINES = (
+    ["--help"],
+    ["bench", "--help"],
+    ["train", "--block-size", "1", "--out", "unused"],
+    ["train", "--n-layer", "2", "--pe", "rope,none,alibi", "--out", "unused"],
+    ["train", "--pe", "rope@window=64", "--out", "unused"],
+)
 
 
 def answer_time(checkout: Path, argv: list[str]) -> float:

@@ -87,16 +87,14 @@ def main(argv: list[str] | None = None) -> None:
         for path in _imported_files(argv):  # first: the names they register become valid choices below
             import_user_code(path)
         parser = build_parser(prog)
-        args, rest = parser.parse_known_args(argv)
+        args = parser.parse_args(argv)
         args.argv = argv  # the command line as given: --list-runs prints it per run
-        if rest and args.command != "bench":  # every flag the benchmark does not share belongs to its script
-            parser.error(f"unrecognized arguments: {' '.join(rest)}")
         refuse_before_loading(args, parser)
         from .commands import COMMANDS, bench_command  # the command line is read: now torch and the rest load
         from .utils import quick_mode
 
         if args.command == "bench":
-            return bench_command(args, rest)
+            return bench_command(args)  # it sets its threads itself: alone, --threads is its thread benchmark
         set_threads(args)
         quick_mode()  # a bad value of its variable is refused here, before any work (the demo says when it is on)
         COMMANDS[args.command](args)

@@ -11,20 +11,20 @@ import dataclasses
 import importlib
 import json
 import os
-import re
 import shlex
 import sys
 from pathlib import Path
 
 import matplotlib.pyplot as plt
 
+from .flags import config_flags, flags_named
 from .lab import plots
 from .lab.che import accuracy_table, train_task
 from .lab.checkpoints import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint
 from .lab.data import corpus_to_read, load_corpus
 from .lab.evaluate import perplexity_by_length
 from .lab.tasks import get_task
-from .lab.train import RUN_SETTINGS, train
+from .lab.train import train
 from .model import GPTConfig
 from .utils import (
     RESULT_FILES,
@@ -37,38 +37,6 @@ from .utils import (
     write_results,
 )
 
-
-def config_overrides(args: argparse.Namespace) -> dict:
-    """The GPTConfig fields given on the command line (flags left unset keep the config's default)."""
-    fields = {field.name for field in dataclasses.fields(GPTConfig)}
-    return {name: value for name, value in vars(args).items() if name in fields}
-
-
-# The API's names of the settings a command line sets by flags, as they appear in errors: `name=value`, `name must`.
-SETTING_NAMES = re.compile(
-    r"(?<![-\w])("
-    + "|".join(
-        [field.name for field in dataclasses.fields(GPTConfig)]
-        + list(RUN_SETTINGS)
-        + ["eval_every", "checkpoint_every"]
-    )
-    + r")(?==| must\b)"
-)
-
-
-@contextlib.contextmanager
-def flags_named():
-    """A ValueError raised inside says `--block-size=1`, `--lr must ...` where the API's message says
-    `block_size=1`, `lr must ...`: the command line's user sees the flag to change."""
-    try:
-        yield
-    except ValueError as err:
-        named = SETTING_NAMES.sub(lambda name: "--" + name[1].replace("_", "-"), str(err))
-        if named == str(err):
-            raise
-        raise ValueError(named) from err
-
-
 # ----------------------------------------------------------------------------- train
 
 
@@ -80,7 +48,7 @@ def train_command(args: argparse.Namespace) -> None:
 
 
 def _train_into(args: argparse.Namespace, out: Path, main_process: bool) -> None:
-    overrides = config_overrides(args)
+    overrides = config_flags(args)
     if args.resume:  # the checkpoint's config, with the flags given; train refuses any change
         checkpoint_path = out / CHECKPOINT_NAME
         cfg = dataclasses.replace(checkpoint_config(read_checkpoint(checkpoint_path), checkpoint_path), **overrides)
@@ -219,14 +187,9 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
 
 
 def che_command(args: argparse.Namespace) -> None:
-    task = get_task(args.task)
-    fixed = [name for name in ("vocab_size", "causal", "block_size") if name in vars(args)]
-    if fixed:
-        raise ValueError(
-            f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
-        )
+    task = get_task(args.task)  # the flags the task sets were refused before loading (flags.refuse_before_loading)
     with flags_named():
-        cfg = GPTConfig(**config_overrides(args))
+        cfg = GPTConfig(**config_flags(args))
     lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
     if not lengths:
         raise ValueError(f"--length-step {args.length_step} exceeds --max-test-length {args.max_test_length}")
@@ -438,14 +401,11 @@ def grade_command(args: argparse.Namespace) -> None:
     )
 
 
-def bench_command(args: argparse.Namespace, bench_args: list[str]) -> None:
-    """The benchmark (`lab.bench`) with its own flags; `--pe` and `--threads` are checked by the CLI's parser."""
-    from .lab.bench import main
+def bench_command(args: argparse.Namespace) -> None:
+    """The benchmark (`lab.bench`), its flags read by the command line's parser (`flags`)."""
+    from .lab.bench import benchmark
 
-    shared = (["--pe", args.pe] if args.pe is not None else []) + (
-        [] if args.threads is None else ["--threads"] + ([str(args.threads)] if args.threads else [])
-    )
-    main(shared + bench_args)
+    benchmark(args)
 
 
 COMMANDS = {

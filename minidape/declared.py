@@ -55,6 +55,11 @@ def _top_level(path: str, name: str) -> ast.AST:
     raise Unread(f"{path} binds no {name} at its top level")
 
 
+def docstring(path: str) -> str:
+    """The docstring of the package's file `path`."""
+    return ast.get_docstring(_module(path))
+
+
 def constant(path: str, name: str):
     """The value of `NAME = ...` at the top level of the package's file `path` (e.g. "lab/evaluate.py")."""
     return _value(_top_level(path, name), path)
@@ -110,3 +115,47 @@ def task_names() -> tuple[str, ...]:
                 pairs = zip(targets.elts, values.elts) if isinstance(targets, ast.Tuple) else [(targets, values)]
                 names += [_value(value, "lab/tasks.py") for target, value in pairs if target.id == "name"]
     return tuple(names)
+
+
+# The imports of model.py that the shadow below leaves out: what its configuration code never calls.
+TORCH_MODULES = ("torch", "einops")
+
+
+@functools.cache
+def _config_code() -> dict:
+    """model.py's configuration code run without torch: GPTConfig (its checks), the per-layer spec's parser, the
+    registries and what they call, each from model.py's own lines; every class built on torch's modules is kept as
+    its name and bases alone (enough for the checks' ``issubclass`` questions), and a statement that needs torch
+    to run (a ``@torch.no_grad()`` function, the fast path's import) is left out. So the command line refuses what
+    GPTConfig would, with GPTConfig's message, before torch loads: the rules are written once, in model.py."""
+    import types
+
+    # classes defined here belong to this module (dataclasses look it up; model.py asks if a class is minidape's)
+    namespace = {"__name__": __name__, "nn": types.SimpleNamespace(Module=type("Module", (), {}))}
+    bodiless: set[str] = set()  # the classes kept as name and bases
+    for statement in _module("model.py").body:
+        if isinstance(statement, (ast.Import, ast.ImportFrom)):
+            modules = [alias.name for alias in statement.names] if isinstance(statement, ast.Import) else []
+            if any(name.split(".")[0] in TORCH_MODULES for name in [*modules, getattr(statement, "module", "")]):
+                continue
+        elif isinstance(statement, ast.ClassDef):
+            if any(not isinstance(base, ast.Name) or base.id in bodiless for base in statement.bases):
+                bodiless.add(statement.name)
+                statement = ast.ClassDef(**{**vars(statement), "body": [ast.Pass()]})
+        elif not isinstance(statement, (ast.FunctionDef, ast.Assign, ast.AnnAssign, ast.Expr)):
+            continue  # `if __package__:` (the fast path)
+        code = compile(ast.fix_missing_locations(ast.Module([statement], [])), "minidape/model.py", "exec")
+        try:
+            exec(code, namespace)  # noqa: S102 - the package's own source
+        except (NameError, AttributeError):  # a line that needs torch: not a configuration's
+            continue
+    return namespace
+
+
+def check_config(fields: dict) -> None:
+    """Raise what ``GPTConfig(**fields)`` raises (TypeError, ValueError), without importing torch when the model is
+    not loaded yet (once it is, with a user's names registered, its own GPTConfig)."""
+    import sys
+
+    model = sys.modules.get("minidape.model")
+    (model.GPTConfig if model is not None else _config_code()["GPTConfig"])(**fields)

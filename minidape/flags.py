@@ -5,6 +5,9 @@ the names and defaults it offers are read from the package's source (`minidape.d
 from __future__ import annotations
 
 import argparse
+import contextlib
+import functools
+import re
 import sys
 import textwrap
 import typing
@@ -142,6 +145,10 @@ THREADS_HELP = (
     f"torch CPU threads (default: {THREADS_VARIABLE}, else OMP_NUM_THREADS, else chosen from the cores "
     "this process may use and the size of the work)"
 )
+BENCH_THREADS_HELP = (
+    "alone: the thread benchmark (default choice vs 1 thread vs all cores, idle and loaded); with N: time the "
+    "refiners on N CPU threads"
+)
 
 
 def _add_common_flags(command: argparse.ArgumentParser, name: str) -> None:
@@ -160,8 +167,7 @@ def _add_common_flags(command: argparse.ArgumentParser, name: str) -> None:
         "--threads",
         type=positive_int,
         metavar="N",
-        help=THREADS_HELP,
-        **(dict(nargs="?", const=0) if name == "bench" else {}),
+        **(dict(help=BENCH_THREADS_HELP, nargs="?", const=0) if name == "bench" else dict(help=THREADS_HELP)),
     )
 
 
@@ -242,10 +248,14 @@ def _eval(evaluate: argparse.ArgumentParser) -> None:
     _add_device_flag(evaluate)
 
 
+# The GPTConfig fields a CHE task sets: che hides their flags and refuses them.
+CHE_SETS = ("vocab_size", "causal", "block_size")
+
+
 def _che(che: argparse.ArgumentParser) -> None:
     tasks = declared.task_names()
     che.add_argument("--task", required=True, choices=tasks, metavar="TASK", help=f"one of: {', '.join(tasks)}")
-    _add_config_flags(che, set_by_task=("vocab_size", "causal", "block_size"))
+    _add_config_flags(che, set_by_task=CHE_SETS)
     run = che.add_argument_group("training and test")
     run.add_argument(
         "--steps", type=positive_int, default=1000, help="Adam steps, one input length each (default 1000)"
@@ -269,7 +279,32 @@ def _che(che: argparse.ArgumentParser) -> None:
 
 
 def _bench(bench: argparse.ArgumentParser) -> None:
-    bench.add_argument("--pe", type=registered("pe"), help=argparse.SUPPRESS)
+    bench.add_argument(
+        "--size",
+        choices=list(declared.constant("lab/bench.py", "SIZES")),
+        nargs="+",
+        help="model size(s) (default: tiny; on CUDA tiny and 125m)",
+    )
+    bench.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
+    bench.add_argument("--pe", type=registered("pe"), default="kerple_log", help="the base PE (default kerple_log)")
+    bench.add_argument("--repeats", type=positive_int, default=10, help="timed steps per variant (default 10)")
+    bench.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
+    bench.add_argument("--eval-length", type=positive_int, default=16384, help="length of the eval-memory case")
+    bench.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
+    bench.add_argument(
+        "--rounds",
+        type=positive_int,
+        default=1,
+        help="time each table in this many fresh processes and report the spread (default 1)",
+    )
+    bench.add_argument("--cape-table", action="store_true", help="only the comparison with CAPE's Table 1")
+    bench.add_argument(
+        "--bias-table",
+        action="store_true",
+        help="only the bias encodings, FlexAttention against SDPA (CUDA; T=--length, B=8)",
+    )
+    bench.add_argument("--length", type=positive_int, default=512, help="T of the CAPE-table comparison (default 512)")
+    bench.add_argument("--batch", type=positive_int, default=32, help="B of the CAPE-table comparison (default 32)")
 
 
 def _budget_flag(command: argparse.ArgumentParser, help: str) -> None:
@@ -506,7 +541,11 @@ COMMAND_PARSERS = {
         "causal=False and block_size; the other GPTConfig fields are flags.",
         _che,
     ),
-    "bench": ("refiner speed and memory benchmark (minidape.lab.bench; its flags: bench --help)", None, _bench),
+    "bench": (
+        "refiner speed and memory benchmark (minidape.lab.bench)",
+        declared.docstring("lab/bench.py").split("\n\n")[0],
+        _bench,
+    ),
     "reproduce": (
         "test the papers' claims C1-C6 with seeds, intervals and Holm-adjusted tests",
         "Train and evaluate the claim study (KERPLE, DAPE, DAPE-V2: claims C1-C6) and write REPRODUCTION.md, "
@@ -543,17 +582,64 @@ def build_parser(prog: str = "python -m minidape") -> argparse.ArgumentParser:
         if name == "compare":
             description = _compare_description()
         options = dict(help=summary, description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
-        command = commands.add_parser(name, **options, **({"add_help": False} if name == "bench" else {}))
+        command = commands.add_parser(name, **options)
         _add_common_flags(command, name)
         add_flags(command)
     return parser
 
 
+@functools.cache
+def setting_names() -> re.Pattern:
+    """The API's names of the settings a command line sets by flags, as they appear in errors: `name=value`, `name
+    must`. Built at the first error, not at import: reading lab/train.py's source costs --help 0.07 s."""
+    return re.compile(
+        r"(?<![-\w])("
+        + "|".join(
+            [name for name, _, _ in declared.config_fields()]
+            + list(declared.constant("lab/train.py", "RUN_SETTINGS"))
+            + ["eval_every", "checkpoint_every"]
+        )
+        + r")(?==| must\b)"
+    )
+
+
+@contextlib.contextmanager
+def flags_named():
+    """A ValueError raised inside says `--block-size=1`, `--lr must ...` where the API's message says
+    `block_size=1`, `lr must ...`: the command line's user sees the flag to change."""
+    try:
+        yield
+    except ValueError as err:
+        named = setting_names().sub(lambda name: "--" + name[1].replace("_", "-"), str(err))
+        if named == str(err):
+            raise
+        raise ValueError(named) from err
+
+
+def config_flags(args: argparse.Namespace) -> dict:
+    """The GPTConfig fields given on the command line (flags left unset keep the config's default)."""
+    fields = {name for name, _, _ in declared.config_fields()}
+    return {name: value for name, value in vars(args).items() if name in fields}
+
+
 def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The rules of a flag's value that need no torch, checked before any loads: so that the commonest mistakes
-    answer at once (GPTConfig checks the rest when the command builds its config)."""
+    """The rules that need no torch, checked before any loads, so that a mistake answers at once: train's own rule
+    of `--block-size`, and the config `train` (a new run: a resumed one takes its checkpoint's) and `che` build from
+    their flags checked by GPTConfig's own code, run without torch (`declared.check_config`): a per-layer `--pe`
+    longer than `--n-layer`, an unknown `@` option, fields that do not go together."""
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
             "holds a token and the next one to predict"
         )
+    fixed = [name for name in CHE_SETS if args.command == "che" and name in vars(args)]
+    if fixed:
+        raise ValueError(
+            f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
+        )
+    if args.command == "che" or args.command == "train" and not args.resume:
+        try:
+            with flags_named():
+                declared.check_config(config_flags(args))
+        except ValueError as err:
+            parser.error(" ".join(str(err).split()))

@@ -129,9 +129,9 @@ class GPTConfig:
             raise ValueError(
                 f"rope_base must be > 1 (RoPE's frequencies base^(-2i/d) must fall with i); got {self.rope_base!r}"
             )
-        if self.rope_base > torch.finfo(torch.float32).max:  # inf in float32: every pair but the first stops turning
+        if self.rope_base > FLOAT32_MAX:  # inf in float32: every pair but the first stops turning
             raise ValueError(
-                f"rope_base must be at most float32's largest number, {torch.finfo(torch.float32).max:.4g} (RoPE's "
+                f"rope_base must be at most float32's largest number, {FLOAT32_MAX:.4g} (RoPE's "
                 f"frequencies are float32); got {self.rope_base!r}"
             )
         if self.random_positions:
@@ -168,7 +168,7 @@ class GPTConfig:
             raise ValueError(f"attn_chunk must be 0 (automatic) or a positive integer; got {self.attn_chunk!r}")
         if self.fox_gate not in FOX_GATES:
             raise ValueError(f"unknown fox_gate {self.fox_gate!r}; valid choices: {', '.join(FOX_GATES)}")
-        fox_gate_start(self.fox_gate_init, self.n_head)  # raises on a bad value
+        fox_gate_init_value(self.fox_gate_init)  # raises on a bad value
         if self.cope_positions < 2:
             raise ValueError(f"cope_positions must be an integer >= 2 (position slots); got {self.cope_positions!r}")
         if self.rope_scale != 0 and self.rope_scale < 1:
@@ -269,6 +269,8 @@ def pe_names(pe: str) -> list[str]:
     return [entry.split("@")[0] for entry in pe.split(",")]
 
 
+# float32's largest number, torch.finfo(torch.float32).max written out so that GPTConfig's checks need no torch
+FLOAT32_MAX = (2 - 2**-23) * 2**127
 # Softmax temperatures (``GPTConfig.temperature``), see ``LengthTemperature``.
 TEMPERATURES = ("none", "log_length", "learned", "llama4")
 # FoX's forget gates (``GPTConfig.fox_gate``), see ``ForgetGateBias``.
@@ -295,10 +297,20 @@ def fox_gate_start(init: str, n_head: int) -> torch.Tensor:
     code); ``"alibi"`` $b_h = -\ln(e^{m_h} - 1)$, so $\sigma(b_h) = e^{-m_h}$ with ALiBi's slopes $m_h$ (gates 0.78 to
     0.996 for 8 heads: minidape's choice before it took the authors'); a number $g \in (0, 1)$ (a string such as
     ``"0.993"``, x-transformers' start) $b = \ln(g / (1 - g))$ in every head."""
-    if init == "zero":
+    gate = fox_gate_init_value(init)
+    if gate == "zero":
         return torch.zeros(n_head)
-    if init == "alibi":
+    if gate == "alibi":
         return -torch.log(torch.expm1(alibi_slopes(n_head)))
+    return torch.full((n_head,), math.log(gate / (1 - gate)))
+
+
+def fox_gate_init_value(init: str) -> str | float:
+    """``fox_gate_init`` checked: "zero", "alibi", or the gate g in (0, 1) that a number's string gives. Apart from
+    ``fox_gate_start`` (which needs torch) so that ``GPTConfig``'s checks need none: the command line runs them
+    before loading torch."""
+    if init in ("zero", "alibi"):
+        return init
     try:
         gate = float(init)
     except ValueError:
@@ -308,7 +320,7 @@ def fox_gate_start(init: str, n_head: int) -> torch.Tensor:
             f"fox_gate_init must be 'zero' (the authors': gates start at 1/2), 'alibi' (ALiBi's slopes) or a gate "
             f"value strictly between 0 and 1 such as '0.993'; got {init!r}"
         )
-    return torch.full((n_head,), math.log(gate / (1 - gate)))
+    return gate
 
 
 PE_REGISTRY: dict[str, type[nn.Module]] = {}

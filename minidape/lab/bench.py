@@ -46,7 +46,6 @@ from ..threads import (
     WAIT_VARIABLES,
     allowed_cores,
     choose_threads,
-    positive_threads,
     use_threads,
 )
 from ..utils import resolve_device
@@ -616,53 +615,25 @@ def refiner_tables(size: str, pe: str, device, repeats: int, rounds: int, eval_l
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m minidape bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument(
-        "--size", choices=list(SIZES), nargs="+", help="model size(s) (default: tiny; on CUDA tiny and 125m)"
-    )
-    parser.add_argument("--device", default="auto", help="auto, cpu, cuda or mps (default auto)")
-    parser.add_argument("--pe", default="kerple_log", help="the base PE (default kerple_log)")
-    parser.add_argument("--repeats", type=int, default=10, help="timed steps per variant (default 10)")
-    parser.add_argument("--quick", action="store_true", help="3 repeats, eval memory at 4096 instead of 16384")
-    parser.add_argument("--eval-length", type=int, default=16384, help="length of the eval-memory case")
-    parser.add_argument("--no-memory", action="store_true", help="skip the peak-memory cases")
-    parser.add_argument(
-        "--rounds",
-        type=int,
-        default=1,
-        help="time each table in this many fresh processes and report the spread (default 1)",
-    )
-    parser.add_argument("--cape-table", action="store_true", help="only the comparison with CAPE's Table 1")
-    parser.add_argument(
-        "--bias-table",
-        action="store_true",
-        help="only the bias encodings, FlexAttention against SDPA (CUDA; T=--length, B=8)",
-    )
-    parser.add_argument("--length", type=int, default=512, help="T of the CAPE-table comparison (default 512)")
-    parser.add_argument("--batch", type=int, default=32, help="B of the CAPE-table comparison (default 32)")
-    parser.add_argument(
-        "--threads",
-        nargs="?",
-        const=0,
-        type=lambda text: positive_threads(text, "--threads"),
-        metavar="N",
-        help="alone: the thread benchmark (default choice vs 1 thread vs all cores, "
-        "idle and loaded); with N: time the refiners on N CPU threads",
-    )
-    parser.add_argument("--child", help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
-    if args.child:
-        spec = json.loads(args.child)
+    """`python -m minidape.lab.bench` and benchmarks/bench_refiners.py: the command line's `bench` (its flags are
+    in minidape.flags, which answers --help and a mistake before torch loads); `--child SPEC`, as `run_child`
+    starts it: one measurement of a parent benchmark, in this fresh process."""
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv[:1] == ["--child"]:
+        spec = json.loads(argv[1])
         torch.set_num_threads(spec.pop("threads"))  # the parent's, so a child times what the parent would
         for path in spec.pop("imports"):  # the parent's --import files: their names register here
             import_file(path)
         child = {"timing": timing_child, "memory": peak_memory_child, "threads": threads_child}[spec.pop("kind")]
         print(json.dumps(child(spec)))
         return
-    for name in ("rounds", "repeats", "length", "batch", "eval_length"):
-        value = getattr(args, name)
-        if value is not None and value < 1:  # one line, as every command's mistakes (argparse's adds its usage)
-            parser.exit(2, f"{parser.prog}: error: --{name.replace('_', '-')} must be at least 1; got {value}\n")
+    from ..__main__ import main as command_line
+
+    command_line(["bench", *argv])
+
+
+def benchmark(args: argparse.Namespace) -> None:
+    """`python -m minidape bench ...`: the tables for the flags the command line read (see `minidape.flags`)."""
     repeats = 3 if args.quick else args.repeats
     if args.threads == 0:
         thread_benchmark(repeats=5 if args.quick else 2 * args.repeats, rounds=args.rounds)
@@ -670,7 +641,7 @@ def main(argv: list[str] | None = None) -> None:
     use_threads(args.threads)  # the count is in each table's header
     device = resolve_device(args.device)
     if args.bias_table and device.type != "cuda":
-        parser.error(f"--bias-table compares FlexAttention with SDPA on CUDA; the device is {device}")
+        raise ValueError(f"--bias-table compares FlexAttention with SDPA on CUDA; the device is {device}")
     eval_length = 4096 if args.quick else args.eval_length
     sizes = args.size or (["tiny", "125m"] if device.type == "cuda" else ["tiny"])
     for size in sizes:
