@@ -615,21 +615,19 @@ def refiner_tables(size: str, pe: str, device, repeats: int, rounds: int, eval_l
 
 
 def main(argv: list[str] | None = None) -> None:
-    """`python -m minidape.lab.bench` and benchmarks/bench_refiners.py: the command line's `bench` (its flags are
-    in minidape.flags, which answers --help and a mistake before torch loads); `--child SPEC`, as `run_child`
-    starts it: one measurement of a parent benchmark, in this fresh process."""
+    """`python -m minidape.lab.bench --child SPEC`, as `run_child` starts it: one measurement of a parent benchmark,
+    in this fresh process. The benchmark's command line is `python -m minidape bench` (flags in minidape.flags)."""
     argv = sys.argv[1:] if argv is None else list(argv)
-    if argv[:1] == ["--child"]:
-        spec = json.loads(argv[1])
-        torch.set_num_threads(spec.pop("threads"))  # the parent's, so a child times what the parent would
-        for path in spec.pop("imports"):  # the parent's --import files: their names register here
-            import_file(path)
-        child = {"timing": timing_child, "memory": peak_memory_child, "threads": threads_child}[spec.pop("kind")]
-        print(json.dumps(child(spec)))
-        return
-    from ..__main__ import main as command_line
-
-    command_line(["bench", *argv])
+    if argv[:1] != ["--child"] or len(argv) != 2:
+        raise SystemExit(
+            "python -m minidape.lab.bench runs one --child measurement; the benchmark is: python -m minidape bench"
+        )
+    spec = json.loads(argv[1])
+    torch.set_num_threads(spec.pop("threads"))  # the parent's, so a child times what the parent would
+    for path in spec.pop("imports"):  # the parent's --import files: their names register here
+        import_file(path)
+    child = {"timing": timing_child, "memory": peak_memory_child, "threads": threads_child}[spec.pop("kind")]
+    print(json.dumps(child(spec)))
 
 
 def benchmark(args: argparse.Namespace) -> None:
