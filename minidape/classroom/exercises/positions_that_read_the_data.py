@@ -234,14 +234,14 @@ def _path_by_matrices(q, k, w, beta, first: int = 1, last: int = 0, reverse: boo
     ``reverse`` order, or $H_t = I + \beta_t w_t w_t^\top$ (``sign`` = +1)."""
     T, d = q.shape
     transforms = torch.eye(d, dtype=q.dtype) + sign * beta[:, None, None] * w[:, :, None] * w[:, None, :]
-    scores = torch.zeros(T, T, dtype=q.dtype)
+    transported = q.new_zeros(T, T)  # S_ij, 0 above the diagonal
     for i in range(T):
         for j in range(i + 1):
             product = torch.eye(d, dtype=q.dtype)
             for t in range(max(j + first, 0), min(i + last, T - 1) + 1):  # H_{j+1} acts on k_j first
                 product = product @ transforms[t] if reverse else transforms[t] @ product
-            scores[i, j] = q[i] @ product @ k[j]
-    return scores
+            transported[i, j] = q[i] @ product @ k[j]
+    return transported
 
 
 @_exercise(
