@@ -589,15 +589,16 @@ def oldest_first(z):
     return weights
 
 
-def path_reversed(q, k, w, beta):
-    """H_{j+1} ... H_i k_j: the transforms applied nearest the query first."""
+def path_over(q, k, w, beta, first=1, last=0, reverse=False):
+    """q_i^T (product of H_t over t = j+first .. i+last) k_j, nearest the key first unless ``reverse``."""
     T, d = q.shape
     scores = torch.zeros(T, T, dtype=q.dtype)
     for i in range(T):
         for j in range(i + 1):
             product = torch.eye(d, dtype=q.dtype)
-            for t in range(j + 1, i + 1):
-                product = product @ (torch.eye(d, dtype=q.dtype) - beta[t] * torch.outer(w[t], w[t]))
+            for t in range(max(j + first, 0), min(i + last, T - 1) + 1):
+                transform = torch.eye(d, dtype=q.dtype) - beta[t] * torch.outer(w[t], w[t])
+                product = product @ transform if reverse else transform @ product
             scores[i, j] = q[i] @ product @ k[j]
     return scores
 
@@ -895,12 +896,19 @@ MISTAKES = [
     ("stick_breaking_weights", (lambda z: stick_breaking_weights(z) * torch.sigmoid(-z),), "its own share"),
     ("stick_breaking_weights", (lambda z: stick_breaking_weights(z).flip(-1),), "differs"),
     ("stick_breaking_weights", (oldest_first,), "from the oldest key"),
+    (
+        "stick_breaking_weights",
+        (lambda z: stick_breaking_weights(z) * torch.sigmoid(-z).diagonal(0, -2, -1)[..., None],),
+        "at the query itself",
+    ),
     ("stick_breaking_weights", (softmax_over_earlier,), "softmax"),
     ("stick_breaking_weights", (lambda z: stick_breaking_weights(z) + torch.eye(z.shape[-1]),), "not 0 at some key"),
     ("stick_breaking_weights", (lambda z: stick_breaking_weights(z).transpose(-1, -2),), "transposed"),
     ("path_scores", (lambda q, k, w, beta: q @ k.T,), "plain dot products"),
     ("path_scores", (lambda q, k, w, beta: path_scores(q, k, w, -beta),), "instead of taking it away"),
-    ("path_scores", (path_reversed,), "reverse order"),
+    ("path_scores", (lambda q, k, w, beta: path_over(q, k, w, beta, reverse=True),), "reverse order"),
+    ("path_scores", (lambda q, k, w, beta: path_over(q, k, w, beta, first=0),), "key's own transform"),
+    ("path_scores", (lambda q, k, w, beta: path_over(q, k, w, beta, last=-1),), "stops before the query"),
     ("path_scores", (lambda q, k, w, beta: path_scores(q, k, w, beta).T,), "transposed"),
     ("path_scores", (lambda q, k, w, beta: path_scores(q, k, w, beta)[:-1],), "has shape"),
 ]
