@@ -58,7 +58,7 @@ VARIANT_COLORS = {
     # C2 draws these two beside Kerple-power and DAPE-ALiBi: colours of their own (the figure rules' test caught it)
     ("kerple_log", "dape_concat"): "#332288",
     ("kerple_log", "dape_add"): "#661100",
-    ("kerple_log", "conv"): "#D55E00",
+    ("kerple_log", "conv"): "#E69F00",  # not RoPE's vermilion: the demo draws both (the figure rules' test)
     ("kerple_power", "dape"): "#DDCC77",
     ("alibi", "dape"): "#56B4E9",
     ("fire", "dape"): "#CC6677",
