@@ -64,7 +64,7 @@ if importlib.util.find_spec("minidape") is None:
 #
 # **Cost.** Trains seven models three times each (4 layers, as the 3:1 hybrid needs, 64 wide, 200 steps of
 # 16 × 64 bytes: half the steps of notebooks 03–06) and evaluates them up to 16× their training length. Full mode
-# took 497 s in the committed run on a 2-core AMD EPYC CPU shared with other jobs (load average 4.2–6.3; 830 s in
+# took 497 s in the committed run on a 2-core AMD EPYC CPU shared with other jobs (load average 3–6; 830 s in
 # an earlier run at load 8–13; the run time is printed at the end); a GPU runs the same budget much faster.
 # Conclusions at this size are qualitative.
 
