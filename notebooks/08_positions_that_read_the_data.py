@@ -44,9 +44,14 @@ if importlib.util.find_spec("minidape") is None:
 #   $D_{ij} = \sum_{l=j+1}^{i} \ln f_l$ — ALiBi whose slope each token sets (`pe="fox"`).
 # - **CoPE**, contextual position encoding (Golovneva et al., 2024): a position counts the keys that *matter*
 #   (gates $\sigma(q_i^\top k_j)$), so a model can count words or sentences instead of bytes (`pe="cope"`).
-# - **Per-layer encodings and a temperature that grows with the context**: RoPE layers interleaved with NoPE
-#   layers (Llama 4's iRoPE; `pe="rope,none"`), and a softmax temperature $s_h \ln n$ (SSMax;
-#   `temperature="learned"`).
+# - **Per-layer encodings and a temperature that grows with the context**: the published RoPE/NoPE hybrids put
+#   a sliding or chunked window on their RoPE layers and leave one layer in four without positions (Cohere's
+#   RNoPE-SWA, `pe="rope@sliding=16,rope@sliding=16,rope@sliding=16,none"`; Llama 4's iRoPE), and a softmax
+#   temperature $s_h \ln n$ (SSMax; `temperature="learned"`).
+# - **Stick-breaking attention** (Tan et al., ICLR 2025): no softmax; a query hands out its attention from the
+#   nearest key backwards, so recency is built into the normaliser (`pe="stick_breaking"`).
+# - **PaTH** (Yang et al., NeurIPS 2025): each token chooses a Householder-like transform that every key behind
+#   it passes through, a rotation (or reflection) that reads the data where RoPE's is fixed (`pe="path"`).
 #
 # In minidape such a bias subclasses `md.DataDependentBias`: one module per layer, called with the layer's input
 # and its queries and keys, returning `(batch, n_head, Tq, Tk)`. Every refiner reads it as $B$, so **DAPE-FoX**
@@ -54,12 +59,14 @@ if importlib.util.find_spec("minidape") is None:
 #
 # **Exercises:** 8.1 implement FoX's bias from its gates (2 points); 8.2 derive the temperature that keeps the
 # attention on one key as the context grows (2); 8.3 experiment: predict, then measure, where FoX forgets (2: the
-# measurement and the prediction).
+# measurement and the prediction); 8.4 implement stick-breaking's weights from the logits (2); 8.5 implement
+# PaTH's scores from its transforms (2).
 #
-# **Cost.** Trains seven models three times each (2 layers, 64 wide, 200 steps of 16 × 64 bytes: half the budget
-# of notebooks 03–06) and evaluates them up to 16× their training length. Full mode takes 6–11 min (360, 546 and
-# 654 s in three runs on a 2-core AMD EPYC CPU shared with other jobs, load average 10–28; the run time is printed
-# at the end); a GPU runs the same budget much faster. Conclusions at this size are qualitative.
+# **Cost.** Trains seven models three times each (4 layers, as the 3:1 hybrid needs, 64 wide, 200 steps of
+# 16 × 64 bytes: half the steps of notebooks 03–06) and evaluates them up to 16× their training length. Full mode
+# took 497 s in the committed run on a 2-core AMD EPYC CPU shared with other jobs (load average 3–6; 830 s in
+# an earlier run at load 8–13; the run time is printed at the end); a GPU runs the same budget much faster.
+# Conclusions at this size are qualitative.
 
 # %%
 import math
@@ -70,7 +77,14 @@ from IPython.display import Markdown, display
 
 import minidape as md
 from minidape import exercises, notebook
-from minidape.model import ALiBiBias, ContextualPositionBias, ForgetGateBias, LengthTemperature
+from minidape.model import (
+    ALiBiBias,
+    ContextualPositionBias,
+    ForgetGateBias,
+    LengthTemperature,
+    PaTHAttention,
+    StickBreakingAttention,
+)
 
 RUN = notebook.start()       # seeds torch, one CPU thread (tiny models), the clock of the run time printed at the end
 QUICK = RUN.quick            # MINIDAPE_QUICK=1 (CI): fewer steps, lengths and seeds, the same code
@@ -299,10 +313,14 @@ plt.show()
 # ## 4 · Training them: do biases that read the data extrapolate?
 #
 # Seven models, equal in everything but the encoding: ALiBi, Kerple-log and DAPE-Kerple (the best of notebook
-# 04), FoX and DAPE-FoX, CoPE, and the RoPE/NoPE hybrid (layer 0 RoPE, layer 1 NoPE) with the learned temperature.
-# Each trains with several seeds; the curves show the mean and the band of ± one standard deviation.
+# 04), FoX and DAPE-FoX, CoPE, and a hybrid as it is published: **RNoPE-SWA** (Cohere's recipe, the study's
+# model of that name), three RoPE layers that each see only the last `WINDOW` keys (a sliding window, a quarter
+# of the training length as in the study) and then one NoPE layer with full attention. Its pattern needs four
+# layers, so every model here has four: same layers, width, steps, seeds and scored tokens, only the encoding
+# differs. Each trains with several seeds; the curves show the mean and the band of ± one standard deviation.
 
 # %%
+WINDOW = TRAIN_LENGTH // 4               # the RoPE layers' sliding window: the study's ratio (32 of 128)
 MODELS = {
     "ALiBi": dict(pe="alibi"),
     "Kerple-log": dict(pe="kerple_log"),
@@ -310,12 +328,12 @@ MODELS = {
     "FoX": dict(pe="fox"),
     "DAPE-FoX": dict(pe="fox", refiner="dape"),
     "CoPE": dict(pe="cope"),
-    "RoPE/NoPE hybrid": dict(pe="rope,none", temperature="learned"),
+    "RNoPE-SWA": dict(pe=",".join([f"rope@sliding={WINDOW}"] * 3 + ["none"])),   # 3 windowed RoPE : 1 NoPE
 }
 
 
 def config(**overrides):
-    return md.GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=TRAIN_LENGTH, **overrides)
+    return md.GPTConfig(n_layer=4, n_head=4, n_embd=64, block_size=TRAIN_LENGTH, **overrides)
 
 
 curves, trained = {}, {}          # trained: each model's seed-0 run, for the step times and FoX's gates below
@@ -371,12 +389,15 @@ print(f"perplexity at {longest} over perplexity at {TRAIN_LENGTH}, smallest firs
 print(f"DAPE on FoX at {longest}: {summary['DAPE-FoX'][-1].item():.2f} vs {summary['FoX'][-1].item():.2f} without")
 
 # %% [markdown]
-# Read the table with its bands: at this budget (200 steps of a 2-layer model) differences smaller than the bands
+# Read the table with its bands: at this budget (200 steps of a 4-layer model) differences smaller than the bands
 # are noise. The growth column says how much each model degrades beyond its training length (printed above,
 # smallest first). A bias that decays with distance (ALiBi, Kerple, FoX) keeps the far context from disturbing
-# the prediction, which is what makes them extrapolate. CoPE's counts and the hybrid's NoPE layer have no such
-# decay: in the committed full-mode run both degrade beyond the training length (CoPE's positions stop at its
-# table's last entry, $P - 1$; the learned temperature had only 200 steps to learn how sharp to be). Whether DAPE
+# the prediction, which is what makes them extrapolate. In the committed full-mode run CoPE is the one model that
+# degrades: +25 % from 64 to 1024 bytes, well outside its band (its positions stop at its table's last entry,
+# $P - 1$). Every other model ends within 2 % of its perplexity at the training length, the published hybrid
+# included: RNoPE-SWA ends 1.2 % below it, its band overlapping FoX's and below ALiBi's and Kerple-log's at every
+# length. Its RoPE layers never meet a distance beyond their window, at any length, and its one NoPE layer
+# has no position to misread: nothing in it sees a position it did not train on. Whether DAPE
 # helps on top of FoX is the last line above. The study (REPRODUCTION.md and
 # `python -m minidape compare --pe fox --against ALiBi DAPE-FoX CoPE ...`) asks the same with more seeds and
 # confidence intervals.
@@ -472,16 +493,218 @@ exercises.check("where_fox_forgets", fox_prediction, forgets_most, mean_gate)
 
 # %% [markdown] tags=["solution"]
 # **Worked answer.** Quote the four mean gates printed above and the heat map: the lowest mean marks the bytes
-# after which the model most wants to start afresh (in the committed full-mode run spaces, about 0.5, against
-# about 0.8 for punctuation, and heads differ: the heat map shows which). ALiBi cannot: its discount
+# after which the model most wants to start afresh. In the committed full-mode run letters (0.29) and spaces
+# (0.30) lie close, below newlines (0.35) and punctuation (0.43), and heads differ (the heat map shows which):
+# the worked prediction, spaces, missed by 0.01, a gap that another seed could reverse. ALiBi cannot: its discount
 # depends on $i - j$ only, the same whether the bytes in between close a sentence or sit inside a word — FoX's
 # gate is exactly the missing input. For DAPE-FoX against FoX, quote the last printed line of section 4 and the
 # bands: a difference inside the bands is not evidence either way at three seeds.
 
 # %% [markdown]
+# ## 6 · Stick-breaking: recency built into the normaliser
+#
+# Every model so far turns its scores into weights with a softmax, which splits a query's attention by the scores
+# alone: two keys with the same score get the same weight however far back they are, and any recency has to come
+# from a bias added to the scores. Stick-breaking attention (Tan et al., ICLR 2025) has no softmax. Below,
+# minidape's `StickBreakingAttention` on two inputs set by hand: on the left every score is 0; on the right the
+# sentence of section 1, with keys that match the query at the spaces (a large score) and nowhere else, beside a
+# softmax over the same scores and the same keys (those before the query).
+
+# %%
+sentence = torch.tensor(list(b"It is a truth universally acknowledged, that a single man"))
+length = len(sentence)
+at_space = (sentence == ord(" ")).float()
+sticks = StickBreakingAttention(md.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=64, pe="stick_breaking"))
+no_values = torch.zeros(1, 1, length, 8)
+with torch.no_grad():
+    _, equal_scores = sticks(None, no_values, no_values, no_values)            # q = k = 0: every score 0
+    matching_keys = torch.zeros(1, 1, length, 8)
+    matching_keys[..., 0] = 2 * at_space - 1                                     # +1 at spaces, -1 elsewhere
+    matching_queries = torch.zeros(1, 1, length, 8)
+    matching_queries[..., 0] = 20.0                                              # scores +-20 / sqrt 8
+    _, matching = sticks(None, matching_queries, matching_keys, no_values)
+flat = equal_scores["probs"][0, 0, -1].flip(0)[1:]                             # last query, keys i-1, i-2, ...
+sticks_last = matching["probs"][0, 0, -1]
+scores_last = matching["scores"][0, 0, -1]
+softmax_last = torch.softmax(scores_last[:-1], -1)                               # softmax over the keys j < i
+fig, (left, right) = plt.subplots(1, 2, figsize=(13, 4))
+left.plot(range(1, length), flat, marker="o", markersize=3)
+left.set(yscale="log", xlabel="distance i - j", ylabel="weight", title="stick-breaking, every score 0 (last query)")
+positions_back = range(length - 1)
+right.plot(positions_back, sticks_last[:-1], marker="o", markersize=3, label="stick-breaking")
+right.plot(positions_back, softmax_last, marker="s", markersize=3, label="softmax, same scores")
+right.set_xticks(positions_back, [chr(byte) for byte in sentence[:-1].tolist()], fontsize=7, fontfamily="monospace")
+right.set(xlabel="key j", ylabel="weight", title="keys that match at the spaces (last query)")
+right.legend(fontsize="small")
+plt.tight_layout()
+plt.show()
+nearest_space = int(at_space[:-1].nonzero().max())
+print("every score 0, weights of the keys 1, 2, 3, 4 back:", [round(value, 4) for value in flat[:4].tolist()],
+      f"| their sum over all {length - 1} keys: {flat.sum().item():.6f}")
+print(f"matching spaces: stick-breaking gives the nearest space {sticks_last[nearest_space].item():.3f} and all "
+      f"{int(at_space[:-1].sum())} spaces {sticks_last[at_space.bool()].sum().item():.3f}; softmax gives each "
+      f"space {softmax_last[nearest_space].item():.3f}")
+assert torch.allclose(flat, 0.5 ** torch.arange(1, length).float(), rtol=1e-5)
+assert sticks_last[nearest_space] > 0.99 and torch.allclose(softmax_last[at_space[:-1].bool()],
+                                                                softmax_last[nearest_space])
+
+# %% [markdown]
+# With every score equal, each step back halves the weight: an exponential decay, ALiBi's shape, that nobody
+# added to the scores. And where several keys match, the nearest one takes almost everything, while the softmax
+# shares its attention equally among all the matching spaces. The rule behind both pictures: query $i$ breaks a
+# stick of length 1, starting from its nearest earlier key. Key $j$ takes the share $\beta_{ij} = \sigma(z_{ij})$
+# (its score $z_{ij} = q_i^\top k_j / \sqrt{d}$ through a sigmoid, not a softmax) of what the keys between it and
+# the query left over:
+#
+# $$A_{ij} = \beta_{ij} \prod_{j < k < i} (1 - \beta_{ik}), \qquad j < i .$$
+#
+# With every score 0, $\beta = \tfrac12$ and $A_{ij} = \tfrac12 \cdot (\tfrac12)^{i-j-1}$: the halving on the
+# left. The weights sum to at most 1 (here $1 - 2^{-i}$); what is left attends to nothing. Recency is built into
+# the normaliser, and the scores, which read the data, decide where the stick runs out.
+#
+# ### Exercise 8.4 (implement) · Stick-breaking's weights from the scores
+#
+# Write `stick_breaking_weights(z)`: from the scores `z` (batch, n_head, T, T) return the weights $A$
+# (batch, n_head, T, T) of the equation above for every key $j < i$, and 0 for $j \ge i$ (a query attends to
+# earlier keys only). A long product of numbers below 1 is safer as a sum of their logarithms. The check draws
+# fresh scores, computes the weights from the paper's equation one cell at a time, and names the usual mistakes
+# (the key's own share in the product, the stick broken from the oldest key, a softmax, weights on later keys).
+
+# %%
+def stick_breaking_weights(z):
+    exercises.todo("stick_breaking_weights")   # your code here: (batch, n_head, T, T) -> (batch, n_head, T, T)
+
+
+# %% tags=["solution"]
+def stick_breaking_weights(z):
+    """ln A_ij = ln sigma(z_ij) + sum_{j<k<i} ln sigma(-z_ik) (as 1 - sigma(z) = sigma(-z)) for j < i; 0 elsewhere."""
+    earlier = torch.ones(z.shape[-1], z.shape[-1], dtype=torch.bool, device=z.device).tril(-1)
+    log_left = torch.nn.functional.logsigmoid(-z).masked_fill(~earlier, 0.0)    # ln(1 - beta_ik) of the keys k < i
+    between = log_left.flip(-1).cumsum(-1).flip(-1) - log_left                   # sum over k = j+1 .. i-1
+    return (torch.nn.functional.logsigmoid(z) + between).exp().masked_fill(~earlier, 0.0)
+
+
+# %%
+exercises.check("stick_breaking_weights", stick_breaking_weights)
+
+# %% [markdown]
+# Your function and minidape's `StickBreakingAttention` give the same weights for the same random queries and keys:
+
+# %%
+q_random, k_random = torch.randn(2, 1, 4, 12, 8).unbind(0)                     # (batch, n_head, T, head size)
+with torch.no_grad():
+    _, theirs = sticks(None, q_random, k_random, torch.zeros_like(q_random))
+    if exercises.passed("stick_breaking_weights"):
+        yours = stick_breaking_weights(q_random @ k_random.transpose(-2, -1) / math.sqrt(8))
+        same = torch.allclose(yours, theirs["probs"], atol=1e-6)
+        print("your stick_breaking_weights equals md's StickBreakingAttention:", same)
+        assert same
+    else:
+        print("(exercise 8.4 not done yet)")
+
+# %% [markdown]
+# ## 7 · PaTH: a transform that reads the data
+#
+# RoPE rotates a key by an angle set by its distance to the query: the same rotation per step, whatever the
+# tokens in between. PaTH (Yang et al., NeurIPS 2025) lets every token choose how it transforms the keys that pass
+# it on their way to a later query. Below, minidape's `PaTHAttention` with that choice set by hand on the
+# sentence above: every query and key is the same unit vector $e_1$, each space reflects the keys behind it along
+# $e_1$, and every other byte leaves them as they are. The picture shows the scores $S_{ij}$ (before the
+# $1/\sqrt{d}$), one row per query.
+
+# %%
+path = PaTHAttention(md.GPTConfig(n_layer=1, n_head=1, n_embd=8, block_size=64, pe="path"))
+unit_vector = torch.zeros(1, 1, length, 8)
+unit_vector[..., 0] = 1.0                                                      # q = k = w = e_1 at every byte
+space_reflects = 2 * at_space[None, None]                                      # beta: 2 at a space, 0 elsewhere
+path.directions = lambda x: (unit_vector, space_reflects)                      # the tokens' choice, set by hand
+with torch.no_grad():
+    _, flip_flop = path(None, unit_vector, unit_vector, torch.zeros_like(unit_vector))
+flips = flip_flop["scores"][0, 0] * math.sqrt(8)                                # S_ij (T, T)
+fig, ax = plt.subplots(figsize=(6, 5))
+image = ax.imshow(flips.masked_fill(torch.ones(length, length, dtype=torch.bool).triu(1), float("nan")),
+                  cmap="coolwarm", vmin=-1, vmax=1)
+ax.set(title="PaTH's scores, a reflection at every space", xlabel="key j", ylabel="query i")
+fig.colorbar(image, ax=ax, shrink=0.8)
+plt.show()
+print("score of the last query with each key (the sign flips at every space passed):",
+      flips[-1].round().long().tolist())
+spaces_after = at_space.flip(0).cumsum(0).flip(0) - at_space                   # spaces after key j, up to the query
+assert torch.allclose(flips[-1], (-1.0) ** spaces_after, atol=1e-5)
+
+# %% [markdown]
+# The score of key $j$ is $+1$ or $-1$ by whether an even or odd number of spaces lie between it and the query:
+# the parity of the words in between, a state that flips with the data. No function of $i - j$ can do that, and
+# neither can RoPE, whose transform between two positions is fixed by their distance. In the paper's terms each
+# token $t$ writes a direction $w_t$ (unit length) and a strength $\beta_t \in (0, 2)$, and a key reaches query
+# $i$ through the Householder-like transforms of every token after it:
+#
+# $$S_{ij} = q_i^\top H_i H_{i-1} \cdots H_{j+1}\, k_j, \qquad H_t = I - \beta_t w_t w_t^\top,$$
+#
+# then a softmax over $S / \sqrt{d}$ as usual. $\beta_t = 2$ is a reflection (above: orthogonal, it keeps the
+# key's length), $\beta_t = 0$ leaves the key alone, and in between it shrinks the key along $w_t$. minidape's
+# layer computes $w_t$ and $\beta_t$ from the tokens (a projection and a short causal convolution), so the model
+# learns where to transform.
+#
+# ### Exercise 8.5 (implement) · PaTH's scores from the transforms
+#
+# Write `path_scores(q, k, w, beta)` for one head: from the queries and keys `q`, `k` (T, d), the unit directions
+# `w` (T, d) and the strengths `beta` (T,), return $S$ (T, T) with $S_{ij}$ as above for every key $j \le i$
+# ($S_{ii} = q_i^\top k_i$: no token lies between; cells $j > i$ are masked: anything there is fine; no
+# $1/\sqrt{d}$). The transforms do not commute: their order matters. The check draws fresh inputs, multiplies the
+# transforms out as $d \times d$ matrices, and names the usual mistakes (the key's own transform, the query's left
+# out, the order reversed, the sign, no transform at all).
+
+# %%
+def path_scores(q, k, w, beta):
+    exercises.todo("path_scores")             # your code here: (T, d), (T, d), (T, d), (T,) -> (T, T)
+
+
+# %% tags=["solution"]
+def path_scores(q, k, w, beta):
+    """Carry every earlier key forward: at position i, H_i acts on the keys carried so far, then k_i joins."""
+    T = q.shape[0]
+    scores = torch.zeros(T, T, dtype=q.dtype)
+    carried = k[:0]                                                     # the keys j < i carried to position i
+    for i in range(T):
+        carried = carried - beta[i] * (carried @ w[i])[:, None] * w[i]  # H_i k = k - beta_i (w_i . k) w_i
+        carried = torch.cat([carried, k[i : i + 1]])                    # k_i joins as it is (empty product)
+        scores[i, : i + 1] = carried @ q[i]
+    return scores
+
+
+# %%
+exercises.check("path_scores", path_scores)
+
+# %% [markdown]
+# Your function and minidape's `PaTHAttention` give the same scores, with directions and strengths that the layer
+# computes from random tokens (head 1 of 2):
+
+# %%
+learned_path = PaTHAttention(md.GPTConfig(n_layer=1, n_head=2, n_embd=16, block_size=64, pe="path"))
+x_random = torch.randn(1, 12, 16)
+q_random, k_random = torch.randn(2, 1, 2, 12, 8).unbind(0)
+with torch.no_grad():
+    w_random, beta_random = learned_path.directions(x_random)
+    _, theirs = learned_path(x_random, q_random, k_random, torch.zeros_like(q_random))
+    if exercises.passed("path_scores"):
+        yours = path_scores(q_random[0, 1], k_random[0, 1], w_random[0, 1], beta_random[0, 1]) / math.sqrt(8)
+        same = torch.allclose(yours.tril(), theirs["scores"][0, 1].tril(), atol=1e-5)
+        print("your path_scores equals md's PaTHAttention:", same)
+        assert same
+    else:
+        print("(exercise 8.5 not done yet)")
+
+# %% [markdown]
+# Both train by name like every encoding here (`md.GPTConfig(pe="stick_breaking")`, `pe="path"`, and the
+# labels `Stick-breaking` and `PaTH` of `python -m minidape compare`), in their papers' $O(T^2)$ forms; this
+# notebook does not train them.
+
+# %% [markdown]
 # **Going further.** Register a bias of your own that reads the data (subclass `md.DataDependentBias`, see the
 # README), e.g. FoX's gate computed from the key instead of every byte in between, and put it through
-# `md.study.compare` against `FoX` and `DAPE-FoX`; or train `pe="rope,rope,rope,none"` with four layers.
+# `md.study.compare` against `FoX` and `DAPE-FoX`; or put the study's other hybrids (`iRoPE`, `SWAN`) beside
+# RNoPE-SWA in section 4.
 
 # %%
 exercises.summary("08")

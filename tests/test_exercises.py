@@ -534,6 +534,75 @@ def focus_temperature_by_bisection(n, gap, p):
 MEAN_GATE = {"letter": 0.97, "space": 0.91, "punctuation": 0.88, "newline": 0.95}
 
 
+def stick_breaking_weights(z):
+    """Tan et al. eq. 4 in log space: ln A_ij = ln sigma(z_ij) + sum_{j<k<i} ln sigma(-z_ik), j < i."""
+    earlier = torch.ones(z.shape[-1], z.shape[-1], dtype=torch.bool).tril(-1)
+    left = torch.nn.functional.logsigmoid(-z).masked_fill(~earlier, 0.0)  # ln(1 - beta_ik) of the keys k < i
+    between = left.flip(-1).cumsum(-1).flip(-1) - left  # sum over j < k < i
+    return (torch.nn.functional.logsigmoid(z) + between).exp().masked_fill(~earlier, 0.0)
+
+
+def stick_breaking_by_stick(z):
+    """The stick broken key by key from the nearest: each key takes beta of what is left."""
+    beta, weights = torch.sigmoid(z), torch.zeros_like(z)
+    for i in range(z.shape[-1]):
+        left = torch.ones(z.shape[:-2], dtype=z.dtype)
+        for j in range(i - 1, -1, -1):
+            weights[..., i, j] = beta[..., i, j] * left
+            left = left * (1 - beta[..., i, j])
+    return weights
+
+
+def path_scores(q, k, w, beta):
+    """Yang et al. eq. 2-3: every earlier key carried through H_t = I - beta_t w_t w_t^T as the query advances."""
+    T = q.shape[0]
+    scores, carried = torch.zeros(T, T, dtype=q.dtype), k[:0]
+    for i in range(T):
+        carried = carried - beta[i] * (carried @ w[i])[:, None] * w[i]
+        carried = torch.cat([carried, k[i : i + 1]])
+        scores[i, : i + 1] = carried @ q[i]
+    return scores
+
+
+def path_scores_by_matrices(q, k, w, beta):
+    T, d = q.shape
+    scores = torch.zeros(T, T, dtype=q.dtype)
+    for i in range(T):
+        product = torch.eye(d, dtype=q.dtype)  # H_i ... H_{j+1}, grown towards the key
+        for j in range(i, -1, -1):
+            scores[i, j] = q[i] @ product @ k[j]
+            product = product @ (torch.eye(d, dtype=q.dtype) - beta[j] * torch.outer(w[j], w[j]))
+    return scores
+
+
+def softmax_over_earlier(z):
+    earlier = torch.ones(z.shape[-1], z.shape[-1], dtype=torch.bool).tril(-1)
+    return torch.softmax(z.masked_fill(~earlier, -math.inf), -1).nan_to_num()
+
+
+def oldest_first(z):
+    """The stick broken from key 0 forward: A_ij = beta_ij prod_{k<j} (1 - beta_ik)."""
+    beta, weights = torch.sigmoid(z), torch.zeros_like(z)
+    for i in range(z.shape[-1]):
+        for j in range(i):
+            weights[..., i, j] = beta[..., i, j] * (1 - beta[..., i, :j]).prod(-1)
+    return weights
+
+
+def path_over(q, k, w, beta, first=1, last=0, reverse=False):
+    """q_i^T (product of H_t over t = j+first .. i+last) k_j, nearest the key first unless ``reverse``."""
+    T, d = q.shape
+    scores = torch.zeros(T, T, dtype=q.dtype)
+    for i in range(T):
+        for j in range(i + 1):
+            product = torch.eye(d, dtype=q.dtype)
+            for t in range(max(j + first, 0), min(i + last, T - 1) + 1):
+                transform = torch.eye(d, dtype=q.dtype) - beta[t] * torch.outer(w[t], w[t])
+                product = product @ transform if reverse else transform @ product
+            scores[i, j] = q[i] @ product @ k[j]
+    return scores
+
+
 # name -> the worked answer (the argument list of exercises.check)
 CORRECT = {
     "sinusoidal_table": (sinusoidal_table,),
@@ -566,6 +635,8 @@ CORRECT = {
     "fox_bias": (fox_bias,),
     "focus_temperature": (focus_temperature,),
     "where_fox_forgets": ("punctuation", "punctuation", MEAN_GATE),
+    "stick_breaking_weights": (stick_breaking_weights,),
+    "path_scores": (path_scores,),
 }
 
 # name -> correct answers written another way; each must pass too
@@ -586,6 +657,8 @@ EQUIVALENT = [
     ("masked_accuracy", (masked_accuracy_by_loop,)),
     ("fox_bias", (fox_bias_by_loops,)),
     ("focus_temperature", (focus_temperature_by_bisection,)),
+    ("stick_breaking_weights", (stick_breaking_by_stick,)),
+    ("path_scores", (path_scores_by_matrices,)),
 ]
 
 # (name, the wrong answer's argument list, words its message must contain): the mistakes students make
@@ -820,6 +893,24 @@ MISTAKES = [
     ("where_fox_forgets", ("space", "letter", MEAN_GATE), "use min, not max"),
     ("where_fox_forgets", ("space", "space", MEAN_GATE), "not the kind with the lowest"),
     ("where_fox_forgets", ("vowel", "punctuation", MEAN_GATE), "should be one of"),
+    ("stick_breaking_weights", (lambda z: stick_breaking_weights(z) * torch.sigmoid(-z),), "its own share"),
+    ("stick_breaking_weights", (lambda z: stick_breaking_weights(z).flip(-1),), "differs"),
+    ("stick_breaking_weights", (oldest_first,), "from the oldest key"),
+    (
+        "stick_breaking_weights",
+        (lambda z: stick_breaking_weights(z) * torch.sigmoid(-z).diagonal(0, -2, -1)[..., None],),
+        "at the query itself",
+    ),
+    ("stick_breaking_weights", (softmax_over_earlier,), "softmax"),
+    ("stick_breaking_weights", (lambda z: stick_breaking_weights(z) + torch.eye(z.shape[-1]),), "not 0 at some key"),
+    ("stick_breaking_weights", (lambda z: stick_breaking_weights(z).transpose(-1, -2),), "transposed"),
+    ("path_scores", (lambda q, k, w, beta: q @ k.T,), "plain dot products"),
+    ("path_scores", (lambda q, k, w, beta: path_scores(q, k, w, -beta),), "instead of taking it away"),
+    ("path_scores", (lambda q, k, w, beta: path_over(q, k, w, beta, reverse=True),), "reverse order"),
+    ("path_scores", (lambda q, k, w, beta: path_over(q, k, w, beta, first=0),), "key's own transform"),
+    ("path_scores", (lambda q, k, w, beta: path_over(q, k, w, beta, last=-1),), "stops before the query"),
+    ("path_scores", (lambda q, k, w, beta: path_scores(q, k, w, beta).T,), "transposed"),
+    ("path_scores", (lambda q, k, w, beta: path_scores(q, k, w, beta)[:-1],), "has shape"),
 ]
 
 

@@ -227,6 +227,8 @@ LIBRARY: dict[str, tuple[str, ...]] = {
     "fox_bias": ("minidape.model.ForgetGateBias",),
     "focus_temperature": (),
     "where_fox_forgets": (),
+    "stick_breaking_weights": ("minidape.model.StickBreakingAttention",),
+    "path_scores": ("minidape.model.PaTHAttention",),
 }
 
 

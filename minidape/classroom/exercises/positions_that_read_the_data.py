@@ -158,3 +158,138 @@ def where_fox_forgets(prediction, measured, mean_gate):
     return _prediction_credit(
         2, predicted == forgets, f"{forgets} bytes have the lowest mean gate ({truth[forgets]:.3f})"
     )
+
+
+def _stick_breaking_by_loops(z: torch.Tensor, first: int = 1, last: int = 0, oldest_first: bool = False):
+    r"""Stick-breaking weights from the logits, one product per cell (Tan et al., ICLR 2025, eq. 4):
+    $A_{ij} = \beta_{ij} \prod_{k} (1 - \beta_{ik})$, $\beta = \sigma(z)$, over $k = j + first .. i - 1 + last$
+    (the paper: first = 1, last = 0, the keys strictly between) or, ``oldest_first``, over the keys $k < j$; 0
+    where $j \ge i$. The other arguments give the usual mistakes."""
+    beta = torch.sigmoid(z)
+    T = z.shape[-1]
+    weights = torch.zeros_like(z)
+    for i in range(T):
+        for j in range(i):
+            passed = beta[..., i, :j] if oldest_first else beta[..., i, j + first : i + last]
+            weights[..., i, j] = beta[..., i, j] * (1 - passed).prod(-1)
+    return weights
+
+
+@_exercise(
+    "08",
+    "implement",
+    "stick-breaking attention weights from the logits",
+    (
+        "a query breaks one stick of length 1, starting from its nearest earlier key and going back: each key "
+        "takes its share of what the keys nearer to the query left over",
+        "what the nearer keys left over is a product of what each of them did not take: a cumulative sum of "
+        "logarithms along the keys, run from the query's end, holds all those products at once",
+    ),
+    points=2,
+)
+def stick_breaking_weights(your_function):
+    your_function = _given(your_function, "stick_breaking_weights")
+    generator = _fresh_generator()
+    batch, n_head, T = 2, 3, int(torch.randint(6, 14, (1,), generator=generator))
+    z = 2 * torch.randn(batch, n_head, T, T, generator=generator, dtype=torch.float64)
+    want = _stick_breaking_by_loops(z)
+    earlier = torch.ones(T, T, dtype=torch.bool).tril(-1)  # the keys j < i a query attends to
+    got = your_function(z.clone())
+    masked = z.masked_fill(~earlier, float("-inf"))
+    mistakes = {
+        "each key also gives up its own share: the product runs over k = j .. i-1, not over the keys strictly "
+        "between": (
+            _stick_breaking_by_loops(z, first=0),
+            "key j takes its share of what the nearer keys left: its own 1 - beta is not part of what is left",
+        ),
+        "your stick starts at the query itself (k = i is in the product): the query is not one of its keys": (
+            _stick_breaking_by_loops(z, last=1),
+            "the keys of query i are j < i: the nearest one, i - 1, is served first and takes its full share",
+        ),
+        "you break the stick from the oldest key forward: the first key, not the nearest, is served first": (
+            _stick_breaking_by_loops(z, oldest_first=True),
+            "the keys that come before j in the product are those between j and the query",
+        ),
+        "these are softmax weights over the earlier keys: stick-breaking has no softmax": (
+            torch.softmax(masked, -1).nan_to_num(0.0),
+            "each key's share is the sigmoid of its own logit, not a share of a sum over all keys",
+        ),
+        "your weights are transposed (key on the rows, query on the columns)": (
+            want.transpose(-1, -2),
+            "put the query on the rows and the key on the columns",
+        ),
+    }
+    _compare(got, want, "stick_breaking_weights(z)", ("batch", "head", "query", "key"), earlier, mistakes, atol=1e-8)
+    if got.detach().double().cpu().masked_fill(earlier, 0.0).abs().max() > 1e-8:
+        raise Wrong(
+            "stick_breaking_weights(z) is not 0 at some key j >= i (the query itself or a later key)",
+            hint="a query attends to earlier keys only: every other weight is 0",
+        )
+
+
+def _path_by_matrices(q, k, w, beta, first: int = 1, last: int = 0, reverse: bool = False, sign: float = -1.0):
+    r"""PaTH's scores with every transform written out as a matrix (Yang et al., NeurIPS 2025, eq. 2-3):
+    $S_{ij} = q_i^\top H_i H_{i-1} \cdots H_{j+1} k_j$, $H_t = I - \beta_t w_t w_t^\top$, for $j \le i$ (0 above).
+    The arguments give the usual mistakes: the transforms of $t = j + first .. i + last$, multiplied in
+    ``reverse`` order, or $H_t = I + \beta_t w_t w_t^\top$ (``sign`` = +1)."""
+    T, d = q.shape
+    transforms = torch.eye(d, dtype=q.dtype) + sign * beta[:, None, None] * w[:, :, None] * w[:, None, :]
+    transported = q.new_zeros(T, T)  # S_ij, 0 above the diagonal
+    for i in range(T):
+        for j in range(i + 1):
+            product = torch.eye(d, dtype=q.dtype)
+            for t in range(max(j + first, 0), min(i + last, T - 1) + 1):  # H_{j+1} acts on k_j first
+                product = product @ transforms[t] if reverse else transforms[t] @ product
+            transported[i, j] = q[i] @ product @ k[j]
+    return transported
+
+
+@_exercise(
+    "08",
+    "implement",
+    "PaTH's scores: keys carried through the data's transforms",
+    (
+        "between key j and query i every token after the key, up to and including the query, transforms the key "
+        "once, the token nearest the key first; the transforms do not commute",
+        "carry the keys forward: at each new position apply that position's transform to every key carried so "
+        "far, add the new key as it is, then score the query there against all of them",
+    ),
+    points=2,
+)
+def path_scores(your_function):
+    your_function = _given(your_function, "path_scores")
+    generator = _fresh_generator()
+    T, d = int(torch.randint(5, 10, (1,), generator=generator)), 4
+    q, k = (torch.randn(T, d, generator=generator, dtype=torch.float64) for _ in range(2))
+    w = torch.nn.functional.normalize(torch.randn(T, d, generator=generator, dtype=torch.float64), dim=-1)
+    beta = 2 * torch.rand(T, generator=generator, dtype=torch.float64)
+    want = _path_by_matrices(q, k, w, beta)
+    visible = torch.ones(T, T, dtype=torch.bool).tril()  # keys j <= i
+    got = your_function(q.clone(), k.clone(), w.clone(), beta.clone())
+    mistakes = {
+        "your product also holds the key's own transform H_j": (
+            _path_by_matrices(q, k, w, beta, first=0),
+            "the key's own token does not transform it: the transforms start after the key",
+        ),
+        "your product stops before the query's transform H_i": (
+            _path_by_matrices(q, k, w, beta, last=-1),
+            "the query's own token transforms the keys too: up to and including i",
+        ),
+        "your transforms act in the reverse order (the one nearest the query first)": (
+            _path_by_matrices(q, k, w, beta, reverse=True),
+            "the key meets the tokens in the order they come after it: the nearest to the key acts first",
+        ),
+        "your transform adds beta (w . k) w to the key instead of taking it away": (
+            _path_by_matrices(q, k, w, beta, sign=1.0),
+            "beta = 2 must reflect the key across the plane orthogonal to w",
+        ),
+        "your scores are the plain dot products q_i . k_j: the tokens in between transform nothing": (
+            q @ k.T,
+            "each token between key and query transforms the key on its way",
+        ),
+        "your scores are transposed (key on the rows, query on the columns)": (
+            want.T,
+            "put the query on the rows and the key on the columns",
+        ),
+    }
+    _compare(got, want, "path_scores(q, k, w, beta)", ("query", "key"), visible, mistakes, atol=1e-8)
