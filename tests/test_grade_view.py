@@ -292,7 +292,12 @@ cell = textwrap.dedent('''
         written = "written"
     except OSError as error:
         written = type(error).__name__ + str(error.errno)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    remounted = libc.mount(b"none", b"/", b"", 32 | 4096, b"")  # MS_REMOUNT | MS_BIND, read-write
+    capabilities = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
     print(json.dumps({"uid": os.getuid(), "listed": sorted(os.listdir(top)),
+                      "remounted": [remounted, ctypes.get_errno()], "capabilities": capabilities,
                       "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
                       "links": sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else None,
                       "net": [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]],
@@ -307,8 +312,9 @@ print(json.dumps({"level": level, "seen": "".join(o.get("text", "") or str(o) fo
 @pytest.mark.skipif(os.geteuid() != 0, reason="run by a non-root user, the tests above already use level userns")
 def test_a_teacher_who_is_not_root_gets_the_userns_view():
     """The userns level as an unprivileged teacher gets it: the view of root's level (only the package copy of the
-    checkout, its own processes, only loopback), read-only (EROFS writing into the package copy). Skipped, saying
-    why, where the kernel refuses unprivileged user namespaces."""
+    checkout, its own processes, only loopback), read-only (EROFS writing into the package copy), and no
+    capability in its user namespace, so it cannot remount that view writable (EPERM). Skipped, saying why, where
+    the kernel refuses unprivileged user namespaces."""
     import subprocess
     import sys
 
@@ -329,3 +335,4 @@ def test_a_teacher_who_is_not_root_gets_the_userns_view():
     assert seen["processes"] == [1] and "minidape" in seen["listed"]  # its own PID namespace; the copy
     assert seen["net"] == ["lo"]
     assert seen["written"] == "OSError30"  # EROFS: the view is read-only
+    assert seen["capabilities"] == "0000000000000000" and seen["remounted"] == [-1, 1]  # none: EPERM
