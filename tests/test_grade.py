@@ -778,9 +778,7 @@ def test_far_shares_must_be_the_grader_measurement_of_the_runs_own_models(worker
     from minidape.model import GPT, GPTConfig
 
     def config(refiner):  # notebook 04's config(): Kerple-log, with DAPE's refiner or none
-        return dict(
-            n_layer=2, n_head=4, n_embd=64, block_size=64, pe="kerple_log", refiner=refiner, refiner_width=32
-        )
+        return dict(n_layer=2, n_head=4, n_embd=64, block_size=64, pe="kerple_log", refiner=refiner, refiner_width=32)
 
     worker.request(
         "run",

@@ -68,7 +68,6 @@ def rope_ratio(prediction, measured_ratio, last_k, train_length, longest, recomp
     )
 
 
-
 def _grader_rope(answers, channel):
     """What the grader binds to rope_ratio's ``recomputed``: its own last_k measurement of the RoPE model the run
     trained (rebuilt from its weights, notebook 03's ``config("rope")``), over the budget's lengths, at the
@@ -91,6 +90,7 @@ def _grader_rope(answers, channel):
 
 
 framework.MEASURED_BY_GRADER["rope_ratio"] = _grader_rope
+
 
 @_exercise(
     "03",
