@@ -37,8 +37,9 @@ lint: $(STAMP)
 # per core (pytest-xdist), each test file in one process (--dist loadfile: a file's shared fixtures, such as the
 # hostile submissions graded once, are computed once). The grader's workers of two processes never meet: user
 # ids and cgroups are per grader process.
-# The browser test of the book and the Colab test are left to their own targets (test-book, test-colab, which
-# .ci/run runs after this): they take minutes, and `make test` is kept under ten.
+# The browser test of the book and the tests of an installed package (Colab's, a hand-out's) are left to their
+# own targets (test-book, test-colab, which .ci/run runs after this): they take minutes, and `make test` is kept
+# under ten.
 test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -n auto --dist loadfile tests --ignore=tests/test_book.py \
 	  --ignore=tests/test_colab.py
@@ -140,7 +141,8 @@ test-book: $(BOOK_STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/test_book.py
 
 # Every notebook as Colab runs it: from a fresh venv holding torch and Jupyter's kernel, outside the checkout,
-# where the notebook's first cell installs the built wheel (quick mode).
+# where the notebook's first cell installs the built wheel (quick mode); and every notebook of a hand-out, its
+# wheel installed into a fresh venv far from the checkout.
 test-colab: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/test_colab.py
 

@@ -51,3 +51,24 @@ def registrations_undone():
     refiner) last until the test ends: tests may reuse a name, and none sees another's registrations."""
     with registrations_restored():
         yield
+
+
+@pytest.fixture
+def figures_keep_the_rules(monkeypatch):
+    """Every figure the test writes to disk keeps the rules the notebooks' figures keep (lab/figure_rules.py): the
+    demo's, the study's and compare's figures are read by the same people. Returns the paths written, so that a test
+    can see that its figures were checked at all."""
+    from matplotlib.figure import Figure
+
+    from minidape.lab.figure_rules import figure_problems
+
+    save, written = Figure.savefig, []
+
+    def checked(figure, target, *args, **kwargs):
+        problems = figure_problems(figure)
+        assert not problems, f"the figure written to {target} breaks the figure rules: {problems}"
+        written.append(target)
+        return save(figure, target, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", checked)
+    return written

@@ -159,7 +159,7 @@ def test_resume_and_eval_of_two_runs_in_process(tmp_path, corpus_file, capsys):
     assert set(names) == {"alibi (alibi)", "alibi (other)"}  # same kind of model: told apart by run directory
 
 
-def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
+def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys, figures_keep_the_rules):
     # the demo's real budget is its own business; here every code path runs on a token budget
     tiny = dataclasses.replace(
         demo.QUICK_BUDGET, n_layer=1, n_embd=16, n_head=2, steps=2, batch_size=2, eval_factors=(1, 2), eval_windows=1
@@ -182,6 +182,7 @@ def test_demo_writes_its_table_and_plot(tmp_path, monkeypatch, capsys):
         assert numbers == pytest.approx([results[name]["128"], results[name]["256"]], abs=0.006)
         assert f"| {name} |" in printed
     assert (tmp_path / "extrapolation.png").stat().st_size > 1000
+    assert len(figures_keep_the_rules) == 1  # the plot was drawn, and checked
     for name in names:
         assert (tmp_path / name / "checkpoint.pt").exists()
 

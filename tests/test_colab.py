@@ -4,13 +4,22 @@ outside the checkout, on a kernel of a fresh virtual environment that holds what
 (the teacher's `make book MINIDAPE_SOURCE=...`) without touching that torch, and is switched to quick mode there,
 as a student would switch it.
 
-`make test` leaves this file out: it installs torch into a new venv and runs the eight notebooks (minutes).
+And the same for a hand-out (`make handout`): its wheel installed into a fresh venv far from the checkout, every
+student notebook of it run top to bottom. Nothing is downloaded there: the fresh venv gets the wheel with
+`pip install --no-deps`, and the packages already on disk (torch, Jupyter: this interpreter's site-packages) through
+a .pth file, which does not run their .pth files, so this checkout's editable minidape stays out of it (the test
+asserts where minidape is imported from).
+
+`make test` leaves this file out: each test installs into a new venv and runs the eight notebooks (minutes).
 """
 
 import importlib.metadata
 import json
+import os
+import shutil
 import subprocess
 import sys
+import sysconfig
 from pathlib import Path
 
 import nbformat
@@ -87,3 +96,76 @@ def test_every_student_notebook_installs_minidape_and_runs_in_quick_mode(colab, 
     after = installed(python)
     assert after["minidape"] == importlib.metadata.version("minidape")
     assert after["torch"] == before["torch"] and torch_file_time(python) == torch_written  # the torch it found, kept
+
+
+RUNNER = """
+import sys
+import nbformat
+from nbclient import NotebookClient
+for path in sys.argv[1:]:
+    notebook = nbformat.read(path, as_version=4)
+    NotebookClient(notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": "."}}).execute()
+    nbformat.write(notebook, path)
+    print("ran", path, flush=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def made(tmp_path_factory):
+    return handout.handout(tmp_path_factory.mktemp("given") / "handout")
+
+
+def test_the_handout_installs_in_a_fresh_venv_and_every_student_notebook_runs(made, tmp_path):
+    fresh = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(fresh)], check=True, timeout=120)
+    python = fresh / "bin" / "python"
+    site = subprocess.run(
+        [python, "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
+    (wheel,) = made.glob("minidape-*.whl")
+    installed = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--no-deps", "--no-index", "-q", "--target", site, str(wheel)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert installed.returncode == 0, installed.stderr[-2000:]
+    Path(site, "on_disk.pth").write_text(sysconfig.get_path("purelib") + "\n")  # torch, jupyter, ... (not minidape)
+    work = tmp_path / "class"
+    shutil.copytree(made / "notebooks", work / "notebooks")  # a student's copy, far from the checkout
+    env = {
+        "PATH": f"{fresh / 'bin'}:{os.environ.get('PATH', '/usr/bin:/bin')}",
+        "HOME": str(tmp_path),
+        "JUPYTER_PATH": str(tmp_path / "jupyter"),
+        "JUPYTER_DATA_DIR": str(tmp_path / "jupyter"),
+        "MINIDAPE_QUICK": "1",
+        "MINIDAPE_EXPECT_EXERCISES": "none",
+        "OMP_NUM_THREADS": "1",
+        "LANG": "C.UTF-8",
+    }
+    where = subprocess.run(
+        [python, "-c", "import minidape; print(minidape.__file__)"],
+        cwd=work,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert where.stdout.strip().startswith(site), where.stdout + where.stderr
+    notebooks = [str(path) for path in sorted(work.glob("notebooks/*.ipynb"))]
+    ran = subprocess.run(
+        [python, "-c", RUNNER, *notebooks],
+        cwd=work / "notebooks",
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+    assert ran.returncode == 0, (ran.stdout + ran.stderr)[-3000:]
+    assert ran.stdout.count("ran ") == len(notebooks)
+    for path in notebooks:  # each ran top to bottom: its last cell, the summary, printed the verdicts
+        last = nbformat.read(path, as_version=4).cells[-1]
+        assert "exercises passed" in "".join(o.get("text", "") for o in last.outputs), path

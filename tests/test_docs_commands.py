@@ -64,7 +64,7 @@ MAPPED = {
     "make student": "tests/test_notebooks.py::test_the_student_edition_reveals_no_solution",
     "make handout": "tests/test_handout.py::test_the_handout_holds_no_solution_line_and_no_teacher_file",
     "python -m minidape handout OUT/ --notebooks 03 04": (
-        "tests/test_handout.py::test_the_handout_installs_in_a_fresh_venv_and_every_student_notebook_runs"
+        "tests/test_colab.py::test_the_handout_installs_in_a_fresh_venv_and_every_student_notebook_runs"
     ),
     "pip install -e '.[grade]'": "NOT_RUN: an install (the grade extra: tests/test_package.py)",
     "make notebooks": "NOT_RUN: re-executes every notebook in full mode (hours; the lead runs it)",

@@ -22,7 +22,7 @@ from scipy import stats
 import minidape as md
 from minidape import study
 from minidape.__main__ import main
-from minidape.lab import user_code
+from minidape.lab import figure_rules, user_code
 from minidape.lab.checkpoints import load_checkpoint
 
 TEXT = (
@@ -247,12 +247,15 @@ def test_conv_without_tril_gives_the_same_logits_in_query_blocks():
 # ----------------------------------------------------------------------------- reproduce end to end
 
 
-def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(tmp_path, corpus_file, capsys):
+def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(
+    tmp_path, corpus_file, capsys, figures_keep_the_rules
+):
     out = tmp_path / "study"
     argv = ["reproduce", "--budget", "tiny", "--seeds", "2", "--corpus", corpus_file, "--out", out]
     code, stdout, _ = run_cli(argv, capsys)
     assert code == 0
     report = (out / "REPRODUCTION.md").read_text()
+    assert len(figures_keep_the_rules) >= len(study.CLAIMS)  # a figure per claim, each checked
     for claim in study.CLAIMS:
         assert f"## {claim.key}:" in report
         assert (out / "figures" / f"{claim.key}.png").stat().st_size > 0
@@ -731,6 +734,7 @@ def test_compare_figure_draws_the_subject_strongest_and_every_model_in_its_own_c
     labels = ("my_bias", "kerple_log", "kerple_log+dape", "kerple_log+conv:k=5", "alibi")
     perplexity = {label: curves({16: [5.0 + i, 5.1 + i], 32: [5.5 + i, 5.4 + i]}) for i, label in enumerate(labels)}
     study.figures.compare_figure(perplexity, "my_bias", 16, 2, tmp_path / "compare.png")
+    assert figure_rules.figure_problems(figures[0]) == []  # the notebooks' figure rules, here too
     for ax in figures[0].axes:
         lines = {line.get_label(): line for line in ax.get_lines() if line.get_label() in labels}
         assert len({line.get_color() for line in lines.values()}) == len(labels)

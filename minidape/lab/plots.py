@@ -55,9 +55,10 @@ PE_COLORS = {
 VARIANT_COLORS = {
     ("kerple_log", "dape"): "#CC79A7",
     ("kerple_log", "cape"): "#CC79A7",
-    ("kerple_log", "dape_concat"): "#E69F00",
-    ("kerple_log", "dape_add"): "#56B4E9",
-    ("kerple_log", "conv"): "#D55E00",
+    # C2 draws these two beside Kerple-power and DAPE-ALiBi: colours of their own (the figure rules' test caught it)
+    ("kerple_log", "dape_concat"): "#332288",
+    ("kerple_log", "dape_add"): "#661100",
+    ("kerple_log", "conv"): "#E69F00",  # not RoPE's vermilion: the demo draws both (the figure rules' test)
     ("kerple_power", "dape"): "#DDCC77",
     ("alibi", "dape"): "#56B4E9",
     ("fire", "dape"): "#CC6677",
