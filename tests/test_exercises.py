@@ -1206,7 +1206,7 @@ REFERENCES = {
     },
 }
 QUICK_TABLES = {
-    "rope_ratio": {"rope": {64: 62.0, 1024: 62.0}},
+    "rope_ratio": {"rope": {64: 62.0, 256: 62.0}},
     "locality": {"kerple_log": 0.17, "dape-kerple": 0.168},
     "leakage": {
         "conv k=3": [{"val_loss": 5.5}, {"val_loss": 5.2}],
@@ -1228,7 +1228,7 @@ def test_quick_mode_grading_gives_an_experiment_the_mark_of_the_full_run(graded_
     """Re-run in quick mode, the tables are quick mode's (they agree with its reference), but the prediction is
     judged against the full-mode reference: the marks of the student's full run, whatever the grading mode."""
     graded_in(quick=True)
-    assert verdict("rope_ratio", True, 1.0, QUICK_TABLES["rope_ratio"], 64, 1024) == PASSED
+    assert verdict("rope_ratio", True, 1.0, QUICK_TABLES["rope_ratio"], 64, 256) == PASSED
     assert points("rope_ratio") == 2 and "reference run (full mode) is 2.53" in capsys.readouterr().out
     assert verdict("locality", "dape-kerple", QUICK_TABLES["locality"]) == PASSED and points("locality") == 2
     final = {name: history[-1]["val_loss"] for name, history in QUICK_TABLES["leakage"].items()}
@@ -1477,5 +1477,5 @@ def test_in_quick_mode_without_the_teachers_file_the_feedback_says_what_it_judge
     the feedback says that a quick run is too short to show the effect."""
     monkeypatch.setenv("MINIDAPE_QUICK", "1")
     monkeypatch.setattr(exercises.helpers, "TEACHER_REFERENCES", tmp_path / "references.json")
-    assert verdict("rope_ratio", True, 1.0, {"rope": {64: 62.0, 1024: 62.0}}, 64, 1024) == PASSED
+    assert verdict("rope_ratio", True, 1.0, {"rope": {64: 62.0, 256: 62.0}}, 64, 256) == PASSED
     assert "your quick run, which trains too little to show this effect" in capsys.readouterr().out

@@ -720,3 +720,88 @@ def test_feedback_shows_the_graders_verdicts_only_and_the_marks_and_the_teacher_
     assert path.stat().st_mode & 0o777 == 0o640 and path.parent.stat().st_mode & 0o777 == 0o750
     if os.geteuid() == 0:
         assert (path.stat().st_uid, path.parent.stat().st_uid) == (4242, 4242)
+
+
+ROPE = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, pe="rope")  # notebook 03's config("rope")
+
+
+def _quick_references(monkeypatch, name: str, table: dict) -> None:
+    monkeypatch.setenv("MINIDAPE_QUICK", "1")
+    monkeypatch.setattr(exercises.framework, "references", {mode: {name: table} for mode in ("quick", "full")})
+
+
+def test_a_table_read_at_one_length_is_refused(monkeypatch):
+    """3.1 with LONGEST = TRAIN_LENGTH: a one-number table whose ratio is 1 measures nothing beyond the training
+    length; quick mode's reference (8 steps: both perplexities near 62) used to take it as the run's."""
+    _quick_references(monkeypatch, "rope_ratio", {"train_length": 62.0, "longest": 62.1})
+    status, message, earned = exercises.verdict("rope_ratio", False, 1.0, {"rope": {64: 62.0}}, 64, 64)
+    assert (status, earned) == ("failed", 0) and "measures up to 256" in message
+    assert exercises.verdict("rope_ratio", False, 1.0, {"rope": {64: 62.0}}, 64, 64).code == "lengths-not-the-budgets"
+
+
+def test_an_experiments_table_must_be_the_grader_measurement_of_the_runs_own_models(worker, monkeypatch):
+    """A table typed in or copied from a classmate agrees with the reference as well as the run's own would; the
+    grader measures the models the judged run trained (their weights, in its own process) and refuses a table
+    that is not theirs. Here the run's model is an untrained RoPE model of notebook 03's config (seed 0), and
+    the references are its own measurement, so that the honest table passes and only where it came from differs."""
+    from minidape.lab.data import load_corpus
+    from minidape.lab.evaluate import perplexity_by_length
+    from minidape.model import GPT, GPTConfig
+
+    worker.request(
+        "run",
+        0,
+        f"import torch, minidape as md\ntorch.manual_seed(0)\nmodels = {{'rope': md.GPT(md.GPTConfig(**{ROPE!r}))}}",
+        timeout=60,
+    )
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**ROPE)).eval()  # the same weights as the worker's: same seed, same construction
+    curve = perplexity_by_length(model, load_corpus("austen", "val"), (64, 128, 256), protocol="last_k", n_windows=4)
+    _quick_references(monkeypatch, "rope_ratio", {"train_length": curve[64], "longest": curve[256]})
+    recomputed = exercises.MEASURED_BY_GRADER["rope_ratio"](None, sandbox.Channel(worker, time.monotonic() + 120))
+
+    def verdict(table):
+        return exercises.verdict("rope_ratio", False, table[256] / table[64], {"rope": table}, 64, 256, recomputed)
+
+    assert verdict(curve)[::2] == ("passed", 2)
+    copied = {length: value * 1.05 for length, value in curve.items()}  # within the reference's 25 %
+    assert verdict(copied).code == "measurement-not-this-runs"
+    worker.request("run", 1, "del models", timeout=60)
+    assert verdict(curve).code == "run-models-missing"
+
+
+def test_far_shares_must_be_the_grader_measurement_of_the_runs_own_models(worker, monkeypatch):
+    """4.4 as 3.1: the far attention shares handed in are the grader's measurement of the run's two models, each
+    the last query's attention beyond one training length (64) at the longest length (256), over heads and
+    layers, averaged over the first and the last window of the validation split."""
+    from minidape.lab.data import load_corpus
+    from minidape.model import GPT, GPTConfig
+
+    def config(refiner):  # notebook 04's config(): Kerple-log, with DAPE's refiner or none
+        return dict(n_layer=2, n_head=4, n_embd=64, block_size=64, pe="kerple_log", refiner=refiner, refiner_width=32)
+
+    worker.request(
+        "run",
+        0,
+        "import torch, minidape as md\ntorch.manual_seed(0)\n"
+        f"models = {{'kerple_log': md.GPT(md.GPTConfig(**{config('none')!r})), "
+        f"'dape-kerple': md.GPT(md.GPTConfig(**{config('dape')!r}))}}",
+        timeout=60,
+    )
+    torch.manual_seed(0)
+    models = {"kerple_log": GPT(GPTConfig(**config("none"))), "dape-kerple": GPT(GPTConfig(**config("dape")))}
+    tokens = load_corpus("austen", "val")
+    shares = {}
+    for name, model in models.items():
+        masses = []
+        for window in (tokens[:256], tokens[-256:]):
+            with torch.no_grad():
+                probs = [model.eval().attention_maps(window.long()[None], layer)["probs"] for layer in (0, 1)]
+            masses.append(sum(p[0, :, -1, :192].sum(-1).mean().item() for p in probs) / 2)
+        shares[name] = sum(masses) / 2
+    _quick_references(monkeypatch, "locality", shares)
+    recomputed = exercises.MEASURED_BY_GRADER["locality"](None, sandbox.Channel(worker, time.monotonic() + 120))
+    local = min(shares, key=shares.get)
+    assert exercises.verdict("locality", local, shares, recomputed)[::2] == ("passed", 2)
+    copied = {name: value * 1.05 for name, value in shares.items()}
+    assert exercises.verdict("locality", local, copied, recomputed).code == "measurement-not-this-runs"

@@ -245,3 +245,94 @@ def test_no_channel_joins_two_workers_or_the_graders_session(grader):
         "keyring",
         "abstract socket",
     ]
+
+
+# A grader run by an unprivileged user (level userns), tried from root: a private mount namespace in which every
+# folder on the way to the Python installation and the checkout that other users may not enter (a root-only home
+# such as /root holding pyenv) is replaced by an enterable empty one with only those trees bound back in, then the
+# user nobody (65534) starts a worker as the grader does. Nothing of the machine changes.
+AS_NOBODY = """
+import os, subprocess, sys
+needed, user = sys.argv[1:-1], 65534
+for path in needed:
+    blocked = [a for a in [path, *map(str, __import__("pathlib").Path(path).parents)] if os.path.isdir(a)
+               and not os.stat(a).st_mode & 0o001]
+    if blocked:
+        top = blocked[-1]
+        keep = [p for p in needed if p.startswith(top + "/")]
+        held = [subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip()
+                for _ in keep]
+        for tree, spare in zip(keep, held):
+            subprocess.run(["mount", "--bind", tree, spare], check=True)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "none", top], check=True)
+        for tree, spare in zip(keep, held):
+            os.makedirs(tree, exist_ok=True)
+            subprocess.run(["mount", "--bind", spare, tree], check=True)
+os.setgroups([])
+os.setresgid(user, user, user)
+os.setresuid(user, user, user)
+os.execve(sys.executable, [sys.executable, "-c", sys.argv[-1]], {
+    "PATH": os.environ["PATH"], "HOME": "/tmp", "PYTHONDONTWRITEBYTECODE": "1", "MINIDAPE_QUICK": "1"})
+"""
+PROBE = """
+import json, sys, textwrap
+from minidape import grade
+from minidape.classroom import sandbox
+level = sandbox.isolation()
+if level != "userns":
+    print(json.dumps({"level": level})); sys.exit(0)
+grader = grade.Grader(grade.editions(), level, grade.worker_env(), timeout=60)
+worker = grader.start(0)
+worker.wait_ready(grade.START_TIMEOUT)
+cell = textwrap.dedent('''
+    import json, os, minidape
+    top = os.path.dirname(os.path.dirname(minidape.__file__))
+    try:
+        open(minidape.__file__, "a").close()
+        written = "written"
+    except OSError as error:
+        written = type(error).__name__ + str(error.errno)
+    import ctypes
+    libc = ctypes.CDLL(None, use_errno=True)
+    remounted = libc.mount(b"none", b"/", b"", 32 | 4096, b"")  # MS_REMOUNT | MS_BIND, read-write
+    capabilities = [l.split()[1] for l in open("/proc/self/status") if l.startswith("CapEff")][0]
+    print(json.dumps({"uid": os.getuid(), "listed": sorted(os.listdir(top)),
+                      "remounted": [remounted, ctypes.get_errno()], "capabilities": capabilities,
+                      "processes": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                      "links": sorted(os.listdir("/sys/class/net")) if os.path.isdir("/sys/class/net") else None,
+                      "net": [line.split(":")[0].strip() for line in open("/proc/net/dev").readlines()[2:]],
+                      "written": written, "root": sorted(os.listdir("/"))}))
+''')
+outputs = worker.request("run", 0, cell, timeout=60)
+grader.stop(worker)
+print(json.dumps({"level": level, "seen": "".join(o.get("text", "") or str(o) for o in outputs)}))
+"""
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="run by a non-root user, the tests above already use level userns")
+def test_a_teacher_who_is_not_root_gets_the_userns_view():
+    """The userns level as an unprivileged teacher gets it: the view of root's level (only the package copy of the
+    checkout, its own processes, only loopback), read-only (EROFS writing into the package copy), and no
+    capability in its user namespace, so it cannot remount that view writable (EPERM). Skipped, saying why, where
+    the kernel refuses unprivileged user namespaces."""
+    import subprocess
+    import sys
+
+    needed = sorted({os.path.realpath(p) for p in (sys.base_prefix, sys.prefix, ROOT)})
+    done = subprocess.run(
+        ["unshare", "--mount", "--propagation", "private", sys.executable, "-c", AS_NOBODY, *needed, PROBE],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    if report["level"] != "userns":
+        pytest.skip(f"an unprivileged user gets level {report['level']!r} here: the kernel refuses it user namespaces")
+    seen = json.loads(report["seen"])
+    assert seen["uid"] == 0  # the teacher's user, mapped to root in its user namespace
+    assert "tests" not in seen["listed"] and "notebooks" not in seen["listed"]
+    assert seen["processes"] == [1] and "minidape" in seen["listed"]  # its own PID namespace; the copy
+    assert seen["net"] == ["lo"]
+    assert seen["written"] == "OSError30"  # EROFS: the view is read-only
+    assert seen["capabilities"] == "0000000000000000" and seen["remounted"] == [-1, 1]  # none: EPERM

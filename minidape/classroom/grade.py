@@ -242,7 +242,7 @@ class Grader:
             last = max(i for i, c in enumerate(submission.cells) if c.get("checks") in {e.name for e in judged})
             copies = [{"cell_type": c["cell_type"], "source": c["source"]} for c in submission.cells[: last + 1]]
             run = Submission(submission.student, submission.path)
-            judged_answers, judged_channel = self._answers(started[-1], copies, run, ask)
+            judged_answers, judged_channel = self._answers(started[-1], copies, run, ask, figures=False)
             rows.update(
                 {e.name: self._judge(e, judged_answers, judged_channel, run.problem, predicted(e)) for e in judged}
             )
@@ -257,14 +257,15 @@ class Grader:
                     f"run. Move it into a cell of its own above the check cell."
                 )
 
-    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission, ask=None):
+    def _answers(self, worker: sandbox.Worker, cells: list[dict], submission: Submission, ask=None, figures=True):
         """Run ``cells`` in ``worker`` (what stopped them goes to ``submission.problem``; ``ask``: see
         :meth:`_cell_outputs`); the answers their check cells recorded (None when there are none to be had) and
-        the channel the checks reach them through."""
+        the channel the checks reach them through. ``figures``: whether the worker draws the figures a cell made
+        (a judged run's outputs are not kept: it closes them undrawn)."""
         answers, channel = None, None
         try:
             worker.wait_ready(START_TIMEOUT)
-            submission.problem = self._run(cells, worker, ask)
+            submission.problem = self._run(cells, worker, ask, figures)
             channel = sandbox.Channel(worker, time.monotonic() + self.timeout)  # the checks' time starts
             if worker.alive:
                 answers = channel.request("answers")
@@ -286,14 +287,14 @@ class Grader:
                 continue
             return worker.unpack(message)
 
-    def _run(self, cells: list[dict], worker: sandbox.Worker, ask=None) -> str:
+    def _run(self, cells: list[dict], worker: sandbox.Worker, ask=None, figures: bool = True) -> str:
         """Execute the code cells in order; what stopped or broke the run ("" when nothing did)."""
         deadline, errors, room = time.monotonic() + self.timeout, [], sandbox.MAX_NOTEBOOK_OUTPUT
         for index, cell in enumerate(cells):
             if cell["cell_type"] != "code":
                 continue
             try:
-                worker.send_only("run", index, cell["source"], deadline=deadline)
+                worker.send_only("run", index, cell["source"], figures, deadline=deadline)
                 try:
                     outputs = self._cell_outputs(worker, deadline, ask)
                     stopped = ""

@@ -17,8 +17,12 @@ from .helpers import (
     _fresh_generator,
     _given,
     _measurement,
+    _mode,
     _number,
     _prediction_credit,
+    _run_models,
+    _this_run,
+    _validation_tokens,
 )
 
 
@@ -170,7 +174,9 @@ def far_attention(your_function):
     ),
     points=2,
 )
-def locality(prediction, shares):
+def locality(prediction, shares, recomputed=None):
+    """The grader binds ``recomputed`` (:func:`_grader_far_shares`): its own measurement of the run's two models,
+    which the shares handed in must be."""
     predicted = _choice(prediction, ("kerple_log", "dape-kerple"), "more_local (your prediction)")
     shares = _given(shares, "far_shares (your measurement)")
     if not isinstance(shares, dict) or set(shares) != {"kerple_log", "dape-kerple"}:
@@ -181,7 +187,10 @@ def locality(prediction, shares):
             f"attention shares lie between 0 and 1; yours are {values}",
             hint="far_attention returns a probability mass: a sum of softmax weights, averaged",
         )
-    truth, source = _measurement("locality", values, {name: f"far attention share of {name}" for name in values})
+    labels = {name: f"far attention share of {name}" for name in values}
+    if recomputed is not None:
+        _this_run(values, recomputed(), labels)
+    truth, source = _measurement("locality", values, labels)
     local = min(truth, key=truth.get)
     shares = _distinct(100 * truth[local], 100 * max(truth.values()), digits=3)
     return _prediction_credit(
@@ -189,3 +198,47 @@ def locality(prediction, shares):
         predicted == local,
         f"in {source}, {local} puts less attention beyond one training length ({shares[0]}% against {shares[1]}%)",
     )
+
+
+def _grader_far_shares(answers, channel):
+    """What the grader binds to locality's ``recomputed``: its own far attention shares of the two models the run
+    trained (rebuilt from their weights, notebook 04's ``config()`` and ``config(refiner="dape")``), each averaged
+    over the notebook's two windows of the budget's longest length (the first and the last of the validation
+    split), from minidape's attention maps."""
+
+    def measure() -> dict[str, float]:
+        from ...model import GPTConfig
+        from ..notebook import books_budget
+
+        budget = books_budget(quick=_mode() == "quick")
+        L, T = budget.train_length, budget.lengths[-1]
+
+        def config(refiner):
+            return GPTConfig(
+                n_layer=2, n_head=4, n_embd=64, block_size=L, pe="kerple_log", refiner=refiner, refiner_width=32
+            )
+
+        models = _run_models(channel, {"kerple_log": config("none"), "dape-kerple": config("dape")})
+        tokens = _validation_tokens()
+        windows = [tokens[:T].long()[None], tokens[-T:].long()[None]]
+        with torch.no_grad():
+            return {
+                name: sum(
+                    torch.stack(
+                        [
+                            model.attention_maps(window, layer)["probs"][0, :, -1, : T - L].sum(-1)
+                            for layer in range(model.cfg.n_layer)
+                        ]
+                    )
+                    .mean()
+                    .item()
+                    for window in windows
+                )
+                / len(windows)
+                for name, model in models.items()
+            }
+
+    return measure
+
+
+framework.MEASURED_BY_GRADER["locality"] = _grader_far_shares

@@ -507,6 +507,86 @@ def _record(path: str, name: str, measured: dict) -> None:
     os.replace(partial, target)
 
 
+def _budget_lengths(train_length, longest) -> None:
+    """An experiment of the books notebooks (03-06) reads its table at the budget's training length and longest
+    length (``notebook.books_budget`` of the mode it runs in), not at lengths the notebook was edited to use: a
+    table cut to one length (``LONGEST = TRAIN_LENGTH``) measures nothing beyond the training length."""
+    from ..notebook import books_budget
+
+    budget = books_budget(quick=_mode() == "quick")
+    if (train_length, longest) != (budget.train_length, budget.lengths[-1]):
+        raise Wrong(
+            f"your run reads its table at TRAIN_LENGTH = {train_length!r} and LONGEST = {longest!r}; the "
+            f"notebook's budget ({_mode()} mode) trains at {budget.train_length} and measures up to "
+            f"{budget.lengths[-1]}",
+            code="lengths-not-the-budgets",
+            hint="keep the notebook's settings (BUDGET, LENGTHS, LONGEST) as they are: the experiment is judged on "
+            "its run",
+        )
+
+
+# ------------------------------------------------------------------ experiments: the grader's own measurement
+# In the grader a table handed in must be the judged run's own: the grader takes the weights of the models the run
+# trained (its variable `models`) as data, loads them into models it builds itself from the notebook's config, and
+# measures them with its own code on its own copy of the validation split over the budget's lengths. A table typed
+# in or copied from a classmate is not what the run's models measure; nothing the run redefines (minidape's or
+# torch's functions, its variables) takes part in the grader's measurement.
+
+OWN_RUN = 1e-3  # relative difference allowed between the run's table and the grader's measurement of the run's
+# models: the same weights and code, another process (thread count, summation order)
+
+
+def _run_models(channel, configs: dict) -> dict:
+    """The judged run's trained models named in ``configs`` ({name in its ``models``: the notebook's config}),
+    rebuilt in the grader's process from their weights (taken as data, loaded strictly)."""
+    from ...model import GPT
+
+    def refused(why: str) -> Wrong:
+        return Wrong(
+            f"the grader measures the models your run trained (its variable models, {sorted(configs)} as the "
+            f"notebook builds them) and could not take them: {why[:300]}",
+            code="run-models-missing",
+            hint="keep the notebook's training cell and its models as they are: the grader measures those",
+        )
+
+    try:
+        models = channel.request("variable", "models")
+    except framework.StudentError as error:
+        raise refused(str(error)) from None
+    if not isinstance(models, dict) or not set(configs) <= set(models):
+        raise refused(f"models is {sorted(map(str, models)) if isinstance(models, dict) else _type_name(models)}")
+    rebuilt = {}
+    for name, cfg in configs.items():
+        try:
+            weights = models[name].state_dict()
+            model = GPT(cfg)
+            model.load_state_dict(weights, strict=True)
+        except (framework.StudentError, NotDone, RuntimeError, TypeError, AttributeError) as error:
+            raise refused(f"models[{name!r}]: {error}") from None
+        rebuilt[name] = model.eval()
+    return rebuilt
+
+
+def _validation_tokens() -> torch.Tensor:
+    """The books notebooks' validation split, read by the grader itself (as their ``val_tokens``)."""
+    from ...lab.data import load_corpus
+
+    return load_corpus("austen", "val")
+
+
+def _this_run(yours: dict[str, float], grader: dict[str, float], labels: dict[str, str]) -> None:
+    """The table handed in is the grader's measurement of the run's own models (:data:`OWN_RUN`)."""
+    for key, value in grader.items():
+        if not abs(yours[key] - value) <= OWN_RUN * abs(value) + 1e-6:
+            raise Wrong(
+                f"your table's {labels[key]} is {yours[key]:.6g}; the models your run trained measure {value:.6g} "
+                f"(the grader's own measurement of their weights)",
+                code="measurement-not-this-runs",
+                hint="a measurement comes from the models the notebook trains, in this run: take the numbers from "
+                "its tables, never type or copy them in",
+            )
+
+
 def _measurement(
     name: str, measured: dict[str, float], labels: dict[str, str], agree: float = AGREE
 ) -> tuple[dict[str, float], str]:

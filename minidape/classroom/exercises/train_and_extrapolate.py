@@ -6,8 +6,23 @@ import math
 
 import torch
 
+from . import framework
 from .framework import Wrong, _exercise
-from .helpers import _compare, _draw, _fresh_generator, _given, _measurement, _number, _prediction, _prediction_credit
+from .helpers import (
+    _budget_lengths,
+    _compare,
+    _draw,
+    _fresh_generator,
+    _given,
+    _measurement,
+    _mode,
+    _number,
+    _prediction,
+    _prediction_credit,
+    _run_models,
+    _this_run,
+    _validation_tokens,
+)
 
 
 @_exercise(
@@ -21,9 +36,12 @@ from .helpers import _compare, _draw, _fresh_generator, _given, _measurement, _n
     ),
     points=2,
 )
-def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
+def rope_ratio(prediction, measured_ratio, last_k, train_length, longest, recomputed=None):
+    """The grader binds ``recomputed`` (:func:`_grader_rope`): its own measurement of the run's RoPE model, which
+    the table handed in must be."""
     predicted = _prediction(prediction, "rope_breaks (your prediction)")
     measured = _number(measured_ratio, "rope_ratio (your measurement)")
+    _budget_lengths(train_length, longest)
     yours = last_k["rope"][longest] / last_k["rope"][train_length]
     if abs(measured - yours) > 1e-6 * yours and abs(measured - 1 / yours) <= 1e-6 / yours:
         raise Wrong(
@@ -35,11 +53,11 @@ def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
             f"your ratio {measured:.4g} is not RoPE's last_k perplexity at {longest} over its perplexity at "
             f"{train_length}"
         )
-    truth, source = _measurement(
-        "rope_ratio",
-        {"train_length": last_k["rope"][train_length], "longest": last_k["rope"][longest]},
-        {"train_length": f"RoPE perplexity at {train_length}", "longest": f"RoPE perplexity at {longest}"},
-    )
+    table = {"train_length": last_k["rope"][train_length], "longest": last_k["rope"][longest]}
+    labels = {"train_length": f"RoPE perplexity at {train_length}", "longest": f"RoPE perplexity at {longest}"}
+    if recomputed is not None:
+        _this_run(table, recomputed(), labels)
+    truth, source = _measurement("rope_ratio", table, labels)
     want = truth["longest"] / truth["train_length"]
     return _prediction_credit(
         2,
@@ -48,6 +66,30 @@ def rope_ratio(prediction, measured_ratio, last_k, train_length, longest):
         f"{measured:.2f}), so it {'more' if want > 2 else 'less'} "
         f"than doubles",
     )
+
+
+def _grader_rope(answers, channel):
+    """What the grader binds to rope_ratio's ``recomputed``: its own last_k measurement of the RoPE model the run
+    trained (rebuilt from its weights, notebook 03's ``config("rope")``), over the budget's lengths, at the
+    training length and the longest."""
+
+    def measure() -> dict[str, float]:
+        from ...lab.evaluate import perplexity_by_length
+        from ...model import GPTConfig
+        from ..notebook import books_budget
+
+        budget = books_budget(quick=_mode() == "quick")
+        cfg = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=budget.train_length, pe="rope")
+        model = _run_models(channel, {"rope": cfg})["rope"]
+        curve = perplexity_by_length(
+            model, _validation_tokens(), budget.lengths, protocol="last_k", n_windows=budget.eval_windows
+        )
+        return {"train_length": curve[budget.train_length], "longest": curve[budget.lengths[-1]]}
+
+    return measure
+
+
+framework.MEASURED_BY_GRADER["rope_ratio"] = _grader_rope
 
 
 @_exercise(

@@ -160,6 +160,8 @@ def isolate(setup: dict) -> None:
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
         ctypes.CDLL(None).prctl(38, 1, 0, 0, 0)  # PR_SET_NO_NEW_PRIVS: no setuid programs either
+    if setup["level"] == "userns":
+        _no_capabilities()
     _new_session_keyring()  # last: the keyring belongs to the user the worker runs as
 
 
@@ -261,6 +263,22 @@ def _mount_namespace(setup: dict) -> None:
     os.chdir("/")
     mount("none", "/", "", remount | read_only | nosuid | nodev)  # the view's own folders, read-only too
     os.chdir("/tmp")
+
+
+def _no_capabilities() -> None:
+    """Level userns: the worker is root of its own user namespace, which holds every capability there (it could
+    remount its view writable, mount or unshare again). Root's special case locked off (securebits NOROOT) and the
+    ambient set cleared, the worker proper this process becomes by execve starts with no capability at all, as
+    bubblewrap's unprivileged sandbox does; no_new_privs keeps it so."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    set_securebits, noroot, noroot_locked, ambient, clear_all, no_new_privs = 28, 1, 2, 47, 4, 38
+    for option, value, what in (
+        (set_securebits, noroot | noroot_locked, "securebits NOROOT"),
+        (ambient, clear_all, "clear the ambient capabilities"),
+        (no_new_privs, 1, "no_new_privs"),
+    ):
+        if libc.prctl(option, value, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), what)
 
 
 def _syscall(name: str) -> int:
