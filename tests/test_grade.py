@@ -805,3 +805,49 @@ def test_far_shares_must_be_the_grader_measurement_of_the_runs_own_models(worker
     assert exercises.verdict("locality", local, shares, recomputed)[::2] == ("passed", 2)
     copied = {name: value * 1.05 for name, value in shares.items()}
     assert exercises.verdict("locality", local, copied, recomputed).code == "measurement-not-this-runs"
+
+
+def test_fox_gates_must_be_the_grader_measurement_of_the_runs_own_model(worker, monkeypatch):
+    """8.3 as 3.1 and 4.4: the mean gates handed in are the grader's measurement of the FoX model the run trained
+    (notebook 08's `trained["FoX"]`, 4 layers), the mean of f_t = exp(log_forget) over layers and heads after
+    each kind of byte of the first 4,096 bytes of the validation split, written out here from notebook 08's cell.
+    A typed table, one copied from a classmate, or a run without the model earns nothing."""
+    from minidape.lab.data import load_corpus
+    from minidape.model import GPT, GPTConfig
+
+    fox = dict(n_layer=4, n_head=4, n_embd=64, block_size=64, pe="fox")
+    worker.request(
+        "run",
+        0,
+        f"import torch, minidape as md\ntorch.manual_seed(0)\ntrained = {{'FoX': md.GPT(md.GPTConfig(**{fox!r}))}}",
+        timeout=60,
+    )
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(**fox)).eval()  # the worker's weights: same seed, same construction
+    text = load_corpus("austen", "val")[:4096]
+    with torch.no_grad():
+        x, inputs = model.hidden_states(text[None].long(), upto_layer=0)
+        gates = []
+        for layer, block in enumerate(model.blocks):
+            gates.append(block.attn.data_bias.log_forget(block.ln_1(x)).exp()[0])
+            x = block(x, inputs[layer])
+    per_byte = torch.cat(gates).mean(0)
+    kinds = {
+        "letter": torch.tensor([chr(b).isalpha() for b in text.tolist()]),
+        "space": text == ord(" "),
+        "newline": text == ord("\n"),
+        "punctuation": torch.tensor([chr(b) in ".,;:!?\"'-" for b in text.tolist()]),
+    }
+    mean_gate = {kind: per_byte[where].mean().item() for kind, where in kinds.items()}
+    _quick_references(monkeypatch, "where_fox_forgets", mean_gate)
+    recomputed = exercises.MEASURED_BY_GRADER["where_fox_forgets"](
+        None, sandbox.Channel(worker, time.monotonic() + 120)
+    )
+    lowest = min(mean_gate, key=mean_gate.get)
+    assert exercises.verdict("where_fox_forgets", lowest, lowest, mean_gate, recomputed)[::2] == ("passed", 2)
+    copied = {kind: value * 1.005 for kind, value in mean_gate.items()}  # within the reference's 2 %
+    assert (
+        exercises.verdict("where_fox_forgets", lowest, lowest, copied, recomputed).code == "measurement-not-this-runs"
+    )
+    worker.request("run", 1, "del trained", timeout=60)
+    assert exercises.verdict("where_fox_forgets", lowest, lowest, mean_gate, recomputed).code == "run-models-missing"

@@ -536,25 +536,25 @@ OWN_RUN = 1e-3  # relative difference allowed between the run's table and the gr
 # models: the same weights and code, another process (thread count, summation order)
 
 
-def _run_models(channel, configs: dict) -> dict:
-    """The judged run's trained models named in ``configs`` ({name in its ``models``: the notebook's config}),
-    rebuilt in the grader's process from their weights (taken as data, loaded strictly)."""
+def _run_models(channel, configs: dict, variable: str = "models") -> dict:
+    """The judged run's trained models named in ``configs`` ({name in its dict ``variable``: the notebook's
+    config}), rebuilt in the grader's process from their weights (taken as data, loaded strictly)."""
     from ...model import GPT
 
     def refused(why: str) -> Wrong:
         return Wrong(
-            f"the grader measures the models your run trained (its variable models, {sorted(configs)} as the "
+            f"the grader measures the models your run trained (its variable {variable}, {sorted(configs)} as the "
             f"notebook builds them) and could not take them: {why[:300]}",
             code="run-models-missing",
             hint="keep the notebook's training cell and its models as they are: the grader measures those",
         )
 
     try:
-        models = channel.request("variable", "models")
+        models = channel.request("variable", variable)
     except framework.StudentError as error:
         raise refused(str(error)) from None
     if not isinstance(models, dict) or not set(configs) <= set(models):
-        raise refused(f"models is {sorted(map(str, models)) if isinstance(models, dict) else _type_name(models)}")
+        raise refused(f"{variable} is {sorted(map(str, models)) if isinstance(models, dict) else _type_name(models)}")
     rebuilt = {}
     for name, cfg in configs.items():
         try:
@@ -562,7 +562,7 @@ def _run_models(channel, configs: dict) -> dict:
             model = GPT(cfg)
             model.load_state_dict(weights, strict=True)
         except (framework.StudentError, NotDone, RuntimeError, TypeError, AttributeError) as error:
-            raise refused(f"models[{name!r}]: {error}") from None
+            raise refused(f"{variable}[{name!r}]: {error}") from None
         rebuilt[name] = model.eval()
     return rebuilt
 

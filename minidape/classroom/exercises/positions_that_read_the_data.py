@@ -6,8 +6,21 @@ import math
 
 import torch
 
+from . import framework
 from .framework import Wrong, _exercise
-from .helpers import _choice, _compare, _fresh_generator, _given, _measurement, _number, _prediction_credit
+from .helpers import (
+    _choice,
+    _compare,
+    _fresh_generator,
+    _given,
+    _measurement,
+    _mode,
+    _number,
+    _prediction_credit,
+    _run_models,
+    _this_run,
+    _validation_tokens,
+)
 
 GATE_KINDS = ("letter", "space", "punctuation", "newline")  # the kinds of byte of exercise 8.3
 
@@ -133,16 +146,22 @@ def focus_temperature(your_function):
     ),
     points=2,
 )
-def where_fox_forgets(prediction, measured, mean_gate):
+def where_fox_forgets(prediction, measured, mean_gate, recomputed=None):
+    """The grader binds ``recomputed`` (:func:`_grader_fox_gates`): its own measurement of the gates of the FoX
+    model the run trained, which ``mean_gate`` must be."""
     kinds = tuple(mean_gate)
     predicted = _choice(prediction, kinds, "fox_prediction (your prediction)")
     measured = _choice(measured, kinds, "forgets_most (your measurement)")
-    # graded: the gates must agree with the teacher's reference run of the same mode (like 3.1, 4.4 and 5.3: a
-    # typed mean_gate with nothing trained does not), and the prediction is judged on the full-mode reference
+    gates = {kind: _number(gate, f"mean_gate[{kind!r}]") for kind, gate in mean_gate.items()}
+    labels = {kind: f"mean forget gate after {kind} bytes" for kind in kinds}
+    if recomputed is not None:  # graded: the run's own model's gates, measured by the grader, not typed or copied
+        _this_run(gates, recomputed(), labels)
+    # the gates must also agree with the teacher's reference run of the same mode, and the prediction is judged on
+    # the full-mode reference
     truth, _ = _measurement(
         "where_fox_forgets",
-        {kind: _number(gate, f"mean_gate[{kind!r}]") for kind, gate in mean_gate.items()},
-        {kind: f"mean forget gate after {kind} bytes" for kind in kinds},
+        gates,
+        labels,
         agree=0.02,  # the gates lie close together below 1: 25 % would let any typed table through
     )
     lowest = min(mean_gate, key=mean_gate.get)
@@ -158,6 +177,48 @@ def where_fox_forgets(prediction, measured, mean_gate):
     return _prediction_credit(
         2, predicted == forgets, f"{forgets} bytes have the lowest mean gate ({truth[forgets]:.3f})"
     )
+
+
+FOX_TEXT = 4096  # 8.3 measures the gates over the first 4,096 bytes of the validation split
+
+
+def _mean_forget_gates(model, text: torch.Tensor) -> dict[str, float]:
+    """The mean forget gate $f_t$ of a FoX model after each kind of byte of ``text`` (over layers and heads): each
+    layer's gates computed from that layer's own input, as FoX's bias reads them."""
+    with torch.no_grad():
+        x, layer_inputs = model.hidden_states(text[None].long(), upto_layer=0)
+        per_layer = []
+        for layer, block in enumerate(model.blocks):
+            per_layer.append(block.attn.data_bias.log_forget(block.ln_1(x)).exp()[0])  # (n_head, T)
+            x = block(x, layer_inputs[layer])
+    per_byte = torch.cat(per_layer).mean(0)  # (T,)
+    characters = [chr(byte) for byte in text.tolist()]
+    kinds = {
+        "letter": torch.tensor([c.isalpha() for c in characters]),
+        "space": torch.tensor([c == " " for c in characters]),
+        "newline": torch.tensor([c == "\n" for c in characters]),
+        "punctuation": torch.tensor([c in ".,;:!?\"'-" for c in characters]),
+    }
+    return {kind: per_byte[where].mean().item() for kind, where in kinds.items() if where.any()}
+
+
+def _grader_fox_gates(answers, channel):
+    """What the grader binds to where_fox_forgets' ``recomputed``: the mean gates of the FoX model the run trained
+    (its ``trained["FoX"]``, rebuilt from its weights with notebook 08's config) over the validation text."""
+
+    def measure() -> dict[str, float]:
+        from ...model import GPTConfig
+        from ..notebook import books_budget
+
+        train_length = books_budget(quick=_mode() == "quick").train_length
+        cfg = GPTConfig(n_layer=4, n_head=4, n_embd=64, block_size=train_length, pe="fox")
+        model = _run_models(channel, {"FoX": cfg}, variable="trained")["FoX"]
+        return _mean_forget_gates(model, _validation_tokens()[:FOX_TEXT])
+
+    return measure
+
+
+framework.MEASURED_BY_GRADER["where_fox_forgets"] = _grader_fox_gates
 
 
 def _stick_breaking_by_loops(z: torch.Tensor, first: int = 1, last: int = 0, oldest_first: bool = False):
