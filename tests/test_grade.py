@@ -851,3 +851,67 @@ def test_fox_gates_must_be_the_grader_measurement_of_the_runs_own_model(worker, 
     )
     worker.request("run", 1, "del trained", timeout=60)
     assert exercises.verdict("where_fox_forgets", lowest, lowest, mean_gate, recomputed).code == "run-models-missing"
+
+
+LEAKY_CONV = '''
+from minidape.model import ConvRefiner
+
+
+class LeakyConvRefiner(ConvRefiner):  # notebook 05's leaky_conv: the conv refiner with its mask ignored
+    row_local = True
+
+    def __init__(self, cfg):
+        super().__init__(cfg)
+        self.key_margin = 2 * (cfg.refiner_kernel // 2)
+
+    def forward(self, scores, bias, mask):
+        return super().forward(scores, bias, torch.ones_like(mask))
+'''
+
+
+def test_leakage_losses_must_be_the_grader_measurement_of_the_runs_own_models(worker, monkeypatch):
+    """5.3 as 3.1: the final validation losses handed in (the histories' last entries) are the grader's measurement
+    of the run's two models, the honest conv and the leaky one (which reads the next key's score), on the windows
+    md.train logs its last val_loss on (quick mode: 8 windows of 65 bytes, seed 0), computed here from their
+    definition: the mean next-byte cross-entropy of each window."""
+    import torch.nn.functional as F
+
+    from minidape.lab.data import load_corpus
+    from minidape.model import GPT, GPTConfig, register_refiner
+
+    config = dict(n_layer=2, n_head=4, n_embd=64, block_size=64, pe="kerple_log", refiner_kernel=3)
+    build = (
+        f"torch.manual_seed(0)\nmodels = {{'conv k=3': md.GPT(md.GPTConfig(**{config!r}, refiner='conv')), "
+        f"'leaky_conv k=3': md.GPT(md.GPTConfig(**{config!r}, refiner='leaky_conv'))}}"
+    )
+    setup = f"import torch, minidape as md\n{LEAKY_CONV}\nmd.register_refiner('leaky_conv')(LeakyConvRefiner)\n"
+    worker.request("run", 0, setup + build, timeout=60)
+    namespace = {"torch": torch}
+    exec(LEAKY_CONV, namespace)  # noqa: S102 - the test's own class
+    register_refiner("leaky_conv")(namespace["LeakyConvRefiner"])
+    torch.manual_seed(0)
+    models = {
+        "conv k=3": GPT(GPTConfig(**config, refiner="conv")).eval(),
+        "leaky_conv k=3": GPT(GPTConfig(**config, refiner="leaky_conv")).eval(),
+    }
+    tokens = load_corpus("austen", "val")
+    starts = torch.randint(len(tokens) - 65 + 1, (8, 1), generator=torch.Generator().manual_seed(0))
+    windows = tokens[starts + torch.arange(65)].long()
+    with torch.no_grad():
+        losses = {
+            name: F.cross_entropy(model(windows[:, :-1])[0].flatten(0, 1), windows[:, 1:].flatten()).item()
+            for name, model in models.items()
+        }
+    assert losses["leaky_conv k=3"] != losses["conv k=3"]
+    _quick_references(monkeypatch, "leakage", losses)
+    recomputed = exercises.MEASURED_BY_GRADER["leakage"](None, sandbox.Channel(worker, time.monotonic() + 120))
+
+    def verdict(table):
+        histories = {name: [{"val_loss": 9.0}, {"val_loss": value}] for name, value in table.items()}
+        return exercises.verdict("leakage", True, dict(table), histories, recomputed)
+
+    assert verdict(losses)[0] == "passed"
+    copied = {name: value * 1.05 for name, value in losses.items()}  # within the reference's 25 %
+    assert verdict(copied).code == "measurement-not-this-runs"
+    worker.request("run", 1, "del models", timeout=60)
+    assert verdict(losses).code == "run-models-missing"

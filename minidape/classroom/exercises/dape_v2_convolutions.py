@@ -5,6 +5,10 @@ from __future__ import annotations
 import math
 from functools import partial
 
+import torch
+
+from ...model import ConvRefiner
+from . import framework
 from .framework import Wrong, _exercise
 from .helpers import (
     _compare_refiners,
@@ -14,13 +18,17 @@ from .helpers import (
     _fresh_generator,
     _given,
     _measurement,
+    _mode,
     _number,
     _prediction,
     _prediction_credit,
     _refiner_inputs,
     _remote,
+    _run_models,
+    _this_run,
     _told_apart,
     _undecided_credit,
+    _validation_tokens,
 )
 
 
@@ -136,7 +144,9 @@ def conv_refiner(your_class):
     ),
     points=2,
 )
-def leakage(prediction, measured, histories):
+def leakage(prediction, measured, histories, recomputed=None):
+    """The grader binds ``recomputed`` (:func:`_grader_final_losses`): its own validation losses of the two models the
+    run trained, which the histories' last entries must be."""
     predicted = _prediction(prediction, "leaky_is_lower (your prediction)")
     measured = _given(measured, "final_losses (your measurement)")
     want = {name: histories[name][-1]["val_loss"] for name in ("conv k=3", "leaky_conv k=3")}
@@ -151,7 +161,10 @@ def leakage(prediction, measured, histories):
             )
         if abs(got - value) > 1e-9:
             raise Wrong(f"final_losses[{name!r}] is not the last val_loss of histories[{name!r}]")
-    truth, source = _measurement("leakage", want, {name: f"final validation loss of {name!r}" for name in want})
+    labels = {name: f"final validation loss of {name!r}" for name in want}
+    if recomputed is not None:  # graded: the run's own models' losses, measured by the grader, not typed or copied
+        _this_run(want, recomputed(), labels)
+    truth, source = _measurement("leakage", want, labels)
     leaky, honest = truth["leaky_conv k=3"], truth["conv k=3"]
     shown = _distinct(leaky, honest, digits=4)
     if not _told_apart(leaky, honest):
@@ -167,3 +180,42 @@ def leakage(prediction, measured, histories):
         f"in {source} the leaky model's final loss ({shown[0]}) is {'lower' if lower else 'not lower'} than the "
         f"honest one's ({shown[1]})",
     )
+
+
+class _ConvWithoutTril(ConvRefiner):
+    """Notebook 05's ``leaky_conv`` as the grader rebuilds it from the run's weights: minidape's conv refiner, its
+    mask ignored (no tril), so the future scores reach the convolutions."""
+
+    def forward(self, scores, bias, mask):
+        return super().forward(scores, bias, torch.ones_like(mask))
+
+
+def _grader_final_losses(answers, channel):
+    """What the grader binds to leakage's ``recomputed``: the validation losses of the two models the run trained
+    (its ``models["conv k=3"]`` and ``models["leaky_conv k=3"]``, rebuilt from their weights with notebook 05's
+    config), on the windows ``md.train`` logs its last val_loss on (the budget's val_windows, seed 0). The leaky
+    model runs in the papers' form over whole windows (``fast=False``): its refiner reads keys past each row."""
+
+    def measure() -> dict[str, float]:
+        from ...lab.data import fixed_windows
+        from ...lab.train import validation_loss
+        from ...model import GPTConfig
+        from ..notebook import books_budget
+
+        budget = books_budget(quick=_mode() == "quick")
+        config = dict(n_layer=2, n_head=4, n_embd=64, block_size=budget.train_length, pe="kerple_log")
+        config.update(refiner="conv", refiner_kernel=3)
+        models = _run_models(
+            channel, {"conv k=3": GPTConfig(**config), "leaky_conv k=3": GPTConfig(**config, fast=False)}
+        )
+        for block in models["leaky_conv k=3"].blocks:
+            block.attn.refiner.__class__ = _ConvWithoutTril  # the same parameters, the mask ignored
+        windows = fixed_windows(_validation_tokens(), budget.train_length + 1, budget.val_windows, seed=0)
+        return {
+            name: validation_loss(model, windows, budget.batch, torch.device("cpu")) for name, model in models.items()
+        }
+
+    return measure
+
+
+framework.MEASURED_BY_GRADER["leakage"] = _grader_final_losses
