@@ -12,7 +12,7 @@ NOTEBOOKS := $(wildcard notebooks/[0-9][0-9]_*.py)
 NBTEST := .nbtest
 
 .PHONY: demo test lint test-unit test-gpu test-notebooks notebooks student lab handout bench clean book test-book \
-	test-colab pair
+	test-colab test-hostile pair
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -37,12 +37,17 @@ lint: $(STAMP)
 # per core (pytest-xdist), each test file in one process (--dist loadfile: a file's shared fixtures, such as the
 # hostile submissions graded once, are computed once). The grader's workers of two processes never meet: user
 # ids and cgroups are per grader process.
-# The browser test of the book and the tests of an installed package (Colab's, a hand-out's) are left to their
-# own targets (test-book, test-colab, which .ci/run runs after this): they take minutes, and `make test` is kept
-# under ten.
+# The browser test of the book, the tests of an installed package (Colab's, a hand-out's) and the grader's hostile
+# submissions are left to their own targets (test-book, test-colab, test-hostile, which .ci/run runs after this):
+# they take minutes each, and `make test` is kept under ten.
 test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -n auto --dist loadfile tests --ignore=tests/test_book.py \
-	  --ignore=tests/test_colab.py
+	  --ignore=tests/test_colab.py --ignore=tests/test_grade_hostile.py
+
+# The grader against hostile submissions (tests/test_grade_hostile.py): 36 of them graded in the sandbox
+# at once, each case's marks and every attack's refusal checked (minutes: several sandboxed workers per submission).
+test-hostile: $(STAMP)
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/test_grade_hostile.py
 
 # On a machine with a CUDA GPU (and a CUDA build of torch: make test-gpu TORCH=torch): tests/test_gpu.py, which
 # MINIDAPE_EXPECT_GPU=1 makes fail instead of skip without a GPU (it also trains the demo in quick mode), then every

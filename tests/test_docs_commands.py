@@ -96,6 +96,7 @@ MAPPED = {
     ),
     "make test-book": "tests/test_book.py",
     "make test-colab": "tests/test_colab.py::test_every_student_notebook_installs_minidape_and_runs_in_quick_mode",
+    "make test-hostile": "tests/test_grade_hostile.py",
     "make pair": (
         "tests/test_book_editions.py::test_make_pair_gives_an_unpaired_executed_notebook_its_colab_cell_and_keeps_its_outputs"
     ),
