@@ -44,7 +44,7 @@ test-unit: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -n auto --dist loadfile tests --ignore=tests/test_book.py \
 	  --ignore=tests/test_colab.py --ignore=tests/test_grade_hostile.py
 
-# The grader against hostile submissions (tests/test_grade_hostile.py): 36 of them graded in the sandbox
+# The grader against hostile submissions (tests/test_grade_hostile.py): 36 (34 hostile, 2 honest) graded in the sandbox
 # at once, each case's marks and every attack's refusal checked (minutes: several sandboxed workers per submission).
 test-hostile: $(STAMP)
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -rs -p no:cacheprovider tests/test_grade_hostile.py
