@@ -9,6 +9,7 @@ import torch
 from . import framework  # framework.CHECK_DEVICE is read at call time (the grader sets it)
 from .framework import Credit, Wrong, _exercise
 from .helpers import (
+    _books_budget,
     _choice,
     _compare_refiners,
     _config,
@@ -17,7 +18,6 @@ from .helpers import (
     _fresh_generator,
     _given,
     _measurement,
-    _mode,
     _number,
     _prediction_credit,
     _run_models,
@@ -208,9 +208,8 @@ def _grader_far_shares(answers, channel):
 
     def measure() -> dict[str, float]:
         from ...model import GPTConfig
-        from ..notebook import books_budget
 
-        budget = books_budget(quick=_mode() == "quick")
+        budget = _books_budget()
         L, T = budget.train_length, budget.lengths[-1]
 
         def config(refiner):

@@ -11,6 +11,7 @@ from ...model import ConvRefiner
 from . import framework
 from .framework import Wrong, _exercise
 from .helpers import (
+    _books_budget,
     _compare_refiners,
     _config,
     _distinct,
@@ -18,7 +19,6 @@ from .helpers import (
     _fresh_generator,
     _given,
     _measurement,
-    _mode,
     _number,
     _prediction,
     _prediction_credit,
@@ -200,9 +200,8 @@ def _grader_final_losses(answers, channel):
         from ...lab.data import fixed_windows
         from ...lab.train import validation_loss
         from ...model import GPTConfig
-        from ..notebook import books_budget
 
-        budget = books_budget(quick=_mode() == "quick")
+        budget = _books_budget()
         config = dict(n_layer=2, n_head=4, n_embd=64, block_size=budget.train_length, pe="kerple_log")
         config.update(refiner="conv", refiner_kernel=3)
         models = _run_models(

@@ -507,13 +507,18 @@ def _record(path: str, name: str, measured: dict) -> None:
     os.replace(partial, target)
 
 
+def _books_budget():
+    """The books notebooks' budget (``notebook.books_budget``, 03-06 and 08) of the mode this answer is judged in."""
+    from ..notebook import books_budget
+
+    return books_budget(quick=_mode() == "quick")
+
+
 def _budget_lengths(train_length, longest) -> None:
     """An experiment of the books notebooks (03-06) reads its table at the budget's training length and longest
     length (``notebook.books_budget`` of the mode it runs in), not at lengths the notebook was edited to use: a
     table cut to one length (``LONGEST = TRAIN_LENGTH``) measures nothing beyond the training length."""
-    from ..notebook import books_budget
-
-    budget = books_budget(quick=_mode() == "quick")
+    budget = _books_budget()
     if (train_length, longest) != (budget.train_length, budget.lengths[-1]):
         raise Wrong(
             f"your run reads its table at TRAIN_LENGTH = {train_length!r} and LONGEST = {longest!r}; the "

@@ -9,12 +9,12 @@ import torch
 from . import framework
 from .framework import Wrong, _exercise
 from .helpers import (
+    _books_budget,
     _choice,
     _compare,
     _fresh_generator,
     _given,
     _measurement,
-    _mode,
     _number,
     _prediction_credit,
     _run_models,
@@ -208,9 +208,8 @@ def _grader_fox_gates(answers, channel):
 
     def measure() -> dict[str, float]:
         from ...model import GPTConfig
-        from ..notebook import books_budget
 
-        train_length = books_budget(quick=_mode() == "quick").train_length
+        train_length = _books_budget().train_length
         cfg = GPTConfig(n_layer=4, n_head=4, n_embd=64, block_size=train_length, pe="fox")
         model = _run_models(channel, {"FoX": cfg}, variable="trained")["FoX"]
         return _mean_forget_gates(model, _validation_tokens()[:FOX_TEXT])

@@ -9,13 +9,13 @@ import torch
 from . import framework
 from .framework import Wrong, _exercise
 from .helpers import (
+    _books_budget,
     _budget_lengths,
     _compare,
     _draw,
     _fresh_generator,
     _given,
     _measurement,
-    _mode,
     _number,
     _prediction,
     _prediction_credit,
@@ -76,9 +76,8 @@ def _grader_rope(answers, channel):
     def measure() -> dict[str, float]:
         from ...lab.evaluate import perplexity_by_length
         from ...model import GPTConfig
-        from ..notebook import books_budget
 
-        budget = books_budget(quick=_mode() == "quick")
+        budget = _books_budget()
         cfg = GPTConfig(n_layer=2, n_head=4, n_embd=64, block_size=budget.train_length, pe="rope")
         model = _run_models(channel, {"rope": cfg})["rope"]
         curve = perplexity_by_length(
