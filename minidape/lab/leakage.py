@@ -1,13 +1,16 @@
 """Models that read the future: a decoder whose outputs depend on later tokens (`decoder_leaks`), refused by
 `train`, `compare` and `reproduce` unless `allow_leakage` (then a warning), as is an encoder on next-token
-prediction (`train`)."""
+prediction (`train`); and the refiner broken on purpose to show one (`ConvRefinerWithoutTril`: the study's C4,
+notebook 05's leaky_conv)."""
 
 from __future__ import annotations
 
 import dataclasses
 import warnings
 
-from ..model import GPTConfig, check_causal
+import torch
+
+from ..model import ConvRefiner, GPTConfig, check_causal
 from ..utils import model_label
 
 
@@ -42,3 +45,21 @@ def refuse_leak(message: str, fix: str, allow_leakage: bool, stacklevel: int) ->
         )
     warnings.warn(f"{message} (allowed: allow_leakage=True)", stacklevel=stacklevel)
     return True
+
+
+class ConvRefinerWithoutTril(ConvRefiner):
+    """BROKEN ON PURPOSE (claim C4, and the grader's copy of notebook 05's leaky_conv): DAPE-V2's conv refiner
+    without ``tril``, the paper's "cheating" run (§4.5, Figure 6). The masked (future) scores are NOT zeroed
+    before the convolutions, so the score $q_i \\cdot k_{i+1}$, computed from the very token position $i$ must
+    predict, is moved onto the diagonal cell by the 1 x k kernel. Never use it for a real model."""
+
+    row_local = True  # 1 x k convolutions along the keys: each row alone, so the fast path's blocks run it
+
+    def __init__(self, cfg: GPTConfig):
+        super().__init__(cfg)
+        # Two stacked 1 x k convolutions read k//2 keys each past the diagonal: the blocked attention must hand
+        # this refiner that many future keys, or the leak it is meant to show would be cut off at block edges.
+        self.key_margin = 2 * (cfg.refiner_kernel // 2)
+
+    def forward(self, scores, bias, mask):
+        return super().forward(scores, bias, torch.ones_like(mask))  # every cell "allowed": no tril

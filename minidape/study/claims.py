@@ -6,29 +6,10 @@ from __future__ import annotations
 import dataclasses
 import math
 
-import torch
-
-from ..model import REFINER_NAMES, ConvRefiner, GPTConfig, register_refiner
+from ..lab.leakage import ConvRefinerWithoutTril
+from ..model import REFINER_NAMES, register_refiner
 
 # ----------------------------------------------------------------------------- the leaky refiner of C4
-
-
-class ConvRefinerWithoutTril(ConvRefiner):
-    """BROKEN ON PURPOSE (claim C4 only): DAPE-V2's conv refiner without ``tril``, the paper's "cheating"
-    run (§4.5, Figure 6). The masked (future) scores are NOT zeroed before the convolutions, so the score
-    $q_i \\cdot k_{i+1}$, computed from the very token position $i$ must predict, is moved onto the diagonal
-    cell by the 1 x k kernel. Never use it for a real model."""
-
-    row_local = True  # 1 x k convolutions along the keys: each row alone, so the fast path's blocks run it
-
-    def __init__(self, cfg: GPTConfig):
-        super().__init__(cfg)
-        # Two stacked 1 x k convolutions read k//2 keys each past the diagonal: the blocked attention must hand
-        # this refiner that many future keys, or the leak it is meant to show would be cut off at block edges.
-        self.key_margin = 2 * (cfg.refiner_kernel // 2)
-
-    def forward(self, scores, bias, mask):
-        return super().forward(scores, bias, torch.ones_like(mask))  # every cell "allowed": no tril
 
 
 LEAKY_REFINER = "conv_no_tril"

@@ -7,7 +7,7 @@ from functools import partial
 
 import torch
 
-from ...model import ConvRefiner
+from ...lab.leakage import ConvRefinerWithoutTril
 from . import framework
 from .framework import Wrong, _exercise
 from .helpers import (
@@ -182,14 +182,6 @@ def leakage(prediction, measured, histories, recomputed=None):
     )
 
 
-class _ConvWithoutTril(ConvRefiner):
-    """Notebook 05's ``leaky_conv`` as the grader rebuilds it from the run's weights: minidape's conv refiner, its
-    mask ignored (no tril), so the future scores reach the convolutions."""
-
-    def forward(self, scores, bias, mask):
-        return super().forward(scores, bias, torch.ones_like(mask))
-
-
 def _grader_final_losses(answers, channel):
     """What the grader binds to leakage's ``recomputed``: the validation losses of the two models the run trained
     (its ``models["conv k=3"]`` and ``models["leaky_conv k=3"]``, rebuilt from their weights with notebook 05's
@@ -208,7 +200,7 @@ def _grader_final_losses(answers, channel):
             channel, {"conv k=3": GPTConfig(**config), "leaky_conv k=3": GPTConfig(**config, fast=False)}
         )
         for block in models["leaky_conv k=3"].blocks:
-            block.attn.refiner.__class__ = _ConvWithoutTril  # the same parameters, the mask ignored
+            block.attn.refiner.__class__ = ConvRefinerWithoutTril  # the same parameters, the mask ignored
         windows = fixed_windows(_validation_tokens(), budget.train_length + 1, budget.val_windows, seed=0)
         return {
             name: validation_loss(model, windows, budget.batch, torch.device("cpu")) for name, model in models.items()
