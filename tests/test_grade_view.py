@@ -260,13 +260,20 @@ for path in needed:
     if blocked:
         top = blocked[-1]
         keep = [p for p in needed if p.startswith(top + "/")]
-        held = [subprocess.run(["mktemp", "-d"], capture_output=True, text=True, check=True).stdout.strip()
-                for _ in keep]
+        if top in needed:  # a closed tree that is itself needed (a checkout in `mktemp -d`): its entries, each
+            keep += [os.path.join(top, entry) for entry in os.listdir(top)]  # bound again into the open top
+        keep = list(dict.fromkeys(keep))
+        held = [subprocess.run(["mktemp"] + ["-d"] * os.path.isdir(tree), capture_output=True, text=True,
+                               check=True).stdout.strip() for tree in keep]
         for tree, spare in zip(keep, held):
             subprocess.run(["mount", "--bind", tree, spare], check=True)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=0755", "none", top], check=True)
         for tree, spare in zip(keep, held):
-            os.makedirs(tree, exist_ok=True)
+            if os.path.isdir(spare):
+                os.makedirs(tree, exist_ok=True)
+            else:  # a file is bound onto a file
+                os.makedirs(os.path.dirname(tree), exist_ok=True)
+                open(tree, "a").close()
             subprocess.run(["mount", "--bind", spare, tree], check=True)
 os.setgroups([])
 os.setresgid(user, user, user)
