@@ -27,7 +27,8 @@ import sys
 from pathlib import Path
 
 from . import declared
-from .flags import build_parser, refuse_before_loading
+from .early_checks import refuse_before_loading
+from .flags import build_parser
 from .threads import THREADS_VARIABLE
 
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import dataclasses
-import importlib
 import json
 import os
 import shlex
@@ -17,7 +16,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-from .flags import config_flags, flags_named
+from .early_checks import config_flags, flags_named
 from .lab import plots
 from .lab.che import accuracy_table, train_task
 from .lab.checkpoints import CHECKPOINT_NAME, checkpoint_config, load_checkpoint, read_checkpoint
@@ -187,7 +186,7 @@ def _evaluate_into(args: argparse.Namespace, out: Path) -> None:
 
 
 def che_command(args: argparse.Namespace) -> None:
-    task = get_task(args.task)  # the flags the task sets were refused before loading (flags.refuse_before_loading)
+    task = get_task(args.task)  # the flags the task sets were refused before loading (early_checks)
     with flags_named():
         cfg = GPTConfig(**config_flags(args))
     lengths = range(args.length_step, args.max_test_length + 1, args.length_step)
@@ -326,8 +325,7 @@ def compare_command(args: argparse.Namespace) -> None:
 
 
 def handout_command(args: argparse.Namespace) -> None:
-    require("handing out", ("jupytext", "nbformat"), "grade")
-    from .classroom.handout import handout
+    from .classroom.handout import handout  # its extra was checked with the flags (early_checks.refuse_before_loading)
 
     out = handout(args.out, args.notebooks)
     print(
@@ -336,61 +334,24 @@ def handout_command(args: argparse.Namespace) -> None:
     )
 
 
-# What grading needs beyond minidape's own dependencies (the `grade` extra): jupytext reads the teacher's notebooks,
-# IPython's display is what the notebooks show results with.
-GRADE_NEEDS = ("jupytext", "IPython")
-
-
-def require(doing: str, modules: tuple[str, ...], extra: str) -> None:
-    """A one-line error naming the modules `doing` needs that are not installed, and the extra that installs them
-    (not the traceback of the first import that fails)."""
-    missing = []
-    for name in modules:
-        try:
-            importlib.import_module(name)
-        except ImportError:
-            missing.append(name)
-    if missing:
-        raise ValueError(
-            f"{doing} needs {' and '.join(missing)}, not installed here: pip install 'minidape[{extra}]' "
-            f"(from a clone of minidape, whose notebooks/ is the teacher's edition: pip install -e "
-            f"'.[{extra}]')"
-        )
-
-
 def grade_command(args: argparse.Namespace) -> None:
-    require("grading", GRADE_NEEDS, "grade")
+    """Grade, merge batches or rebuild a gradebook; the extra, the modes' combination and the files named were
+    checked with the flags, before torch loaded (early_checks.refuse_before_loading)."""
     from .classroom import gradebook
     from .classroom.grade import grade
 
     if args.merge:  # one gradebook for the course from its batches, nothing graded again
-        if args.paths or not args.csv or args.gradebook:
-            raise ValueError("--merge FILE... writes one gradebook: give --csv COURSE, and no notebooks or --gradebook")
-        missing = [path for path in args.merge if not Path(path).is_file()]
-        if missing:
-            raise FileNotFoundError(f"--merge {missing[0]}: no such grades file (write it with grade --csv FILE)")
         with gradebook.held(args.csv, args.overwrite) as entered:
             gradebook.merge(args.merge, args.csv, entered)
         print(f"wrote {args.csv}, {gradebook.written_path(args.csv)} and its gradebook from {', '.join(args.merge)}")
         return
     if args.gradebook is not None:  # the teacher's marks folded in, nothing graded again
-        if args.paths or args.csv:
-            raise ValueError(
-                "--gradebook FILE rebuilds the gradebook of an earlier grade --csv FILE: give no "
-                "notebooks and no --csv with it"
-            )
-        if not Path(args.gradebook).is_file():  # before its lock file is made beside it
-            raise FileNotFoundError(
-                f"--gradebook {args.gradebook}: no such grades file (write it with grade --csv {args.gradebook})"
-            )
         with gradebook.held(args.gradebook, overwrite=True):
             written = gradebook.gradebook(args.gradebook)
         print(
             f"wrote {', '.join(map(str, written))} from {args.gradebook} and {gradebook.written_path(args.gradebook)}"
         )
         return
-    if not args.paths:
-        raise ValueError("grade needs notebooks or folders to grade (or --gradebook FILE)")
     grade(
         args.paths,
         csv_path=args.csv,

@@ -117,23 +117,46 @@ def task_names() -> tuple[str, ...]:
     return tuple(names)
 
 
-# The imports of model.py that the shadow below leaves out: what its configuration code never calls.
+# The imports the shadow below leaves out: what the configuration code never calls.
 TORCH_MODULES = ("torch", "einops")
+# The package's files whose configuration code the command line runs without torch (`code_without_torch`): the
+# model's (GPTConfig), the study's models and budgets, and compare's model syntax. An import of any other module of
+# the package is left out, with the names it binds.
+WITHOUT_TORCH = ("model.py", "study/claims.py", "study/budgets.py", "study/comparison.py")
+
+
+def _imported_file(path: str, statement: ast.ImportFrom) -> str:
+    """The package's file a relative import in `path` reads: ``from ..model import X`` in study/budgets.py is
+    model.py."""
+    folder = Path(path).parent
+    for _ in range(statement.level - 1):
+        folder = folder.parent
+    return (folder / f"{(statement.module or '').replace('.', '/')}.py").as_posix()
 
 
 @functools.cache
-def _config_code() -> dict:
-    """model.py's configuration code run without torch: GPTConfig (its checks), the per-layer spec's parser, the
-    registries and what they call, each from model.py's own lines; every class built on torch's modules is kept as
-    its name and bases alone (enough for the checks' ``issubclass`` questions), and a statement that needs torch
-    to run (a ``@torch.no_grad()`` function, the fast path's import) is left out. So the command line refuses what
-    GPTConfig would, with GPTConfig's message, before torch loads: the rules are written once, in model.py."""
+def code_without_torch(path: str) -> dict:
+    """The top-level code of the package's file `path` (one of `WITHOUT_TORCH`) run without torch, as a namespace:
+    GPTConfig (its checks), the per-layer spec's parser, the registries and what they call, the study's budgets and
+    compare's `parse_model`, each from its file's own lines. A relative import binds the names of the imported
+    file's shadow when that file is one of `WITHOUT_TORCH`, none otherwise; every class built on torch's modules is
+    kept as its name and bases alone (enough for the checks' ``issubclass`` questions), and a statement that needs
+    what was left out to run (a ``@torch.no_grad()`` function, the fast path's import, a decorated entry point) is
+    left out too. So the command line refuses what GPTConfig or compare would, with their messages, before torch
+    loads: the rules are written once, in their files."""
     import types
 
     # classes defined here belong to this module (dataclasses look it up; model.py asks if a class is minidape's)
     namespace = {"__name__": __name__, "nn": types.SimpleNamespace(Module=type("Module", (), {}))}
     bodiless: set[str] = set()  # the classes kept as name and bases
-    for statement in _module("model.py").body:
+    for statement in _module(path).body:
+        if isinstance(statement, ast.ImportFrom) and statement.level:  # the package's own module
+            imported = _imported_file(path, statement)
+            if imported in WITHOUT_TORCH:
+                shadow = code_without_torch(imported)
+                bound = [alias for alias in statement.names if alias.name in shadow]
+                namespace.update({alias.asname or alias.name: shadow[alias.name] for alias in bound})
+            continue
         if isinstance(statement, (ast.Import, ast.ImportFrom)):
             modules = [alias.name for alias in statement.names] if isinstance(statement, ast.Import) else []
             if any(name.split(".")[0] in TORCH_MODULES for name in [*modules, getattr(statement, "module", "")]):
@@ -144,10 +167,10 @@ def _config_code() -> dict:
                 statement = ast.ClassDef(**{**vars(statement), "body": [ast.Pass()]})
         elif not isinstance(statement, (ast.FunctionDef, ast.Assign, ast.AnnAssign, ast.Expr)):
             continue  # `if __package__:` (the fast path)
-        code = compile(ast.fix_missing_locations(ast.Module([statement], [])), "minidape/model.py", "exec")
+        code = compile(ast.fix_missing_locations(ast.Module([statement], [])), f"minidape/{path}", "exec")
         try:
             exec(code, namespace)  # noqa: S102 - the package's own source
-        except (NameError, AttributeError):  # a line that needs torch: not a configuration's
+        except (NameError, AttributeError):  # a line that needs torch, or what was left out: not a configuration's
             continue
     return namespace
 
@@ -158,4 +181,4 @@ def check_config(fields: dict) -> None:
     import sys
 
     model = sys.modules.get("minidape.model")
-    (model.GPTConfig if model is not None else _config_code()["GPTConfig"])(**fields)
+    (model.GPTConfig if model is not None else code_without_torch("model.py")["GPTConfig"])(**fields)

@@ -5,9 +5,6 @@ the names and defaults it offers are read from the package's source (`minidape.d
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
-import re
 import sys
 import textwrap
 import typing
@@ -586,60 +583,3 @@ def build_parser(prog: str = "python -m minidape") -> argparse.ArgumentParser:
         _add_common_flags(command, name)
         add_flags(command)
     return parser
-
-
-@functools.cache
-def setting_names() -> re.Pattern:
-    """The API's names of the settings a command line sets by flags, as they appear in errors: `name=value`, `name
-    must`. Built at the first error, not at import: reading lab/train.py's source costs --help 0.07 s."""
-    return re.compile(
-        r"(?<![-\w])("
-        + "|".join(
-            [name for name, _, _ in declared.config_fields()]
-            + list(declared.constant("lab/train.py", "RUN_SETTINGS"))
-            + ["eval_every", "checkpoint_every"]
-        )
-        + r")(?==| must\b)"
-    )
-
-
-@contextlib.contextmanager
-def flags_named():
-    """A ValueError raised inside says `--block-size=1`, `--lr must ...` where the API's message says
-    `block_size=1`, `lr must ...`: the command line's user sees the flag to change."""
-    try:
-        yield
-    except ValueError as err:
-        named = setting_names().sub(lambda name: "--" + name[1].replace("_", "-"), str(err))
-        if named == str(err):
-            raise
-        raise ValueError(named) from err
-
-
-def config_flags(args: argparse.Namespace) -> dict:
-    """The GPTConfig fields given on the command line (flags left unset keep the config's default)."""
-    fields = {name for name, _, _ in declared.config_fields()}
-    return {name: value for name, value in vars(args).items() if name in fields}
-
-
-def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
-    """The rules that need no torch, checked before any loads, so that a mistake answers at once: train's own rule
-    of `--block-size`, and the config `train` (a new run: a resumed one takes its checkpoint's) and `che` build from
-    their flags checked by GPTConfig's own code, run without torch (`declared.check_config`): a per-layer `--pe`
-    longer than `--n-layer`, an unknown `@` option, fields that do not go together."""
-    if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
-        parser.error(
-            f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
-            "holds a token and the next one to predict"
-        )
-    fixed = [name for name in CHE_SETS if args.command == "che" and name in vars(args)]
-    if fixed:
-        raise ValueError(
-            f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
-        )
-    if args.command == "che" or args.command == "train" and not args.resume:
-        try:
-            with flags_named():
-                declared.check_config(config_flags(args))
-        except ValueError as err:
-            parser.error(" ".join(str(err).split()))

@@ -6,6 +6,7 @@ benchmarks/bench_cli.py, not here."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import subprocess
 import sys
@@ -175,7 +176,8 @@ def test_a_config_gptconfig_refuses_is_refused_with_its_message_before_torch_loa
     refused only once torch had loaded (20-90 s on a cold start)."""
     codes, errors = probe([argv for argv, _ in REFUSED_CONFIGS])
     assert codes == [2] * len(REFUSED_CONFIGS), codes
-    from minidape.flags import flags_named  # GPTConfig's words, with the flags' names as the command line gives them
+    # GPTConfig's words, with the flags' names as the command line gives them
+    from minidape.early_checks import flags_named
 
     for (argv, fields), error in zip(REFUSED_CONFIGS, errors, strict=True):
         with pytest.raises(ValueError) as refused, flags_named():
@@ -196,7 +198,7 @@ def outcome(config, fields: dict):
 def test_gptconfigs_checks_run_without_torch_refuse_and_accept_what_gptconfig_does():
     """declared runs model.py's own configuration code without torch; each registered encoding in single, per-layer
     and windowed specs, with refiners, widths, temperatures and random positions: the same verdict, the same words."""
-    shadow = declared._config_code()["GPTConfig"]
+    shadow = declared.code_without_torch("model.py")["GPTConfig"]
     assert shadow is not md.GPTConfig
     variations = [
         {},
@@ -220,3 +222,121 @@ def test_gptconfigs_checks_run_without_torch_refuse_and_accept_what_gptconfig_do
                 checked += 1
                 refused += expected is not None
     assert 0.2 < refused / checked < 0.9, (refused, checked)  # both verdicts are exercised
+
+
+# compare's models, bench's --bias-table off CUDA and grade's files, refused before torch loads (#44: each loaded
+# torch first, ~3 s warm and far more cold): the command line, and what its one line must say (the bad value, the
+# valid choices).
+REFUSED_BY_THE_COMMANDS_RULES = [
+    (["compare", "--pe", "rope,none,alibi", "--n-layer", "2"], ["--pe 'rope,none,alibi'", "3 encodings for n_layer=2"]),
+    (["compare", "--pe", "ropex"], ["--pe: unknown pe 'ropex'; valid choices: none, learned"]),
+    (["compare", "--pe", "kerple_log+bogus"], ["unknown refiner 'bogus'", "valid choices: none, dape"]),
+    (
+        ["compare", "--pe", "rope", "--against", "alibi", "kerple_log+dape:q=3"],
+        ["--against: bad refiner option 'q=3'", "valid: K or k=K"],
+    ),
+    (["compare", "--pe", "rope", "--against", "alibi+conv:4"], ["--against 'alibi+conv:4'", "odd integer", "got 4"]),
+    (["compare", "--pe", "rope@window=3"], ["unknown layer option 'window=3'", "sliding=W, chunk=W"]),
+    (["compare", "--pe", "rope,none,alibi,fire,t5"], ["5 encodings for n_layer=2", "CUDA's refuses it too"]),
+    (["compare", "--pe", "rope", "--lengths", "100", "200"], ["training length 128", "got [100, 200]"]),
+    (["bench", "--bias-table", "--device", "cpu"], ["--bias-table", "CUDA only; got --device cpu", "--device cuda"]),
+    (["grade", "/no/such/notebook.ipynb"], ["no such notebook or folder: /no/such/notebook.ipynb"]),
+    (["grade", "/etc/hostname"], ["/etc/hostname is not a notebook (.ipynb) or a folder of notebooks"]),
+    (["grade", "--gradebook", "/no/such/grades.csv"], ["--gradebook /no/such/grades.csv: no such grades file"]),
+    (["grade", "--merge", "/no/such/a.csv", "--csv", "x.csv"], ["--merge /no/such/a.csv: no such grades file"]),
+]
+
+
+def test_compares_bench_and_grades_mistakes_are_refused_before_torch_loads():
+    codes, errors = probe([argv for argv, _ in REFUSED_BY_THE_COMMANDS_RULES])
+    assert codes == [2] * len(REFUSED_BY_THE_COMMANDS_RULES), codes
+    assert len(errors) == len(REFUSED_BY_THE_COMMANDS_RULES), errors
+    for (argv, words), error in zip(REFUSED_BY_THE_COMMANDS_RULES, errors, strict=True):
+        assert all(word in error for word in words), (argv, error)
+
+
+def refused_before_loading(argv: list[str], monkeypatch) -> bool:
+    """Whether the parser's rules refuse `argv` as in a fresh interpreter (this one has loaded the model, which
+    leaves every check of compare's models to compare itself)."""
+    from minidape.early_checks import refuse_before_loading
+    from minidape.flags import build_parser
+
+    monkeypatch.delitem(sys.modules, "minidape.model")
+    parser = build_parser()
+    try:
+        refuse_before_loading(parser.parse_args(argv), parser)
+    except SystemExit as refused:
+        assert refused.code == 2
+        return True
+    return False
+
+
+@pytest.mark.parametrize(
+    "argv, refused",
+    [
+        (["compare", "--pe", "rope,none,alibi", "--device", "cpu"], True),  # the CPU's budget: 2 layers
+        (["compare", "--pe", "rope,none,alibi", "--device", "cuda"], False),  # CUDA's: 4 layers, the spec cycled
+        (["compare", "--pe", "rope,none,alibi"], False),  # auto: compare decides once the device is known
+        (["compare", "--pe", "rope,none,alibi", "--device", "cuda", "--n-layer", "2"], True),
+        (["compare", "--pe", "my_bias.py:MyBias", "--against", "bogus"], False),  # the file may register bogus
+        (["compare", "--pe", "rope", "--against", "bogus", "kerple_log+my_refiner.py:Mine"], False),
+        (["bench", "--bias-table", "--device", "cuda:1"], False),
+        (["bench", "--bias-table"], False),  # auto: the benchmark refuses it where no CUDA is found
+        (["bench", "--device", "cpu"], False),
+    ],
+)
+def test_what_depends_on_the_device_or_a_users_file_is_left_to_the_command(argv, refused, monkeypatch, capsys):
+    assert refused_before_loading(argv, monkeypatch) == refused, capsys.readouterr().err
+
+
+COMPARE_CODE_WITHOUT_TORCH = """
+import json, sys, types
+from minidape import declared
+shadow = declared.code_without_torch("study/comparison.py")
+assert not [name for name in sys.modules if name.split(".")[0] == "torch"]
+import torch
+from minidape.study import budgets, comparison
+
+def outcome(function, *args, **kwargs):
+    try:
+        return repr(function(*args, **kwargs))
+    except (TypeError, ValueError) as err:
+        return f"{type(err).__name__}: {err}"
+
+def outcomes(code, device, spec, knobs):
+    found = [outcome(code["parse_model"], spec), outcome(code["study_budget"], "default", device, **knobs)]
+    if not any(text.startswith(("TypeError", "ValueError")) for text in found):
+        settings = code["study_budget"]("default", device, **knobs)
+        found.append(outcome(code["lm_config"], settings, settings.train_lengths[0], code["parse_model"](spec)[1]))
+    return found
+
+real = {name: getattr(comparison, name) for name in ("parse_model", "study_budget")} | {"lm_config": budgets.lm_config}
+specs = [*SPECS, *(spec.format(pe=pe) for pe in PES for spec in FORMS)]
+results = [0, 0]
+for spec in specs:
+    for knobs in KNOBS:
+        for device in ("cpu", "cuda"):
+            expected = outcomes(real, torch.device(device), spec, knobs)
+            assert outcomes(shadow, types.SimpleNamespace(type=device), spec, knobs) == expected, (spec, knobs, device)
+            results[any(found.startswith(("TypeError", "ValueError")) for found in expected)] += 1
+print(json.dumps(results))
+"""
+
+
+def test_compares_model_checks_run_without_torch_refuse_and_accept_what_compare_does():
+    """The checks the parser runs before torch loads are comparison.py's and budgets.py's own functions, run by
+    `declared.code_without_torch`: for every registered encoding in every form of the model syntax, study labels and
+    mistakes, with knobs of the budget, on both devices' budgets, the same result or the same words as the imported
+    ones. In a fresh interpreter (4 s: torch loads), whose registries hold no name another test registered."""
+    forms = ["{pe}", "{pe}+dape", "{pe}+conv:5", "{pe}+conv:k=4", "{pe}+dape:w=matched", "{pe}+conv:w=matched"]
+    forms += ["{pe}+dape:w=0", "{pe}+dape:q=1", "{pe}+bogus", "{pe},none,alibi", "{pe}@sliding=8", "{pe}@window=8"]
+    specs = [*claims.MODELS, "", "bogus", "rope+", "rope+conv:3:w=16", "rope,bogus"]
+    knobs = [{}, {"n_layer": 3}, {"n_embd": 100, "n_head": 3}, {"lengths": [100, 200]}, {"lengths": [64, 128, 512]}]
+    given = f"SPECS, PES, FORMS, KNOBS = {specs!r}, {declared.registered_names('pe')!r}, {forms!r}, {knobs!r}\n"
+    program = given + COMPARE_CODE_WITHOUT_TORCH
+    checked = subprocess.run(
+        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env={**os.environ}
+    )
+    assert checked.returncode == 0, checked.stderr[-3000:]
+    accepted, refused = json.loads(checked.stdout.strip().splitlines()[-1])
+    assert accepted > 100 and refused > 100, (accepted, refused)  # both verdicts are exercised

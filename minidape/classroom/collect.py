@@ -11,8 +11,6 @@ import unicodedata
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import exercises
-
 TEACHER = Path(__file__).resolve().parents[2] / "notebooks"
 # Caps checked before the grader parses anything of a submission, so its own memory stays bounded whatever a
 # notebook holds: the file (outputs and figures included), each cell's source (a student's code cell is a few
@@ -108,10 +106,18 @@ def submissions(paths) -> list[Submission]:
     return found
 
 
+def _not_graded(message: str) -> Row:
+    """The row of a file not graded: no points, the reason. The checks (`exercises`) are imported here, not at the
+    top: they load torch, and the command line reads what was handed in before (a missing path answers at once)."""
+    from .exercises import FAILED
+
+    return Row("", 0, 0, FAILED, message)
+
+
 def _refused(student: str, path: Path) -> Submission:
     what = "a symbolic link" if path.is_symlink() else "not a regular file"
     message = f"refused: {printable(path.name)} is {what}; hand in the notebook file itself"
-    return Submission(student, path, printable(path.name), [Row("", 0, 0, exercises.FAILED, message)], message)
+    return Submission(student, path, printable(path.name), [_not_graded(message)], message)
 
 
 def _folder(student: str, folder: Path) -> list[Submission]:
@@ -140,17 +146,13 @@ def _folder(student: str, folder: Path) -> list[Submission]:
                     f"{printable(chosen.relative_to(folder))} (the one named like the teacher's notebook, else "
                     f"the newest)"
                 )
-                found.append(
-                    Submission(
-                        student, other, printable(other.name), [Row("", 0, 0, exercises.FAILED, message)], message
-                    )
-                )
+                found.append(Submission(student, other, printable(other.name), [_not_graded(message)], message))
     return found or [
         Submission(
             student,
             folder,
             printable(folder.name),
-            [Row("", 0, 0, exercises.FAILED, f"no notebook (.ipynb) in {printable(folder)}")],
+            [_not_graded(f"no notebook (.ipynb) in {printable(folder)}")],
         )
     ]
 
