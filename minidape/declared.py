@@ -1,6 +1,7 @@
 """What the command line needs of the package before torch loads, read from the package's source (``ast``) instead of
 importing it: GPTConfig's fields and defaults, the registered names of model.py, the CHE tasks' names and a few
-constants. So `python -m minidape --help` and a mistake in the flags answer at once (importing torch took 19-23 s
+constants; and the checks of those files that need no torch, run from their own lines (`code_without_torch`). So
+`python -m minidape --help` and a mistake in the flags answer at once (importing torch took 19-23 s
 on a cold start, #44), and a field, an encoding or a task added to those files is known here without an edit.
 tests/test_cli_answers_at_once.py checks every value read here against the imported one. Imports nothing of the
 package."""
@@ -119,10 +120,19 @@ def task_names() -> tuple[str, ...]:
 
 # The imports the shadow below leaves out: what the configuration code never calls.
 TORCH_MODULES = ("torch", "einops")
-# The package's files whose configuration code the command line runs without torch (`code_without_torch`): the
-# model's (GPTConfig), the study's models and budgets, and compare's model syntax. An import of any other module of
-# the package is left out, with the names it binds.
-WITHOUT_TORCH = ("model.py", "study/claims.py", "study/budgets.py", "study/comparison.py")
+# The package's files whose checks the command line runs without torch (`code_without_torch`): the device's name,
+# the corpus's and the checkpoint's file, the model's configuration (GPTConfig), the study's models, budgets and
+# seeds, and compare's model syntax. An import of any other module of the package is left out, with its names.
+WITHOUT_TORCH = (
+    "utils.py",
+    "lab/data.py",
+    "lab/checkpoints.py",
+    "model.py",
+    "study/claims.py",
+    "study/budgets.py",
+    "study/runs.py",
+    "study/comparison.py",
+)
 
 
 def _imported_file(path: str, statement: ast.ImportFrom) -> str:
@@ -138,16 +148,21 @@ def _imported_file(path: str, statement: ast.ImportFrom) -> str:
 def code_without_torch(path: str) -> dict:
     """The top-level code of the package's file `path` (one of `WITHOUT_TORCH`) run without torch, as a namespace:
     GPTConfig (its checks), the per-layer spec's parser, the registries and what they call, the study's budgets and
-    compare's `parse_model`, each from its file's own lines. A relative import binds the names of the imported
-    file's shadow when that file is one of `WITHOUT_TORCH`, none otherwise; every class built on torch's modules is
-    kept as its name and bases alone (enough for the checks' ``issubclass`` questions), and a statement that needs
-    what was left out to run (a ``@torch.no_grad()`` function, the fast path's import, a decorated entry point) is
-    left out too. So the command line refuses what GPTConfig or compare would, with their messages, before torch
-    loads: the rules are written once, in their files."""
+    compare's `parse_model`, the checks of a device's name, a corpus's file, a checkpoint's file and a study's seeds,
+    each from its file's own lines. A relative import binds the names of the imported file's shadow when that file is
+    one of `WITHOUT_TORCH`, none otherwise; every class built on torch's modules is kept as its name and bases alone
+    (enough for the checks' ``issubclass`` questions), and a statement that needs what was left out to run (a
+    ``@torch.no_grad()`` function, the fast path's import, a decorated entry point) is left out too. So the command
+    line refuses what GPTConfig, compare or the rest would, with their messages, before torch loads: the rules are
+    written once, in their files."""
     import types
 
     # classes defined here belong to this module (dataclasses look it up; model.py asks if a class is minidape's)
-    namespace = {"__name__": __name__, "nn": types.SimpleNamespace(Module=type("Module", (), {}))}
+    namespace = {
+        "__name__": __name__,
+        "__file__": str(PACKAGE / path),  # where the file finds its data (lab/data.py: the corpora)
+        "nn": types.SimpleNamespace(Module=type("Module", (), {})),
+    }
     bodiless: set[str] = set()  # the classes kept as name and bases
     for statement in _module(path).body:
         if isinstance(statement, ast.ImportFrom) and statement.level:  # the package's own module

@@ -57,7 +57,7 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
     their flags checked by GPTConfig's own code, run without torch (`declared.check_config`): a per-layer `--pe`
     longer than `--n-layer`, an unknown `@` option, fields that do not go together; compare's models
     (`_refuse_compare_models`); bench's `--bias-table` off CUDA; grade's and handout's extra, and the files grade is
-    given."""
+    given; and the rules of a device's name, a corpus's or a checkpoint's file and the seeds of a study."""
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
@@ -74,6 +74,9 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
                 declared.check_config(config_flags(args))
         except ValueError as err:
             parser.error(" ".join(str(err).split()))
+    _refuse_missing_files_and_devices(args)
+    if args.command in ("compare", "reproduce"):
+        declared.code_without_torch("study/runs.py")["check_seeds"](args.seeds)
     if args.command == "compare":
         _refuse_compare_models(args, parser)
     if args.command == "bench" and args.bias_table and args.device.partition(":")[0] in ("cpu", "mps"):
@@ -85,6 +88,22 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
         require("handing out", ("jupytext", "nbformat"), "grade")
     if args.command == "grade":
         _refuse_grade_files(args)
+
+
+def _refuse_missing_files_and_devices(args: argparse.Namespace) -> None:
+    """`--device` an unknown kind, `--corpus` a file that is not there (or a folder, or no regular file), a
+    checkpoint `eval` or `train --resume` reads that is not there, with the words of the functions that check them
+    once torch has loaded (utils.py's `device_kind`, lab/data.py's `corpus_file`, lab/checkpoints.py's
+    `checkpoint_file`), run without it. Whether the device is there is for torch to say."""
+    if getattr(args, "device", None) is not None:  # every command but grade and handout
+        declared.code_without_torch("utils.py")["device_kind"](args.device)
+    corpora = getattr(args, "corpus", None)  # reproduce takes several
+    for corpus in [corpora] if isinstance(corpora, str) else corpora or ():
+        declared.code_without_torch("lab/data.py")["corpus_file"](corpus)
+    code = declared.code_without_torch("lab/checkpoints.py")
+    resumed = [os.path.join(args.out, code["CHECKPOINT_NAME"])] if getattr(args, "resume", False) else []
+    for checkpoint in args.checkpoints if args.command == "eval" else resumed:
+        code["checkpoint_file"](checkpoint)
 
 
 def _refuse_compare_models(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
@@ -115,6 +134,8 @@ def _refuse_compare_models(args: argparse.Namespace, parser: argparse.ArgumentPa
             mistakes.append(f"{flag}: {' '.join(str(err).split())}")
     if mistakes:
         parser.error(mistakes[0])
+    code["check_margin"](args.margin / 100)
+    code["compared_models"](args.pe, args.against)  # a baseline other than the model under test
     refusals = []  # per device, the first mistake its budget finds
     for device in devices:
         try:

@@ -33,6 +33,15 @@ DEVICE_CHOICES = ("auto", "cpu", "cuda", "mps")
 # ----------------------------------------------------------------------------- devices and precision
 
 
+def device_kind(device: str) -> str:
+    """The kind of a device named as text (``"cuda:1"`` -> ``"cuda"``), or a ValueError naming the valid choices.
+    Needs no torch: the command line checks `--device` with it before torch loads (`declared.code_without_torch`)."""
+    kind = str(device).split(":")[0]
+    if kind not in DEVICE_CHOICES:
+        raise ValueError(f"unknown device {device!r}; valid choices: {', '.join(DEVICE_CHOICES)} (cuda:N too)")
+    return kind
+
+
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
     """`"auto"` picks CUDA, then Apple's MPS, then the CPU; anything else is checked and returned."""
     if isinstance(device, torch.device):
@@ -43,9 +52,7 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
         if torch.backends.mps.is_available():
             return torch.device("mps")
         return torch.device("cpu")
-    kind = str(device).split(":")[0]
-    if kind not in DEVICE_CHOICES:
-        raise ValueError(f"unknown device {device!r}; valid choices: {', '.join(DEVICE_CHOICES)} (cuda:N too)")
+    kind = device_kind(device)
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} requested but CUDA is not available; use 'auto' or 'cpu'")
     if kind == "mps" and not torch.backends.mps.is_available():

@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 import typing
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +22,7 @@ from minidape.model import TEMPERATURES
 from minidape.study import budgets, claims, comparison
 from minidape.utils import DEVICE_CHOICES
 
+ROOT = Path(__file__).resolve().parents[1]
 COMMANDS = ("demo", "train", "eval", "che", "bench", "reproduce", "compare", "grade", "handout")
 # Each command line below is answered by the parser alone: help, or one line on stderr and exit code 2.
 ANSWERED_BY_THE_PARSER = [
@@ -224,9 +226,9 @@ def test_gptconfigs_checks_run_without_torch_refuse_and_accept_what_gptconfig_do
     assert 0.2 < refused / checked < 0.9, (refused, checked)  # both verdicts are exercised
 
 
-# compare's models, bench's --bias-table off CUDA and grade's files, refused before torch loads (#44: each loaded
-# torch first, ~3 s warm and far more cold): the command line, and what its one line must say (the bad value, the
-# valid choices).
+# compare's models, bench's --bias-table off CUDA, grade's files, a study's seeds, a device's name, a corpus or a
+# checkpoint that is not there, refused before torch loads (#44: each loaded torch first, ~3 s warm and far more
+# cold): the command line, and what its one line must say (the bad value, the valid choices).
 REFUSED_BY_THE_COMMANDS_RULES = [
     (["compare", "--pe", "rope,none,alibi", "--n-layer", "2"], ["--pe 'rope,none,alibi'", "3 encodings for n_layer=2"]),
     (["compare", "--pe", "ropex"], ["--pe: unknown pe 'ropex'; valid choices: none, learned"]),
@@ -244,6 +246,15 @@ REFUSED_BY_THE_COMMANDS_RULES = [
     (["grade", "/etc/hostname"], ["/etc/hostname is not a notebook (.ipynb) or a folder of notebooks"]),
     (["grade", "--gradebook", "/no/such/grades.csv"], ["--gradebook /no/such/grades.csv: no such grades file"]),
     (["grade", "--merge", "/no/such/a.csv", "--csv", "x.csv"], ["--merge /no/such/a.csv: no such grades file"]),
+    (["compare", "--pe", "rope", "--seeds", "1"], ["seeds must be an integer >= 2", "got 1"]),
+    (["compare", "--pe", "rope", "--margin", "150"], ["margin must be a fraction between 0 and 1", "got 1.5"]),
+    (["compare", "--pe", "rope", "--against", "rope"], ["at least one baseline other than rope; got ['rope']"]),
+    (["reproduce", "--seeds", "1"], ["seeds must be an integer >= 2", "got 1"]),
+    (["train", "--out", "x", "--device", "gpu"], ["unknown device 'gpu'; valid choices: auto, cpu, cuda, mps"]),
+    (["reproduce", "--corpus", "austen", "/no/such.txt"], ["corpus file '/no/such.txt' does not exist", "austen"]),
+    (["demo", "--corpus", "shakespeare"], ["unknown corpus 'shakespeare': valid corpora are austen, latex, python"]),
+    (["eval", "/no/such/run"], ["no checkpoint at /no/such/run"]),
+    (["train", "--out", "/no/such/run", "--resume"], ["no checkpoint at /no/such/run/checkpoint.pt"]),
 ]
 
 
@@ -300,7 +311,7 @@ from minidape.study import budgets, comparison
 def outcome(function, *args, **kwargs):
     try:
         return repr(function(*args, **kwargs))
-    except (TypeError, ValueError) as err:
+    except (TypeError, ValueError, OSError) as err:
         return f"{type(err).__name__}: {err}"
 
 def outcomes(code, device, spec, knobs):
@@ -311,6 +322,17 @@ def outcomes(code, device, spec, knobs):
     return found
 
 real = {name: getattr(comparison, name) for name in ("parse_model", "study_budget")} | {"lm_config": budgets.lm_config}
+from minidape.lab import checkpoints, data
+from minidape.study import runs
+from minidape import utils
+for module, function, given in CHECKS:
+    imported = sys.modules[f"minidape.{module.removesuffix('.py').replace('/', '.')}"]
+    for value in given:
+        expected = outcome(getattr(imported, function), value)
+        assert outcome(declared.code_without_torch(module)[function], value) == expected, (function, value)
+for spec in SPECS:
+    expected = outcome(comparison.compared_models, spec, ["rope"])
+    assert outcome(shadow["compared_models"], spec, ["rope"]) == expected, spec
 specs = [*SPECS, *(spec.format(pe=pe) for pe in PES for spec in FORMS)]
 results = [0, 0]
 for spec in specs:
@@ -323,20 +345,28 @@ print(json.dumps(results))
 """
 
 
-def test_compares_model_checks_run_without_torch_refuse_and_accept_what_compare_does():
-    """The checks the parser runs before torch loads are comparison.py's and budgets.py's own functions, run by
-    `declared.code_without_torch`: for every registered encoding in every form of the model syntax, study labels and
-    mistakes, with knobs of the budget, on both devices' budgets, the same result or the same words as the imported
-    ones. In a fresh interpreter (4 s: torch loads), whose registries hold no name another test registered."""
+def test_the_checks_run_without_torch_refuse_and_accept_what_the_imported_ones_do():
+    """The checks the parser runs before torch loads are the package's own functions, run by
+    `declared.code_without_torch`: compare's (for every registered encoding in every form of the model syntax, study
+    labels and mistakes, with knobs of the budget, on both devices' budgets), a device's name, a corpus's and a
+    checkpoint's file, seeds and margin: the same result or the same words as the imported ones. In a fresh
+    interpreter (4 s: torch loads), whose registries hold no name another test registered."""
     forms = ["{pe}", "{pe}+dape", "{pe}+conv:5", "{pe}+conv:k=4", "{pe}+dape:w=matched", "{pe}+conv:w=matched"]
     forms += ["{pe}+dape:w=0", "{pe}+dape:q=1", "{pe}+bogus", "{pe},none,alibi", "{pe}@sliding=8", "{pe}@window=8"]
     specs = [*claims.MODELS, "", "bogus", "rope+", "rope+conv:3:w=16", "rope,bogus"]
     knobs = [{}, {"n_layer": 3}, {"n_embd": 100, "n_head": 3}, {"lengths": [100, 200]}, {"lengths": [64, 128, 512]}]
+    checks = [
+        ("utils.py", "device_kind", ["cpu", "cuda:1", "auto", "mps", "gpu", "cuda0"]),
+        ("lab/data.py", "corpus_file", ["austen", "/no/such.txt", "/no/such", "shakespeare", "/etc", "/dev/null"]),
+        ("lab/data.py", "corpus_file", ["tests/files/gauss_bias.py", "~no_such_user_here/a.txt", 3]),
+        ("lab/checkpoints.py", "checkpoint_file", ["/no/such.pt", "/etc", "tests", "tests/test_package.py"]),
+        ("study/runs.py", "check_seeds", [1, 2, True, "3", 5]),
+        ("study/comparison.py", "check_margin", [0.1, 0, 1.5, 0.999]),
+    ]
     given = f"SPECS, PES, FORMS, KNOBS = {specs!r}, {declared.registered_names('pe')!r}, {forms!r}, {knobs!r}\n"
+    given += f"CHECKS = {checks!r}\n"
     program = given + COMPARE_CODE_WITHOUT_TORCH
-    checked = subprocess.run(
-        [sys.executable, "-c", program], capture_output=True, text=True, timeout=300, env={**os.environ}
-    )
+    checked = subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, timeout=300, cwd=ROOT)
     assert checked.returncode == 0, checked.stderr[-3000:]
     accepted, refused = json.loads(checked.stdout.strip().splitlines()[-1])
     assert accepted > 100 and refused > 100, (accepted, refused)  # both verdicts are exercised

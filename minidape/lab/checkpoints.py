@@ -72,13 +72,20 @@ def save_checkpoint(
     return Path(path)
 
 
-def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
-    """Load a checkpoint dict (a directory means its `checkpoint.pt`), with clear errors for bad files."""
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    """The checkpoint file a path names (a directory means its `checkpoint.pt`), or FileNotFoundError. Needs no
+    torch: the command line checks `eval`'s checkpoints and `train --resume`'s with it before torch loads."""
     path = user_path(path, "checkpoint path")
     if path.is_dir():
         path = path / CHECKPOINT_NAME
     if not path.is_file():
         raise FileNotFoundError(f"no checkpoint at {path}")
+    return path
+
+
+def read_checkpoint(path: str | os.PathLike, device: str | torch.device = "cpu") -> dict:
+    """Load a checkpoint dict (a directory means its `checkpoint.pt`), with clear errors for bad files."""
+    path = checkpoint_file(path)
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # torch raises several types (EOFError, RuntimeError, UnpicklingError, ...)

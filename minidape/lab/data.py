@@ -96,8 +96,19 @@ def _read_corpus(name_or_path: str, file_state: tuple[int, int] | None) -> torch
 
 
 def _corpus_tokens(name_or_path: str) -> torch.Tensor:
-    if name_or_path in CORPORA:
+    path = corpus_file(name_or_path)
+    if path is None:
         return _read_corpus(name_or_path, None)
+    stat = path.stat()
+    return _read_corpus(name_or_path, (stat.st_mtime_ns, stat.st_size))
+
+
+def corpus_file(name_or_path: str | os.PathLike) -> Path | None:
+    """The file a corpus given by its path reads (None for a bundled corpus's name), or the error that says what
+    is wrong with it: a folder, not a regular file, an unknown name, a file that is not there. Needs no torch: the
+    command line checks `--corpus` with it before torch loads (`declared.code_without_torch`)."""
+    if name_or_path in CORPORA:
+        return None
     path = user_path(name_or_path, "corpus")
     if path.is_dir():
         raise ValueError(
@@ -115,8 +126,7 @@ def _corpus_tokens(name_or_path: str) -> torch.Tensor:
             f"corpus file {name_or_path!r} does not exist; valid corpora are "
             f"{', '.join(CORPORA)}, or a path to an existing .txt or .gz file"
         )
-    stat = path.stat()
-    return _read_corpus(name_or_path, (stat.st_mtime_ns, stat.st_size))
+    return path
 
 
 def load_corpus(name_or_path: str | os.PathLike = "austen", split: str = "train") -> torch.Tensor:

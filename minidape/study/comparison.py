@@ -143,6 +143,26 @@ def parse_model(spec: str) -> tuple[str, dict]:
     return label, overrides
 
 
+def compared_models(pe: str, against) -> tuple[str, dict[str, dict]]:
+    """The label of the model under test and every model's `GPTConfig` overrides by label, the subject first, each
+    baseline once; refused without a baseline other than the subject."""
+    if isinstance(against, str):
+        against = (against,)
+    subject, subject_overrides = parse_model(pe)
+    models = {subject: subject_overrides}
+    for spec in against:
+        label, overrides = parse_model(spec)
+        models.setdefault(label, overrides)
+    if len(models) < 2:
+        raise ValueError(f"against must name at least one baseline other than {pe}; got {list(against)}")
+    return subject, models
+
+
+def check_margin(margin: float) -> None:
+    if not 0 < margin < 1:
+        raise ValueError(f"margin must be a fraction between 0 and 1 (0.10 = ±10 %); got {margin!r}")
+
+
 def _sources(overrides: dict) -> dict:
     """sha256 of the users' files behind a model's PE and refiner (recorded with each run)."""
     paths = {
@@ -348,18 +368,9 @@ def compare(
         n_head=n_head,
     )
     seeds = check_seeds(seeds)
-    if not 0 < margin < 1:
-        raise ValueError(f"margin must be a fraction between 0 and 1 (0.10 = ±10 %); got {margin!r}")
-    if isinstance(against, str):
-        against = (against,)
-    subject, subject_overrides = parse_model(pe)
-    models = {subject: subject_overrides}
-    for spec in against:
-        label, overrides = parse_model(spec)
-        models.setdefault(label, overrides)
+    check_margin(margin)
+    subject, models = compared_models(pe, against)
     baselines = [label for label in models if label != subject]
-    if not baselines:
-        raise ValueError(f"against must name at least one baseline other than {pe}; got {list(against)}")
     train_length = settings.train_lengths[0]
     configs = {label: lm_config(settings, train_length, overrides) for label, overrides in models.items()}
     leaking = [label for label, cfg in configs.items() if decoder_leaks(cfg, allow_leakage)]
