@@ -153,11 +153,15 @@ def _refuse_compare_models(args: argparse.Namespace, parser: argparse.ArgumentPa
 
 def require(doing: str, modules: tuple[str, ...], extra: str) -> None:
     """A one-line error naming the modules `doing` needs that are not installed, and the extra that installs them
-    (not the traceback of the first import that fails). Found, not imported: jupytext alone takes 1.2 s to import,
-    and the command line answers a mistake before that."""
-    import importlib.util
+    (not the traceback of the first import that fails: one installed without what it needs fails too)."""
+    import importlib
 
-    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    missing = []
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            missing.append(name)
     if missing:
         raise ValueError(
             f"{doing} needs {' and '.join(missing)}, not installed here: pip install 'minidape[{extra}]' "
@@ -172,10 +176,15 @@ GRADE_NEEDS = ("jupytext", "IPython")
 
 
 def _refuse_grade_files(args: argparse.Namespace) -> None:
-    """grade's extra, how its modes go together and the files it is given, before torch loads (the checks load it):
+    """How grade's modes go together, the files it is given and its extra, before torch loads (the checks load it):
     a path that is not there, not a notebook or a folder holding none (`collect.submissions`, the grader's own
-    reading of what was handed in), a grades file `--merge` or `--gradebook` names that is not there."""
+    reading of what was handed in), a grades file `--merge` or `--gradebook` names that is not there; then the
+    extra, whose import takes 1.2 s (jupytext), so that a mistaken path answers before it."""
+    _refuse_grade_modes_and_files(args)
     require("grading", GRADE_NEEDS, "grade")
+
+
+def _refuse_grade_modes_and_files(args: argparse.Namespace) -> None:
     if args.merge:  # one gradebook for the course from its batches, nothing graded again
         if args.paths or not args.csv or args.gradebook:
             raise ValueError("--merge FILE... writes one gradebook: give --csv COURSE, and no notebooks or --gradebook")

@@ -150,7 +150,8 @@ def test_ches_help_lists_no_flag_the_task_sets_and_che_still_names_them():
 @pytest.mark.parametrize("command", ["handout", "grade"])
 def test_a_command_missing_its_extra_says_so_in_one_line(command, tmp_path):
     """Without jupytext (a plain `pip install minidape`), handout was the one raw traceback left."""
-    argv = [command, str(tmp_path / "out")]
+    (tmp_path / "submitted.ipynb").write_text("{}")  # grade checks the paths it is given first
+    argv = [command, str(tmp_path / ("out" if command == "handout" else "submitted.ipynb"))]
     refused = run_cli(*argv, code="sys.modules['jupytext'] = None")  # `import jupytext` raises ImportError
     assert refused.returncode == 2, refused.stderr[-2000:]
     assert refused.stderr.strip().splitlines() == [refused.stderr.strip()], refused.stderr
