@@ -1,5 +1,7 @@
 """How long the command line takes to answer `--help` (the banner's, bench's) and to refuse a mistake (train's own
-rule of `--block-size`, a per-layer `--pe` longer than `--n-layer`, an unknown `@` option: GPTConfig's rules), this
+rule of `--block-size`, a per-layer `--pe` longer than `--n-layer`, an unknown `@` option: GPTConfig's rules; the
+same per-layer mistake in compare's model, bench's `--bias-table` on the CPU, a notebook or a checkpoint that is not
+there), this
 checkout against another one (by default none; e.g. `--before /path/to/older/checkout`), each command line a fresh
 process, the checkouts interleaved in every round so that both meet the same load.
 
@@ -29,6 +31,10 @@ COMMAND_LINES = (
     ["train", "--block-size", "1", "--out", "unused"],
     ["train", "--n-layer", "2", "--pe", "rope,none,alibi", "--out", "unused"],
     ["train", "--pe", "rope@window=64", "--out", "unused"],
+    ["compare", "--pe", "rope,none,alibi", "--n-layer", "2"],
+    ["bench", "--bias-table", "--device", "cpu"],
+    ["grade", "no/such/notebook.ipynb"],
+    ["eval", "no/such/checkpoint.pt"],
 )
 
 

@@ -92,12 +92,10 @@ def main(argv: list[str] | None = None) -> None:
         args.argv = argv  # the command line as given: --list-runs prints it per run
         refuse_before_loading(args, parser)
         from .commands import COMMANDS, bench_command  # the command line is read: now torch and the rest load
-        from .utils import quick_mode
 
         if args.command == "bench":
             return bench_command(args)  # it sets its threads itself: alone, --threads is its thread benchmark
         set_threads(args)
-        quick_mode()  # a bad value of its variable is refused here, before any work (the demo says when it is on)
         COMMANDS[args.command](args)
     except KeyboardInterrupt as interrupted:  # in training, the message says which checkpoint survives
         print(f"{prog}: {interrupted or 'interrupted'}", file=sys.stderr)

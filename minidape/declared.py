@@ -121,12 +121,14 @@ def task_names() -> tuple[str, ...]:
 # The imports the shadow below leaves out: what the configuration code never calls.
 TORCH_MODULES = ("torch", "einops")
 # The package's files whose checks the command line runs without torch (`code_without_torch`): the device's name,
-# the corpus's and the checkpoint's file, the model's configuration (GPTConfig), the study's models, budgets and
-# seeds, and compare's model syntax. An import of any other module of the package is left out, with its names.
+# the corpus's and the checkpoint's file, train's settings, the model's configuration (GPTConfig), the study's
+# models, budgets and seeds, and compare's model syntax. An import of any other module of the package is left out,
+# with its names.
 WITHOUT_TORCH = (
     "utils.py",
     "lab/data.py",
     "lab/checkpoints.py",
+    "lab/train.py",
     "model.py",
     "study/claims.py",
     "study/budgets.py",
@@ -148,13 +150,13 @@ def _imported_file(path: str, statement: ast.ImportFrom) -> str:
 def code_without_torch(path: str) -> dict:
     """The top-level code of the package's file `path` (one of `WITHOUT_TORCH`) run without torch, as a namespace:
     GPTConfig (its checks), the per-layer spec's parser, the registries and what they call, the study's budgets and
-    compare's `parse_model`, the checks of a device's name, a corpus's file, a checkpoint's file and a study's seeds,
-    each from its file's own lines. A relative import binds the names of the imported file's shadow when that file is
-    one of `WITHOUT_TORCH`, none otherwise; every class built on torch's modules is kept as its name and bases alone
-    (enough for the checks' ``issubclass`` questions), and a statement that needs what was left out to run (a
-    ``@torch.no_grad()`` function, the fast path's import, a decorated entry point) is left out too. So the command
-    line refuses what GPTConfig, compare or the rest would, with their messages, before torch loads: the rules are
-    written once, in their files."""
+    compare's `parse_model`, the checks of a device's name, a corpus's file, a checkpoint's file, train's settings
+    and a study's seeds, each from its file's own lines. A relative import binds the names of the imported file's
+    shadow when that file is one of `WITHOUT_TORCH`, none otherwise; every class built on torch's modules is kept as
+    its name and bases alone (enough for the checks' ``issubclass`` questions), and a statement that needs what was
+    left out to run (a ``@torch.no_grad()`` function, the fast path's import, a decorated entry point) is left out
+    too. So the command line refuses what GPTConfig, compare or the rest would, with their messages, before torch
+    loads: the rules are written once, in their files."""
     import types
 
     # classes defined here belong to this module (dataclasses look it up; model.py asks if a class is minidape's)

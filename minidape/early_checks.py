@@ -15,6 +15,7 @@ import sys
 
 from . import declared
 from .flags import CHE_SETS
+from .threads import choose_threads
 
 
 @functools.cache
@@ -51,13 +52,29 @@ def config_flags(args: argparse.Namespace) -> dict:
     return {name: value for name, value in vars(args).items() if name in fields}
 
 
+# train's flags that `md.train` takes as they are (its `check_arguments` checks them)
+TRAIN_ARGUMENTS = (
+    "steps",
+    "batch_size",
+    "lr",
+    "min_lr",
+    "warmup",
+    "weight_decay",
+    "grad_clip",
+    "eval_every",
+    "checkpoint_every",
+    "seed",
+)
+
+
 def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentParser) -> None:
     """The rules that need no torch, checked before any loads, so that a mistake answers at once: train's own rule
     of `--block-size`; the config `train` (a new run: a resumed one takes its checkpoint's) and `che` build from
     their flags checked by GPTConfig's own code, run without torch (`declared.check_config`): a per-layer `--pe`
     longer than `--n-layer`, an unknown `@` option, fields that do not go together; compare's models
     (`_refuse_compare_models`); bench's `--bias-table` off CUDA; grade's and handout's extra, and the files grade is
-    given; and the rules of a device's name, a corpus's or a checkpoint's file and the seeds of a study."""
+    given; and the rules of train's settings, a device's name, a corpus's or a checkpoint's file, the seeds of a
+    study, and the environment's variables of quick mode and threads."""
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
@@ -68,6 +85,11 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
         raise ValueError(
             f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
         )
+    if args.command == "train":
+        with flags_named():
+            declared.code_without_torch("lab/train.py")["check_arguments"](
+                **{name: getattr(args, name) for name in TRAIN_ARGUMENTS}, optimizer=None, metrics=None
+            )
     if args.command == "che" or args.command == "train" and not args.resume:
         try:
             with flags_named():
@@ -75,6 +97,8 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
         except ValueError as err:
             parser.error(" ".join(str(err).split()))
     _refuse_missing_files_and_devices(args)
+    declared.code_without_torch("utils.py")["quick_mode"]()  # MINIDAPE_QUICK's value
+    choose_threads()  # MINIDAPE_THREADS's and OMP_NUM_THREADS's values
     if args.command in ("compare", "reproduce"):
         declared.code_without_torch("study/runs.py")["check_seeds"](args.seeds)
     if args.command == "compare":

@@ -59,15 +59,15 @@ assert not loaded, loaded[:5]
 """
 
 
-def probe(argvs: list[list[str]]) -> tuple[list, list[str]]:
-    """Each command line run by the CLI in one fresh interpreter, which fails if torch was loaded: the exit codes,
-    and the error lines on stderr."""
+def probe(argvs: list[list[str]], **variables: str) -> tuple[list, list[str]]:
+    """Each command line run by the CLI in one fresh interpreter (with these environment `variables`), which fails
+    if torch was loaded: the exit codes, and the error lines on stderr."""
     probed = subprocess.run(
         [sys.executable, "-c", PROBE.format(argvs=argvs)],
         capture_output=True,
         text=True,
         timeout=120,
-        env={**os.environ, "OMP_NUM_THREADS": "1"},
+        env={**os.environ, "OMP_NUM_THREADS": "1", **variables},
     )
     assert probed.returncode == 0, probed.stderr[-3000:]
     errors = [line for line in probed.stderr.splitlines() if ": error: " in line]
@@ -256,6 +256,8 @@ REFUSED_BY_THE_COMMANDS_RULES = [
     (["demo", "--corpus", "shakespeare"], ["unknown corpus 'shakespeare': valid corpora are austen, latex, python"]),
     (["eval", "/no/such/run"], ["no checkpoint at /no/such/run"]),
     (["train", "--out", "/no/such/run", "--resume"], ["no checkpoint at /no/such/run/checkpoint.pt"]),
+    (["train", "--out", "x", "--warmup", "-1"], ["--warmup must be an integer >= 0, got -1"]),
+    (["train", "--out", "x", "--grad-clip", "-1"], ["--grad-clip must be a number >= 0.0, got -1.0"]),
 ]
 
 
@@ -265,6 +267,18 @@ def test_compares_bench_and_grades_mistakes_are_refused_before_torch_loads():
     assert len(errors) == len(REFUSED_BY_THE_COMMANDS_RULES), errors
     for (argv, words), error in zip(REFUSED_BY_THE_COMMANDS_RULES, errors, strict=True):
         assert all(word in error for word in words), (argv, error)
+
+
+@pytest.mark.parametrize(
+    "variable, value, words",
+    [
+        ("MINIDAPE_QUICK", "yes", "MINIDAPE_QUICK='yes' is not a quick-mode setting; valid values: 1"),
+        ("MINIDAPE_THREADS", "4,2", "MINIDAPE_THREADS must be a positive integer (CPU threads); got '4,2'"),
+    ],
+)
+def test_a_bad_value_of_minidapes_variables_is_refused_before_torch_loads(variable, value, words):
+    codes, errors = probe([["compare", "--pe", "rope", "--against", "rope"]], **{variable: value})
+    assert codes == [2] and len(errors) == 1 and words in errors[0], errors
 
 
 def refused_before_loading(argv: list[str], monkeypatch) -> bool:
@@ -323,14 +337,16 @@ def outcomes(code, device, spec, knobs):
     return found
 
 real = {name: getattr(comparison, name) for name in ("parse_model", "study_budget")} | {"lm_config": budgets.lm_config}
-from minidape.lab import checkpoints, data
+from minidape.lab import checkpoints, data, train
 from minidape.study import runs
 from minidape import utils
 for module, function, given in CHECKS:
     imported = sys.modules[f"minidape.{module.removesuffix('.py').replace('/', '.')}"]
-    for value in given:
-        expected = outcome(getattr(imported, function), value)
-        assert outcome(declared.code_without_torch(module)[function], value) == expected, (function, value)
+    for value in given:  # an argument, or a dict of keyword arguments
+        arguments = ((), value) if isinstance(value, dict) else ((value,), {})
+        expected = outcome(getattr(imported, function), *arguments[0], **arguments[1])
+        shadowed = outcome(declared.code_without_torch(module)[function], *arguments[0], **arguments[1])
+        assert shadowed == expected, (function, value)
 for spec in SPECS:
     expected = outcome(comparison.compared_models, spec, ["rope"])
     assert outcome(shadow["compared_models"], spec, ["rope"]) == expected, spec
@@ -356,6 +372,9 @@ def test_the_checks_run_without_torch_refuse_and_accept_what_the_imported_ones_d
     forms += ["{pe}+dape:w=0", "{pe}+dape:q=1", "{pe}+bogus", "{pe},none,alibi", "{pe}@sliding=8", "{pe}@window=8"]
     specs = [*claims.MODELS, "", "bogus", "rope+", "rope+conv:3:w=16", "rope,bogus"]
     knobs = [{}, {"n_layer": 3}, {"n_embd": 100, "n_head": 3}, {"lengths": [100, 200]}, {"lengths": [64, 128, 512]}]
+    settings = dict(lr=1e-3, min_lr=None, weight_decay=0.1, grad_clip=1.0, optimizer=None, metrics=None, steps=10)
+    train_mistakes = [("steps", 10), ("steps", 0), ("lr", 0), ("lr", True), ("min_lr", -1.0), ("grad_clip", "1")]
+    train_mistakes += [("optimizer", "sgd"), ("optimizer", "adamw"), ("metrics", 3), ("seed", -1), ("warmup", 1.5)]
     checks = [
         ("utils.py", "device_kind", ["cpu", "cuda:1", "auto", "mps", "gpu", "cuda0"]),
         ("lab/data.py", "corpus_file", ["austen", "/no/such.txt", "/no/such", "shakespeare", "/etc", "/dev/null"]),
@@ -363,6 +382,7 @@ def test_the_checks_run_without_torch_refuse_and_accept_what_the_imported_ones_d
         ("lab/checkpoints.py", "checkpoint_file", ["/no/such.pt", "/etc", "tests", "tests/test_package.py"]),
         ("study/runs.py", "check_seeds", [1, 2, True, "3", 5]),
         ("study/comparison.py", "check_margin", [0.1, 0, 1.5, 0.999]),
+        ("lab/train.py", "check_arguments", [dict(settings, **{name: value}) for name, value in train_mistakes]),
     ]
     given = f"SPECS, PES, FORMS, KNOBS = {specs!r}, {declared.registered_names('pe')!r}, {forms!r}, {knobs!r}\n"
     given += f"CHECKS = {checks!r}\n"

@@ -443,7 +443,7 @@ def train(
         optimizer=optimizer,
         seed=seed,
     )
-    _check_arguments(
+    check_arguments(
         **given,
         eval_every=eval_every,
         eval_windows=eval_windows,
@@ -625,8 +625,9 @@ def _restore_optimizer(optim: torch.optim.Optimizer, checkpoint: dict | None, st
 # ----------------------------------------------------------------------------- checks before the first step
 
 
-def _check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics, **counts) -> None:
-    """`train`'s arguments, each error naming the bad value and what is valid."""
+def check_arguments(*, lr, min_lr, weight_decay, grad_clip, optimizer, metrics, **counts) -> None:
+    """`train`'s arguments, each error naming the bad value and what is valid. Needs no torch: the command line
+    checks its flags with it before torch loads (`declared.code_without_torch`)."""
     minimum = {
         "steps": 1,
         "batch_size": 1,
