@@ -75,6 +75,8 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
     (`_refuse_compare_models`); bench's `--bias-table` off CUDA; grade's and handout's extra, and the files grade is
     given; and the rules of train's settings, a device's name, a corpus's or a checkpoint's file, the seeds of a
     study, and the environment's variables of quick mode and threads."""
+    declared.code_without_torch("utils.py")["quick_mode"]()  # MINIDAPE_QUICK's value, whatever the command
+    choose_threads()  # MINIDAPE_THREADS's and OMP_NUM_THREADS's values
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "
@@ -97,8 +99,6 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
         except ValueError as err:
             parser.error(" ".join(str(err).split()))
     _refuse_missing_files_and_devices(args)
-    declared.code_without_torch("utils.py")["quick_mode"]()  # MINIDAPE_QUICK's value
-    choose_threads()  # MINIDAPE_THREADS's and OMP_NUM_THREADS's values
     if args.command in ("compare", "reproduce"):
         declared.code_without_torch("study/runs.py")["check_seeds"](args.seeds)
     if args.command == "compare":

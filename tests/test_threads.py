@@ -114,10 +114,12 @@ def test_idle_threads_wait_briefly_when_minidape_loads_torch(torch_first, preset
     assert out.stdout.strip() == expected
 
 
-def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monkeypatch):
+def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monkeypatch, tmp_path):
+    broken = tmp_path / "broken.pt"  # refused once the command runs: its threads are set by then
+    broken.write_bytes(b"not a checkpoint")
     monkeypatch.setenv("MINIDAPE_THREADS", "x")
     with pytest.raises(SystemExit) as stopped:
-        cli.main(["eval", "missing.pt"])
+        cli.main(["eval", str(broken)])
     assert stopped.value.code == 2
     assert capsys.readouterr().err.strip() == (
         "python -m minidape: error: MINIDAPE_THREADS must be a positive integer (CPU threads); got 'x'"
@@ -126,17 +128,17 @@ def test_every_command_sets_the_threads_and_says_an_explicit_count(capsys, monke
     previous = torch.get_num_threads()
     try:
         with pytest.raises(SystemExit):
-            cli.main(["eval", "missing.pt", "--threads", "1"])
+            cli.main(["eval", str(broken), "--threads", "1"])
         assert "minidape: 1 CPU thread (--threads)" in capsys.readouterr().err.splitlines()
         assert torch.get_num_threads() == 1
         with pytest.raises(SystemExit):
-            cli.main(["eval", "missing.pt"])
+            cli.main(["eval", str(broken)])
         assert "minidape: 2 CPU threads (MINIDAPE_THREADS=2)" in capsys.readouterr().err.splitlines()
         assert torch.get_num_threads() == 2
         monkeypatch.delenv("MINIDAPE_THREADS")
         monkeypatch.setenv("OMP_NUM_THREADS", "1")  # torch's own setting: honoured, not repeated
         with pytest.raises(SystemExit):
-            cli.main(["eval", "missing.pt"])
+            cli.main(["eval", str(broken)])
         assert "CPU thread" not in capsys.readouterr().err and torch.get_num_threads() == 1
     finally:
         torch.set_num_threads(previous)
