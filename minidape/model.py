@@ -1395,7 +1395,7 @@ class SelfAttention(nn.Module):
             q, k, v = self.qkv(x, positional)
         positional = self.inputs(x, q, k, positional)
         if self.weights is not None:  # PaTH, stick-breaking: their own weights, in their papers' form
-            y, _ = self.weights(x, q, k, v)
+            y, _ = check_weights(self.pe, self.weights(x, q, k, v), v)
         elif fast:
             y = SelfAttention.fast_attention(self, q, k, v, positional)
         else:
@@ -1439,7 +1439,7 @@ class SelfAttention(nn.Module):
         positional = self.inputs(x, q, k, positional)
         q, k = positional.decayed(q, k)
         if self.weights is not None:
-            pieces = self.weights(x, q, k, v)[1]
+            pieces = check_weights(self.pe, self.weights(x, q, k, v), v)[1]
             return {"scores": pieces["scores"], "bias": None, "refined": pieces["scores"], "probs": pieces["probs"]}
         return attention(
             q,
@@ -1698,6 +1698,24 @@ def check_bias(pe: str, bias, dims: tuple[str, ...], expected: tuple[int, ...], 
         raise ValueError(
             f"pe={pe!r} returned a bias of shape {tuple(bias.shape)}; expected ({', '.join(dims)}) = {expected}"
         )
+
+
+def check_weights(pe: str, output, v: torch.Tensor) -> tuple[torch.Tensor, dict]:
+    """What an encoding with its own weights (``AttentionWeights``) returns: ``(y, pieces)``, y a floating tensor of
+    v's shape on v's device (one of shape (batch, T, n_head, hs), as many numbers, would run and mix the heads up),
+    pieces a dict holding the "scores" and "probs" the plots read."""
+    y, pieces = output if isinstance(output, tuple) and len(output) == 2 else (output, None)
+    if not isinstance(y, torch.Tensor) or not isinstance(pieces, dict) or not {"scores", "probs"} <= pieces.keys():
+        raise TypeError(
+            f"pe={pe!r} returned {type(output).__name__}; an AttentionWeights module returns (y, pieces): y of "
+            f"(batch, n_head, T, head size), pieces a dict holding 'scores' and 'probs'"
+        )
+    if not y.is_floating_point() or y.device != v.device or y.shape != v.shape:
+        raise ValueError(
+            f"pe={pe!r} returned y of shape {tuple(y.shape)}, {y.dtype}, on {y.device}; expected (batch, n_head, T, "
+            f"head size) = {tuple(v.shape)}, floating, on {v.device}"
+        )
+    return y, pieces
 
 
 def check_refined(refiner: nn.Module, refined, scores: torch.Tensor) -> torch.Tensor:

@@ -455,6 +455,41 @@ def test_a_refiner_returning_another_shape_is_refused_not_broadcast(fast):
         model(torch.zeros(1, 8, dtype=torch.long))
 
 
+class WeightsOfOwnForm(md.AttentionWeights):
+    """Attention weights of one's own (uniform over the earlier keys and itself), returning `form(y, pieces)`."""
+
+    form = staticmethod(lambda y, pieces: (y, pieces))
+
+    def __init__(self, cfg):
+        super().__init__()
+
+    def forward(self, x, q, k, v):
+        T = q.shape[2]
+        probs = torch.ones(T, T).tril() / torch.arange(1, T + 1)[:, None]
+        return self.form(probs @ v, {"scores": q @ k.transpose(-2, -1), "probs": probs})
+
+
+@pytest.mark.parametrize(
+    "name, form, message",
+    [
+        ("round5_heads_last", lambda y, pieces: (y.transpose(1, 2), pieces), r"y of shape \(1, 8, 2, 4\)"),
+        ("round5_y_only", lambda y, pieces: y, "returned Tensor; an AttentionWeights module returns"),
+        ("round5_no_probs", lambda y, pieces: (y, {"scores": pieces["scores"]}), "'scores' and 'probs'"),
+        ("round5_integers", lambda y, pieces: (y.long(), pieces), "torch.int64"),
+    ],
+)
+def test_attention_weights_of_ones_own_of_another_form_are_refused(name, form, message):
+    """Before: y as (batch, T, n_head, head size), the same count of numbers, ran and mixed the heads up, and so did
+    pieces without "probs" (the plots' KeyError came later); y alone failed with "not enough values to unpack", an
+    integer y with torch's "mat1 and mat2 must have the same dtype" (a traceback)."""
+    md.register_pe(name)(type(name, (WeightsOfOwnForm,), {"form": staticmethod(form)}))
+    model = md.GPT(tiny_config(pe=name))
+    with pytest.raises((TypeError, ValueError), match=message):
+        model(torch.zeros(1, 8, dtype=torch.long))
+    md.register_pe("round5_own_weights")(WeightsOfOwnForm)
+    assert md.GPT(tiny_config(pe="round5_own_weights"))(torch.zeros(1, 8, dtype=torch.long))[0].isfinite().all()
+
+
 def test_a_fox_training_step_too_large_for_memory_is_refused_before_it_starts(corpus_file, monkeypatch):
     """Before: FoX's (batch, n_head, T, T) bias was not counted: the allocator's error in the middle of the step."""
     from minidape.lab import memory
