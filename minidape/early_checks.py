@@ -15,7 +15,7 @@ import sys
 
 from . import declared
 from .flags import CHE_SETS
-from .threads import choose_threads
+from .threads import environment_threads
 
 
 @functools.cache
@@ -76,7 +76,7 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
     given; and the rules of train's settings, a device's name, a corpus's or a checkpoint's file, the seeds of a
     study, and the environment's variables of quick mode and threads."""
     declared.code_without_torch("utils.py")["quick_mode"]()  # MINIDAPE_QUICK's value, whatever the command
-    choose_threads()  # MINIDAPE_THREADS's and OMP_NUM_THREADS's values
+    environment_threads()  # MINIDAPE_THREADS's and OMP_NUM_THREADS's values
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(
             f"--block-size {args.block_size} is too short for a language model: it must be >= 2, so that a window "

@@ -125,18 +125,27 @@ def positive_threads(value, source: str) -> int:
     return threads
 
 
-def choose_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
-    """The intra-op thread count: ``requested`` (``--threads``) if given, else ``MINIDAPE_THREADS``, else
-    ``OMP_NUM_THREADS``; else the cores allowed minus those other processes keep busy, at least 1, and with
-    ``work`` (elements of one activation, batch x T x n_embd) at most one thread per ``WORK_PER_THREAD``."""
-    if requested is not None:
-        return ThreadChoice(positive_threads(requested, "--threads"), "--threads")
+def environment_threads() -> ThreadChoice | None:
+    """The count ``MINIDAPE_THREADS``, else ``OMP_NUM_THREADS``, sets (a bad value is a ValueError naming it), or
+    None where neither is set. The command line checks them with it before torch loads."""
     for variable in (THREADS_VARIABLE, "OMP_NUM_THREADS"):
         if os.environ.get(variable):
             value = os.environ[variable]
             # OpenMP's list of nested levels ("4,2"): torch's threads are its outer level's
             outer = value.split(",")[0] if variable == "OMP_NUM_THREADS" else value
             return ThreadChoice(positive_threads(outer, variable), f"{variable}={value}")
+    return None
+
+
+def choose_threads(requested: int | None = None, work: int | None = None) -> ThreadChoice:
+    """The intra-op thread count: ``requested`` (``--threads``) if given, else ``MINIDAPE_THREADS``, else
+    ``OMP_NUM_THREADS``; else the cores allowed minus those other processes keep busy, at least 1, and with
+    ``work`` (elements of one activation, batch x T x n_embd) at most one thread per ``WORK_PER_THREAD``."""
+    if requested is not None:
+        return ThreadChoice(positive_threads(requested, "--threads"), "--threads")
+    chosen = environment_threads()
+    if chosen is not None:
+        return chosen
     size = "" if work is None else f", {work:,} elements per activation"
     if work is not None and work < 2 * WORK_PER_THREAD:
         return ThreadChoice(1, "small work" + size)
