@@ -181,10 +181,10 @@ def code_without_torch(path: str) -> dict:
         elif isinstance(statement, ast.ClassDef):
             if any(not isinstance(base, ast.Name) or base.id in bodiless for base in statement.bases):
                 bodiless.add(statement.name)
-                statement = ast.ClassDef(**{**vars(statement), "body": [ast.Pass()]})
+                statement = ast.fix_missing_locations(ast.ClassDef(**{**vars(statement), "body": [ast.Pass()]}))
         elif not isinstance(statement, (ast.FunctionDef, ast.Assign, ast.AnnAssign, ast.Expr)):
             continue  # `if __package__:` (the fast path)
-        code = compile(ast.fix_missing_locations(ast.Module([statement], [])), f"minidape/{path}", "exec")
+        code = compile(ast.Module([statement], []), f"minidape/{path}", "exec")
         try:
             exec(code, namespace)  # noqa: S102 - the package's own source
         except (NameError, AttributeError):  # a line that needs torch, or what was left out: not a configuration's

@@ -87,11 +87,10 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
         raise ValueError(
             f"the task sets {', '.join(fixed)}; drop {', '.join('--' + name.replace('_', '-') for name in fixed)}"
         )
-    if args.command == "train":
+    settings = {name: getattr(args, name) for name in TRAIN_ARGUMENTS} if args.command == "train" else {}
+    if any(value is not None for value in settings.values()):  # none given: train's defaults
         with flags_named():
-            declared.code_without_torch("lab/train.py")["check_arguments"](
-                **{name: getattr(args, name) for name in TRAIN_ARGUMENTS}, optimizer=None, metrics=None
-            )
+            declared.code_without_torch("lab/train.py")["check_arguments"](**settings, optimizer=None, metrics=None)
     if args.command == "che" or args.command == "train" and not args.resume:
         try:
             with flags_named():
