@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -248,8 +249,9 @@ def test_conv_without_tril_gives_the_same_logits_in_query_blocks():
 
 
 def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(
-    tmp_path, corpus_file, capsys, figures_keep_the_rules
+    tmp_path, corpus_file, capsys, figures_keep_the_rules, monkeypatch
 ):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one count for every run: a run made again is bit-identical
     out = tmp_path / "study"
     argv = ["reproduce", "--budget", "tiny", "--seeds", "2", "--corpus", corpus_file, "--out", out]
     code, stdout, _ = run_cli(argv, capsys)
@@ -267,6 +269,34 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(
     progress = [line for line in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]  # one line per run
     assert len(runs) == len(progress) and stdout.count("done before") == 0
     assert f"it trained {len(runs)} of the {len(runs)} runs" in report
+
+    # The same study as a list of runs, for a cluster's scheduler (`--list`: argparse takes the abbreviation, and
+    # the lines drop it). A listed line (run here in this process: test_the_readme_slurm_array... runs compare's,
+    # made by the same code, in processes of their own) writes the file the single process wrote; with the other
+    # runs' files beside it, --report writes the same report.
+    cluster = tmp_path / "cluster"
+    code, listed, _ = run_cli([*argv[:-1], cluster, "--list"], capsys)
+    lines = listed.splitlines()
+    assert code == 0 and len(lines) == len(runs) and not any(" --list " in line for line in lines)
+    cd, folder, then, python, dash_m, package, *line_argv = shlex.split(lines[0], comments=True)
+    assert (cd, folder, then, python, dash_m, package) == ("cd", os.getcwd(), "&&", sys.executable, "-m", "minidape")
+    assert line_argv == [str(arg) for arg in argv[:-1]] + [str(cluster), "--run", "0"]
+    assert run_cli(line_argv, capsys)[0] == 0
+    [made] = sorted(cluster.glob("runs/**/seed*.json"))
+
+    def numbers(path: Path) -> dict:
+        return {key: value for key, value in json.loads(path.read_text()).items() if not key.endswith("_seconds")}
+
+    assert numbers(made) == numbers(out / made.relative_to(cluster))
+    for run in runs:
+        if not (cluster / run.relative_to(out)).exists():
+            (cluster / run.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+            (cluster / run.relative_to(out)).write_bytes(run.read_bytes())
+    code, _, _ = run_cli([*argv[:-1], cluster, "--report"], capsys)
+    assert code == 0
+    assert json.loads((cluster / "results.json").read_text()) == json.loads((out / "results.json").read_text())
+    first_paragraph = re.compile(r"\A.*?\n\n.*?\n\n", re.S)  # the title, then the command, times and machine
+    assert first_paragraph.sub("", (cluster / "REPRODUCTION.md").read_text()) == first_paragraph.sub("", report)
 
     # A killed study restarted: only the missing run is trained again.
     runs[0].unlink()
