@@ -895,6 +895,7 @@ def test_a_report_with_runs_missing_is_refused_and_a_run_outside_the_list_named(
     assert code == 0 and [p.name for p in (out / "runs").rglob("*.json")] == ["seed1.json"]
     code, _, stderr = compare_cli(capsys, out, corpus_file, "--report")
     assert code == 2 and "3 of the 4 runs are not done" in one_error(stderr) and "rope seed 0" in stderr
+    assert "(--run 0,2-3: lines 1,3-4 of --list-runs, as a job array's indices)" in stderr  # to submit again
     assert not (out / "compare.md").exists()
     code, _, stderr = compare_cli(capsys, out, corpus_file, "--run", "4")
     assert code == 2 and "run 4 is not in the list: valid runs are 0 to 3" in one_error(stderr)

@@ -304,16 +304,28 @@ def one_step(step: int | str, names: list[str], done: list[bool], out) -> list[i
     if step == "list":
         return None
     if step == "report":
-        missing = [name for name, finished in zip(names, done) if not finished]
+        missing = [number for number, finished in enumerate(done) if not finished]
         if missing:
             raise ValueError(
-                f"{len(missing)} of the {len(names)} runs are not done in {out} (the first: {missing[0]}); run "
-                f"them (the lines of --list-runs), then the report again"
+                f"{len(missing)} of the {len(names)} runs are not done in {out} (the first: {names[missing[0]]}); "
+                f"run them (--run {_ranges(missing)}: lines {_ranges([n + 1 for n in missing])} of --list-runs, "
+                f"as a job array's indices), then the report again"
             )
         return []
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(names):
         raise ValueError(f"run {step!r} is not in the list: valid runs are 0 to {len(names) - 1} (see --list-runs)")
     return [step]
+
+
+def _ranges(numbers: list[int]) -> str:
+    """Sorted numbers as a scheduler's index list (Slurm's --array): 0,2-5,9."""
+    runs = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:
