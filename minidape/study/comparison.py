@@ -148,8 +148,8 @@ def _sources(overrides: dict) -> dict:
     paths = {
         kind: [
             path
-            for name in overrides.get(kind, "none").split(",")  # pe: a per-layer spec too
-            if (path := source_file(registry[name]))
+            for entry in overrides.get(kind, "none").split(",")  # pe: a per-layer spec too
+            if (path := source_file(registry[entry.partition("@")[0]]))  # a layer's name before its @options
         ]
         for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY))
     }
