@@ -16,9 +16,9 @@ measured 5-8x slower than on one thread. So minidape
     counts loads which already ended): the cores other processes leave free, at least one;
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
     ``OMP_NUM_THREADS``;
-  - makes the same choice in the Python API (``choose_for_api``: ``md.train``, ``md.evaluate``'s functions, the
-    study's), so a script or notebook gets what the CLI would, unless the user set a count: the variables
-    above, or ``torch.set_num_threads`` (``count_is_users``). The rule: from the moment minidape finds torch
+  - makes the same choice in the Python API (``choose_for_api``: ``md.train``, ``md.evaluate``'s and ``md.che``'s
+    functions, the study's), so a script or notebook gets what the CLI would, unless the user set a count: the
+    variables above, or ``torch.set_num_threads`` (``count_is_users``). The rule: from the moment minidape finds torch
     loaded, every call of ``torch.set_num_threads`` from outside minidape's modules is the user's, whatever the
     count (minidape wraps the function to see them); a count set before that (torch imported and set first) is
     the user's when it differs from the one a fresh torch starts with here (asked once of a new Python, about a
@@ -27,6 +27,7 @@ measured 5-8x slower than on one thread. So minidape
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -266,21 +267,30 @@ def _choose(work: int | None) -> ThreadChoice | None:
     return choice
 
 
+@contextlib.contextmanager
+def api_call(work: int | None = None):
+    """Around an API function's work: the outermost such call chooses the threads (``choose_for_api``, with
+    ``work`` where the function knows it as the CLI's ``che`` does, else none, as the CLI's ``eval``, ``compare``
+    and ``reproduce``); the calls inside it keep them (``md.train`` calls ``choose_for_api`` with its work: it
+    chooses only outside them)."""
+    global _api_depth
+    if not _api_depth:
+        _choose(work)
+    _api_depth += 1
+    try:
+        yield
+    finally:
+        _api_depth -= 1
+
+
 def api_entry(function):
-    """Decorate a function of the API that trains or evaluates: the outermost such call chooses the threads
-    (``choose_for_api``, with no size of work, as the CLI's ``eval``, ``compare`` and ``reproduce`` do); the calls
-    inside it keep them (``md.train`` calls ``choose_for_api`` with its work: it chooses only outside them)."""
+    """Decorate a function of the API that trains or evaluates: its calls are ``api_call``s without a size of
+    work."""
 
     @functools.wraps(function)
     def entry(*args, **kwargs):
-        global _api_depth
-        if not _api_depth:
-            _choose(None)
-        _api_depth += 1
-        try:
+        with api_call():
             return function(*args, **kwargs)
-        finally:
-            _api_depth -= 1
 
     return entry
 

@@ -280,6 +280,44 @@ def test_md_train_under_load_takes_the_threads_the_cli_would(api_state, monkeypa
     assert "minidape: 7 CPU threads (8 cores allowed, load 1.0, short waits)" in capsys.readouterr().err
 
 
+def test_che_training_and_testing_take_the_threads_the_cli_would(api_state, monkeypatch):
+    # 8 cores, 5 kept busy; the CLI's `che` sizes its work as batch x longest training input x n_embd: 8 x 8 x 16
+    # elements, 4 threads' work at 256 a thread, of which the load leaves 3; the test inside keeps them
+    from minidape.lab import che
+
+    api_state["load"] = 5.0
+    monkeypatch.setattr(threads, "WORK_PER_THREAD", 2**8)
+    sizes = {"--batch-size": 8, "--max-train-length": 8, "--n-embd": 16}
+    expected = cli_threads(["che", "--task", "parity_check", *(str(v) for item in sizes.items() for v in item)])
+    assert expected == 3
+    monkeypatch.setattr(threads, "_command_choice", None)
+    torch.set_num_threads.__wrapped__(threads._expected_count)
+    seen = []
+    evaluate_task = che.evaluate_task
+    monkeypatch.setattr(
+        che, "evaluate_task", lambda *a, **k: seen.append(torch.get_num_threads()) or evaluate_task(*a, **k)
+    )
+    cfg = md.GPTConfig(n_layer=1, n_embd=16, n_head=2, pe="alibi")
+    che.train_task(
+        "parity_check",
+        cfg,
+        steps=1,
+        batch_size=8,
+        max_train_length=8,
+        test_lengths=[4, 12],
+        eval_samples=2,
+        progress=False,
+    )
+    assert seen == [expected] and torch.get_num_threads() == expected
+    api_state["load"] = 1.0  # testing alone chooses as the CLI's `eval`: no size of work
+    model = che.train_task(
+        "parity_check", cfg, steps=1, batch_size=8, max_train_length=8, test_lengths=[4], eval_samples=2, progress=False
+    )[0]
+    api_state["load"] = 2.0
+    evaluate_task(model, "parity_check", [4], samples=2)
+    assert torch.get_num_threads() == 6
+
+
 def test_the_api_leaves_a_count_the_user_or_a_command_set(api_state, monkeypatch, capsys):
     api_state["load"] = 0.0
     assert threads.choose_for_api().threads == torch.get_num_threads() == 8  # torch's own count: chosen
