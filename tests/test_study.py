@@ -896,9 +896,19 @@ def test_a_report_with_runs_missing_is_refused_and_a_run_outside_the_list_named(
     code, _, stderr = compare_cli(capsys, out, corpus_file, "--report")
     assert code == 2 and "3 of the 4 runs are not done" in one_error(stderr) and "rope seed 0" in stderr
     assert "(--run 0,2-3: lines 1,3-4 of --list-runs, as a job array's indices)" in stderr  # to submit again
+    assert "--seeds" not in stderr  # no seed is done by both models
     assert not (out / "compare.md").exists()
     code, _, stderr = compare_cli(capsys, out, corpus_file, "--run", "4")
     assert code == 2 and "run 4 is not in the list: valid runs are 0 to 3" in one_error(stderr)
+    # Of 3 seeds, seeds 0 and 1 done by both models (runs 0, 1 and 3, 4): the report of those 2 is offered, and made
+    three = tmp_path / "three"
+    for number in (0, 1, 3, 4):
+        assert compare_cli(capsys, three, corpus_file, "--run", number, seeds=3)[0] == 0
+    code, _, stderr = compare_cli(capsys, three, corpus_file, "--report", seeds=3)
+    assert code == 2 and "(--run 2,5: lines 3,6 of --list-runs" in stderr
+    assert one_error(stderr).endswith("report the 2 seeds every model has done now: the same command with --seeds 2")
+    code, _, _ = compare_cli(capsys, three, corpus_file, "--report", seeds=2)
+    assert code == 0 and json.loads((three / "compare.json").read_text())["seeds"] == 2
     # reproduce lists its runs alike, checked as a whole before any is listed
     code, stdout, _ = run_cli(
         [
