@@ -21,8 +21,8 @@ measured 5-8x slower than on one thread. So minidape
     variables above, or ``torch.set_num_threads`` (``count_is_users``). The rule: from the moment minidape finds torch
     loaded, every call of ``torch.set_num_threads`` from outside minidape's modules is the user's, whatever the
     count (minidape wraps the function to see them); a count set before that (torch imported and set first) is
-    the user's when it differs from the one a fresh torch starts with here (asked once of a new Python, about a
-    second). Only a count set to torch's own start count before minidape was imported cannot be told from it.
+    the user's when it differs from the one a fresh torch starts with here (asked once of a new Python: a torch
+    import). Only a count set to torch's own start count before minidape was imported cannot be told from it.
 """
 
 from __future__ import annotations
@@ -208,7 +208,7 @@ def _watched(set_num_threads):
 
 
 def start_count() -> int | None:
-    """The count torch starts with in this environment, asked of a fresh Python (about a second): what torch's
+    """The count torch starts with in this environment, asked of a fresh Python (a torch import: 1-4 s): what torch's
     count was before anyone set it. None when it cannot be asked."""
     import subprocess
 
