@@ -100,6 +100,8 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
     _refuse_missing_files_and_devices(args)
     if args.command in ("compare", "reproduce"):
         declared.code_without_torch("study/runs.py")["check_seeds"](args.seeds)
+    if args.command == "reproduce":
+        declared.code_without_torch("study/runs.py")["check_corpora"](args.corpus)
     if args.command == "compare":
         _refuse_compare_models(args, parser)
     if args.command == "bench" and args.bias_table and args.device.partition(":")[0] in ("cpu", "mps"):
@@ -201,7 +203,8 @@ GRADE_NEEDS = ("jupytext", "IPython")
 def _refuse_grade_files(args: argparse.Namespace) -> None:
     """How grade's modes go together, the files it is given and its extra, before torch loads (the checks load it):
     a path that is not there, not a notebook or a folder holding none (`collect.submissions`, the grader's own
-    reading of what was handed in), a grades file `--merge` or `--gradebook` names that is not there; then the
+    reading of what was handed in), a `--csv` or `--feedback` that cannot be written, a grades file `--merge` or
+    `--gradebook` names that is not there; then the
     extra, whose import takes 1.2 s (jupytext), so that a mistaken path answers before it."""
     _refuse_grade_modes_and_files(args)
     require("grading", GRADE_NEEDS, "grade")
@@ -228,5 +231,7 @@ def _refuse_grade_modes_and_files(args: argparse.Namespace) -> None:
         raise ValueError("grade needs notebooks or folders to grade (or --gradebook FILE)")
     else:
         from .classroom.collect import submissions
+        from .classroom.gradebook import check_output_paths
 
         submissions(args.paths)
+        check_output_paths(args.csv, args.feedback)

@@ -258,6 +258,9 @@ REFUSED_BY_THE_COMMANDS_RULES = [
     (["train", "--out", "/no/such/run", "--resume"], ["no checkpoint at /no/such/run/checkpoint.pt"]),
     (["train", "--out", "x", "--warmup", "-1"], ["--warmup must be an integer >= 0, got -1"]),
     (["train", "--out", "x", "--grad-clip", "-1"], ["--grad-clip must be a number >= 0.0, got -1.0"]),
+    (["grade", str(ROOT / "notebooks"), "--csv", "/no/such/g.csv"], ["--csv /no/such/g.csv: the folder /no/such"]),
+    (["grade", str(ROOT / "notebooks"), "--feedback", str(ROOT / "README.md")], ["README.md is a file"]),
+    (["reproduce", "--corpus", "austen", "austen"], ["each once; got ['austen', 'austen']"]),
 ]
 
 

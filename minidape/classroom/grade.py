@@ -528,20 +528,6 @@ def write_feedback(submission: Submission, folder: Path, entered: dict | None = 
     return target
 
 
-def check_output_paths(csv_path, feedback) -> None:
-    """Refuse a CSV path or feedback folder that cannot be written, before any notebook runs."""
-    if csv_path is not None:
-        path = Path(csv_path)
-        if path.is_dir():
-            raise ValueError(f"--csv {path} is a folder; give a file name")
-        if not path.parent.resolve().is_dir():
-            raise FileNotFoundError(f"--csv {path}: the folder {path.parent} does not exist")
-        if not os.access(path.parent.resolve(), os.W_OK):
-            raise ValueError(f"--csv {path}: the folder {path.parent} is not writable")
-    if feedback is not None and Path(feedback).exists() and not Path(feedback).is_dir():
-        raise ValueError(f"--feedback {feedback} is a file; give a folder")
-
-
 def worker_env() -> dict[str, str]:
     """The worker's environment: nothing of the grader's but what running the notebooks needs."""
     threads = os.environ.get(THREADS_VARIABLE, "1")  # one each by default: the workers fill the cores
@@ -592,7 +578,7 @@ def grade(
     jobs = os.cpu_count() or 1 if jobs is None else jobs
     if not 1 <= jobs <= 127:
         raise ValueError(f"--jobs must be between 1 and 127; got {jobs}")
-    check_output_paths(csv_path, feedback)
+    gradebook.check_output_paths(csv_path, feedback)
     if csv_path is None:
         return _grade(paths, None, timeout, jobs, feedback, {})
     with gradebook.held(csv_path, overwrite) as entered:

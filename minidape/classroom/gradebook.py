@@ -43,6 +43,21 @@ NOT_ANSWERED = "not answered: the cell still holds the question as handed out"
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
 
 
+def check_output_paths(csv_path, feedback) -> None:
+    """Refuse a CSV path or feedback folder that cannot be written, before any notebook runs (the command line:
+    before torch loads)."""
+    if csv_path is not None:
+        path = Path(csv_path)
+        if path.is_dir():
+            raise ValueError(f"--csv {path} is a folder; give a file name")
+        if not path.parent.resolve().is_dir():
+            raise FileNotFoundError(f"--csv {path}: the folder {path.parent} does not exist")
+        if not os.access(path.parent.resolve(), os.W_OK):
+            raise ValueError(f"--csv {path}: the folder {path.parent} is not writable")
+    if feedback is not None and Path(feedback).exists() and not Path(feedback).is_dir():
+        raise ValueError(f"--feedback {feedback} is a file; give a folder")
+
+
 def spreadsheet_safe(value) -> str:
     """A CSV field a spreadsheet shows as text: ``=1+2`` -> ``'=1+2``; numbers are written as they are."""
     text = value if isinstance(value, str) else f"{value:g}" if isinstance(value, float) else str(value)

@@ -21,6 +21,7 @@ from .runs import (
     Progress,
     as_float,
     che_run_path,
+    check_corpora,
     check_seeds,
     check_settings,
     corpus_fingerprint,
@@ -64,9 +65,7 @@ def reproduce(
     seeds = check_seeds(seeds)
     refuse_foreign_results(out, overwrite=False)
     register_leaky_refiner()
-    corpora = [str(corpus) for corpus in corpora]
-    if len(corpora) < 1 or len(set(corpora)) != len(corpora):
-        raise ValueError(f"corpora must name at least one corpus, each once; got {corpora}")
+    corpora = check_corpora(corpora)
     for corpus in corpora:
         check_corpus_fits(corpus, budget_settings, budget_settings.train_lengths)
     out = Path(out)

@@ -137,6 +137,14 @@ def refuse_foreign_results(out, overwrite: bool) -> None:
         refuse_to_replace(out, RESULT_FILES, overwrite)
 
 
+def check_corpora(corpora) -> list[str]:
+    """A study's corpora as names or paths: at least one, each once."""
+    corpora = [str(corpus) for corpus in corpora]
+    if len(corpora) < 1 or len(set(corpora)) != len(corpora):
+        raise ValueError(f"corpora must name at least one corpus, each once; got {corpora}")
+    return corpora
+
+
 def check_seeds(seeds) -> int:
     if isinstance(seeds, bool) or not isinstance(seeds, int) or seeds < 2:
         raise ValueError(f"seeds must be an integer >= 2 (a paired t-test needs two seeds at least); got {seeds!r}")
