@@ -427,6 +427,25 @@ def test_a_truncated_references_file_is_named(tmp_path):
         grade.references(path)
 
 
+def test_recording_a_reference_on_a_full_disk_names_the_file_and_leaves_nothing(tmp_path, monkeypatch):
+    """Before: "[Errno 28] No space left on device", naming no file, and a partial `.references.json.*` beside it."""
+    import os
+
+    from minidape.classroom.exercises import helpers
+
+    path = tmp_path / "references.json"
+    path.write_text('{"full": {"3.1": {"ratio": 2.5}}}\n')
+
+    def full(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "replace", full)
+    with pytest.raises(OSError, match=r"references.json: No space left on device"):
+        helpers._record(str(path), "4.4", {"ratio": 3.0})
+    assert [entry.name for entry in tmp_path.iterdir()] == ["references.json"]
+    assert json.loads(path.read_text()) == {"full": {"3.1": {"ratio": 2.5}}}
+
+
 def test_eval_on_a_corpus_outside_the_models_vocabulary_names_both(tmp_path, corpus_file, capsys):
     """Before: "tokens must lie in [0, vocab_size=64)", naming neither the checkpoint nor the corpus."""
     digits = tmp_path / "digits.txt"  # bytes 32 and 48-57: within a vocabulary of 64

@@ -476,11 +476,12 @@ def _references() -> dict | None:
 
 
 def _record(path: str, name: str, measured: dict) -> None:
-    """Merge this run's measurement of ``name`` into the references file (written whole or not at all)."""
+    """Merge this run's measurement of ``name`` into the references file (written whole or not at all: a full disk
+    leaves the file as it was, no partial copy beside it, and says which file)."""
     import json
-    import os
     import platform
-    import tempfile
+
+    from ...utils import atomic_path
 
     target = Path(path)
     try:
@@ -500,11 +501,8 @@ def _record(path: str, name: str, measured: dict) -> None:
         else platform.processor()
     )
     recorded.setdefault(_mode(), {})[name] = {**measured, "_machine": cpu}
-    descriptor, partial = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    with os.fdopen(descriptor, "w") as file:
-        json.dump(recorded, file, indent=1, sort_keys=True)
-        file.write("\n")
-    os.replace(partial, target)
+    with atomic_path(target) as partial:
+        partial.write_text(json.dumps(recorded, indent=1, sort_keys=True) + "\n")
 
 
 def _books_budget():
