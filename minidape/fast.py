@@ -12,8 +12,8 @@ How, in order of what it saves:
     causal upper triangle beyond a block is never computed, and the refiner's hidden activations of one block
     fit a memory budget. A user's refiner runs in blocks only when it declares ``row_local = True``; any other
     runs in the reference form over the whole sequence (``runs_in_query_blocks``).
-  - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls in the scores' channels-first layout (no
-    permute copies), with its hidden activation recomputed in backward instead of stored.
+  - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls that read the scores in their channels-first
+    layout (no permute copies) and keep the hidden layer channels-last, recomputed in backward instead of stored.
   - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
     over ``kernel`` shifted copies of the scores.
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
@@ -568,8 +568,9 @@ class _CellMLP(torch.autograd.Function):
 
 leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
 # The cell MLP's slices on the CPU: about this many hidden elements (1 MB, one core's L2), and at least this many
-# cells (with 32 sequences the budget gives 256 cells, whose extra matmul calls cost more than they save).
-HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 1024
+# cells. With the hidden layer channels-first 256-cell slices (32 sequences at T = 128) cost more in matmul calls
+# than they saved; channels-last they were 3-10 % faster than 1,024-cell ones in the DAPE step (issue 45, loaded).
+HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 256
 
 
 def cell_slices(x, width: int) -> list[slice]:
