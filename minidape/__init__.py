@@ -61,26 +61,26 @@ LAZY_MODULES = {
 }
 
 
-def _remember_torch_default() -> None:
-    # torch's own thread count, to tell one the user sets later (threads.choose_for_api): read as soon as torch is
-    # loaded, here or by the first name loaded below, never loading torch for it
+def _watch_torch(loaded_here: bool) -> None:
+    # torch's count, to tell one the user sets from torch's own and minidape's (threads.count_is_users): watched as
+    # soon as torch is loaded, here or by the first name loaded below, never loading torch for it
     if "torch" in sys.modules:
-        threads.remember_torch_default()
+        threads.watch_torch(loaded_here)
 
 
-_remember_torch_default()
+_watch_torch(loaded_here=False)  # loaded already: by the user, who may have set its count
 
 
 def __getattr__(name: str):
-    if name in NAMES:
-        value = getattr(importlib.import_module(NAMES[name], __name__), name)
-        _remember_torch_default()
+    if name in NAMES or name in LAZY_MODULES:
+        torch_loaded = "torch" in sys.modules
+        module = importlib.import_module(NAMES.get(name) or LAZY_MODULES[name], __name__)
+        _watch_torch(loaded_here=not torch_loaded)
+        if name in LAZY_MODULES:
+            return module
+        value = getattr(module, name)
         globals()[name] = value  # found directly from now on
         return value
-    if name in LAZY_MODULES:
-        module = importlib.import_module(LAZY_MODULES[name], __name__)
-        _remember_torch_default()
-        return module
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 

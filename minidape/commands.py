@@ -288,7 +288,9 @@ def print_run_lines(args: argparse.Namespace, result: dict) -> None:
     line with ``--run N``, run from this folder by this Python), its name after a ``#``."""
     if args.step != "list":
         return
-    command = shlex.join([sys.executable, "-m", "minidape", *(arg for arg in args.argv if arg != "--list-runs")])
+    # argparse took any unambiguous prefix of --list-runs (--list): left in, every line would be refused
+    listing = [arg for arg in args.argv if len(arg) > 2 and "--list-runs".startswith(arg)]
+    command = shlex.join([sys.executable, "-m", "minidape", *(arg for arg in args.argv if arg not in listing)])
     for number, name in enumerate(result["runs"]):
         print(f"cd {shlex.quote(os.getcwd())} && {command} --run {number}  # {name}")
 

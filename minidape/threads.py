@@ -16,13 +16,18 @@ measured 5-8x slower than on one thread. So minidape
     counts loads which already ended): the cores other processes leave free, at least one;
   - lets an explicit choice win: ``--threads N`` on every command, else ``MINIDAPE_THREADS``, else
     ``OMP_NUM_THREADS``;
-  - makes the same choice in the Python API (``choose_for_api``: ``md.train``, ``md.evaluate``'s functions, the
-    study's), so a script or notebook gets what the CLI would, unless the user set a count: the variables
-    above, or ``torch.set_num_threads`` (a count other than torch's own and minidape's last).
+  - makes the same choice in the Python API (``choose_for_api``: ``md.train``, ``md.evaluate``'s and ``md.che``'s
+    functions, the study's), so a script or notebook gets what the CLI would, unless the user set a count: the
+    variables above, or ``torch.set_num_threads`` (``count_is_users``). The rule: from the moment minidape finds torch
+    loaded, every call of ``torch.set_num_threads`` from outside minidape's modules is the user's, whatever the
+    count (minidape wraps the function to see them); a count set before that (torch imported and set first) is
+    the user's when it differs from the one a fresh torch starts with here (asked once of a new Python: a torch
+    import). Only a count set to torch's own start count before minidape was imported cannot be told from it.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import math
@@ -163,63 +168,129 @@ def use_threads(requested: int | None = None, work: int | None = None) -> Thread
 
 
 _command_choice: ThreadChoice | None = None  # the CLI's choice for this process (``use_threads``)
-_torch_default: int | None = None  # torch's own count, read when minidape loaded torch (``remember_torch_default``)
 _api_choice: ThreadChoice | None = None  # the API's last choice, said on stderr when it changes
 _api_depth = 0  # API entry points running (``api_entry``): the outermost one chooses
+# Whose count torch has (``count_is_users``): the count torch has unless someone else set one (torch's start
+# count, then minidape's last), None until minidape watches torch (``watch_torch``); whether a call from outside
+# minidape set it; and whether the count found is still to be checked against a fresh torch's (torch was loaded
+# before minidape watched it).
+_expected_count: int | None = None
+_set_by_user = False
+_found_unchecked = False
 
 
-def remember_torch_default() -> None:
-    """Note torch's thread count as minidape first finds it (minidape/__init__.py: on import where torch is loaded
-    already, else when the first public name loads torch; at the latest the first choice), to tell a count the user
-    sets later from torch's own. A count set before that cannot be told apart from it."""
-    global _torch_default
-    if _torch_default is None:
-        import torch
+def watch_torch(loaded_here: bool = False) -> None:
+    """From the moment minidape finds torch loaded (minidape/__init__.py; at the latest the API's first choice), once:
+    note torch's count and wrap ``torch.set_num_threads`` so that a call from outside minidape's modules, whatever
+    the count, makes the count the user's. With ``loaded_here`` (minidape's own import just loaded torch) the count
+    found is torch's start count; else someone loaded torch first and may have set it already: the first choice
+    compares it with a fresh torch's (``start_count``)."""
+    global _expected_count, _found_unchecked
+    if _expected_count is not None:
+        return
+    import torch
 
-        _torch_default = torch.get_num_threads()
+    _expected_count = torch.get_num_threads()
+    _found_unchecked = not loaded_here
+    torch.set_num_threads = _watched(torch.set_num_threads)
+
+
+def _watched(set_num_threads):
+    @functools.wraps(set_num_threads)
+    def watched_set_num_threads(count):
+        global _set_by_user
+        set_num_threads(count)
+        # minidape's own calls (this module's choices, kernels.py's one-thread sections) are not the user's
+        if sys._getframe(1).f_globals.get("__name__", "").partition(".")[0] != __name__.partition(".")[0]:
+            _set_by_user = True
+
+    return watched_set_num_threads
+
+
+def start_count() -> int | None:
+    """The count torch starts with in this environment, asked of a fresh Python (a torch import: 1-4 s): what torch's
+    count was before anyone set it. None when it cannot be asked."""
+    import subprocess
+
+    try:
+        answer = subprocess.run(
+            [sys.executable, "-c", "import torch; print(torch.get_num_threads())"],
+            capture_output=True,
+            text=True,
+            timeout=600,
+            check=True,
+        )
+        return int(answer.stdout.split()[-1])
+    except (OSError, subprocess.SubprocessError, ValueError, IndexError):
+        return None
+
+
+def count_is_users() -> bool:
+    """Whether torch's count is the user's (the API then leaves it): ``torch.set_num_threads`` called from outside
+    minidape after minidape watched torch (``watch_torch``), whatever the count; or a count other than the one
+    torch had unless someone set it (set where the watch cannot see: a name bound before it, torch._C); or, where
+    torch was loaded before minidape watched it, a count other than a fresh torch's when minidape found it (asked
+    once; unknown counts as the user's)."""
+    import torch
+
+    global _set_by_user, _found_unchecked
+    watch_torch()
+    if not _set_by_user and torch.get_num_threads() != _expected_count:
+        _set_by_user = True
+    if not _set_by_user and _found_unchecked:
+        _set_by_user = start_count() != _expected_count
+    _found_unchecked = False
+    return _set_by_user
 
 
 def choose_for_api(work: int | None = None) -> ThreadChoice | None:
     """The CLI's choice (``choose_threads``) in the Python API, set and said on stderr (once: again only when it
     changes), unless the count is someone else's: a CLI command chose it (the functions it calls keep it), an
     API function running chose it (``api_entry``: ``reproduce`` for the ``train`` calls inside), or the user set
-    it with ``torch.set_num_threads`` (a count that is neither torch's own nor the one minidape set last).
-    ``OMP_NUM_THREADS`` is torch's own setting: honoured, not said. Returns the choice, or None where the count
-    was left alone."""
+    it (``count_is_users``). ``OMP_NUM_THREADS`` is torch's own setting: honoured, not said. Returns the choice,
+    or None where the count was left alone."""
     return None if _api_depth else _choose(work)
 
 
 def _choose(work: int | None) -> ThreadChoice | None:
     import torch
 
-    global _api_choice
-    remember_torch_default()
-    current = torch.get_num_threads()
-    if _command_choice is not None or current not in (_torch_default, getattr(_api_choice, "threads", None)):
+    global _api_choice, _expected_count
+    if _command_choice is not None or count_is_users():
         return None
     choice = choose_threads(None, work)
     torch.set_num_threads(choice.threads)
+    _expected_count = choice.threads
     if choice.threads != getattr(_api_choice, "threads", None) and not choice.reason.startswith("OMP_NUM_THREADS"):
         print(f"minidape: {choice}", file=sys.stderr, flush=True)
     _api_choice = choice
     return choice
 
 
+@contextlib.contextmanager
+def api_call(work: int | None = None):
+    """Around an API function's work: the outermost such call chooses the threads (``choose_for_api``, with
+    ``work`` where the function knows it as the CLI's ``che`` does, else none, as the CLI's ``eval``, ``compare``
+    and ``reproduce``); the calls inside it keep them (``md.train`` calls ``choose_for_api`` with its work: it
+    chooses only outside them)."""
+    global _api_depth
+    if not _api_depth:
+        _choose(work)
+    _api_depth += 1
+    try:
+        yield
+    finally:
+        _api_depth -= 1
+
+
 def api_entry(function):
-    """Decorate a function of the API that trains or evaluates: the outermost such call chooses the threads
-    (``choose_for_api``, with no size of work, as the CLI's ``eval``, ``compare`` and ``reproduce`` do); the calls
-    inside it keep them (``md.train`` calls ``choose_for_api`` with its work: it chooses only outside them)."""
+    """Decorate a function of the API that trains or evaluates: its calls are ``api_call``s without a size of
+    work."""
 
     @functools.wraps(function)
     def entry(*args, **kwargs):
-        global _api_depth
-        if not _api_depth:
-            _choose(None)
-        _api_depth += 1
-        try:
+        with api_call():
             return function(*args, **kwargs)
-        finally:
-            _api_depth -= 1
 
     return entry
 

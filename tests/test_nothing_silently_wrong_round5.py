@@ -207,6 +207,23 @@ def test_compare_reports_what_each_layer_of_a_cycled_spec_got(tmp_path, corpus_f
     assert "Encodings per layer: rope,none: layer 0 rope, layer 1 none, layer 2 rope." in report
 
 
+def test_compare_trains_per_layer_specs_with_layer_options(tmp_path, corpus_file):
+    """Before: `KeyError: 'rope@chunk=8'` when compare recorded the sources of a spec's encodings (issue 48's
+    hybrids by their strings, and NoPE with the log-length temperature)."""
+    result = study.compare(
+        "rope@chunk=8,none@temp=llama4",
+        against=("none@temp=log_length",),
+        seeds=2,
+        corpus=str(corpus_file),
+        budget="tiny",
+        steps=2,
+        n_layer=2,
+        out=tmp_path / "out",
+        progress=False,
+    )
+    assert set(result["perplexity"]) == {"rope@chunk=8,none@temp=llama4", "none@temp=log_length"}
+
+
 def test_more_seeds_for_a_compare_whose_first_seeds_are_on_disk(tmp_path, corpus_file, capsys):
     """Before: `KeyError: '64'` after all training (the lengths of runs read back were strings, fresh ones ints)."""
     options = dict(against=("alibi",), corpus=str(corpus_file), budget="tiny", steps=2, out=tmp_path / "out")

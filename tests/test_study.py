@@ -9,6 +9,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -248,8 +249,9 @@ def test_conv_without_tril_gives_the_same_logits_in_query_blocks():
 
 
 def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(
-    tmp_path, corpus_file, capsys, figures_keep_the_rules
+    tmp_path, corpus_file, capsys, figures_keep_the_rules, monkeypatch
 ):
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # one count for every run: a run made again is bit-identical
     out = tmp_path / "study"
     argv = ["reproduce", "--budget", "tiny", "--seeds", "2", "--corpus", corpus_file, "--out", out]
     code, stdout, _ = run_cli(argv, capsys)
@@ -267,6 +269,34 @@ def test_reproduce_tiny_end_to_end_resumes_and_refuses_other_settings(
     progress = [line for line in stdout.splitlines() if re.match(r"\[\d+/\d+\] ", line)]  # one line per run
     assert len(runs) == len(progress) and stdout.count("done before") == 0
     assert f"it trained {len(runs)} of the {len(runs)} runs" in report
+
+    # The same study as a list of runs, for a cluster's scheduler (`--list`: argparse takes the abbreviation, and
+    # the lines drop it). A listed line (run here in this process: test_the_readme_slurm_array... runs compare's,
+    # made by the same code, in processes of their own) writes the file the single process wrote; with the other
+    # runs' files beside it, --report writes the same report.
+    cluster = tmp_path / "cluster"
+    code, listed, _ = run_cli([*argv[:-1], cluster, "--list"], capsys)
+    lines = listed.splitlines()
+    assert code == 0 and len(lines) == len(runs) and not any(" --list " in line for line in lines)
+    cd, folder, then, python, dash_m, package, *line_argv = shlex.split(lines[0], comments=True)
+    assert (cd, folder, then, python, dash_m, package) == ("cd", os.getcwd(), "&&", sys.executable, "-m", "minidape")
+    assert line_argv == [str(arg) for arg in argv[:-1]] + [str(cluster), "--run", "0"]
+    assert run_cli(line_argv, capsys)[0] == 0
+    [made] = sorted(cluster.glob("runs/**/seed*.json"))
+
+    def numbers(path: Path) -> dict:
+        return {key: value for key, value in json.loads(path.read_text()).items() if not key.endswith("_seconds")}
+
+    assert numbers(made) == numbers(out / made.relative_to(cluster))
+    for run in runs:
+        if not (cluster / run.relative_to(out)).exists():
+            (cluster / run.relative_to(out)).parent.mkdir(parents=True, exist_ok=True)
+            (cluster / run.relative_to(out)).write_bytes(run.read_bytes())
+    code, _, _ = run_cli([*argv[:-1], cluster, "--report"], capsys)
+    assert code == 0
+    assert json.loads((cluster / "results.json").read_text()) == json.loads((out / "results.json").read_text())
+    first_paragraph = re.compile(r"\A.*?\n\n.*?\n\n", re.S)  # the title, then the command, times and machine
+    assert first_paragraph.sub("", (cluster / "REPRODUCTION.md").read_text()) == first_paragraph.sub("", report)
 
     # A killed study restarted: only the missing run is trained again.
     runs[0].unlink()
@@ -865,9 +895,20 @@ def test_a_report_with_runs_missing_is_refused_and_a_run_outside_the_list_named(
     assert code == 0 and [p.name for p in (out / "runs").rglob("*.json")] == ["seed1.json"]
     code, _, stderr = compare_cli(capsys, out, corpus_file, "--report")
     assert code == 2 and "3 of the 4 runs are not done" in one_error(stderr) and "rope seed 0" in stderr
+    assert "(--run 0,2-3: lines 1,3-4 of --list-runs, as a job array's indices)" in stderr  # to submit again
+    assert "--seeds" not in stderr  # no seed is done by both models
     assert not (out / "compare.md").exists()
     code, _, stderr = compare_cli(capsys, out, corpus_file, "--run", "4")
     assert code == 2 and "run 4 is not in the list: valid runs are 0 to 3" in one_error(stderr)
+    # Of 3 seeds, seeds 0 and 1 done by both models (runs 0, 1 and 3, 4): the report of those 2 is offered, and made
+    three = tmp_path / "three"
+    for number in (0, 1, 3, 4):
+        assert compare_cli(capsys, three, corpus_file, "--run", number, seeds=3)[0] == 0
+    code, _, stderr = compare_cli(capsys, three, corpus_file, "--report", seeds=3)
+    assert code == 2 and "(--run 2,5: lines 3,6 of --list-runs" in stderr
+    assert one_error(stderr).endswith("report the 2 seeds every model has done now: the same command with --seeds 2")
+    code, _, _ = compare_cli(capsys, three, corpus_file, "--report", seeds=2)
+    assert code == 0 and json.loads((three / "compare.json").read_text())["seeds"] == 2
     # reproduce lists its runs alike, checked as a whole before any is listed
     code, stdout, _ = run_cli(
         [

@@ -224,12 +224,15 @@ def test_thread_benchmark_rounds_give_the_median_ratio_and_its_range(monkeypatch
 
 @pytest.fixture
 def api_state(machine, monkeypatch):
-    """No command has chosen in this process, torch's count is its own, and nothing was said yet; the count the
-    test leaves is put back."""
+    """No command has chosen in this process, torch's count is its own (as minidape found it when its import loaded
+    torch) and nobody set one, and nothing was said yet; the count the test leaves is put back."""
     previous = torch.get_num_threads()
+    threads.watch_torch()  # here already: conftest imported minidape
     monkeypatch.setattr(threads, "_command_choice", None)
     monkeypatch.setattr(threads, "_api_choice", None)
-    monkeypatch.setattr(threads, "_torch_default", previous)
+    monkeypatch.setattr(threads, "_expected_count", previous)
+    monkeypatch.setattr(threads, "_set_by_user", False)
+    monkeypatch.setattr(threads, "_found_unchecked", False)
     monkeypatch.setattr(threads, "WAITS", "short waits")
     yield machine
     torch.set_num_threads(previous)
@@ -249,8 +252,8 @@ def test_md_train_under_load_takes_the_threads_the_cli_would(api_state, monkeypa
     size = ["--n-layer", "1", "--n-head", "2", "--n-embd", "32", "--block-size", "32", "--batch-size", "8"]
     expected = cli_threads(["train", *size, "--out", "unused"])
     assert expected == 3
-    monkeypatch.setattr(threads, "_command_choice", None)  # the script: no command chose
-    torch.set_num_threads(threads._torch_default)
+    monkeypatch.setattr(threads, "_command_choice", None)  # the script: no command chose, torch's count its own
+    torch.set_num_threads.__wrapped__(threads._expected_count)
     capsys.readouterr()
     seen = []
     cfg = md.GPTConfig(vocab_size=256, n_layer=1, n_head=2, n_embd=32, block_size=32)
@@ -277,19 +280,104 @@ def test_md_train_under_load_takes_the_threads_the_cli_would(api_state, monkeypa
     assert "minidape: 7 CPU threads (8 cores allowed, load 1.0, short waits)" in capsys.readouterr().err
 
 
+def test_che_training_and_testing_take_the_threads_the_cli_would(api_state, monkeypatch):
+    # 8 cores, 5 kept busy; the CLI's `che` sizes its work as batch x longest training input x n_embd: 8 x 8 x 16
+    # elements, 4 threads' work at 256 a thread, of which the load leaves 3; the test inside keeps them
+    from minidape.lab import che
+
+    api_state["load"] = 5.0
+    monkeypatch.setattr(threads, "WORK_PER_THREAD", 2**8)
+    sizes = {"--batch-size": 8, "--max-train-length": 8, "--n-embd": 16}
+    expected = cli_threads(["che", "--task", "parity_check", *(str(v) for item in sizes.items() for v in item)])
+    assert expected == 3
+    monkeypatch.setattr(threads, "_command_choice", None)
+    torch.set_num_threads.__wrapped__(threads._expected_count)
+    seen = []
+    evaluate_task = che.evaluate_task
+    monkeypatch.setattr(
+        che, "evaluate_task", lambda *a, **k: seen.append(torch.get_num_threads()) or evaluate_task(*a, **k)
+    )
+    cfg = md.GPTConfig(n_layer=1, n_embd=16, n_head=2, pe="alibi")
+    che.train_task(
+        "parity_check",
+        cfg,
+        steps=1,
+        batch_size=8,
+        max_train_length=8,
+        test_lengths=[4, 12],
+        eval_samples=2,
+        progress=False,
+    )
+    assert seen == [expected] and torch.get_num_threads() == expected
+    api_state["load"] = 1.0  # testing alone chooses as the CLI's `eval`: no size of work
+    model = che.train_task(
+        "parity_check", cfg, steps=1, batch_size=8, max_train_length=8, test_lengths=[4], eval_samples=2, progress=False
+    )[0]
+    api_state["load"] = 2.0
+    evaluate_task(model, "parity_check", [4], samples=2)
+    assert torch.get_num_threads() == 6
+
+
 def test_the_api_leaves_a_count_the_user_or_a_command_set(api_state, monkeypatch, capsys):
     api_state["load"] = 0.0
-    torch.set_num_threads(5 if threads._torch_default != 5 else 6)  # the user's torch.set_num_threads
-    users = torch.get_num_threads()
-    assert threads.choose_for_api() is None and torch.get_num_threads() == users
-    torch.set_num_threads(threads._torch_default)
+    assert threads.choose_for_api().threads == torch.get_num_threads() == 8  # torch's own count: chosen
+    torch.set_num_threads(8)  # the user's torch.set_num_threads, even to the count minidape chose: the user's
+    api_state["load"] = 6.0  # minidape alone would take 2 now
+    assert threads.choose_for_api() is None and torch.get_num_threads() == 8
+    assert capsys.readouterr().err == "minidape: 8 CPU threads (8 cores allowed, load 0.0, short waits)\n"
+    monkeypatch.setattr(threads, "_set_by_user", False)  # a new script
+    md.kernels.smallest_eigenvalue(torch.eye(3))  # minidape's own one-thread section is not the user's
     monkeypatch.setenv("MINIDAPE_THREADS", "2")  # the user's variable: taken, and said
     assert threads.choose_for_api().threads == torch.get_num_threads() == 2
     assert capsys.readouterr().err == "minidape: 2 CPU threads (MINIDAPE_THREADS=2)\n"
     monkeypatch.delenv("MINIDAPE_THREADS")
-    assert threads.choose_for_api().threads == 8  # minidape's own last count is not the user's: chosen again
+    assert threads.choose_for_api().threads == 2  # minidape's own last count is not the user's: chosen again
+    torch.set_num_threads.__wrapped__(5)  # set where the watch cannot see (a name bound before it): the user's
+    assert threads.choose_for_api() is None and torch.get_num_threads() == 5
+    monkeypatch.setattr(threads, "_set_by_user", False)
+    monkeypatch.setattr(threads, "_expected_count", 5)
     threads.use_threads(1)  # a CLI command's choice (--threads 1): the functions it calls keep it
     assert threads.choose_for_api() is None and torch.get_num_threads() == 1
+
+
+def test_a_count_found_on_a_torch_loaded_first_is_checked_once_against_a_fresh_one(api_state, monkeypatch):
+    asked = []
+    monkeypatch.setattr(threads, "start_count", lambda: asked.append(1) or 4)
+    monkeypatch.setattr(threads, "_found_unchecked", True)  # torch was imported before minidape
+    torch.set_num_threads.__wrapped__(4)
+    monkeypatch.setattr(threads, "_expected_count", 4)  # minidape found 4, a fresh torch's count: torch's own
+    assert threads.choose_for_api().threads == 8 and threads.choose_for_api().threads == 8 and asked == [1]
+    monkeypatch.setattr(threads, "_found_unchecked", True)
+    monkeypatch.setattr(threads, "_expected_count", 8)  # found 8 where a fresh torch starts with 4: the user's
+    assert threads.choose_for_api() is None and torch.get_num_threads() == 8
+    monkeypatch.setattr(threads, "_set_by_user", False)
+    monkeypatch.setattr(threads, "_found_unchecked", True)
+    monkeypatch.setattr(threads, "start_count", lambda: None)  # a fresh torch cannot be asked: left alone
+    assert threads.choose_for_api() is None
+
+
+def test_a_script_that_sets_torchs_count_before_importing_minidape_keeps_it():
+    """A real script, torch imported and its count set before minidape: md.train keeps the count on an idle
+    machine of 8 cores, where it would take 8 (the count minidape finds differs from a fresh torch's, asked of a
+    new Python); before, the count found was taken for torch's own and replaced."""
+    script = """
+import os, sys, torch
+users = 3 if torch.get_num_threads() != 3 else 5
+torch.set_num_threads(users)
+import minidape as md
+from minidape import threads
+threads.allowed_cores, threads.machine_load, threads.WORK_PER_THREAD = (lambda: 8), (lambda: 0.0), 2**10
+cfg = md.GPTConfig(vocab_size=256, n_layer=1, n_head=2, n_embd=32, block_size=32)
+seen = set()
+md.train(cfg, torch.randint(0, 256, (4000,)), steps=1, batch_size=8, progress=False,
+         metrics=lambda *_: seen.add(torch.get_num_threads()) or {})
+print(users, *seen)
+"""
+    env = {key: value for key, value in os.environ.items() if key not in NO_SETTING}
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    users, *seen = done.stdout.split()
+    assert seen == [users] and "CPU thread" not in done.stderr
 
 
 def test_functions_inside_an_api_function_keep_its_choice(api_state, monkeypatch):

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from ..model import GPTConfig
+from ..threads import api_call, api_entry
 from ..utils import autocast_for, check_number, model_device, model_label, resolve_device
 from .tasks import TASK_NAMES, Task, accuracy, encoder_inputs, encoder_targets, get_task, output_mask
 from .train import seed_everything, step_seed, train
@@ -118,6 +119,7 @@ def _test_positions(model: nn.Module):
         model.train(was_training)
 
 
+@api_entry
 @torch.no_grad()
 def evaluate_task(
     model: nn.Module, task, lengths: Iterable[int], samples: int = 64, seed: int = 0, batch_tokens: int = 16384
@@ -238,27 +240,29 @@ def train_task(
     _check_positions_cover(cfg, task, lengths)
 
     batches = _TaskBatches(task, batch_size, max_train_length)
-    started = time.perf_counter()
-    model, history = train(
-        model_or_cfg,
-        batches,
-        steps=steps,
-        lr=lr,
-        warmup=warmup,
-        min_lr=min_lr,
-        weight_decay=0.0,
-        grad_clip=grad_clip,
-        optimizer="adam",
-        log_every=log_every,
-        metrics=batches.metrics,
-        device=device,
-        seed=seed,
-        progress=progress,
-    )
-    train_seconds = time.perf_counter() - started
+    # the threads the CLI's `che` takes for this work, kept by the train and evaluate_task calls inside
+    with api_call(batch_size * max_train_length * cfg.n_embd):
+        started = time.perf_counter()
+        model, history = train(
+            model_or_cfg,
+            batches,
+            steps=steps,
+            lr=lr,
+            warmup=warmup,
+            min_lr=min_lr,
+            weight_decay=0.0,
+            grad_clip=grad_clip,
+            optimizer="adam",
+            log_every=log_every,
+            metrics=batches.metrics,
+            device=device,
+            seed=seed,
+            progress=progress,
+        )
+        train_seconds = time.perf_counter() - started
 
-    started = time.perf_counter()
-    curve = evaluate_task(model, task, lengths, samples=eval_samples, seed=seed, batch_tokens=eval_batch_tokens)
+        started = time.perf_counter()
+        curve = evaluate_task(model, task, lengths, samples=eval_samples, seed=seed, batch_tokens=eval_batch_tokens)
     results = {
         "task": task.name,
         "level": task.level,

@@ -148,8 +148,8 @@ def _sources(overrides: dict) -> dict:
     paths = {
         kind: [
             path
-            for name in overrides.get(kind, "none").split(",")  # pe: a per-layer spec too
-            if (path := source_file(registry[name]))
+            for entry in overrides.get(kind, "none").split(",")  # pe: a per-layer spec too
+            if (path := source_file(registry[entry.partition("@")[0]]))  # a layer's name before its @options
         ]
         for kind, registry in (("pe", PE_REGISTRY), ("refiner", REFINER_REGISTRY))
     }
@@ -388,7 +388,8 @@ def compare(
     if step is not None:
         if out is None:
             raise ValueError(f"step={step!r} needs out: the folder the runs of the comparison share")
-        chosen = one_step(step, names, [result is not None for *_, result in plan], out)
+        done = [result is not None for *_, result in plan]
+        chosen = one_step(step, names, done, [seed for _, seed, *_ in plan], out)
         if chosen is None:
             return {"runs": names}
         if isinstance(step, int):

@@ -108,7 +108,7 @@ def reproduce(
             is not None
             for seed, kind, where, label in runs
         ]
-        chosen = one_step(step, names, done, out)
+        chosen = one_step(step, names, done, [seed for seed, *_ in runs], out)
         if chosen is None:
             return {"runs": names}
         runs = [runs[i] for i in chosen]

@@ -297,23 +297,46 @@ def study_run_record(kind: str, where, label: str, seed: int, budget: Budget, fi
     }
 
 
-def one_step(step: int | str, names: list[str], done: list[bool], out) -> list[int] | None:
-    """Which runs of a study's list (``names``, ``done`` for those found in ``out``) a ``step`` of it trains:
-    "list" none (None: only list them), N run N alone, "report" none, once every run is done (else a
-    ValueError saying how many are missing and the first)."""
+def one_step(step: int | str, names: list[str], done: list[bool], seeds: list[int], out) -> list[int] | None:
+    """Which runs of a study's list (``names``, ``done`` for those found in ``out``, ``seeds`` their seeds) a
+    ``step`` of it trains: "list" none (None: only list them), N run N alone, "report" none, once every run is
+    done (else a ValueError saying how many are missing, the first, their lines, and the seeds done by all)."""
     if step == "list":
         return None
     if step == "report":
-        missing = [name for name, finished in zip(names, done) if not finished]
+        missing = [number for number, finished in enumerate(done) if not finished]
         if missing:
             raise ValueError(
-                f"{len(missing)} of the {len(names)} runs are not done in {out} (the first: {missing[0]}); run "
-                f"them (the lines of --list-runs), then the report again"
+                f"{len(missing)} of the {len(names)} runs are not done in {out} (the first: {names[missing[0]]}); "
+                f"run them (--run {_ranges(missing)}: lines {_ranges([n + 1 for n in missing])} of --list-runs, "
+                f"as a job array's indices), then the report again{_seeds_done_text(seeds, done)}"
             )
         return []
     if isinstance(step, bool) or not isinstance(step, int) or not 0 <= step < len(names):
         raise ValueError(f"run {step!r} is not in the list: valid runs are 0 to {len(names) - 1} (see --list-runs)")
     return [step]
+
+
+def _seeds_done_text(seeds: list[int], done: list[bool]) -> str:
+    """The report of fewer seeds that the runs done allow (--seeds K: a run's file records its own seed, not how
+    many the study has): seeds 0 to K-1 done by every model, K >= 2."""
+    complete = 0
+    while complete in seeds and all(finished for seed, finished in zip(seeds, done) if seed == complete):
+        complete += 1
+    if complete < 2:
+        return ""
+    return f"; or report the {complete} seeds every model has done now: the same command with --seeds {complete}"
+
+
+def _ranges(numbers: list[int]) -> str:
+    """Sorted numbers as a scheduler's index list (Slurm's --array): 0,2-5,9."""
+    runs = []
+    for number in numbers:
+        if runs and number == runs[-1][1] + 1:
+            runs[-1][1] = number
+        else:
+            runs.append([number, number])
+    return ",".join(str(first) if first == last else f"{first}-{last}" for first, last in runs)
 
 
 def run_one(kind: str, where, label: str, seed: int, budget: Budget, device: torch.device) -> tuple[dict, str]:
