@@ -510,12 +510,9 @@ class _CellMLP(torch.autograd.Function):
     $H_0$ (N, W) or (1, W) is the part of the hidden pre-activation that is the same for every sequence
     ($W_B B + b_1$): computed once and broadcast.
 
-    The hidden activation is channels-last, (batch, cells, W), while X and Y stay channels-first: every product
-    then writes a long, W- or C-wide matrix, and reads X, Y or their gradients as transposed views (no copies).
-    The three products whose inner dimension is the C = 4 heads (the first layer, its recomputation, $W_2^\top G$)
-    ran 2.5-3x faster so than writing the hidden activation channels-first (8 sequences x 8,192 cells, one
-    thread: 11-16 against 33-42 GFLOP/s), and the others 1.2-1.7x (issue 45). On the CPU in slices of cells whose
-    passes over the hidden layer stay in cache (``cell_slices``).
+    The hidden activation is channels-last, X and Y channels-first, read as transposed views (no copies): the
+    products whose inner dimension is the C = 4 heads ran 2.5-3x faster so on CPU (issue 45, RESULTS.md), in
+    slices of cells whose passes over the hidden layer stay in cache (``cell_slices``).
     """
 
     @classmethod
@@ -568,8 +565,7 @@ class _CellMLP(torch.autograd.Function):
 
 leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
 # The cell MLP's slices on the CPU: about this many hidden elements (1 MB, one core's L2), and at least this many
-# cells. With the hidden layer channels-first 256-cell slices (32 sequences at T = 128) cost more in matmul calls
-# than they saved; channels-last they were 3-10 % faster than 1,024-cell ones in the DAPE step (issue 45, loaded).
+# cells (256-cell slices, 32 sequences at T = 128, were 3-10 % faster than 1,024-cell ones in DAPE's step).
 HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 256
 
 
