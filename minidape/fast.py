@@ -12,8 +12,8 @@ How, in order of what it saves:
     causal upper triangle beyond a block is never computed, and the refiner's hidden activations of one block
     fit a memory budget. A user's refiner runs in blocks only when it declares ``row_local = True``; any other
     runs in the reference form over the whole sequence (``runs_in_query_blocks``).
-  - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls in the scores' channels-first layout (no
-    permute copies), with its hidden activation recomputed in backward instead of stored.
+  - **The cell MLP** (``_CellMLP``): DAPE's $f$ as batched matmuls that read the scores in their channels-first
+    layout (no permute copies) and keep the hidden layer channels-last, recomputed in backward instead of stored.
   - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
     over ``kernel`` shifted copies of the scores.
   - **Precomputed bias rows**: the bias is computed once for all layers and cut into the blocks' rows.
@@ -505,13 +505,14 @@ class _CellMLP(torch.autograd.Function):
     r"""$Y = W_2\,\mathrm{LeakyReLU}(W_1 X + H_0)$ at every cell: X (batch, C_in, N) channels first -> Y (batch,
     C_out, N).
 
-    The refiners' workhorse. The hidden activation (batch, W, N) is W/C times larger than the scores, so
+    The refiners' workhorse. The hidden activation (batch, N, W) is W/C times larger than the scores, so
     backward recomputes it from X instead of keeping it: training memory stays O(batch h T^2). ``hidden_offset``
-    $H_0$ (W, N) or (W, 1) is the part of the hidden pre-activation that is the same for every sequence
-    ($W_B B + b_1$): computed once and broadcast. Batched matmuls over a broadcast weight keep X and the hidden
-    activation in their channels-first layout: no copies.
+    $H_0$ (N, W) or (1, W) is the part of the hidden pre-activation that is the same for every sequence
+    ($W_B B + b_1$): computed once and broadcast.
 
-    On the CPU in slices of cells whose 8 passes over the hidden layer stay in cache (``cell_slices``; issue 45).
+    The hidden activation is channels-last, X and Y channels-first, read as transposed views (no copies): the
+    products whose inner dimension is the C = 4 heads ran 2.5-3x faster so on CPU (issue 45, RESULTS.md), in
+    slices of cells whose passes over the hidden layer stay in cache (``cell_slices``).
     """
 
     @classmethod
@@ -531,55 +532,55 @@ class _CellMLP(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x, hidden_offset, w_in, w_out):
         ctx.save_for_backward(x, hidden_offset, w_in, w_out)
-        w_in_b, w_out_b = (_CellMLP.batched(w, len(x)) for w in (w_in, w_out))
-        offset, out = hidden_offset.expand(-1, x.shape[-1]), x.new_empty(len(x), w_out.shape[0], x.shape[-1])
+        w_in_t, w_out_b = _CellMLP.batched(w_in.t(), len(x)), _CellMLP.batched(w_out, len(x))
+        offset, out = hidden_offset.expand(x.shape[-1], -1), x.new_empty(len(x), w_out.shape[0], x.shape[-1])
         for cells in cell_slices(x, w_in.shape[0]):
-            hidden = F.leaky_relu_(torch.baddbmm(offset[:, cells], w_in_b, x[..., cells]), LEAKY_SLOPE)
-            torch.bmm(w_out_b, hidden, out=out[..., cells])
+            hidden = F.leaky_relu_(torch.baddbmm(offset[cells], x[..., cells].mT, w_in_t), LEAKY_SLOPE)
+            torch.bmm(w_out_b, hidden.mT, out=out[..., cells])
         return out
 
     @staticmethod
     def backward(ctx, grad_out):
         x, hidden_offset, w_in, w_out = ctx.saved_tensors
         batch = len(x)
-        w_in_b, w_in_t, w_out_t = (_CellMLP.batched(w, batch) for w in (w_in, w_in.t(), w_out.t()))
-        offset = hidden_offset.expand(-1, x.shape[-1])
+        w_in_t, w_out_b = _CellMLP.batched(w_in.t(), batch), _CellMLP.batched(w_out, batch)
+        offset = hidden_offset.expand(x.shape[-1], -1)
         grad_x, grad_offset = torch.empty_like(x), torch.empty_like(offset)
         # Per-sequence sums of the weights' gradients, accumulated over the slices, summed over the batch last.
-        grad_w_in_t = x.new_zeros(batch, *w_in_t.shape[1:])  # (C, W): its matmul 1.6-2x faster than as (W, C)
-        grad_w_out = x.new_zeros(batch, *w_out.shape)
+        grad_w_in_t = x.new_zeros(w_in_t.shape)
+        grad_w_out = x.new_zeros(w_out_b.shape)
         for cells in cell_slices(x, w_in.shape[0]):
             xs, grad_outs = x[..., cells], grad_out[..., cells]
-            hidden = F.leaky_relu_(torch.baddbmm(offset[:, cells], w_in_b, xs), LEAKY_SLOPE)  # recomputed; its
-            grad_w_out.baddbmm_(grad_outs, hidden.transpose(1, 2))  # sign is all LeakyReLU's backward needs
-            grad_hidden = torch.bmm(w_out_t, grad_outs)
+            hidden = F.leaky_relu_(torch.baddbmm(offset[cells], xs.mT, w_in_t), LEAKY_SLOPE)  # recomputed; its
+            grad_w_out.baddbmm_(grad_outs, hidden)  # sign is all LeakyReLU's backward needs
+            grad_hidden = torch.bmm(grad_outs.mT, w_out_b)
             leaky_relu_backward(grad_hidden, hidden, LEAKY_SLOPE, False, grad_input=grad_hidden)
-            grad_w_in_t.baddbmm_(xs, grad_hidden.transpose(1, 2))
-            torch.sum(grad_hidden, 0, out=grad_offset[:, cells])
-            torch.bmm(w_in_t, grad_hidden, out=grad_x[..., cells])
-        if hidden_offset.shape[-1] == 1:
-            grad_offset = grad_offset.sum(-1, keepdim=True)
+            grad_w_in_t.baddbmm_(xs, grad_hidden)
+            torch.sum(grad_hidden, 0, out=grad_offset[cells])
+            torch.bmm(w_in_t, grad_hidden.mT, out=grad_x[..., cells])
+        if hidden_offset.shape[0] == 1:
+            grad_offset = grad_offset.sum(0, keepdim=True)
         return grad_x, grad_offset, grad_w_in_t.sum(0).t(), grad_w_out.sum(0)
 
 
 leaky_relu_backward = torch.ops.aten.leaky_relu_backward.grad_input
 # The cell MLP's slices on the CPU: about this many hidden elements (1 MB, one core's L2), and at least this many
-# cells (with 32 sequences the budget gives 256 cells, whose extra matmul calls cost more than they save).
-HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 1024
+# cells (256-cell slices, 32 sequences at T = 128, were 3-10 % faster than 1,024-cell ones in DAPE's step).
+HIDDEN_SLICE_ELEMENTS, MIN_SLICE_CELLS = 2**18, 256
 
 
 def cell_slices(x, width: int) -> list[slice]:
     """Slices of x's cells (last axis) for the cell MLP: one on an accelerator (few, large kernels), on the CPU
-    slices whose hidden activation (batch, width, cells) holds about HIDDEN_SLICE_ELEMENTS."""
+    slices whose hidden activation (batch, cells, width) holds about HIDDEN_SLICE_ELEMENTS."""
     n = x.shape[-1]
     step = n if x.device.type != "cpu" else max(MIN_SLICE_CELLS, HIDDEN_SLICE_ELEMENTS // (len(x) * width))
     return [slice(start, min(n, start + step)) for start in range(0, n, step)]
 
 
 def _hidden_offset(b_in, w_bias=None, bias=None):
-    """$H_0 = b_1$ (W, 1), plus $W_B B$ (W, N) when the refiner reads the bias (C_B, N)."""
-    offset = b_in[:, None]
-    return offset if bias is None else torch.addmm(offset, w_bias, bias)
+    """$H_0 = b_1$ (1, W), plus $(W_B B)^\top$ (N, W) when the refiner reads the bias (C_B, N)."""
+    offset = b_in[None, :]
+    return offset if bias is None else torch.addmm(offset, bias.mT, w_bias.mT)
 
 
 def head_mlp(f, x, bias=None, residual=None):
@@ -590,7 +591,7 @@ def head_mlp(f, x, bias=None, residual=None):
     batch, h, Tq, Tk = x.shape
     if bias is not None and bias.dim() == 4:  # a bias read from the data differs per sequence: [x, B] as input
         cells = torch.cat([x, bias.to(x.dtype)], dim=1).reshape(batch, 2 * h, -1)
-        out = _CellMLP.run(cells, first.bias[:, None], first.weight, last.weight).view(batch, h, Tq, Tk)
+        out = _CellMLP.run(cells, first.bias[None, :], first.weight, last.weight).view(batch, h, Tq, Tk)
         return _residual_sum(x, out, last.bias, residual)
     offset = _hidden_offset(first.bias, first.weight[:, h:], None if bias is None else bias.reshape(h, -1))
     out = _CellMLP.run(x.reshape(batch, h, -1), offset, first.weight[:, :h], last.weight).view(batch, h, Tq, Tk)
@@ -683,7 +684,7 @@ def conv(refiner, scores, bias, mask):
     w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)  # (kernel * h, W), taps reversed
     if bias is not None and bias.dim() == 4:  # a bias read from the data differs per sequence: [S, B] as input
         inputs = copies(torch.cat([scores, bias.to(scores.dtype)], dim=1))
-        taps = _CellMLP.run(inputs, refiner.conv1.bias[:, None], w1.flatten(1), w2)
+        taps = _CellMLP.run(inputs, refiner.conv1.bias[None, :], w1.flatten(1), w2)
     else:
         bias_copies = None if bias is None else copies(bias[None])[0]
         offset = _hidden_offset(refiner.conv1.bias, w1[..., h:].flatten(1), bias_copies)
