@@ -229,7 +229,8 @@ def test_gptconfigs_checks_run_without_torch_refuse_and_accept_what_gptconfig_do
 
 # compare's models, bench's --bias-table off CUDA, grade's files, a study's seeds, a device's name, a corpus or a
 # checkpoint that is not there, refused before torch loads (#44: each loaded torch first, ~3 s warm and far more
-# cold): the command line, and what its one line must say (the bad value, the valid choices).
+# cold): the command line, and what its one line must say (the bad value, the valid choices); {missing} is a path
+# under the test's folder that is not there.
 REFUSED_BY_THE_COMMANDS_RULES = [
     (["compare", "--pe", "rope,none,alibi", "--n-layer", "2"], ["--pe 'rope,none,alibi'", "3 encodings for n_layer=2"]),
     (["compare", "--pe", "ropex"], ["--pe: unknown pe 'ropex'; valid choices: none, learned"]),
@@ -243,32 +244,37 @@ REFUSED_BY_THE_COMMANDS_RULES = [
     (["compare", "--pe", "rope,none,alibi,fire,t5"], ["5 encodings for n_layer=2", "CUDA's refuses it too"]),
     (["compare", "--pe", "rope", "--lengths", "100", "200"], ["training length 128", "got [100, 200]"]),
     (["bench", "--bias-table", "--device", "cpu"], ["--bias-table", "CUDA only; got --device cpu", "--device cuda"]),
-    (["grade", "/no/such/notebook.ipynb"], ["no such notebook or folder: /no/such/notebook.ipynb"]),
+    (["grade", "{missing}/notebook.ipynb"], ["no such notebook or folder: {missing}/notebook.ipynb"]),
     (["grade", "/etc/hostname"], ["/etc/hostname is not a notebook (.ipynb) or a folder of notebooks"]),
-    (["grade", "--gradebook", "/no/such/grades.csv"], ["--gradebook /no/such/grades.csv: no such grades file"]),
-    (["grade", "--merge", "/no/such/a.csv", "--csv", "x.csv"], ["--merge /no/such/a.csv: no such grades file"]),
+    (["grade", "--gradebook", "{missing}/grades.csv"], ["--gradebook {missing}/grades.csv: no such grades file"]),
+    (["grade", "--merge", "{missing}/a.csv", "--csv", "{missing}/x.csv"], ["--merge {missing}/a.csv: no such"]),
     (["compare", "--pe", "rope", "--seeds", "1"], ["seeds must be an integer >= 2", "got 1"]),
     (["compare", "--pe", "rope", "--margin", "150"], ["margin must be a fraction between 0 and 1", "got 1.5"]),
     (["compare", "--pe", "rope", "--against", "rope"], ["at least one baseline other than rope; got ['rope']"]),
     (["reproduce", "--seeds", "1"], ["seeds must be an integer >= 2", "got 1"]),
-    (["train", "--out", "x", "--device", "gpu"], ["unknown device 'gpu'; valid choices: auto, cpu, cuda, mps"]),
-    (["reproduce", "--corpus", "austen", "/no/such.txt"], ["corpus file '/no/such.txt' does not exist", "austen"]),
+    (["train", "--out", "{missing}/out", "--device", "gpu"], ["unknown device 'gpu'; valid choices: auto, cpu"]),
+    (["reproduce", "--corpus", "austen", "{missing}.txt"], ["corpus file '{missing}.txt' does not exist", "austen"]),
     (["demo", "--corpus", "shakespeare"], ["unknown corpus 'shakespeare': valid corpora are austen, latex, python"]),
-    (["eval", "/no/such/run"], ["no checkpoint at /no/such/run"]),
-    (["train", "--out", "/no/such/run", "--resume"], ["no checkpoint at /no/such/run/checkpoint.pt"]),
-    (["train", "--out", "x", "--warmup", "-1"], ["--warmup must be an integer >= 0, got -1"]),
-    (["train", "--out", "x", "--grad-clip", "-1"], ["--grad-clip must be a number >= 0.0, got -1.0"]),
-    (["grade", str(ROOT / "notebooks"), "--csv", "/no/such/g.csv"], ["--csv /no/such/g.csv: the folder /no/such"]),
+    (["eval", "{missing}/run"], ["no checkpoint at {missing}/run"]),
+    (["train", "--out", "{missing}/run", "--resume"], ["no checkpoint at {missing}/run/checkpoint.pt"]),
+    (["train", "--out", "{missing}/out", "--warmup", "-1"], ["--warmup must be an integer >= 0, got -1"]),
+    (["train", "--out", "{missing}/out", "--grad-clip", "-1"], ["--grad-clip must be a number >= 0.0, got -1.0"]),
+    (["grade", str(ROOT / "notebooks"), "--csv", "{missing}/g.csv"], ["--csv {missing}/g.csv: the folder {missing}"]),
     (["grade", str(ROOT / "notebooks"), "--feedback", str(ROOT / "README.md")], ["README.md is a file"]),
     (["reproduce", "--corpus", "austen", "austen"], ["each once; got ['austen', 'austen']"]),
 ]
 
 
-def test_compares_bench_and_grades_mistakes_are_refused_before_torch_loads():
-    codes, errors = probe([argv for argv, _ in REFUSED_BY_THE_COMMANDS_RULES])
-    assert codes == [2] * len(REFUSED_BY_THE_COMMANDS_RULES), codes
-    assert len(errors) == len(REFUSED_BY_THE_COMMANDS_RULES), errors
-    for (argv, words), error in zip(REFUSED_BY_THE_COMMANDS_RULES, errors, strict=True):
+def test_compares_bench_and_grades_mistakes_are_refused_before_torch_loads(tmp_path):
+    missing = tmp_path / "missing"  # never made: where older code went on, it wrote here, not outside the test
+    cases = [
+        ([arg.format(missing=missing) for arg in argv], [word.format(missing=missing) for word in words])
+        for argv, words in REFUSED_BY_THE_COMMANDS_RULES
+    ]
+    codes, errors = probe([argv for argv, _ in cases])
+    assert codes == [2] * len(cases), codes
+    assert len(errors) == len(cases), errors
+    for (argv, words), error in zip(cases, errors, strict=True):
         assert all(word in error for word in words), (argv, error)
 
 
