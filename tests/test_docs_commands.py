@@ -51,6 +51,9 @@ MAPPED = {
     "python -m minidape compare": HELP,
     "python -m minidape compare --pe tests/files/gauss_bias.py:GaussianDecay --against alibi kerple_log": RUN,
     "python -m minidape compare --pe fox --against ALiBi Kerple-log DAPE-FoX --seeds 3": RUN,
+    'python -m minidape compare --pe PaTH --against iRoPE RNoPE-SWA FoX "FoX (ALiBi init)" ALiBi Stick-breaking '
+    "--n-layer 4 --seeds 5 --lengths 128 256 512 1024": RUN,
+    "python -m minidape compare --pe none@temp=log_length --against none --n-layer 4 --seeds 5": RUN,
     "python -m minidape train --pe alibi --refiner dape --corpus austen --steps 2000 --out runs/alibi-dape": RUN,
     "python -m minidape eval runs/alibi-dape/checkpoint.pt --lengths 128 256 512 1024 2048": RUN,
     "python -m minidape train --import tests/files/cauchy_bias.py --pe cauchy --out runs/cauchy": RUN,
@@ -148,23 +151,22 @@ TINY = {
         "--length-step": "5",
         "--eval-samples": "2",
     },
-    "compare": {"--budget": "tiny", "--steps": "2", "--seeds": "2"},
+    "compare": {"--budget": "tiny", "--steps": "2", "--seeds": "2", "--lengths": "16 32"},
 }
 
 
 def tiny(line: str) -> list[str]:
-    """The command line's arguments (after `python -m minidape`), its budget flags set to TINY's values."""
+    """The command line's arguments (after `python -m minidape`), its budget flags set to TINY's values (a flag's
+    values are the words up to the next flag: --lengths takes several)."""
     argv = shlex.split(line)[3:]
     settings = TINY[argv[0]]
-    kept, skip = [], False
+    kept, skipping = [], False
     for word in argv:
-        if skip:
-            skip = False
-        elif word in settings:
-            skip = True
-        else:
+        if word.startswith("--"):
+            skipping = word in settings
+        if not skipping:
             kept.append(word)
-    return kept + [item for flag, value in settings.items() for item in (flag, value)]
+    return kept + [item for flag, value in settings.items() for item in (flag, *value.split())]
 
 
 def test_the_docs_command_lines_that_train_run_as_written_with_a_tiny_budget(tmp_path, monkeypatch, capsys):
@@ -174,12 +176,12 @@ def test_the_docs_command_lines_that_train_run_as_written_with_a_tiny_budget(tmp
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("MINIDAPE_THREADS", "1")
     lines = [line for doc in DOCS for line in command_lines((REPO / doc).read_text()) if MAPPED.get(line) == RUN]
-    assert len(lines) == 6
+    assert len(lines) == 8
     for line in lines:
         main(tiny(line))
     assert (tmp_path / "runs" / "alibi-dape" / "results.md").is_file()
     assert (tmp_path / "runs" / "cauchy" / "checkpoint.pt").is_file()
-    assert len(list((tmp_path / "runs" / "compare").glob("*/compare.md"))) == 2
+    assert len(list((tmp_path / "runs" / "compare").glob("*/compare.md"))) == 4
     for line in [line for line in MAPPED if MAPPED[line] == HELP]:
         with pytest.raises(SystemExit) as helped:
             main([*shlex.split(line)[3:], "--help"])
