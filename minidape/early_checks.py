@@ -161,6 +161,9 @@ def _refuse_compare_models(args: argparse.Namespace, parser: argparse.ArgumentPa
         parser.error(mistakes[0])
     code["check_margin"](args.margin / 100)
     code["compared_models"](args.pe, args.against)  # a baseline other than the model under test
+    runs = len(dict.fromkeys(code["parse_model"](spec)[0] for _, spec in models)) * args.seeds  # compare's plan
+    if isinstance(args.step, int) and not 0 <= args.step < runs:
+        parser.error(f"--run {args.step} is not in the list: valid runs are 0 to {runs - 1} (see --list-runs)")
     refusals = []  # per device, the first mistake its budget finds
     for device in devices:
         try:

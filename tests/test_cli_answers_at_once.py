@@ -251,6 +251,7 @@ REFUSED_BY_THE_COMMANDS_RULES = [
     (["compare", "--pe", "rope", "--seeds", "1"], ["seeds must be an integer >= 2", "got 1"]),
     (["compare", "--pe", "rope", "--margin", "150"], ["margin must be a fraction between 0 and 1", "got 1.5"]),
     (["compare", "--pe", "rope", "--against", "rope"], ["at least one baseline other than rope; got ['rope']"]),
+    (["compare", "--pe", "rope", "--against", "alibi", "rope", "--run", "10"], ["--run 10", "valid runs are 0 to 9"]),
     (["reproduce", "--seeds", "1"], ["seeds must be an integer >= 2", "got 1"]),
     (["train", "--out", "{missing}/out", "--device", "gpu"], ["unknown device 'gpu'; valid choices: auto, cpu"]),
     (["reproduce", "--corpus", "austen", "{missing}.txt"], ["corpus file '{missing}.txt' does not exist", "austen"]),

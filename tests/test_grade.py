@@ -301,6 +301,16 @@ def test_cli_mistakes_are_one_line_and_exit_code_2(args, message):
     assert message in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
 
 
+def test_the_default_number_of_workers_fits_a_machine_with_many_cores(monkeypatch):
+    """Before: on a machine with 128 cores or more, `grade` without --jobs refused its own default."""
+    from minidape.classroom import grade as grading
+
+    monkeypatch.setattr(grading.os, "cpu_count", lambda: 192)
+    assert grading.worker_count(None) == grading.MAX_JOBS and grading.worker_count(3) == 3
+    with pytest.raises(ValueError, match="--jobs must be between 1 and 127; got 128"):
+        grading.worker_count(128)
+
+
 def student_edition(source, folder):
     """What `make student` does for one notebook: jupytext, then nbconvert's tag and output preprocessors."""
     full = folder / "teacher" / f"{source.stem}.ipynb"

@@ -562,6 +562,18 @@ def references(path: Path = REFERENCES) -> dict:
         ) from None
 
 
+MAX_JOBS = 127
+
+
+def worker_count(jobs: int | None) -> int:
+    """Submissions graded at once: ``jobs``, or by default the CPU cores up to MAX_JOBS (a machine with more cores
+    than that grades with MAX_JOBS, rather than refusing a default the teacher did not choose)."""
+    jobs = min(os.cpu_count() or 1, MAX_JOBS) if jobs is None else jobs
+    if not 1 <= jobs <= MAX_JOBS:
+        raise ValueError(f"--jobs must be between 1 and {MAX_JOBS}; got {jobs}")
+    return jobs
+
+
 def grade(
     paths,
     csv_path: str | os.PathLike | None = None,
@@ -575,9 +587,7 @@ def grade(
     batch's CSV is replaced only with ``overwrite`` (the teacher's marks for unchanged written answers kept)."""
     if not timeout > 0:
         raise ValueError(f"--timeout must be > 0 seconds; got {timeout}")
-    jobs = os.cpu_count() or 1 if jobs is None else jobs
-    if not 1 <= jobs <= 127:
-        raise ValueError(f"--jobs must be between 1 and 127; got {jobs}")
+    jobs = worker_count(jobs)
     gradebook.check_output_paths(csv_path, feedback)
     if csv_path is None:
         return _grade(paths, None, timeout, jobs, feedback, {})
