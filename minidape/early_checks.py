@@ -160,8 +160,8 @@ def _refuse_compare_models(args: argparse.Namespace, parser: argparse.ArgumentPa
     if mistakes:
         parser.error(mistakes[0])
     code["check_margin"](args.margin / 100)
-    code["compared_models"](args.pe, args.against)  # a baseline other than the model under test
-    runs = len(dict.fromkeys(code["parse_model"](spec)[0] for _, spec in models)) * args.seeds  # compare's plan
+    _, compared = code["compared_models"](args.pe, args.against)  # refused without a baseline other than --pe
+    runs = len(compared) * args.seeds  # compare's plan: each model once, every seed
     if isinstance(args.step, int) and not 0 <= args.step < runs:
         parser.error(f"--run {args.step} is not in the list: valid runs are 0 to {runs - 1} (see --list-runs)")
     refusals = []  # per device, the first mistake its budget finds
@@ -209,11 +209,6 @@ def _refuse_grade_files(args: argparse.Namespace) -> None:
     reading of what was handed in), a `--csv` or `--feedback` that cannot be written, a grades file `--merge` or
     `--gradebook` names that is not there; then the
     extra, whose import takes 1.2 s (jupytext), so that a mistaken path answers before it."""
-    _refuse_grade_modes_and_files(args)
-    require("grading", GRADE_NEEDS, "grade")
-
-
-def _refuse_grade_modes_and_files(args: argparse.Namespace) -> None:
     if args.merge:  # one gradebook for the course from its batches, nothing graded again
         if args.paths or not args.csv or args.gradebook:
             raise ValueError("--merge FILE... writes one gradebook: give --csv COURSE, and no notebooks or --gradebook")
@@ -238,3 +233,4 @@ def _refuse_grade_modes_and_files(args: argparse.Namespace) -> None:
 
         submissions(args.paths)
         check_output_paths(args.csv, args.feedback)
+    require("grading", GRADE_NEEDS, "grade")
