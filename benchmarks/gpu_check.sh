@@ -15,6 +15,7 @@
 #    GPU with step 4 only, so its wall time is nearly its own
 # 4. tests/test_gpu.py with MINIDAPE_EXPECT_GPU=1 (no GPU is an error, not a row of skips)
 # 5. the demo is waited for (at most until 40 % of the time, or DEMO_LEAVES_SECONDS, is left; the file says whether it finished)
+#    (the demo alone took about 9 min 10 s on one H200: within the default 9 min it is stopped; GPU_CHECK_SECONDS=1200 sees it end)
 # 6. the GPU benchmarks, alone on the GPU: the base PE, DAPE and the 1x3 refiner at CAPE's Table 1 setting (forward
 #    and backward apart, tokens/s, peak memory) for the tiny model and the papers' 125M model at T = 512; then each
 #    bias encoding through FlexAttention and through SDPA on the 125M model
