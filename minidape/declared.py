@@ -126,6 +126,7 @@ LEFT_OUT_MODULES = ("torch", "einops", "numpy")
 # with its names.
 WITHOUT_TORCH = (
     "utils.py",
+    "native.py",
     "lab/data.py",
     "lab/checkpoints.py",
     "lab/train.py",

@@ -74,8 +74,9 @@ def refuse_before_loading(args: argparse.Namespace, parser: argparse.ArgumentPar
     longer than `--n-layer`, an unknown `@` option, fields that do not go together; compare's models
     (`_refuse_compare_models`); bench's `--bias-table` off CUDA; grade's and handout's extra, and the files grade is
     given; and the rules of train's settings, a device's name, a corpus's or a checkpoint's file, the seeds of a
-    study, and the environment's variables of quick mode and threads."""
+    study, and the environment's variables of quick mode, threads and the compiled kernel."""
     declared.code_without_torch("utils.py")["quick_mode"]()  # MINIDAPE_QUICK's value, whatever the command
+    declared.code_without_torch("native.py")["enabled"]()  # MINIDAPE_NATIVE's
     environment_threads()  # MINIDAPE_THREADS's and OMP_NUM_THREADS's values
     if args.command == "train" and getattr(args, "causal", True) and getattr(args, "block_size", 2) < 2:
         parser.error(

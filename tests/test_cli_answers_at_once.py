@@ -284,6 +284,7 @@ def test_compares_bench_and_grades_mistakes_are_refused_before_torch_loads(tmp_p
     [
         ("MINIDAPE_QUICK", "yes", "MINIDAPE_QUICK='yes' is not a quick-mode setting; valid values: 1"),
         ("MINIDAPE_THREADS", "4,2", "MINIDAPE_THREADS must be a positive integer (CPU threads); got '4,2'"),
+        ("MINIDAPE_NATIVE", "yes", "MINIDAPE_NATIVE='yes' is not a setting of the compiled cell MLP; valid values: 1"),
     ],
 )
 def test_a_bad_value_of_minidapes_variables_is_refused_before_torch_loads(variable, value, words):

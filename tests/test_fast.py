@@ -18,7 +18,7 @@ import torch.nn as nn
 from test_model import BUILTIN_COMBINATIONS, BUILTIN_PES, BUILTIN_REFINERS, register_window_pe, tiny, valid_combination
 
 import minidape as md
-from minidape import fast, fast_encodings
+from minidape import fast, fast_encodings, fast_refiners
 from minidape import model as M
 
 
@@ -118,12 +118,15 @@ def test_fast_equals_reference_under_cpu_bf16_autocast(pe, refiner, monkeypatch)
 def test_the_cell_mlp_in_slices_of_cells_equals_the_reference(refiner, pe, monkeypatch):
     # On the CPU the cell MLP runs in cache-sized slices of cells; tiny models fit one slice, so cut them small
     # (11 cells, not dividing any block's cells) and check that a block really went through several.
-    monkeypatch.setattr(fast, "HIDDEN_SLICE_ELEMENTS", 1)
-    monkeypatch.setattr(fast, "MIN_SLICE_CELLS", 11)
+    monkeypatch.setenv("MINIDAPE_NATIVE", "0")  # the PyTorch form: the compiled kernel has no slices
+    monkeypatch.setattr(fast_refiners, "HIDDEN_SLICE_ELEMENTS", 1)
+    monkeypatch.setattr(fast_refiners, "MIN_SLICE_CELLS", 11)
     counts = []
-    cell_slices = fast.cell_slices
+    cell_slices = fast_refiners.cell_slices
     monkeypatch.setattr(
-        fast, "cell_slices", lambda x, width: counts.append(len(cell_slices(x, width))) or cell_slices(x, width)
+        fast_refiners,
+        "cell_slices",
+        lambda x, width: counts.append(len(cell_slices(x, width))) or cell_slices(x, width),
     )
     model, reference = fast_and_reference(tiny(pe=pe, refiner=refiner, attn_chunk=7))
     assert_same_forward_and_gradients(
@@ -282,7 +285,7 @@ def test_an_unedited_refiner_keeps_its_fused_form_without_a_warning(recwarn):
     model = md.GPT(tiny(pe="kerple_log", refiner="conv"))
     model(torch.randint(0, 64, (2, 20)))
     assert not [w for w in recwarn if "fast path" in str(w.message)]
-    assert all(fast.block_form(block.attn, True) is fast.conv for block in model.blocks)
+    assert all(fast.block_form(block.attn, True) is fast_refiners.conv for block in model.blocks)
 
 
 # Position-only biases: FlexAttention's path (a bias that reads the data stays on the query blocks).

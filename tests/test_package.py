@@ -127,7 +127,7 @@ def import_graph(package: Path) -> dict[str, set[str]]:
 # The floors, bottom up: a module may import its own room and the rooms below it. The core and the helpers share
 # the ground floor and know nothing of each other; the CLI (__main__, commands) and the package's __init__ sit on
 # top. The study and the classroom are side by side: neither imports the other.
-CORE = {"model", "fast", "fast_encodings", "kernels"}
+CORE = {"model", "fast", "fast_encodings", "fast_refiners", "native", "kernels"}
 HELPERS = {"utils", "threads", "declared"}
 TOP = {"", "__main__", "flags", "early_checks", "commands"}
 

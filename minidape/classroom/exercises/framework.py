@@ -181,9 +181,11 @@ LIBRARY: dict[str, tuple[str, ...]] = {
         "minidape.model.DAPERefiner",
         "minidape.model.DAPEConcatRefiner",
         "minidape.model.HeadMLP",
-        "minidape.fast.dape",
-        "minidape.fast.dape_concat",
-        "minidape.fast.head_mlp",
+        "minidape.fast_refiners.dape",
+        "minidape.fast_refiners.dape_concat",
+        "minidape.fast_refiners.head_mlp",
+        "minidape.fast_refiners.cell_mlp",
+        "minidape.native.forward",
     ),
     "dape_cost": (
         "minidape.model.DAPERefiner",
@@ -194,8 +196,8 @@ LIBRARY: dict[str, tuple[str, ...]] = {
     "far_attention": (),
     "locality": (),
     # 05
-    "receptive_keys": ("minidape.model.ConvRefiner", "minidape.fast.conv"),
-    "conv_refiner": ("minidape.model.ConvRefiner", "minidape.fast.conv"),
+    "receptive_keys": ("minidape.model.ConvRefiner", "minidape.fast_refiners.conv"),
+    "conv_refiner": ("minidape.model.ConvRefiner", "minidape.fast_refiners.conv"),
     "leakage": (),
     # 06
     "my_kernel": ("minidape.kernels.log_kernel", "minidape.kernels.power_kernel"),

@@ -1,0 +1,194 @@
+/* The refiners' cell MLP in one pass over the cells, for float32 on the CPU (minidape/native.py loads it).
+
+   At every cell n of every sequence b, with x the cell's per-sequence channels and s its channels shared by
+   all sequences (DAPE's bias B, the same for every sequence):
+
+       y[b, :, n] = W_out LeakyReLU(W_x x[b, :, n] + W_s s[:, n] + b_in)        W_in = [W_x | W_s]
+
+   x (B, C_x, N), s (C_s, N) or none, W_in (W, C_x + C_s), b_in (W), W_out (C_out, W) -> y (B, C_out, N).
+
+   Why C: in PyTorch the hidden layer (B, N, W) goes to memory and back between the products, whose inner
+   dimension is a few heads (no matrix library is fast there). Here 8 cells at a time go through all W hidden
+   units in vector registers, and the hidden layer never leaves them; backward recomputes it. The shared part
+   H0 = W_s s + b_in is computed once per group of cells, not once per sequence. Channels-first x is contiguous
+   along the cells: one vector load reads one channel of 8 cells.
+
+   Each call covers the groups of 8 cells [group_begin, group_end): native.py runs disjoint ranges in parallel
+   threads, each with its own buffers for the weights' gradients. */
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef float v8 __attribute__((vector_size(32)));
+typedef int v8i __attribute__((vector_size(32)));
+
+enum { LANES = 8, MAX_CHANNELS = 128, MAX_WIDTH = 256 };
+
+struct shape {
+    long batch, c_x, c_s, c_out, width, n;
+};
+
+int cell_mlp_limits_ok(long c_x, long c_s, long c_out, long width) {
+    return c_x + c_s <= MAX_CHANNELS && c_out <= MAX_CHANNELS && width <= MAX_WIDTH;
+}
+
+static inline v8 load(const float *p) {
+    v8 v;
+    memcpy(&v, p, sizeof(v));
+    return v;
+}
+
+static inline void store(float *p, v8 v) { memcpy(p, &v, sizeof(v)); }
+
+static inline float lane_sum(v8 v) {
+    float sum = 0;
+    for (int i = 0; i < LANES; i++) sum += v[i];
+    return sum;
+}
+
+static inline v8 where_positive(v8i positive, v8 if_positive, v8 otherwise) {
+    return (v8)((positive & (v8i)if_positive) | (~positive & (v8i)otherwise));
+}
+
+/* Channel c of 8 cells starting at cell n0 of a (channels, n) array, as a vector (zero past the end) */
+static inline v8 load_cells(const float *a, long c, long n, long n0) {
+    if (n0 + LANES <= n) return load(a + c * n + n0);
+    float part[LANES] = {0};
+    memcpy(part, a + c * n + n0, (size_t)(n - n0) * sizeof(float));
+    return load(part);
+}
+
+static inline void store_cells(float *a, long c, long n, long n0, v8 v) {
+    if (n0 + LANES <= n) return store(a + c * n + n0, v);
+    float part[LANES];
+    store(part, v);
+    memcpy(a + c * n + n0, part, (size_t)(n - n0) * sizeof(float));
+}
+
+/* H0[u] = W_s s + b_in for the 8 cells at n0 */
+static inline void shared_part(v8 *h0, const float *s, const float *w_in, const float *b_in, struct shape d,
+                               long n0) {
+    v8 ss[MAX_CHANNELS];
+    for (long c = 0; c < d.c_s; c++) ss[c] = load_cells(s, c, d.n, n0);
+    long c_in = d.c_x + d.c_s;
+    for (long u = 0; u < d.width; u++) {
+        v8 h = (v8){0} + b_in[u];
+        for (long c = 0; c < d.c_s; c++) h += w_in[u * c_in + d.c_x + c] * ss[c];
+        h0[u] = h;
+    }
+}
+
+/* The forward over groups [begin, end); inlined below with the channel counts as constants, so the compiler
+   unrolls the loops over channels and keeps xs and ys in vector registers. */
+static inline __attribute__((always_inline)) void forward_range(const float *x, const float *s, const float *w_in,
+                                                                const float *b_in, const float *w_out, float *y,
+                                                                float slope, struct shape d, long begin, long end) {
+    const v8 zero = {0};
+    const long c_in = d.c_x + d.c_s;
+    v8 h0[MAX_WIDTH];
+    for (long g = begin; g < end; g++) {
+        long n0 = g * LANES;
+        shared_part(h0, s, w_in, b_in, d, n0);
+        for (long b = 0; b < d.batch; b++) {
+            v8 xs[MAX_CHANNELS], ys[MAX_CHANNELS];
+            for (long c = 0; c < d.c_x; c++) xs[c] = load_cells(x + b * d.c_x * d.n, c, d.n, n0);
+            for (long c = 0; c < d.c_out; c++) ys[c] = zero;
+            for (long u = 0; u < d.width; u++) {
+                v8 h = h0[u];
+                for (long c = 0; c < d.c_x; c++) h += w_in[u * c_in + c] * xs[c];
+                h = where_positive(h > zero, h, h * slope);
+                for (long c = 0; c < d.c_out; c++) ys[c] += w_out[c * d.width + u] * h;
+            }
+            for (long c = 0; c < d.c_out; c++) store_cells(y + b * d.c_out * d.n, c, d.n, n0, ys[c]);
+        }
+    }
+}
+
+/* The backward over groups [begin, end): dL/dx and dL/ds of their cells written; the per-lane sums of the
+   weights' gradients added to sum_w_in (W * C_in), sum_b_in (W), sum_w_out (C_out * W). */
+static inline __attribute__((always_inline)) void backward_range(
+    const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out, const float *grad_y,
+    float *grad_x, float *grad_s, v8 *sum_w_in, v8 *sum_b_in, v8 *sum_w_out, float slope, struct shape d,
+    long begin, long end) {
+    const v8 zero = {0};
+    const long c_in = d.c_x + d.c_s;
+    v8 h0[MAX_WIDTH], grad_h0[MAX_WIDTH];
+    for (long g = begin; g < end; g++) {
+        long n0 = g * LANES;
+        shared_part(h0, s, w_in, b_in, d, n0);
+        for (long u = 0; u < d.width; u++) grad_h0[u] = zero;
+        for (long b = 0; b < d.batch; b++) {
+            v8 xs[MAX_CHANNELS], gys[MAX_CHANNELS], gxs[MAX_CHANNELS];
+            for (long c = 0; c < d.c_x; c++) xs[c] = load_cells(x + b * d.c_x * d.n, c, d.n, n0), gxs[c] = zero;
+            for (long c = 0; c < d.c_out; c++) gys[c] = load_cells(grad_y + b * d.c_out * d.n, c, d.n, n0);
+            for (long u = 0; u < d.width; u++) {
+                v8 h = h0[u];
+                for (long c = 0; c < d.c_x; c++) h += w_in[u * c_in + c] * xs[c];  /* recomputed */
+                v8i positive = h > zero;
+                h = where_positive(positive, h, h * slope);
+                v8 gh = zero;
+                for (long c = 0; c < d.c_out; c++) {
+                    sum_w_out[c * d.width + u] += gys[c] * h;
+                    gh += w_out[c * d.width + u] * gys[c];
+                }
+                gh = where_positive(positive, gh, gh * slope);  /* through LeakyReLU */
+                grad_h0[u] += gh;
+                for (long c = 0; c < d.c_x; c++) {
+                    sum_w_in[u * c_in + c] += gh * xs[c];
+                    gxs[c] += w_in[u * c_in + c] * gh;
+                }
+            }
+            for (long c = 0; c < d.c_x; c++) store_cells(grad_x + b * d.c_x * d.n, c, d.n, n0, gxs[c]);
+        }
+        /* H0 = W_s s + b_in: its gradient, summed over the sequences, goes to W_s, s and b_in */
+        v8 ss[MAX_CHANNELS], gss[MAX_CHANNELS];
+        for (long c = 0; c < d.c_s; c++) ss[c] = load_cells(s, c, d.n, n0), gss[c] = zero;
+        for (long u = 0; u < d.width; u++) {
+            sum_b_in[u] += grad_h0[u];
+            for (long c = 0; c < d.c_s; c++) {
+                sum_w_in[u * c_in + d.c_x + c] += grad_h0[u] * ss[c];
+                gss[c] += w_in[u * c_in + d.c_x + c] * grad_h0[u];
+            }
+        }
+        for (long c = 0; c < d.c_s; c++) store_cells(grad_s, c, d.n, n0, gss[c]);
+    }
+}
+
+/* The shapes the built-in refiners meet most (DAPE's [S | B] over 4 and 8 heads, and [S, B] read from the data;
+   the 1 x 3 conv over 4 heads) get their own unrolled copy; any other runs the general loops. */
+#define SPECIALISED(CALL)                                                                                      \
+    if (d.c_x == 4 && d.c_s == 4 && d.c_out == 4) { d.c_x = 4, d.c_s = 4, d.c_out = 4; CALL; }               \
+    else if (d.c_x == 4 && d.c_s == 0 && d.c_out == 4) { d.c_x = 4, d.c_s = 0, d.c_out = 4; CALL; }          \
+    else if (d.c_x == 8 && d.c_s == 0 && d.c_out == 4) { d.c_x = 8, d.c_s = 0, d.c_out = 4; CALL; }          \
+    else if (d.c_x == 8 && d.c_s == 8 && d.c_out == 8) { d.c_x = 8, d.c_s = 8, d.c_out = 8; CALL; }          \
+    else if (d.c_x == 12 && d.c_s == 12 && d.c_out == 12) { d.c_x = 12, d.c_s = 12, d.c_out = 12; CALL; }    \
+    else if (d.c_x == 12 && d.c_s == 0 && d.c_out == 12) { d.c_x = 12, d.c_s = 0, d.c_out = 12; CALL; }      \
+    else { CALL; }
+
+void cell_mlp_forward(const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out,
+                      float *y, long batch, long c_x, long c_s, long c_out, long width, long n, float slope,
+                      long group_begin, long group_end) {
+    struct shape d = {batch, c_x, c_s, c_out, width, n};
+    SPECIALISED(forward_range(x, s, w_in, b_in, w_out, y, slope, d, group_begin, group_end))
+}
+
+/* grad_w_in (W, C_in), grad_b_in (W) and grad_w_out (C_out, W) are this range's own (the caller sums the
+   ranges'). Returns 0, or -1 if the buffer for the sums could not be allocated. */
+int cell_mlp_backward(const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out,
+                      const float *grad_y, float *grad_x, float *grad_s, float *grad_w_in, float *grad_b_in,
+                      float *grad_w_out, long batch, long c_x, long c_s, long c_out, long width, long n,
+                      float slope, long group_begin, long group_end) {
+    struct shape d = {batch, c_x, c_s, c_out, width, n};
+    long n_w_in = width * (c_x + c_s), n_w_out = c_out * width, sums = n_w_in + width + n_w_out;
+    v8 *sum_w_in = aligned_alloc(sizeof(v8), (size_t)sums * sizeof(v8));
+    if (!sum_w_in) return -1;
+    v8 *sum_b_in = sum_w_in + n_w_in, *sum_w_out = sum_b_in + width;
+    for (long i = 0; i < sums; i++) sum_w_in[i] = (v8){0};
+    SPECIALISED(backward_range(x, s, w_in, b_in, w_out, grad_y, grad_x, grad_s, sum_w_in, sum_b_in, sum_w_out, slope,
+                               d, group_begin, group_end))
+    for (long i = 0; i < n_w_in; i++) grad_w_in[i] = lane_sum(sum_w_in[i]);
+    for (long i = 0; i < width; i++) grad_b_in[i] = lane_sum(sum_b_in[i]);
+    for (long i = 0; i < n_w_out; i++) grad_w_out[i] = lane_sum(sum_w_out[i]);
+    free(sum_w_in);
+    return 0;
+}

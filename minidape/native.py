@@ -1,0 +1,155 @@
+"""The cell MLP compiled from ``cell_mlp.c``: the refiners' per-cell MLP without its hidden layer in memory.
+
+``fast_refiners.cell_mlp`` calls ``forward`` / ``backward`` here for float32 tensors on the CPU where a C compiler
+is; otherwise (no compiler, another dtype or device, autocast, ``MINIDAPE_NATIVE=0``) it runs its PyTorch form
+(``fast_refiners._CellMLP``), the same numbers to float32 rounding (``tests/test_native.py``). The file is compiled
+once per process, for this machine's CPU, into a temporary folder that is removed at once (nothing is left on
+disk, and nothing compiled on another machine is ever loaded). The work is split into ranges of cells run in parallel
+threads, as many as torch uses (``torch.get_num_threads()``); ctypes releases the GIL during each call.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import warnings
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+SOURCE = Path(__file__).with_name("cell_mlp.c")
+LANES = 8  # cells per vector in cell_mlp.c
+# Flags tried in order: this CPU's vector instructions first; a compiler that refuses -march=native (or a CPU
+# it does not know) gets the portable build.
+FLAG_SETS = (["-O3", "-march=native"], ["-O3"])
+
+
+def enabled() -> bool:
+    """``MINIDAPE_NATIVE``: 1 or unset, the compiled kernel where a C compiler builds it; 0, the PyTorch form
+    everywhere (the same numbers to float32 rounding, slower). Any other value is a ValueError, named (the command
+    line refuses it before torch loads)."""
+    value = os.environ.get("MINIDAPE_NATIVE", "1").strip()
+    if value not in ("0", "1"):
+        raise ValueError(
+            f"MINIDAPE_NATIVE={os.environ['MINIDAPE_NATIVE']!r} is not a setting of the compiled cell MLP; valid "
+            "values: 1 or unset (compiled where a C compiler is) and 0 (the PyTorch form)"
+        )
+    return value == "1"
+
+
+@functools.cache
+def library() -> ctypes.CDLL | None:
+    """``cell_mlp.c`` compiled and loaded, or None where it cannot be (said once, as a warning)."""
+    compiler = shutil.which(os.environ.get("CC", "cc"))
+    if compiler is None or sys.platform == "win32":
+        return None  # no compiler: the PyTorch form, silently (it is the documented default there)
+    errors = []
+    with tempfile.TemporaryDirectory(prefix="minidape-native-") as folder:
+        built = Path(folder) / "cell_mlp.so"
+        for flags in FLAG_SETS:
+            command = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(built)]
+            try:
+                done = subprocess.run(command, capture_output=True, text=True, timeout=120)
+            except (OSError, subprocess.TimeoutExpired) as error:
+                errors.append(f"{' '.join(command)}: {error}")
+                continue
+            if done.returncode == 0:
+                lib = ctypes.CDLL(str(built))  # mapped now: the file may go with the folder
+                return _declare(lib)
+            errors.append(f"{' '.join(command)}: {done.stderr.strip()[-300:]}")
+    warnings.warn(
+        "minidape could not compile its cell MLP (the refiners' fast kernel), so DAPE and the conv refiner run "
+        "their slower PyTorch form on the CPU: " + " | ".join(errors),
+        stacklevel=2,
+    )
+    return None
+
+
+def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    pointer, long = ctypes.c_void_p, ctypes.c_long
+    sizes = [long] * 6 + [ctypes.c_float, long, long]  # B, C_x, C_s, C_out, W, N, slope, group range
+    lib.cell_mlp_forward.argtypes = [*[pointer] * 6, *sizes]
+    lib.cell_mlp_forward.restype = None
+    lib.cell_mlp_backward.argtypes = [*[pointer] * 11, *sizes]
+    lib.cell_mlp_backward.restype = ctypes.c_int
+    lib.cell_mlp_limits_ok.argtypes = [long] * 4
+    lib.cell_mlp_limits_ok.restype = ctypes.c_int
+    return lib
+
+
+def usable(x, shared, w_in, w_out) -> bool:
+    """Whether the compiled kernel takes these operands: float32 on the CPU, within its channel limits."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or not enabled():
+        return False
+    lib = library()
+    c_shared = 0 if shared is None else shared.shape[0]
+    return lib is not None and bool(lib.cell_mlp_limits_ok(x.shape[1], c_shared, w_out.shape[0], w_in.shape[0]))
+
+
+@functools.cache
+def _pool(threads: int) -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(threads, thread_name_prefix="minidape-cell-mlp")
+
+
+def _ranges(n_cells: int) -> list[tuple[int, int]]:
+    """Groups of 8 cells split into one range per thread (fewer for small inputs)."""
+    groups = -(-n_cells // LANES)
+    parts = max(1, min(torch.get_num_threads(), groups // 64))
+    return [(groups * i // parts, groups * (i + 1) // parts) for i in range(parts)]
+
+
+def _run(calls: list) -> list:
+    if len(calls) == 1:
+        return [calls[0]()]
+    return list(_pool(len(calls)).map(lambda call: call(), calls))
+
+
+def _sizes(x, shared, w_in, w_out, slope: float) -> tuple:
+    batch, c_x, n = x.shape
+    return batch, c_x, 0 if shared is None else shared.shape[0], w_out.shape[0], w_in.shape[0], n, slope
+
+
+def _contiguous(*tensors):
+    return [None if t is None else t.contiguous() for t in tensors]
+
+
+def _pointer(t) -> int | None:
+    return None if t is None else t.data_ptr()
+
+
+def forward(x, shared, w_in, b_in, w_out, slope: float):
+    r"""$W_{out}\,\mathrm{LeakyReLU}(W_{in} [x; s] + b_{in})$ at every cell: x (B, C_x, N), shared s (C_s, N) or None,
+    w_in (W, C_x + C_s), b_in (W), w_out (C_out, W) -> (B, C_out, N); float32 CPU tensors."""
+    lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope)
+    x, shared, w_in, b_in, w_out = _contiguous(x, shared, w_in, b_in, w_out)
+    y = x.new_empty(len(x), w_out.shape[0], x.shape[2])
+    pointers = [_pointer(t) for t in (x, shared, w_in, b_in, w_out, y)]
+    _run([functools.partial(lib.cell_mlp_forward, *pointers, *sizes, *r) for r in _ranges(x.shape[2])])
+    return y
+
+
+def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float):
+    """The gradients of ``forward`` for x, shared (None without it), w_in, b_in and w_out, given ``grad_y``."""
+    lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope)
+    x, shared, w_in, b_in, w_out, grad_y = _contiguous(x, shared, w_in, b_in, w_out, grad_y)
+    ranges = _ranges(x.shape[2])
+    grad_x = torch.empty_like(x)
+    grad_shared = None if shared is None else torch.empty_like(shared)
+    grad_w_in, grad_b_in = x.new_empty(len(ranges), *w_in.shape), x.new_empty(len(ranges), *b_in.shape)
+    grad_w_out = x.new_empty(len(ranges), *w_out.shape)
+    inputs = [_pointer(t) for t in (x, shared, w_in, b_in, w_out, grad_y, grad_x, grad_shared)]
+
+    def call(i: int, r: tuple[int, int]):
+        return lib.cell_mlp_backward(
+            *inputs, *(t[i].data_ptr() for t in (grad_w_in, grad_b_in, grad_w_out)), *sizes, *r
+        )
+
+    if any(_run([functools.partial(call, i, r) for i, r in enumerate(ranges)])):
+        raise MemoryError("the cell MLP's backward could not allocate its buffer for the weights' gradients")
+    return grad_x, grad_shared, grad_w_in.sum(0), grad_b_in.sum(0), grad_w_out.sum(0)

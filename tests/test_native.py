@@ -1,0 +1,161 @@
+"""The refiners' compiled cell MLP (minidape/cell_mlp.c through minidape/native.py) computes the papers' MLP at
+every cell, forward and every gradient, for the shapes the built-in refiners meet and any other; a model uses it on
+the CPU and trains to what its PyTorch form gives; without a compiler, or with MINIDAPE_NATIVE=0, the PyTorch form
+runs; nothing compiled is left on disk."""
+
+import shutil
+import warnings
+
+import pytest
+import torch
+import torch.nn as nn
+from test_model import tiny
+
+import minidape as md
+from minidape import fast_refiners, native
+
+needs_a_compiler = pytest.mark.skipif(shutil.which("cc") is None, reason="no C compiler (cc) on this machine")
+
+
+def papers_mlp(x, shared, w_in, b_in, w_out):
+    """DAPE's f as the paper writes it, in float64: at every cell the vector [x; s] of its channels goes through
+    Linear(C_in, W), LeakyReLU(0.01) and Linear(W, C_out) without a bias (minidape adds that one outside)."""
+    batch, _, n = x.shape
+    cells = x if shared is None else torch.cat([x, shared.expand(batch, -1, -1)], dim=1)
+    f = nn.Sequential(
+        nn.Linear(w_in.shape[1], w_in.shape[0]), nn.LeakyReLU(0.01), nn.Linear(*w_out.shape[::-1], bias=False)
+    )
+    f = f.double()
+    with torch.no_grad():
+        f[0].weight.copy_(w_in), f[0].bias.copy_(b_in), f[2].weight.copy_(w_out)
+    y = f(cells.transpose(1, 2)).transpose(1, 2)  # (batch, cells, C_in) -> (batch, C_out, cells)
+    return y, f
+
+
+# (batch, C_x, C_s, C_out, width, cells): the specialised shapes (DAPE over 4 and 8 heads with its bias shared or
+# read from the data, the 1 x 3 conv over 4 heads) and general ones; cell counts that are not a multiple of the 8
+# cells of a vector, one cell, and enough cells for several threads' ranges
+SHAPES = [
+    (2, 4, 4, 4, 32, 1000),
+    (3, 4, 0, 4, 32, 13),
+    (2, 8, 0, 4, 32, 77),
+    (1, 8, 8, 8, 32, 1),
+    (2, 12, 12, 12, 32, 1003),
+    (2, 12, 0, 12, 16, 9),
+    (2, 5, 3, 7, 9, 1003),
+    (4, 3, 1, 2, 64, 5000),
+]
+
+
+@needs_a_compiler
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s)))
+def test_the_compiled_cell_mlp_computes_the_papers_mlp_and_its_gradients(shape, threads, monkeypatch):
+    batch, c_x, c_s, c_out, width, n = shape
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)  # the ranges native.py splits the cells into
+    g = torch.Generator().manual_seed(sum(shape))
+    x, w_in, b_in = (
+        torch.randn(batch, c_x, n, generator=g),
+        torch.randn(width, c_x + c_s, generator=g),
+        torch.randn(width, generator=g),
+    )
+    shared, w_out = torch.randn(c_s, n, generator=g) if c_s else None, torch.randn(c_out, width, generator=g)
+    grad_y = torch.randn(batch, c_out, n, generator=g)
+
+    x64 = x.double().requires_grad_()
+    s64 = None if shared is None else shared.double().requires_grad_()
+    expected, f = papers_mlp(x64, s64, w_in.double(), b_in.double(), w_out.double())
+    expected.backward(grad_y.double())
+    expected_grads = [x64.grad, None if s64 is None else s64.grad, f[0].weight.grad, f[0].bias.grad, f[2].weight.grad]
+
+    y = native.forward(x, shared, w_in, b_in, w_out, 0.01)
+    grads = native.backward(x, shared, w_in, b_in, w_out, grad_y, 0.01)
+    assert torch.allclose(y.double(), expected, rtol=1e-5, atol=1e-5 * expected.abs().max().item())
+    for name, got, want in zip(("x", "shared", "w_in", "b_in", "w_out"), grads, expected_grads, strict=True):
+        if want is None:
+            assert got is None
+            continue
+        assert got.shape == want.shape, name
+        assert torch.allclose(got.double(), want, rtol=1e-5, atol=1e-5 * want.abs().max().item()), name
+
+
+@needs_a_compiler
+@pytest.mark.parametrize("refiner", ["dape", "dape_concat", "dape_add", "conv"])
+@pytest.mark.parametrize("pe", ["kerple_log", "rope", "fox"], ids=["bias", "no-bias", "bias-read-from-the-data"])
+def test_a_model_runs_the_compiled_kernel_and_trains_to_its_pytorch_forms_numbers(pe, refiner, monkeypatch):
+    calls = []
+    compiled = native.forward
+    monkeypatch.setattr(native, "forward", lambda *args: calls.append(args[0].shape) or compiled(*args))
+    tokens = torch.randint(0, 64, (3, 21), generator=torch.Generator().manual_seed(2))
+
+    def loss_and_grads(native_setting):
+        monkeypatch.setenv("MINIDAPE_NATIVE", native_setting)
+        torch.manual_seed(0)
+        model = md.GPT(tiny(pe=pe, refiner=refiner, attn_chunk=8))
+        _, loss = model(tokens[:, :-1], tokens[:, 1:])
+        loss.backward()
+        return loss, {name: p.grad for name, p in model.named_parameters() if p.grad is not None}
+
+    loss, grads = loss_and_grads("1")
+    assert calls, "the model did not run the compiled kernel"
+    count = len(calls)
+    pytorch_loss, pytorch_grads = loss_and_grads("0")
+    assert len(calls) == count, "MINIDAPE_NATIVE=0 still ran the compiled kernel"
+    assert torch.allclose(loss, pytorch_loss, atol=1e-5)
+    assert grads.keys() == pytorch_grads.keys()
+    for name, grad in grads.items():
+        assert torch.allclose(grad, pytorch_grads[name], atol=1e-5, rtol=1e-4), name
+
+
+def test_without_a_compiler_the_pytorch_form_runs_and_a_failing_one_is_said_once(monkeypatch, tmp_path):
+    monkeypatch.setattr(native.library, "__wrapped__", native.library.__wrapped__)  # restored with the cache below
+    native.library.cache_clear()
+    try:
+        monkeypatch.setenv("CC", "no-such-compiler-anywhere")
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # no compiler: the documented PyTorch form, without a warning
+            assert native.library() is None
+        x = torch.randn(2, 4, 30)
+        assert not native.usable(x, None, torch.randn(32, 4), torch.randn(4, 32))
+        model = md.GPT(tiny(pe="kerple_log", refiner="dape"))
+        _, loss = model(torch.randint(0, 64, (2, 9)), torch.randint(0, 64, (2, 9)))
+        loss.backward()  # the PyTorch form trains
+
+        native.library.cache_clear()
+        failing = tmp_path / "cc"
+        failing.write_text("#!/bin/sh\necho 'cc: error: no such thing' >&2\nexit 1\n")
+        failing.chmod(0o755)
+        monkeypatch.setenv("CC", str(failing))
+        with pytest.warns(UserWarning, match="could not compile its cell MLP.*no such thing"):
+            assert native.library() is None
+    finally:
+        native.library.cache_clear()  # the next user compiles with the real compiler again
+
+
+@needs_a_compiler
+def test_compiling_leaves_nothing_on_disk(monkeypatch, tmp_path):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    native.library.cache_clear()
+    try:
+        assert native.library() is not None
+        assert list(tmp_path.iterdir()) == []
+    finally:
+        native.library.cache_clear()
+
+
+@pytest.mark.parametrize("value", ["yes", "2", "true"])
+def test_a_bad_minidape_native_is_refused_by_name(value, monkeypatch):
+    monkeypatch.setenv("MINIDAPE_NATIVE", value)
+    with pytest.raises(ValueError, match=f"MINIDAPE_NATIVE='{value}'.*valid values: 1 or unset .* and 0"):
+        native.enabled()
+
+
+def test_the_kernels_own_limits_send_larger_refiners_to_the_pytorch_form():
+    x = torch.randn(1, 200, 16)  # 200 input channels: past the kernel's 128
+    assert not native.usable(x, None, torch.randn(32, 200), torch.randn(4, 32))
+    assert not native.usable(torch.randn(1, 4, 16, dtype=torch.float64), None, torch.randn(32, 4), torch.randn(4, 32))
+    assert fast_refiners.cell_mlp(x, None, torch.randn(32, 200), torch.zeros(32), torch.randn(4, 32)).shape == (
+        1,
+        4,
+        16,
+    )
