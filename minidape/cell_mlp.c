@@ -50,6 +50,14 @@ static inline v8 where_positive(v8i positive, v8 if_positive, v8 otherwise) {
     return (v8)((positive & (v8i)if_positive) | (~positive & (v8i)otherwise));
 }
 
+/* start + sum_c w[c * stride] xs[c] in four partial sums: a chain of one sum after another would leave the
+   processor waiting on each product (4 cycles each; 12 channels: 48 cycles per hidden unit), four chains do not */
+static inline v8 weighted_sum(v8 start, const float *w, long stride, const v8 *xs, long count) {
+    v8 partial[4] = {start, {0}, {0}, {0}};
+    for (long c = 0; c < count; c++) partial[c % 4] += w[c * stride] * xs[c];
+    return (partial[0] + partial[1]) + (partial[2] + partial[3]);
+}
+
 /* Channel c of 8 cells starting at cell n0 of a (channels, n) array, as a vector (zero past the end) */
 static inline v8 load_cells(const float *a, long c, long n, long n0) {
     if (n0 + LANES <= n) return load(a + c * n + n0);
@@ -71,11 +79,7 @@ static inline void shared_part(v8 *h0, const float *s, const float *w_in, const 
     v8 ss[MAX_CHANNELS];
     for (long c = 0; c < d.c_s; c++) ss[c] = load_cells(s, c, d.n, n0);
     long c_in = d.c_x + d.c_s;
-    for (long u = 0; u < d.width; u++) {
-        v8 h = (v8){0} + b_in[u];
-        for (long c = 0; c < d.c_s; c++) h += w_in[u * c_in + d.c_x + c] * ss[c];
-        h0[u] = h;
-    }
+    for (long u = 0; u < d.width; u++) h0[u] = weighted_sum((v8){0} + b_in[u], w_in + u * c_in + d.c_x, 1, ss, d.c_s);
 }
 
 /* The forward over groups [begin, end); inlined below with the channel counts as constants, so the compiler
@@ -94,8 +98,7 @@ static inline __attribute__((always_inline)) void forward_range(const float *x, 
             for (long c = 0; c < d.c_x; c++) xs[c] = load_cells(x + b * d.c_x * d.n, c, d.n, n0);
             for (long c = 0; c < d.c_out; c++) ys[c] = zero;
             for (long u = 0; u < d.width; u++) {
-                v8 h = h0[u];
-                for (long c = 0; c < d.c_x; c++) h += w_in[u * c_in + c] * xs[c];
+                v8 h = weighted_sum(h0[u], w_in + u * c_in, 1, xs, d.c_x);
                 h = where_positive(h > zero, h, h * slope);
                 for (long c = 0; c < d.c_out; c++) ys[c] += w_out[c * d.width + u] * h;
             }
@@ -122,15 +125,11 @@ static inline __attribute__((always_inline)) void backward_range(
             for (long c = 0; c < d.c_x; c++) xs[c] = load_cells(x + b * d.c_x * d.n, c, d.n, n0), gxs[c] = zero;
             for (long c = 0; c < d.c_out; c++) gys[c] = load_cells(grad_y + b * d.c_out * d.n, c, d.n, n0);
             for (long u = 0; u < d.width; u++) {
-                v8 h = h0[u];
-                for (long c = 0; c < d.c_x; c++) h += w_in[u * c_in + c] * xs[c];  /* recomputed */
+                v8 h = weighted_sum(h0[u], w_in + u * c_in, 1, xs, d.c_x);  /* recomputed */
                 v8i positive = h > zero;
                 h = where_positive(positive, h, h * slope);
-                v8 gh = zero;
-                for (long c = 0; c < d.c_out; c++) {
-                    sum_w_out[c * d.width + u] += gys[c] * h;
-                    gh += w_out[c * d.width + u] * gys[c];
-                }
+                for (long c = 0; c < d.c_out; c++) sum_w_out[c * d.width + u] += gys[c] * h;
+                v8 gh = weighted_sum(zero, w_out + u, d.width, gys, d.c_out);
                 gh = where_positive(positive, gh, gh * slope);  /* through LeakyReLU */
                 grad_h0[u] += gh;
                 for (long c = 0; c < d.c_x; c++) {

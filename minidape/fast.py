@@ -56,10 +56,10 @@ from .model import (
 )
 from .model import attention as reference_attention
 
-# The refiner's hidden activations of one query block are kept under this many elements (at least 16 query
-# rows), so T = 16k evaluation stays bounded: on CPU 16 MB, on a GPU a few hundred MB so that kernel launches
-# stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
-QUERY_BLOCK_ELEMENTS = {"cpu": 2**22, "accelerator": 2**26}
+# The refiner's hidden activations of one query block are counted as (batch, refiner_width, rows, T) and kept
+# under this many elements (at least 16 query rows), so T = 16k evaluation stays bounded: on CPU 32 MB, on a GPU a
+# few hundred MB so that kernel launches stay few. A full (h, T, T) bias is precomputed below FULL_BIAS_ELEMENTS.
+QUERY_BLOCK_ELEMENTS = {"cpu": 2**23, "accelerator": 2**26}
 FULL_BIAS_ELEMENTS = 2**24
 # A learnable bias without a refiner on the CPU (``_BiasedAttention``): query blocks of at most this many scores.
 # A causal block skips the keys after its last row, and a block of 2 MB keeps the allocator from handing out
@@ -253,9 +253,11 @@ def rows_per_query_block(cfg, has_refiner: bool, batch: int, T: int, device: tor
     rows = QUERY_BLOCK_ELEMENTS["cpu" if device.type == "cpu" else "accelerator"] // (batch * channels * T)
     if device.type == "cpu":
         # Fewer, taller blocks have less per-block overhead, but a causal block also computes the upper half
-        # of its diagonal square in vain (rows / T of the cells) and leaves the cache: T / 16 rows measured
-        # best for T = 128 ... 2048 (DAPE at T = 2048, one sequence: 1.80x of `none` with 16 rows, 1.45x).
-        rows = min(rows, T // 16)
+        # of its diagonal square in vain (rows / T of the cells). T / 16 rows measured best for T = 128 ... 2048
+        # while the cell MLP went through memory; since it stays in registers (native.py), T / 8: at T = 512,
+        # B = 8, interleaved, 64 rows against 32 took DAPE's step 0.95x and the conv's 0.92x (0.90x and 1.02x
+        # in the PyTorch form), 128 rows 1.06x and 1.11x (issue 45, RESULTS.md).
+        rows = min(rows, T // 8)
     return max(16, rows)
 
 
