@@ -22,10 +22,12 @@
 typedef float v8 __attribute__((vector_size(32)));
 typedef int v8i __attribute__((vector_size(32)));
 
-enum { LANES = 8, MAX_CHANNELS = 128, MAX_WIDTH = 256 };
+enum { LANES = 8, MAX_CHANNELS = 128, MAX_WIDTH = 256, CHUNK = 4 };
 
 struct shape {
     long batch, c_x, c_s, c_out, width, n;
+    const unsigned char *mask; /* (rows, keys), 1 where attention keeps a cell; or none: every cell is read */
+    long keys, reach;          /* cells per row; how many keys away an output is read (the conv's half kernel) */
 };
 
 int cell_mlp_limits_ok(long c_x, long c_s, long c_out, long width) {
@@ -48,6 +50,20 @@ static inline float lane_sum(v8 v) {
 
 static inline v8 where_positive(v8i positive, v8 if_positive, v8 otherwise) {
     return (v8)((positive & (v8i)if_positive) | (~positive & (v8i)otherwise));
+}
+
+/* Whether the 8 cells at n0 (one row of the mask) have no kept cell within `reach` keys: their outputs are never
+   read (attention drops them), so forward writes zeros there and backward, whose incoming gradient is zero there,
+   skips them. A causal block's cells past its diagonal: up to a tenth of them. */
+static inline int unread(struct shape d, long n0) {
+    if (!d.mask) return 0;
+    long row = n0 / d.keys, key = n0 % d.keys;
+    if (key + LANES > d.keys) return 0; /* the group spans two rows: computed */
+    long first = key - d.reach > 0 ? key - d.reach : 0;
+    long last = key + LANES - 1 + d.reach < d.keys ? key + LANES - 1 + d.reach : d.keys - 1;
+    for (long j = first; j <= last; j++)
+        if (d.mask[row * d.keys + j]) return 0;
+    return 1;
 }
 
 /* start + sum_c w[c * stride] xs[c] in four partial sums: a chain of one sum after another would leave the
@@ -92,6 +108,11 @@ static inline __attribute__((always_inline)) void forward_range(const float *x, 
     v8 h0[MAX_WIDTH];
     for (long g = begin; g < end; g++) {
         long n0 = g * LANES;
+        if (unread(d, n0)) {
+            for (long b = 0; b < d.batch; b++)
+                for (long c = 0; c < d.c_out; c++) store_cells(y + b * d.c_out * d.n, c, d.n, n0, zero);
+            continue;
+        }
         shared_part(h0, s, w_in, b_in, d, n0);
         for (long b = 0; b < d.batch; b++) {
             v8 xs[MAX_CHANNELS], ys[MAX_CHANNELS];
@@ -116,28 +137,57 @@ static inline __attribute__((always_inline)) void backward_range(
     const v8 zero = {0};
     const long c_in = d.c_x + d.c_s;
     v8 h0[MAX_WIDTH], grad_h0[MAX_WIDTH];
+    v8 xs[CHUNK][MAX_CHANNELS], gys[CHUNK][MAX_CHANNELS], hs[MAX_WIDTH][CHUNK], ghs[MAX_WIDTH][CHUNK];
     for (long g = begin; g < end; g++) {
         long n0 = g * LANES;
+        if (unread(d, n0)) {
+            for (long b = 0; b < d.batch; b++)
+                for (long c = 0; c < d.c_x; c++) store_cells(grad_x + b * d.c_x * d.n, c, d.n, n0, zero);
+            for (long c = 0; c < d.c_s; c++) store_cells(grad_s, c, d.n, n0, zero);
+            continue;
+        }
         shared_part(h0, s, w_in, b_in, d, n0);
         for (long u = 0; u < d.width; u++) grad_h0[u] = zero;
-        for (long b = 0; b < d.batch; b++) {
-            v8 xs[MAX_CHANNELS], gys[MAX_CHANNELS], gxs[MAX_CHANNELS];
-            for (long c = 0; c < d.c_x; c++) xs[c] = load_cells(x + b * d.c_x * d.n, c, d.n, n0), gxs[c] = zero;
-            for (long c = 0; c < d.c_out; c++) gys[c] = load_cells(grad_y + b * d.c_out * d.n, c, d.n, n0);
-            for (long u = 0; u < d.width; u++) {
-                v8 h = weighted_sum(h0[u], w_in + u * c_in, 1, xs, d.c_x);  /* recomputed */
-                v8i positive = h > zero;
-                h = where_positive(positive, h, h * slope);
-                for (long c = 0; c < d.c_out; c++) sum_w_out[c * d.width + u] += gys[c] * h;
-                v8 gh = weighted_sum(zero, w_out + u, d.width, gys, d.c_out);
-                gh = where_positive(positive, gh, gh * slope);  /* through LeakyReLU */
-                grad_h0[u] += gh;
-                for (long c = 0; c < d.c_x; c++) {
-                    sum_w_in[u * c_in + c] += gh * xs[c];
-                    gxs[c] += w_in[u * c_in + c] * gh;
+        for (long b0 = 0; b0 < d.batch; b0 += CHUNK) {
+            /* Pass 1, sequence by sequence: the hidden layer recomputed, its gradient, dL/dx; the hidden values
+               and their gradients of CHUNK sequences kept for pass 2 (zero for a missing last few) */
+            long chunk = d.batch - b0 < CHUNK ? d.batch - b0 : CHUNK;
+            for (long k = 0; k < CHUNK; k++) {
+                if (k < chunk) {
+                    for (long c = 0; c < d.c_x; c++) xs[k][c] = load_cells(x + (b0 + k) * d.c_x * d.n, c, d.n, n0);
+                    for (long c = 0; c < d.c_out; c++)
+                        gys[k][c] = load_cells(grad_y + (b0 + k) * d.c_out * d.n, c, d.n, n0);
+                    continue;
                 }
+                for (long c = 0; c < d.c_x; c++) xs[k][c] = zero;
+                for (long c = 0; c < d.c_out; c++) gys[k][c] = zero;
+                for (long u = 0; u < d.width; u++) hs[u][k] = zero, ghs[u][k] = zero;
             }
-            for (long c = 0; c < d.c_x; c++) store_cells(grad_x + b * d.c_x * d.n, c, d.n, n0, gxs[c]);
+            for (long k = 0; k < chunk; k++) {
+                v8 gxs[MAX_CHANNELS];
+                for (long c = 0; c < d.c_x; c++) gxs[c] = zero;
+                for (long u = 0; u < d.width; u++) {
+                    v8 h = weighted_sum(h0[u], w_in + u * c_in, 1, xs[k], d.c_x);  /* recomputed */
+                    v8i positive = h > zero;
+                    hs[u][k] = where_positive(positive, h, h * slope);
+                    v8 gh = weighted_sum(zero, w_out + u, d.width, gys[k], d.c_out);
+                    gh = where_positive(positive, gh, gh * slope);  /* through LeakyReLU */
+                    ghs[u][k] = gh;
+                    for (long c = 0; c < d.c_x; c++) gxs[c] += w_in[u * c_in + c] * gh;
+                }
+                for (long c = 0; c < d.c_x; c++) store_cells(grad_x + (b0 + k) * d.c_x * d.n, c, d.n, n0, gxs[c]);
+            }
+            /* Pass 2: the weights' gradients, CHUNK sequences' products summed in registers before the running
+               sum in memory is read and written (once per CHUNK sequences, not once per sequence) */
+            for (long u = 0; u < d.width; u++) {
+                grad_h0[u] += (ghs[u][0] + ghs[u][1]) + (ghs[u][2] + ghs[u][3]);
+                for (long c = 0; c < d.c_out; c++)
+                    sum_w_out[c * d.width + u] += (gys[0][c] * hs[u][0] + gys[1][c] * hs[u][1]) +
+                                                  (gys[2][c] * hs[u][2] + gys[3][c] * hs[u][3]);
+                for (long c = 0; c < d.c_x; c++)
+                    sum_w_in[u * c_in + c] += (ghs[u][0] * xs[0][c] + ghs[u][1] * xs[1][c]) +
+                                              (ghs[u][2] * xs[2][c] + ghs[u][3] * xs[3][c]);
+            }
         }
         /* H0 = W_s s + b_in: its gradient, summed over the sequences, goes to W_s, s and b_in */
         v8 ss[MAX_CHANNELS], gss[MAX_CHANNELS];
@@ -165,9 +215,9 @@ static inline __attribute__((always_inline)) void backward_range(
     else { CALL; }
 
 void cell_mlp_forward(const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out,
-                      float *y, long batch, long c_x, long c_s, long c_out, long width, long n, float slope,
-                      long group_begin, long group_end) {
-    struct shape d = {batch, c_x, c_s, c_out, width, n};
+                      float *y, const unsigned char *mask, long keys, long reach, long batch, long c_x, long c_s,
+                      long c_out, long width, long n, float slope, long group_begin, long group_end) {
+    struct shape d = {batch, c_x, c_s, c_out, width, n, mask, keys, reach};
     SPECIALISED(forward_range(x, s, w_in, b_in, w_out, y, slope, d, group_begin, group_end))
 }
 
@@ -175,9 +225,9 @@ void cell_mlp_forward(const float *x, const float *s, const float *w_in, const f
    ranges'). Returns 0, or -1 if the buffer for the sums could not be allocated. */
 int cell_mlp_backward(const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out,
                       const float *grad_y, float *grad_x, float *grad_s, float *grad_w_in, float *grad_b_in,
-                      float *grad_w_out, long batch, long c_x, long c_s, long c_out, long width, long n,
-                      float slope, long group_begin, long group_end) {
-    struct shape d = {batch, c_x, c_s, c_out, width, n};
+                      float *grad_w_out, const unsigned char *mask, long keys, long reach, long batch, long c_x,
+                      long c_s, long c_out, long width, long n, float slope, long group_begin, long group_end) {
+    struct shape d = {batch, c_x, c_s, c_out, width, n, mask, keys, reach};
     long n_w_in = width * (c_x + c_s), n_w_out = c_out * width, sums = n_w_in + width + n_w_out;
     v8 *sum_w_in = aligned_alloc(sizeof(v8), (size_t)sums * sizeof(v8));
     if (!sum_w_in) return -1;

@@ -111,26 +111,30 @@ class _CompiledCellMLP(torch.autograd.Function):
     """``native.forward`` with ``native.backward`` as its gradient (float32 on the CPU)."""
 
     @staticmethod
-    def forward(ctx, x, shared, w_in, b_in, w_out):
-        ctx.save_for_backward(x, shared, w_in, b_in, w_out)
-        return native.forward(x, shared, w_in, b_in, w_out, LEAKY_SLOPE)
+    def forward(ctx, x, shared, w_in, b_in, w_out, mask, reach):
+        ctx.save_for_backward(x, shared, w_in, b_in, w_out, mask)
+        ctx.reach = reach
+        return native.forward(x, shared, w_in, b_in, w_out, LEAKY_SLOPE, mask, reach)
 
     @staticmethod
     def backward(ctx, grad_out):
-        return native.backward(*ctx.saved_tensors, grad_out, LEAKY_SLOPE)
+        *operands, mask = ctx.saved_tensors
+        return *native.backward(*operands, grad_out, LEAKY_SLOPE, mask, ctx.reach), None, None
 
 
-def cell_mlp(x, shared, w_in, b_in, w_out):
+def cell_mlp(x, shared, w_in, b_in, w_out, mask=None, reach: int = 0):
     r"""$W_{out}\,\mathrm{LeakyReLU}(W_{in} [x; s] + b_{in})$ at every cell: x (batch, C_x, N) per sequence, shared
     s (C_s, N) the same for every sequence (DAPE's bias) or None, w_in (W, C_x + C_s), b_in (W), w_out (C_out, W)
-    -> (batch, C_out, N). The compiled kernel where it can run (``native.usable``), else ``_CellMLP``."""
+    -> (batch, C_out, N). The compiled kernel where it can run (``native.usable``), else ``_CellMLP``. ``mask``
+    (rows, keys), the cells attention keeps, and ``reach``, how far along the keys an output is read: the compiled
+    kernel skips the cells nothing reads (their outputs are 0 there, where the PyTorch form computes them)."""
     if not torch.is_autocast_enabled(x.device.type) and native.usable(x, shared, w_in, w_out):
-        return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out)
+        return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out, mask, reach)
     c_x = x.shape[1]
     return _CellMLP.run(x, _hidden_offset(b_in, w_in[:, c_x:], shared), w_in[:, :c_x], w_out)
 
 
-def head_mlp(f, x, bias=None, residual=None):
+def head_mlp(f, x, bias=None, residual=None, mask=None):
     r"""$x + f([x, B]) + R$ with $f$ a ``model.HeadMLP``: x (batch, h, Tq, Tk), the
     bias $B$ and the residual $R$ (h, Tq, Tk) or None. The bias half of the first layer, $W_B B$, the same for
     every sequence, is computed once, not once per sequence (a bias read from the data differs per sequence)."""
@@ -142,7 +146,7 @@ def head_mlp(f, x, bias=None, residual=None):
         cells, shared, w_in = x.reshape(batch, h, -1), None, first.weight[:, :h]
     else:
         cells, shared, w_in = x.reshape(batch, h, -1), bias.reshape(h, -1).to(x.dtype), first.weight
-    out = cell_mlp(cells, shared, w_in, first.bias, last.weight).view(batch, h, Tq, Tk)
+    out = cell_mlp(cells, shared, w_in, first.bias, last.weight, mask).view(batch, h, Tq, Tk)
     return _residual_sum(x, out, last.bias, residual)
 
 
@@ -157,17 +161,17 @@ def _residual_sum(x, out, out_bias, residual=None):
 
 def dape(refiner, scores, bias, mask):
     """$S + B + f([S, B])$ (``model.DAPERefiner``)."""
-    return head_mlp(refiner.f, scores, bias, residual=bias)
+    return head_mlp(refiner.f, scores, bias, residual=bias, mask=mask)
 
 
 def dape_concat(refiner, scores, bias, mask):
     """$S + f([S, B])$ (``model.DAPEConcatRefiner``)."""
-    return head_mlp(refiner.f, scores, bias)
+    return head_mlp(refiner.f, scores, bias, mask=mask)
 
 
 def dape_add(refiner, scores, bias, mask):
     """$(S + B) + f(S + B)$ (``model.DAPEAddRefiner``)."""
-    return head_mlp(refiner.f, scores if bias is None else scores + bias)
+    return head_mlp(refiner.f, scores if bias is None else scores + bias, mask=mask)
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -237,7 +241,7 @@ def conv(refiner, scores, bias, mask):
     else:  # the bias's copies, the same for every sequence, as the shared input
         cells, shared = copies(scores), copies(bias[None].to(scores.dtype))[0]
         w_in = torch.cat([w1[..., :h].flatten(1), w1[..., h:].flatten(1)], dim=1)
-    taps = cell_mlp(cells, shared, w_in, refiner.conv1.bias, w2)  # (batch, kernel * h, Tq * Tk)
+    taps = cell_mlp(cells, shared, w_in, refiner.conv1.bias, w2, mask, kernel // 2)  # (batch, kernel * h, Tq * Tk)
     convolved = _KeyShifts.apply(taps.view(batch, kernel, h, Tq, Tk), kernel, True)
     return _residual_sum(scores, convolved, refiner.conv2.bias, bias)
 

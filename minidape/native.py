@@ -74,9 +74,10 @@ def library() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     pointer, long = ctypes.c_void_p, ctypes.c_long
     sizes = [long] * 6 + [ctypes.c_float, long, long]  # B, C_x, C_s, C_out, W, N, slope, group range
-    lib.cell_mlp_forward.argtypes = [*[pointer] * 6, *sizes]
+    reads = [pointer, long, long]  # the mask, keys per row, reach
+    lib.cell_mlp_forward.argtypes = [*[pointer] * 6, *reads, *sizes]
     lib.cell_mlp_forward.restype = None
-    lib.cell_mlp_backward.argtypes = [*[pointer] * 11, *sizes]
+    lib.cell_mlp_backward.argtypes = [*[pointer] * 11, *reads, *sizes]
     lib.cell_mlp_backward.restype = ctypes.c_int
     lib.cell_mlp_limits_ok.argtypes = [long] * 4
     lib.cell_mlp_limits_ok.restype = ctypes.c_int
@@ -123,21 +124,33 @@ def _pointer(t) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def forward(x, shared, w_in, b_in, w_out, slope: float):
+def _reads(mask, reach: int, n_cells: int) -> tuple:
+    """The kernel's view of which outputs are read: a (rows, keys) bool mask of the cells attention keeps (its
+    cells flattened as x's are) and the conv's reach in keys; anything else (None, another shape): every cell."""
+    if mask is None or mask.dim() != 2 or mask.dtype != torch.bool or mask.numel() != n_cells:
+        return None, 0, 0
+    return mask.contiguous(), mask.shape[1], reach
+
+
+def forward(x, shared, w_in, b_in, w_out, slope: float, mask=None, reach: int = 0):
     r"""$W_{out}\,\mathrm{LeakyReLU}(W_{in} [x; s] + b_{in})$ at every cell: x (B, C_x, N), shared s (C_s, N) or None,
-    w_in (W, C_x + C_s), b_in (W), w_out (C_out, W) -> (B, C_out, N); float32 CPU tensors."""
+    w_in (W, C_x + C_s), b_in (W), w_out (C_out, W) -> (B, C_out, N); float32 CPU tensors. With ``mask`` (rows,
+    keys), N = rows * keys: the cells with no kept cell within ``reach`` keys are never read, and get 0."""
     lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope)
     x, shared, w_in, b_in, w_out = _contiguous(x, shared, w_in, b_in, w_out)
+    mask, keys, reach = _reads(mask, reach, x.shape[2])
     y = x.new_empty(len(x), w_out.shape[0], x.shape[2])
-    pointers = [_pointer(t) for t in (x, shared, w_in, b_in, w_out, y)]
-    _run([functools.partial(lib.cell_mlp_forward, *pointers, *sizes, *r) for r in _ranges(x.shape[2])])
+    pointers = [_pointer(t) for t in (x, shared, w_in, b_in, w_out, y, mask)]
+    _run([functools.partial(lib.cell_mlp_forward, *pointers, keys, reach, *sizes, *r) for r in _ranges(x.shape[2])])
     return y
 
 
-def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float):
-    """The gradients of ``forward`` for x, shared (None without it), w_in, b_in and w_out, given ``grad_y``."""
+def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float, mask=None, reach: int = 0):
+    """The gradients of ``forward`` for x, shared (None without it), w_in, b_in and w_out, given ``grad_y`` (zero at
+    the cells ``mask`` and ``reach`` leave unread: they are skipped)."""
     lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope)
     x, shared, w_in, b_in, w_out, grad_y = _contiguous(x, shared, w_in, b_in, w_out, grad_y)
+    mask, keys, reach = _reads(mask, reach, x.shape[2])
     ranges = _ranges(x.shape[2])
     grad_x = torch.empty_like(x)
     grad_shared = None if shared is None else torch.empty_like(shared)
@@ -147,7 +160,13 @@ def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float):
 
     def call(i: int, r: tuple[int, int]):
         return lib.cell_mlp_backward(
-            *inputs, *(t[i].data_ptr() for t in (grad_w_in, grad_b_in, grad_w_out)), *sizes, *r
+            *inputs,
+            *(t[i].data_ptr() for t in (grad_w_in, grad_b_in, grad_w_out)),
+            _pointer(mask),
+            keys,
+            reach,
+            *sizes,
+            *r,
         )
 
     if any(_run([functools.partial(call, i, r) for i, r in enumerate(ranges)])):

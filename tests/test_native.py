@@ -159,3 +159,42 @@ def test_the_kernels_own_limits_send_larger_refiners_to_the_pytorch_form():
         4,
         16,
     )
+
+
+@needs_a_compiler
+@pytest.mark.parametrize("reach", [0, 1, 2])
+def test_cells_no_kept_cell_reads_are_skipped_and_the_rest_is_the_papers_mlp(reach):
+    """A causal block of 24 query rows (the 17th to the 40th) against 48 keys: the groups of 8 cells with no kept
+    cell within ``reach`` keys get 0 and no gradient; every other cell is the paper's MLP, and so are the weights'
+    gradients when the incoming gradient is zero where attention drops a cell (as it is in a model)."""
+    rows, keys, first_row, batch = 24, 48, 16, 3
+    mask = torch.arange(keys)[None, :] <= torch.arange(first_row, first_row + rows)[:, None]
+    g = torch.Generator().manual_seed(reach)
+    x, w_in, b_in = (
+        torch.randn(batch, 4, rows * keys, generator=g),
+        torch.randn(32, 8, generator=g),
+        torch.randn(32, generator=g),
+    )
+    shared, w_out = torch.randn(4, rows * keys, generator=g), torch.randn(4, 32, generator=g)
+    near = mask.clone()  # the cells within reach of a kept one, as the conv reads them
+    for shift in range(1, reach + 1):
+        near[:, :-shift] |= mask[:, shift:]
+        near[:, shift:] |= mask[:, :-shift]
+    group_read = near.view(rows, keys // 8, 8).any(-1, keepdim=True).expand(-1, -1, 8).reshape(-1)
+
+    x64, s64 = x.double().requires_grad_(), shared.double().requires_grad_()
+    expected, f = papers_mlp(x64, s64, w_in.double(), b_in.double(), w_out.double())
+    grad_y = torch.randn(expected.shape, generator=g, dtype=torch.float64) * near.reshape(-1)  # zero where unread
+    expected.backward(grad_y)
+
+    y = native.forward(x, shared, w_in, b_in, w_out, 0.01, mask, reach)
+    grad_x, grad_s, grad_w_in, grad_b_in, grad_w_out = native.backward(
+        x, shared, w_in, b_in, w_out, grad_y.float(), 0.01, mask, reach
+    )
+    assert not group_read.all() and group_read.any()
+    assert (y[..., ~group_read] == 0).all() and (grad_x[..., ~group_read] == 0).all()
+    assert torch.allclose(y[..., group_read].double(), expected[..., group_read], rtol=1e-5, atol=1e-4)
+    for got, want in ((grad_x, x64.grad), (grad_s, s64.grad)):
+        assert torch.allclose(got[..., group_read].double(), want[..., group_read], rtol=1e-5, atol=1e-4)
+    for got, want in ((grad_w_in, f[0].weight.grad), (grad_b_in, f[0].bias.grad), (grad_w_out, f[2].weight.grad)):
+        assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-3)
