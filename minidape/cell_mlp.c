@@ -13,8 +13,14 @@
    H0 = W_s s + b_in is computed once per group of cells, not once per sequence. Channels-first x is contiguous
    along the cells: one vector load reads one channel of 8 cells.
 
+   DAPE-V2's 1 x k convolutions (kernel = k > 0): x, s and y hold the channels once, and the MLP's channels are
+   their k copies shifted along the keys, as fast_refiners.conv builds them in PyTorch: input channel t * C + c is
+   channel c at key j + t - k/2 of the same row (0 outside the row or where the mask drops a cell: tril), and output
+   channel t * C + c is added to channel c at key j + t - k/2. Cells are (rows, keys) per sequence.
+
    Each call covers the groups of 8 cells [group_begin, group_end): native.py runs disjoint ranges in parallel
-   threads, each with its own buffers for the weights' gradients. */
+   threads (whole rows when kernel > 0: the shifted outputs stay in their row), each with its own buffers for the
+   weights' gradients. */
 
 #include <stdlib.h>
 #include <string.h>
@@ -28,6 +34,7 @@ struct shape {
     long batch, c_x, c_s, c_out, width, n;
     const unsigned char *mask; /* (rows, keys), 1 where attention keeps a cell; or none: every cell is read */
     long keys, reach;          /* cells per row; how many keys away an output is read (the conv's half kernel) */
+    long kernel;               /* > 0: the channels are this many shifted copies (the conv); 0: as stored */
 };
 
 int cell_mlp_limits_ok(long c_x, long c_s, long c_out, long width) {
@@ -89,11 +96,53 @@ static inline void store_cells(float *a, long c, long n, long n0, v8 v) {
     memcpy(a + c * n + n0, part, (size_t)(n - n0) * sizeof(float));
 }
 
+/* Lane l < n of the 8 cells at n0 from a channel's row-major (rows, keys) cells at `shift` keys along the row:
+   0 outside the row or where `mask` (if given) drops the cell read */
+static inline v8 gather(const float *a, const unsigned char *mask, struct shape d, long n0, long shift) {
+    float part[LANES] = {0};
+    long n = d.n - n0 < LANES ? d.n - n0 : LANES, row = n0 / d.keys, key = n0 % d.keys;
+    for (long l = 0; l < n; l++) {
+        long source = key + shift;
+        if (source >= 0 && source < d.keys && (!mask || mask[row * d.keys + source])) part[l] = a[row * d.keys + source];
+        if (++key == d.keys) key = 0, row++;
+    }
+    return load(part);
+}
+
+/* The transpose of `gather`: lane l added to the cell `shift` keys along its row (where `mask`, if given, keeps it) */
+static inline void scatter_add(float *a, const unsigned char *mask, struct shape d, long n0, long shift, v8 v) {
+    long n = d.n - n0 < LANES ? d.n - n0 : LANES, row = n0 / d.keys, key = n0 % d.keys;
+    for (long l = 0; l < n; l++) {
+        long target = key + shift;
+        if (target >= 0 && target < d.keys && (!mask || mask[row * d.keys + target])) a[row * d.keys + target] += v[l];
+        if (++key == d.keys) key = 0, row++;
+    }
+}
+
+/* The channels a tensor of `channels` MLP channels stores per sequence: one copy of the k shifted ones */
+static inline long stored(struct shape d, long channels) { return d.kernel ? channels / d.kernel : channels; }
+
+/* MLP channel c of the 8 cells at n0, from a sequence's stored channels `a` (`masked`: tril applies, as it does to
+   the conv's input) */
+static inline v8 read_channel(const float *a, long channels, long c, struct shape d, long n0, int masked) {
+    if (!d.kernel) return load_cells(a, c, d.n, n0);
+    long copy = stored(d, channels);
+    return gather(a + (c % copy) * d.n, masked ? d.mask : 0, d, n0, c / copy - d.kernel / 2);
+}
+
+/* MLP channel c of the 8 cells at n0 into a sequence's stored channels: written, or with kernel > 0 added (shifted,
+   where `masked` lets it: the gradient of tril) to what the neighbouring cells put there; the caller zeroes it */
+static inline void write_channel(float *a, long channels, long c, struct shape d, long n0, v8 v, int masked) {
+    if (!d.kernel) return store_cells(a, c, d.n, n0, v);
+    long copy = stored(d, channels);
+    scatter_add(a + (c % copy) * d.n, masked ? d.mask : 0, d, n0, c / copy - d.kernel / 2, v);
+}
+
 /* H0[u] = W_s s + b_in for the 8 cells at n0 */
 static inline void shared_part(v8 *h0, const float *s, const float *w_in, const float *b_in, struct shape d,
                                long n0) {
     v8 ss[MAX_CHANNELS];
-    for (long c = 0; c < d.c_s; c++) ss[c] = load_cells(s, c, d.n, n0);
+    for (long c = 0; c < d.c_s; c++) ss[c] = read_channel(s, d.c_s, c, d, n0, 1);
     long c_in = d.c_x + d.c_s;
     for (long u = 0; u < d.width; u++) h0[u] = weighted_sum((v8){0} + b_in[u], w_in + u * c_in + d.c_x, 1, ss, d.c_s);
 }
@@ -109,21 +158,22 @@ static inline __attribute__((always_inline)) void forward_range(const float *x, 
     for (long g = begin; g < end; g++) {
         long n0 = g * LANES;
         if (unread(d, n0)) {
-            for (long b = 0; b < d.batch; b++)
+            for (long b = 0; b < d.batch && !d.kernel; b++)
                 for (long c = 0; c < d.c_out; c++) store_cells(y + b * d.c_out * d.n, c, d.n, n0, zero);
             continue;
         }
         shared_part(h0, s, w_in, b_in, d, n0);
         for (long b = 0; b < d.batch; b++) {
             v8 xs[MAX_CHANNELS], ys[MAX_CHANNELS];
-            for (long c = 0; c < d.c_x; c++) xs[c] = load_cells(x + b * d.c_x * d.n, c, d.n, n0);
+            for (long c = 0; c < d.c_x; c++) xs[c] = read_channel(x + b * stored(d, d.c_x) * d.n, d.c_x, c, d, n0, 1);
             for (long c = 0; c < d.c_out; c++) ys[c] = zero;
             for (long u = 0; u < d.width; u++) {
                 v8 h = weighted_sum(h0[u], w_in + u * c_in, 1, xs, d.c_x);
                 h = where_positive(h > zero, h, h * slope);
                 for (long c = 0; c < d.c_out; c++) ys[c] += w_out[c * d.width + u] * h;
             }
-            for (long c = 0; c < d.c_out; c++) store_cells(y + b * d.c_out * d.n, c, d.n, n0, ys[c]);
+            for (long c = 0; c < d.c_out; c++)
+                write_channel(y + b * stored(d, d.c_out) * d.n, d.c_out, c, d, n0, ys[c], 0);
         }
     }
 }
@@ -141,9 +191,9 @@ static inline __attribute__((always_inline)) void backward_range(
     for (long g = begin; g < end; g++) {
         long n0 = g * LANES;
         if (unread(d, n0)) {
-            for (long b = 0; b < d.batch; b++)
+            for (long b = 0; b < d.batch && !d.kernel; b++)
                 for (long c = 0; c < d.c_x; c++) store_cells(grad_x + b * d.c_x * d.n, c, d.n, n0, zero);
-            for (long c = 0; c < d.c_s; c++) store_cells(grad_s, c, d.n, n0, zero);
+            for (long c = 0; c < d.c_s && !d.kernel; c++) store_cells(grad_s, c, d.n, n0, zero);
             continue;
         }
         shared_part(h0, s, w_in, b_in, d, n0);
@@ -154,9 +204,10 @@ static inline __attribute__((always_inline)) void backward_range(
             long chunk = d.batch - b0 < CHUNK ? d.batch - b0 : CHUNK;
             for (long k = 0; k < CHUNK; k++) {
                 if (k < chunk) {
-                    for (long c = 0; c < d.c_x; c++) xs[k][c] = load_cells(x + (b0 + k) * d.c_x * d.n, c, d.n, n0);
+                    for (long c = 0; c < d.c_x; c++)
+                        xs[k][c] = read_channel(x + (b0 + k) * stored(d, d.c_x) * d.n, d.c_x, c, d, n0, 1);
                     for (long c = 0; c < d.c_out; c++)
-                        gys[k][c] = load_cells(grad_y + (b0 + k) * d.c_out * d.n, c, d.n, n0);
+                        gys[k][c] = read_channel(grad_y + (b0 + k) * stored(d, d.c_out) * d.n, d.c_out, c, d, n0, 0);
                     continue;
                 }
                 for (long c = 0; c < d.c_x; c++) xs[k][c] = zero;
@@ -175,7 +226,8 @@ static inline __attribute__((always_inline)) void backward_range(
                     ghs[u][k] = gh;
                     for (long c = 0; c < d.c_x; c++) gxs[c] += w_in[u * c_in + c] * gh;
                 }
-                for (long c = 0; c < d.c_x; c++) store_cells(grad_x + (b0 + k) * d.c_x * d.n, c, d.n, n0, gxs[c]);
+                for (long c = 0; c < d.c_x; c++)
+                    write_channel(grad_x + (b0 + k) * stored(d, d.c_x) * d.n, d.c_x, c, d, n0, gxs[c], 1);
             }
             /* Pass 2: the weights' gradients, CHUNK sequences' products summed in registers before the running
                sum in memory is read and written (once per CHUNK sequences, not once per sequence) */
@@ -191,7 +243,7 @@ static inline __attribute__((always_inline)) void backward_range(
         }
         /* H0 = W_s s + b_in: its gradient, summed over the sequences, goes to W_s, s and b_in */
         v8 ss[MAX_CHANNELS], gss[MAX_CHANNELS];
-        for (long c = 0; c < d.c_s; c++) ss[c] = load_cells(s, c, d.n, n0), gss[c] = zero;
+        for (long c = 0; c < d.c_s; c++) ss[c] = read_channel(s, d.c_s, c, d, n0, 1), gss[c] = zero;
         for (long u = 0; u < d.width; u++) {
             sum_b_in[u] += grad_h0[u];
             for (long c = 0; c < d.c_s; c++) {
@@ -199,7 +251,7 @@ static inline __attribute__((always_inline)) void backward_range(
                 gss[c] += w_in[u * c_in + d.c_x + c] * grad_h0[u];
             }
         }
-        for (long c = 0; c < d.c_s; c++) store_cells(grad_s, c, d.n, n0, gss[c]);
+        for (long c = 0; c < d.c_s; c++) write_channel(grad_s, d.c_s, c, d, n0, gss[c], 1);
     }
 }
 
@@ -215,9 +267,9 @@ static inline __attribute__((always_inline)) void backward_range(
     else { CALL; }
 
 void cell_mlp_forward(const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out,
-                      float *y, const unsigned char *mask, long keys, long reach, long batch, long c_x, long c_s,
-                      long c_out, long width, long n, float slope, long group_begin, long group_end) {
-    struct shape d = {batch, c_x, c_s, c_out, width, n, mask, keys, reach};
+                      float *y, const unsigned char *mask, long keys, long reach, long kernel, long batch, long c_x,
+                      long c_s, long c_out, long width, long n, float slope, long group_begin, long group_end) {
+    struct shape d = {batch, c_x, c_s, c_out, width, n, mask, keys, reach, kernel};
     SPECIALISED(forward_range(x, s, w_in, b_in, w_out, y, slope, d, group_begin, group_end))
 }
 
@@ -225,9 +277,10 @@ void cell_mlp_forward(const float *x, const float *s, const float *w_in, const f
    ranges'). Returns 0, or -1 if the buffer for the sums could not be allocated. */
 int cell_mlp_backward(const float *x, const float *s, const float *w_in, const float *b_in, const float *w_out,
                       const float *grad_y, float *grad_x, float *grad_s, float *grad_w_in, float *grad_b_in,
-                      float *grad_w_out, const unsigned char *mask, long keys, long reach, long batch, long c_x,
-                      long c_s, long c_out, long width, long n, float slope, long group_begin, long group_end) {
-    struct shape d = {batch, c_x, c_s, c_out, width, n, mask, keys, reach};
+                      float *grad_w_out, const unsigned char *mask, long keys, long reach, long kernel, long batch,
+                      long c_x, long c_s, long c_out, long width, long n, float slope, long group_begin,
+                      long group_end) {
+    struct shape d = {batch, c_x, c_s, c_out, width, n, mask, keys, reach, kernel};
     long n_w_in = width * (c_x + c_s), n_w_out = c_out * width, sums = n_w_in + width + n_w_out;
     v8 *sum_w_in = aligned_alloc(sizeof(v8), (size_t)sums * sizeof(v8));
     if (!sum_w_in) return -1;

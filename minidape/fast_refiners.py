@@ -111,15 +111,15 @@ class _CompiledCellMLP(torch.autograd.Function):
     """``native.forward`` with ``native.backward`` as its gradient (float32 on the CPU)."""
 
     @staticmethod
-    def forward(ctx, x, shared, w_in, b_in, w_out, mask, reach):
+    def forward(ctx, x, shared, w_in, b_in, w_out, mask, reach, kernel):
         ctx.save_for_backward(x, shared, w_in, b_in, w_out, mask)
-        ctx.reach = reach
-        return native.forward(x, shared, w_in, b_in, w_out, LEAKY_SLOPE, mask, reach)
+        ctx.reach, ctx.kernel = reach, kernel
+        return native.forward(x, shared, w_in, b_in, w_out, LEAKY_SLOPE, mask, reach, kernel)
 
     @staticmethod
     def backward(ctx, grad_out):
         *operands, mask = ctx.saved_tensors
-        return *native.backward(*operands, grad_out, LEAKY_SLOPE, mask, ctx.reach), None, None
+        return *native.backward(*operands, grad_out, LEAKY_SLOPE, mask, ctx.reach, ctx.kernel), None, None, None
 
 
 def cell_mlp(x, shared, w_in, b_in, w_out, mask=None, reach: int = 0):
@@ -129,7 +129,7 @@ def cell_mlp(x, shared, w_in, b_in, w_out, mask=None, reach: int = 0):
     (rows, keys), the cells attention keeps, and ``reach``, how far along the keys an output is read: the compiled
     kernel skips the cells nothing reads (their outputs are 0 there, where the PyTorch form computes them)."""
     if not torch.is_autocast_enabled(x.device.type) and native.usable(x, shared, w_in, w_out):
-        return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out, mask, reach)
+        return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out, mask, reach, 0)
     c_x = x.shape[1]
     return _CellMLP.run(x, _hidden_offset(b_in, w_in[:, c_x:], shared), w_in[:, :c_x], w_out)
 
@@ -235,14 +235,26 @@ def conv(refiner, scores, bias, mask):
     w1 = refiner.conv1.weight[:, :, 0].transpose(1, 2)  # (W, kernel, C_in)
     w2 = refiner.conv2.weight[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)  # (kernel * h, W), taps reversed
     if bias is not None and bias.dim() == 4:  # a bias read from the data differs per sequence: [S, B] as input
-        cells, shared, w_in = copies(torch.cat([scores, bias.to(scores.dtype)], dim=1)), None, w1.flatten(1)
+        stored, shared, w_in = torch.cat([scores, bias.to(scores.dtype)], dim=1), None, w1.flatten(1)
     elif bias is None:
-        cells, shared, w_in = copies(scores), None, w1[..., :h].flatten(1)
-    else:  # the bias's copies, the same for every sequence, as the shared input
-        cells, shared = copies(scores), copies(bias[None].to(scores.dtype))[0]
+        stored, shared, w_in = scores, None, w1[..., :h].flatten(1)
+    else:  # the bias, the same for every sequence, as the shared input
+        stored, shared = scores, bias.to(scores.dtype).reshape(h, -1)
         w_in = torch.cat([w1[..., :h].flatten(1), w1[..., h:].flatten(1)], dim=1)
-    taps = cell_mlp(cells, shared, w_in, refiner.conv1.bias, w2, mask, kernel // 2)  # (batch, kernel * h, Tq * Tk)
-    convolved = _KeyShifts.apply(taps.view(batch, kernel, h, Tq, Tk), kernel, True)
+    stored = stored.reshape(batch, -1, Tq * Tk)
+    compiled = not torch.is_autocast_enabled(scores.device.type) and mask.shape == (Tq, Tk)
+    if compiled and native.usable(stored, shared, w_in, w2, kernel):  # the copies made, shifted and summed in C
+        convolved = _CompiledCellMLP.apply(stored, shared, w_in, refiner.conv1.bias, w2, mask, kernel // 2, kernel)
+        convolved = convolved.view(batch, h, Tq, Tk)
+    else:
+        shared = None if shared is None else copies(shared.view(1, h, Tq, Tk))[0]
+        taps = _CellMLP.run(
+            copies(stored.view(batch, -1, Tq, Tk)),
+            _hidden_offset(refiner.conv1.bias, w_in[:, stored.shape[1] * kernel :], shared),
+            w_in[:, : stored.shape[1] * kernel],
+            w2,
+        )
+        convolved = _KeyShifts.apply(taps.view(batch, kernel, h, Tq, Tk), kernel, True)
     return _residual_sum(scores, convolved, refiner.conv2.bias, bias)
 
 

@@ -74,7 +74,7 @@ def library() -> ctypes.CDLL | None:
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     pointer, long = ctypes.c_void_p, ctypes.c_long
     sizes = [long] * 6 + [ctypes.c_float, long, long]  # B, C_x, C_s, C_out, W, N, slope, group range
-    reads = [pointer, long, long]  # the mask, keys per row, reach
+    reads = [pointer, long, long, long]  # the mask, keys per row, reach, the conv's kernel
     lib.cell_mlp_forward.argtypes = [*[pointer] * 6, *reads, *sizes]
     lib.cell_mlp_forward.restype = None
     lib.cell_mlp_backward.argtypes = [*[pointer] * 11, *reads, *sizes]
@@ -84,13 +84,17 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
-def usable(x, shared, w_in, w_out) -> bool:
-    """Whether the compiled kernel takes these operands: float32 on the CPU, within its channel limits."""
+def usable(x, shared, w_in, w_out, kernel: int = 0) -> bool:
+    """Whether the compiled kernel takes these operands: float32 on the CPU, within its channel limits (``kernel``:
+    the conv's shifted copies, ``kernel`` MLP channels per stored one)."""
     if x.device.type != "cpu" or x.dtype != torch.float32 or not enabled():
         return False
     lib = library()
-    c_shared = 0 if shared is None else shared.shape[0]
-    return lib is not None and bool(lib.cell_mlp_limits_ok(x.shape[1], c_shared, w_out.shape[0], w_in.shape[0]))
+    copies = max(kernel, 1)
+    c_shared = 0 if shared is None else shared.shape[0] * copies
+    return lib is not None and bool(
+        lib.cell_mlp_limits_ok(x.shape[1] * copies, c_shared, w_out.shape[0], w_in.shape[0])
+    )
 
 
 @functools.cache
@@ -98,10 +102,16 @@ def _pool(threads: int) -> ThreadPoolExecutor:
     return ThreadPoolExecutor(threads, thread_name_prefix="minidape-cell-mlp")
 
 
-def _ranges(n_cells: int) -> list[tuple[int, int]]:
-    """Groups of 8 cells split into one range per thread (fewer for small inputs)."""
+def _ranges(n_cells: int, keys: int = 0) -> list[tuple[int, int]]:
+    """Groups of 8 cells split into one range per thread (fewer for small inputs); with ``keys`` (the conv, whose
+    outputs move along a row) at row boundaries, which needs rows of whole groups (else one range)."""
     groups = -(-n_cells // LANES)
     parts = max(1, min(torch.get_num_threads(), groups // 64))
+    if keys and (keys % LANES or parts == 1):
+        return [(0, groups)]
+    if keys:
+        rows, row_groups = n_cells // keys, keys // LANES
+        return [(rows * i // parts * row_groups, rows * (i + 1) // parts * row_groups) for i in range(parts)]
     return [(groups * i // parts, groups * (i + 1) // parts) for i in range(parts)]
 
 
@@ -111,9 +121,12 @@ def _run(calls: list) -> list:
     return list(_pool(len(calls)).map(lambda call: call(), calls))
 
 
-def _sizes(x, shared, w_in, w_out, slope: float) -> tuple:
+def _sizes(x, shared, w_in, w_out, slope: float, kernel: int) -> tuple:
+    """The kernel's sizes: sequences, then the MLP's channels (``kernel`` copies of each stored one), width, cells."""
     batch, c_x, n = x.shape
-    return batch, c_x, 0 if shared is None else shared.shape[0], w_out.shape[0], w_in.shape[0], n, slope
+    copies = max(kernel, 1)
+    c_shared = 0 if shared is None else shared.shape[0] * copies
+    return batch, c_x * copies, c_shared, w_out.shape[0], w_in.shape[0], n, slope
 
 
 def _contiguous(*tensors):
@@ -124,36 +137,47 @@ def _pointer(t) -> int | None:
     return None if t is None else t.data_ptr()
 
 
-def _reads(mask, reach: int, n_cells: int) -> tuple:
-    """The kernel's view of which outputs are read: a (rows, keys) bool mask of the cells attention keeps (its
-    cells flattened as x's are) and the conv's reach in keys; anything else (None, another shape): every cell."""
+def _reads(mask, reach: int, kernel: int, n_cells: int) -> tuple:
+    """The kernel's view of the cells: a (rows, keys) bool mask of those attention keeps (cells flattened as x's
+    are), how far along the keys an output is read, and the conv's kernel (which needs the mask: its rows and tril);
+    without a mask of that shape every cell is computed."""
     if mask is None or mask.dim() != 2 or mask.dtype != torch.bool or mask.numel() != n_cells:
-        return None, 0, 0
-    return mask.contiguous(), mask.shape[1], reach
+        if kernel:
+            raise ValueError(f"the shifted cell MLP needs the (rows, keys) mask of its {n_cells} cells")
+        return None, 0, 0, 0
+    return mask.contiguous(), mask.shape[1], reach, kernel
 
 
-def forward(x, shared, w_in, b_in, w_out, slope: float, mask=None, reach: int = 0):
+def forward(x, shared, w_in, b_in, w_out, slope: float, mask=None, reach: int = 0, kernel: int = 0):
     r"""$W_{out}\,\mathrm{LeakyReLU}(W_{in} [x; s] + b_{in})$ at every cell: x (B, C_x, N), shared s (C_s, N) or None,
     w_in (W, C_x + C_s), b_in (W), w_out (C_out, W) -> (B, C_out, N); float32 CPU tensors. With ``mask`` (rows,
-    keys), N = rows * keys: the cells with no kept cell within ``reach`` keys are never read, and get 0."""
-    lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope)
+    keys), N = rows * keys: the cells with no kept cell within ``reach`` keys are never read, and get 0. With
+    ``kernel`` k: the conv (``cell_mlp.c``), x's and s's k shifted copies in, k outputs shifted and summed:
+    -> (B, C_out / k, N)."""
+    lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope, kernel)
     x, shared, w_in, b_in, w_out = _contiguous(x, shared, w_in, b_in, w_out)
-    mask, keys, reach = _reads(mask, reach, x.shape[2])
-    y = x.new_empty(len(x), w_out.shape[0], x.shape[2])
+    mask, keys, reach, kernel = _reads(mask, reach, kernel, x.shape[2])
+    shape = (len(x), w_out.shape[0] // max(kernel, 1), x.shape[2])
+    y = x.new_zeros(shape) if kernel else x.new_empty(shape)  # the conv's shifted outputs are added up
     pointers = [_pointer(t) for t in (x, shared, w_in, b_in, w_out, y, mask)]
-    _run([functools.partial(lib.cell_mlp_forward, *pointers, keys, reach, *sizes, *r) for r in _ranges(x.shape[2])])
+    calls = [
+        functools.partial(lib.cell_mlp_forward, *pointers, keys, reach, kernel, *sizes, *r)
+        for r in _ranges(x.shape[2], kernel and keys)
+    ]
+    _run(calls)
     return y
 
 
-def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float, mask=None, reach: int = 0):
+def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float, mask=None, reach: int = 0, kernel: int = 0):
     """The gradients of ``forward`` for x, shared (None without it), w_in, b_in and w_out, given ``grad_y`` (zero at
     the cells ``mask`` and ``reach`` leave unread: they are skipped)."""
-    lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope)
+    lib, sizes = library(), _sizes(x, shared, w_in, w_out, slope, kernel)
     x, shared, w_in, b_in, w_out, grad_y = _contiguous(x, shared, w_in, b_in, w_out, grad_y)
-    mask, keys, reach = _reads(mask, reach, x.shape[2])
-    ranges = _ranges(x.shape[2])
-    grad_x = torch.empty_like(x)
-    grad_shared = None if shared is None else torch.empty_like(shared)
+    mask, keys, reach, kernel = _reads(mask, reach, kernel, x.shape[2])
+    ranges = _ranges(x.shape[2], kernel and keys)
+    like = torch.zeros_like if kernel else torch.empty_like  # the conv's shifted gradients are added up
+    grad_x = like(x)
+    grad_shared = None if shared is None else like(shared)
     grad_w_in, grad_b_in = x.new_empty(len(ranges), *w_in.shape), x.new_empty(len(ranges), *b_in.shape)
     grad_w_out = x.new_empty(len(ranges), *w_out.shape)
     inputs = [_pointer(t) for t in (x, shared, w_in, b_in, w_out, grad_y, grad_x, grad_shared)]
@@ -165,6 +189,7 @@ def backward(x, shared, w_in, b_in, w_out, grad_y, slope: float, mask=None, reac
             _pointer(mask),
             keys,
             reach,
+            kernel,
             *sizes,
             *r,
         )

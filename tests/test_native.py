@@ -198,3 +198,47 @@ def test_cells_no_kept_cell_reads_are_skipped_and_the_rest_is_the_papers_mlp(rea
         assert torch.allclose(got[..., group_read].double(), want[..., group_read], rtol=1e-5, atol=1e-4)
     for got, want in ((grad_w_in, f[0].weight.grad), (grad_b_in, f[0].bias.grad), (grad_w_out, f[2].weight.grad)):
         assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-3)
+
+
+@needs_a_compiler
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("kernel, rows, keys, with_bias", [(3, 16, 48, True), (5, 9, 21, True), (3, 40, 64, False)])
+def test_the_shifted_cell_mlp_is_dape_v2s_convolutions(kernel, rows, keys, with_bias, threads, monkeypatch):
+    """With ``kernel`` k the compiled kernel is DAPE-V2's conv2(LeakyReLU(conv1(tril([S, B])))) of 1 x k
+    convolutions along the keys (nn.Conv2d, zero padding k // 2) where attention reads it, forward and every
+    gradient; rows of 21 keys cross the groups of 8 cells, and two threads split the rows."""
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    batch, h, width = 3, 4, 16
+    g = torch.Generator().manual_seed(kernel * rows)
+    first_row = keys - rows  # the block's last query sees every key
+    mask = torch.arange(keys)[None, :] <= torch.arange(first_row, first_row + rows)[:, None]
+    conv1 = nn.Conv2d(2 * h if with_bias else h, width, (1, kernel), padding=(0, kernel // 2)).double()
+    conv2 = nn.Conv2d(width, h, (1, kernel), padding=(0, kernel // 2), bias=False).double()
+    scores = torch.randn(batch, h, rows, keys, generator=g, dtype=torch.float64, requires_grad=True)
+    bias = torch.randn(h, rows, keys, generator=g, dtype=torch.float64, requires_grad=True)
+    cells = torch.cat([scores, bias.expand(batch, -1, -1, -1)], 1) if with_bias else scores
+    expected = conv2(nn.functional.leaky_relu(conv1(cells.masked_fill(~mask, 0)), 0.01))
+    grad_y = torch.randn(expected.shape, generator=g, dtype=torch.float64) * mask  # attention drops the rest
+    expected.backward(grad_y)
+
+    w1 = conv1.weight.detach()[:, :, 0].transpose(1, 2)  # (W, k, C_in): MLP channel t * C + c
+    w_in = torch.cat([w1[..., :h].flatten(1), w1[..., h:].flatten(1)], 1) if with_bias else w1.flatten(1)
+    w_out = conv2.weight.detach()[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)  # (k * h, W): taps reversed
+    x = scores.detach().float().reshape(batch, h, -1)
+    shared = bias.detach().float().reshape(h, -1) if with_bias else None
+    operands = (x, shared, w_in.float(), conv1.bias.detach().float(), w_out.float())
+    y = native.forward(*operands, 0.01, mask, kernel // 2, kernel)
+    grads = native.backward(*operands, grad_y.float().reshape(batch, h, -1), 0.01, mask, kernel // 2, kernel)
+
+    kept = mask.expand_as(expected)  # what attention reads of the refiner's output
+    assert torch.allclose(y.double().view_as(expected)[kept], expected[kept], rtol=1e-5, atol=1e-5)
+    assert torch.allclose(grads[0].double().view_as(scores), scores.grad, rtol=1e-5, atol=1e-5)
+    if with_bias:
+        assert torch.allclose(grads[1].double().view_as(bias), bias.grad, rtol=1e-5, atol=1e-5)
+    w_grad = conv1.weight.grad[:, :, 0].transpose(1, 2)
+    w_in_grad = (
+        torch.cat([w_grad[..., :h].flatten(1), w_grad[..., h:].flatten(1)], 1) if with_bias else w_grad.flatten(1)
+    )
+    w_out_grad = conv2.weight.grad[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)
+    for got, want in ((grads[2], w_in_grad), (grads[3], conv1.bias.grad), (grads[4], w_out_grad)):
+        assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4)
