@@ -4,6 +4,7 @@
     python benchmarks/bench_before_after.py /tmp/before            # T=128 B=32 and T=512 B=8, 3 rounds
     python benchmarks/bench_before_after.py /tmp/before --rounds 1 --steps 4 --cases 128x32   # a quick look
     python benchmarks/bench_before_after.py /tmp/before --cpu-time   # on a loaded machine: the thread's CPU time
+    python benchmarks/bench_before_after.py /tmp/before --threads 2  # on two threads (wall clock)
 
 The other commit's package is copied to a temporary folder as ``minidape_before`` and imported beside this one
 (its modules import each other relatively, so both live in one process). For each case and refiner the two
@@ -106,12 +107,21 @@ def main(argv=None) -> None:
         help="time the thread's CPU time instead of the wall clock: on a machine shared with other jobs it leaves "
         "out the time the process waits for a core (not the cache other jobs take)",
     )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch's CPU threads (default 1); with more, the wall clock (a thread's CPU time misses the others')",
+    )
     args = parser.parse_args(argv)
+    if args.cpu_time and args.threads != 1:
+        parser.error(f"--cpu-time times one thread; with --threads {args.threads} time the wall clock")
     clock = time.thread_time if args.cpu_time else time.perf_counter
-    torch.set_num_threads(1)
+    torch.set_num_threads(args.threads)
     before = import_before(args.before)
     print(
-        f"CPU: {cpu_name()}; torch {torch.__version__}, 1 thread; {args.rounds} rounds of {args.warmup} warm-up "
+        f"CPU: {cpu_name()}; torch {torch.__version__}, {args.threads} thread{'s' * (args.threads > 1)}; "
+        f"{args.rounds} rounds of {args.warmup} warm-up "
         f"and {args.steps} timed steps ({'thread CPU time' if args.cpu_time else 'wall clock'}); kerple_log, "
         f"4 layers x 4 heads x 128; load average {' '.join(f'{v:.1f}' for v in os.getloadavg())}"
     )

@@ -98,7 +98,28 @@ static inline void store_cells(float *a, long c, long n, long n0, v8 v) {
 
 /* Lane l < n of the 8 cells at n0 from a channel's row-major (rows, keys) cells at `shift` keys along the row:
    0 outside the row or where `mask` (if given) drops the cell read */
+/* Whether the 8 cells at n0 and the 8 they read `shift` keys along lie whole inside one row: the common case, read
+   and written as vectors; each row's first and last groups go cell by cell */
+static inline int inside_row(struct shape d, long n0, long shift, long *start) {
+    long key = n0 % d.keys;
+    *start = n0 + shift;
+    return n0 + LANES <= d.n && key + LANES <= d.keys && key + shift >= 0 && key + shift + LANES <= d.keys;
+}
+
+/* The mask's 8 bytes from `at` as lanes: all ones where the cell is kept */
+static inline v8i kept(const unsigned char *at) {
+    typedef unsigned char v8b __attribute__((vector_size(8)));
+    v8b bytes;
+    memcpy(&bytes, at, sizeof(bytes));
+    return __builtin_convertvector(bytes, v8i) != 0;
+}
+
 static inline v8 gather(const float *a, const unsigned char *mask, struct shape d, long n0, long shift) {
+    long start;
+    if (inside_row(d, n0, shift, &start)) {
+        v8 v = load(a + start);
+        return mask ? (v8)((v8i)v & kept(mask + start)) : v;
+    }
     float part[LANES] = {0};
     long n = d.n - n0 < LANES ? d.n - n0 : LANES, row = n0 / d.keys, key = n0 % d.keys;
     for (long l = 0; l < n; l++) {
@@ -111,6 +132,11 @@ static inline v8 gather(const float *a, const unsigned char *mask, struct shape 
 
 /* The transpose of `gather`: lane l added to the cell `shift` keys along its row (where `mask`, if given, keeps it) */
 static inline void scatter_add(float *a, const unsigned char *mask, struct shape d, long n0, long shift, v8 v) {
+    long start;
+    if (inside_row(d, n0, shift, &start)) {
+        store(a + start, load(a + start) + (mask ? (v8)((v8i)v & kept(mask + start)) : v));
+        return;
+    }
     long n = d.n - n0 < LANES ? d.n - n0 : LANES, row = n0 / d.keys, key = n0 % d.keys;
     for (long l = 0; l < n; l++) {
         long target = key + shift;
