@@ -3,16 +3,18 @@
 ``fast_refiners.cell_mlp`` calls ``forward`` / ``backward`` here for float32 tensors on the CPU where a C compiler
 is; otherwise (no compiler, another dtype or device, autocast, ``MINIDAPE_NATIVE=0``) it runs its PyTorch form
 (``fast_refiners._CellMLP``), the same numbers to float32 rounding (``tests/test_native.py``). The file is compiled
-once per process, for this machine's CPU, into a temporary folder that is removed at once (nothing is left on
-disk, and nothing compiled on another machine is ever loaded). The work is split into ranges of cells run in parallel
-threads, as many as torch uses (``torch.get_num_threads()``); ctypes releases the GIL during each call.
+once per machine, for its CPU, and the build kept in ``cache_folder()`` under a key of source, compiler, flags and
+CPU (``library``). The work is split into ranges of cells run in parallel threads, as many as torch uses
+(``torch.get_num_threads()``); ctypes releases the GIL during each call.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import sys
@@ -43,32 +45,68 @@ def enabled() -> bool:
     return value == "1"
 
 
+def cache_folder() -> Path:
+    """Where compiled kernels are kept: ``$MINIDAPE_CACHE``, else ``$XDG_CACHE_HOME/minidape``, else
+    ``~/.cache/minidape``."""
+    if os.environ.get("MINIDAPE_CACHE"):
+        return Path(os.environ["MINIDAPE_CACHE"])
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "minidape"
+
+
+def _this_cpu() -> str:
+    """The processor a ``-march=native`` build is for: its model and instruction sets (Linux), else its name."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+        return "\n".join(sorted({line for line in lines if line.startswith(("model name", "flags", "Features"))}))
+    except OSError:
+        return f"{platform.machine()} {platform.processor()}"
+
+
+def _build_key(compiler: str, flags: list[str]) -> str:
+    """The cached file's name: the source, the compiler (its version), the flags and this CPU, hashed, so a cache
+    shared by several machines (a home folder on a cluster) never hands one machine another's build."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, timeout=30).stdout
+    identity = "\0".join([SOURCE.read_text(), compiler, version, " ".join(flags), _this_cpu()])
+    return hashlib.sha256(identity.encode()).hexdigest()[:24]
+
+
 @functools.cache
 def library() -> ctypes.CDLL | None:
-    """``cell_mlp.c`` compiled and loaded, or None where it cannot be (said once, as a warning)."""
+    """``cell_mlp.c`` compiled for this machine and loaded, or None where it cannot be (said once, as a warning).
+
+    The build is kept in ``cache_folder()`` under a key of source, compiler, flags and CPU (``_build_key``): the
+    first use on a machine compiles (about 8 s at -O3 on this project's CPU), every later process loads it. A build
+    is written to a temporary file beside its final name and renamed into place, so processes compiling at once
+    each write their own and none loads a half-written one."""
     compiler = shutil.which(os.environ.get("CC", "cc"))
     if compiler is None or sys.platform == "win32":
         return None  # no compiler: the PyTorch form, silently (it is the documented default there)
     errors = []
-    with tempfile.TemporaryDirectory(prefix="minidape-native-") as folder:
-        built = Path(folder) / "cell_mlp.so"
-        for flags in FLAG_SETS:
-            command = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(built)]
-            try:
-                done = subprocess.run(command, capture_output=True, text=True, timeout=120)
-            except (OSError, subprocess.TimeoutExpired) as error:
-                errors.append(f"{' '.join(command)}: {error}")
-                continue
-            if done.returncode == 0:
-                lib = ctypes.CDLL(str(built))  # mapped now: the file may go with the folder
-                return _declare(lib)
-            errors.append(f"{' '.join(command)}: {done.stderr.strip()[-300:]}")
+    for flags in FLAG_SETS:
+        try:
+            built = cache_folder() / "native" / f"cell_mlp-{_build_key(compiler, flags)}.so"
+            if not built.exists():
+                _compile(compiler, flags, built)
+            return _declare(ctypes.CDLL(str(built)))
+        except (OSError, subprocess.SubprocessError, RuntimeError) as error:
+            errors.append(str(error))
     warnings.warn(
         "minidape could not compile its cell MLP (the refiners' fast kernel), so DAPE and the conv refiner run "
         "their slower PyTorch form on the CPU: " + " | ".join(errors),
         stacklevel=2,
     )
     return None
+
+
+def _compile(compiler: str, flags: list[str], built: Path) -> None:
+    built.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="building-", dir=built.parent) as folder:
+        partial = Path(folder) / built.name
+        command = [compiler, *flags, "-shared", "-fPIC", str(SOURCE), "-o", str(partial)]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(command)}: {done.stderr.strip()[-300:]}")
+        os.replace(partial, built)  # whole or not at all
 
 
 def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
@@ -98,7 +136,8 @@ def usable(x, shared, w_in, w_out, kernel: int = 0) -> bool:
 
 
 @functools.cache
-def _pool(threads: int) -> ThreadPoolExecutor:
+def _pool(threads: int, process: int) -> ThreadPoolExecutor:
+    """One pool per thread count and process: a forked child has none of its parent's threads."""
     return ThreadPoolExecutor(threads, thread_name_prefix="minidape-cell-mlp")
 
 
@@ -118,7 +157,7 @@ def _ranges(n_cells: int, keys: int = 0) -> list[tuple[int, int]]:
 def _run(calls: list) -> list:
     if len(calls) == 1:
         return [calls[0]()]
-    return list(_pool(len(calls)).map(lambda call: call(), calls))
+    return list(_pool(len(calls), os.getpid()).map(lambda call: call(), calls))
 
 
 def _sizes(x, shared, w_in, w_out, slope: float, kernel: int) -> tuple:

@@ -133,12 +133,27 @@ def test_without_a_compiler_the_pytorch_form_runs_and_a_failing_one_is_said_once
 
 
 @needs_a_compiler
-def test_compiling_leaves_nothing_on_disk(monkeypatch, tmp_path):
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+def test_the_build_is_cached_whole_per_machine_and_loaded_without_compiling(monkeypatch, tmp_path):
+    """The first use compiles into the cache (one finished file, no temporary left); a later process loads that
+    file without running the compiler; another CPU or compiler would get another file (the key says which)."""
+    monkeypatch.setenv("MINIDAPE_CACHE", str(tmp_path))
     native.library.cache_clear()
     try:
         assert native.library() is not None
-        assert list(tmp_path.iterdir()) == []
+        built = list(tmp_path.rglob("*"))
+        assert [p.name for p in built if p.is_file()] == [
+            f"cell_mlp-{native._build_key(shutil.which('cc'), native.FLAG_SETS[0])}.so"
+        ]
+        native.library.cache_clear()
+        failing = tmp_path / "cc-that-fails"
+        failing.write_text("#!/bin/sh\ncase \"$1\" in --version) cc --version;; *) exit 1;; esac\n")
+        failing.chmod(0o755)
+        monkeypatch.setattr(native, "_build_key", lambda compiler, flags: built[-1].stem.removeprefix("cell_mlp-"))
+        monkeypatch.setenv("CC", str(failing))
+        assert native.library() is not None  # loaded from the cache: the failing compiler was not needed
+        monkeypatch.undo()
+        monkeypatch.setattr(native, "_this_cpu", lambda: "another processor")
+        assert native._build_key(shutil.which("cc"), native.FLAG_SETS[0]) != built[-1].stem.removeprefix("cell_mlp-")
     finally:
         native.library.cache_clear()
 
@@ -242,3 +257,28 @@ def test_the_shifted_cell_mlp_is_dape_v2s_convolutions(kernel, rows, keys, with_
     w_out_grad = conv2.weight.grad[:, :, 0].flip(-1).permute(2, 0, 1).flatten(0, 1)
     for got, want in ((grads[2], w_in_grad), (grads[3], conv1.bias.grad), (grads[4], w_out_grad)):
         assert torch.allclose(got.double(), want, rtol=1e-4, atol=1e-4)
+
+
+def _forward_on_two_threads(queue):
+    x, w_in, b_in, w_out = torch.ones(2, 4, 4096), torch.ones(32, 4), torch.zeros(32), torch.ones(4, 32)
+    queue.put(float(native.forward(x, None, w_in, b_in, w_out, 0.01).sum()))
+
+
+@needs_a_compiler
+def test_a_forked_child_runs_the_kernel_on_its_own_threads(monkeypatch):
+    """A process forked after the kernel ran on a pool of threads has none of them: it makes its own pool (a pool
+    inherited from the parent would wait forever for threads that are not there)."""
+    import multiprocessing
+
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)
+    assert len(native._ranges(2 * 4096)) == 2
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    _forward_on_two_threads(queue)  # the parent's pool
+    child = context.Process(target=_forward_on_two_threads, args=(queue,))
+    child.start()
+    child.join(timeout=60)
+    if child.is_alive():
+        child.kill()
+    assert child.exitcode == 0
+    assert queue.get(timeout=5) == queue.get(timeout=5) == 2 * 4 * 4096 * 128  # 4 channels x 32 units of 4

@@ -128,6 +128,8 @@ def boot() -> None:
         "HOME": os.getcwd(),
         "MPLCONFIGDIR": os.path.join(os.getcwd(), ".matplotlib"),
         "MPLBACKEND": "Agg",
+        # the refiners' PyTorch form: no compiler run, no compiled file loaded inside a judged run (native.py)
+        "MINIDAPE_NATIVE": "0",
     }
     os.execve(
         sys.executable, [sys.executable, "-m", "minidape.classroom.sandbox.worker", *sys.argv[1:3], *failure], env
