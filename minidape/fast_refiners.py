@@ -9,8 +9,9 @@ form, and ``fast.block_form`` checks the pair on a small input before a layer fi
     CPU in float32 it runs the compiled kernel of ``cell_mlp.c`` (``native.py``), which keeps the hidden layer in
     vector registers; elsewhere, or without a C compiler, ``_CellMLP``: batched matmuls that read the scores in
     their channels-first layout and recompute the hidden layer in backward instead of storing it.
-  - **The shifted-key convolution** (``_KeyShifts``): DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP
-    over ``kernel`` shifted copies of the scores.
+  - **The shifted-key convolution**: DAPE-V2's ``1 x kernel`` convolutions as the same cell MLP over ``kernel``
+    shifted copies of the scores; the compiled kernel reads the copies in place and adds its shifted outputs up
+    itself, the PyTorch form makes them (``_KeyShifts``).
 """
 
 from __future__ import annotations
@@ -122,14 +123,14 @@ class _CompiledCellMLP(torch.autograd.Function):
         return *native.backward(*operands, grad_out, LEAKY_SLOPE, mask, ctx.reach, ctx.kernel), None, None, None
 
 
-def cell_mlp(x, shared, w_in, b_in, w_out, mask=None, reach: int = 0):
+def cell_mlp(x, shared, w_in, b_in, w_out, mask=None):
     r"""$W_{out}\,\mathrm{LeakyReLU}(W_{in} [x; s] + b_{in})$ at every cell: x (batch, C_x, N) per sequence, shared
     s (C_s, N) the same for every sequence (DAPE's bias) or None, w_in (W, C_x + C_s), b_in (W), w_out (C_out, W)
-    -> (batch, C_out, N). The compiled kernel where it can run (``native.usable``), else ``_CellMLP``. ``mask``
-    (rows, keys), the cells attention keeps, and ``reach``, how far along the keys an output is read: the compiled
-    kernel skips the cells nothing reads (their outputs are 0 there, where the PyTorch form computes them)."""
+    -> (batch, C_out, N). The compiled kernel where it can run (``native.usable``), else ``_CellMLP``. With
+    ``mask`` (rows, keys), the cells attention keeps, the compiled kernel skips the cells it drops (their outputs
+    are 0 there, where the PyTorch form computes them: attention reads neither)."""
     if not torch.is_autocast_enabled(x.device.type) and native.usable(x, shared, w_in, w_out):
-        return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out, mask, reach, 0)
+        return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out, mask, 0, 0)
     c_x = x.shape[1]
     return _CellMLP.run(x, _hidden_offset(b_in, w_in[:, c_x:], shared), w_in[:, :c_x], w_out)
 
@@ -224,7 +225,8 @@ def conv(refiner, scores, bias, mask):
     conv1 is a matrix over the ``kernel`` shifted copies of the input ($X_t[j] = X[j + t - kernel/2]$), and conv2
     a matrix giving ``kernel`` per-tap outputs at each key, which are shifted into place and summed:
     $\mathrm{conv_2}(H)_j = \sum_t (W_2^{(t)} H)_{j + t - kernel/2}$ -- the transpose of making the copies, with
-    the taps in reverse order.
+    the taps in reverse order. The compiled kernel (float32 on the CPU) does the copies, ``tril`` and the summing
+    itself; the PyTorch form makes them in memory.
     """
     batch, h, Tq, Tk = scores.shape
     kernel = refiner.conv1.kernel_size[1]
