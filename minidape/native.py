@@ -86,7 +86,13 @@ def library() -> ctypes.CDLL | None:
         try:
             built = cache_folder() / "native" / f"cell_mlp-{_build_key(compiler, flags)}.so"
             if not built.exists():
-                _compile(compiler, flags, built)
+                try:
+                    _compile(compiler, flags, built)
+                except OSError:  # the cache cannot be written (a read-only home): a build for this process alone
+                    with tempfile.TemporaryDirectory(prefix="minidape-native-") as folder:
+                        own = Path(folder) / built.name
+                        _compile(compiler, flags, own)
+                        return _declare(ctypes.CDLL(str(own)))  # mapped: the file may go with its folder
             return _declare(ctypes.CDLL(str(built)))
         except (OSError, subprocess.SubprocessError, RuntimeError) as error:
             errors.append(str(error))

@@ -3,6 +3,7 @@ every cell, forward and every gradient, for the shapes the built-in refiners mee
 the CPU and trains to what its PyTorch form gives; without a compiler, or with MINIDAPE_NATIVE=0, the PyTorch form
 runs; nothing compiled is left on disk."""
 
+import os
 import shutil
 import warnings
 
@@ -156,6 +157,35 @@ def test_the_build_is_cached_whole_per_machine_and_loaded_without_compiling(monk
         assert native._build_key(shutil.which("cc"), native.FLAG_SETS[0]) != built[-1].stem.removeprefix("cell_mlp-")
     finally:
         native.library.cache_clear()
+
+
+@needs_a_compiler
+def test_a_cache_that_cannot_be_written_builds_for_the_process_alone(monkeypatch, tmp_path):
+    """A read-only home (the cache cannot be created): the kernel is built in a temporary folder, loaded and the
+    folder removed; no warning, nothing left."""
+    (tmp_path / "read-only").mkdir(mode=0o500)
+    monkeypatch.setenv("MINIDAPE_CACHE", str(tmp_path / "read-only" / "cache"))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path / "temporary"))
+    (tmp_path / "temporary").mkdir()
+    native.library.cache_clear()
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            if os.geteuid() == 0:  # root writes anywhere: make the folder fail as a read-only one would
+                monkeypatch.setattr(native, "_compile", _failing_in_the_cache(native._compile, tmp_path / "read-only"))
+            assert native.library() is not None
+        assert list((tmp_path / "temporary").iterdir()) == [] and list((tmp_path / "read-only").iterdir()) == []
+    finally:
+        native.library.cache_clear()
+
+
+def _failing_in_the_cache(compile_, cache):
+    def compile_unless_in_the_cache(compiler, flags, built):
+        if cache in built.parents:
+            raise PermissionError(f"[Errno 13] Permission denied: '{built.parent}'")
+        return compile_(compiler, flags, built)
+
+    return compile_unless_in_the_cache
 
 
 @pytest.mark.parametrize("value", ["yes", "2", "true"])
