@@ -96,8 +96,6 @@ static inline void store_cells(float *a, long c, long n, long n0, v8 v) {
     memcpy(a + c * n + n0, part, (size_t)(n - n0) * sizeof(float));
 }
 
-/* Lane l < n of the 8 cells at n0 from a channel's row-major (rows, keys) cells at `shift` keys along the row:
-   0 outside the row or where `mask` (if given) drops the cell read */
 /* Whether the 8 cells at n0 and the 8 they read `shift` keys along lie whole inside one row: the common case, read
    and written as vectors; each row's first and last groups go cell by cell */
 static inline int inside_row(struct shape d, long n0, long shift, long *start) {
@@ -114,6 +112,8 @@ static inline v8i kept(const unsigned char *at) {
     return __builtin_convertvector(bytes, v8i) != 0;
 }
 
+/* Lane l < n of the 8 cells at n0 from a channel's row-major (rows, keys) cells at `shift` keys along the row:
+   0 outside the row or where `mask` (if given) drops the cell read */
 static inline v8 gather(const float *a, const unsigned char *mask, struct shape d, long n0, long shift) {
     long start;
     if (inside_row(d, n0, shift, &start)) {
