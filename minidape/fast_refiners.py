@@ -129,7 +129,7 @@ def cell_mlp(x, shared, w_in, b_in, w_out, mask=None):
     -> (batch, C_out, N). The compiled kernel where it can run (``native.usable``), else ``_CellMLP``. With
     ``mask`` (rows, keys), the cells attention keeps, the compiled kernel skips the cells it drops (their outputs
     are 0 there, where the PyTorch form computes them: attention reads neither)."""
-    if not torch.is_autocast_enabled(x.device.type) and native.usable(x, shared, w_in, w_out):
+    if native.usable(x, shared, w_in, w_out):
         return _CompiledCellMLP.apply(x, shared, w_in, b_in, w_out, mask, 0, 0)
     c_x = x.shape[1]
     return _CellMLP.run(x, _hidden_offset(b_in, w_in[:, c_x:], shared), w_in[:, :c_x], w_out)
@@ -244,8 +244,7 @@ def conv(refiner, scores, bias, mask):
         stored, shared = scores, bias.to(scores.dtype).reshape(h, -1)
         w_in = torch.cat([w1[..., :h].flatten(1), w1[..., h:].flatten(1)], dim=1)
     stored = stored.reshape(batch, -1, Tq * Tk)
-    compiled = not torch.is_autocast_enabled(scores.device.type) and mask.shape == (Tq, Tk)
-    if compiled and native.usable(stored, shared, w_in, w2, kernel):  # the copies made, shifted and summed in C
+    if native.usable(stored, shared, w_in, w2, kernel):  # the copies made, shifted and summed in C
         convolved = _CompiledCellMLP.apply(stored, shared, w_in, refiner.conv1.bias, w2, mask, kernel // 2, kernel)
         convolved = convolved.view(batch, h, Tq, Tk)
     else:

@@ -129,16 +129,13 @@ def _declare(lib: ctypes.CDLL) -> ctypes.CDLL:
 
 
 def usable(x, shared, w_in, w_out, kernel: int = 0) -> bool:
-    """Whether the compiled kernel takes these operands: float32 on the CPU, within its channel limits (``kernel``:
-    the conv's shifted copies, ``kernel`` MLP channels per stored one)."""
-    if x.device.type != "cpu" or x.dtype != torch.float32 or not enabled():
+    """Whether the compiled kernel takes these operands: float32 on the CPU outside autocast, within its channel
+    limits (``kernel``: the conv's shifted copies, ``kernel`` MLP channels per stored one)."""
+    if x.device.type != "cpu" or x.dtype != torch.float32 or torch.is_autocast_enabled("cpu") or not enabled():
         return False
     lib = library()
-    copies = max(kernel, 1)
-    c_shared = 0 if shared is None else shared.shape[0] * copies
-    return lib is not None and bool(
-        lib.cell_mlp_limits_ok(x.shape[1] * copies, c_shared, w_out.shape[0], w_in.shape[0])
-    )
+    _, c_x, c_shared, c_out, width, _, _ = _sizes(x, shared, w_in, w_out, 0.0, kernel)
+    return lib is not None and bool(lib.cell_mlp_limits_ok(c_x, c_shared, c_out, width))
 
 
 @functools.cache
